@@ -1,0 +1,5 @@
+import sys
+
+from rigbook.cli import main
+
+sys.exit(main())

@@ -1,0 +1,128 @@
+"""`provision`: the command line. Imports stay lazy so --help answers at once."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+SUBCOMMANDS = {
+    "validate": "check an inventory's rigbook_* variables (no host contacted)",
+    "runs": "list recent runs and where their artifacts are",
+    "lab": "local simulated rigs: up, status, down, break, heal",
+    "parse": "parse a pasted tool output (lspci, nvidia-smi-q, nvidia-smi-topo, nccl-tests, ...) to JSON",
+}
+
+DESCRIPTION = "Provision and verify homelab multi-GPU LLM inference boxes with Ansible."
+EPILOG = (
+    "commands:\n"
+    + "".join(f"  provision {name:<9} {text}\n" for name, text in SUBCOMMANDS.items())
+    + "\nexamples:\n"
+    "  provision site.yml -i homelab --check --diff\n"
+    "  provision site.yml -i lab --limit x99_3080 --json\n"
+    "  provision validate -i inventory/homelab\n"
+    "\nexit codes: 0 fine, 1 a host failed, 2 bad input, 3 only unreachable hosts, 130 interrupted"
+)
+
+
+def _playbook_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="provision",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("playbook", help="site.yml, verify.yml (from the collection's playbooks/) or a path")
+    p.add_argument("-i", "--inventory", required=True, help="homelab, lab (from inventory/) or a path")
+    p.add_argument("-l", "--limit", help="further limit the hosts (Ansible pattern)")
+    p.add_argument("-t", "--tags", help="only run plays and tasks tagged with these")
+    p.add_argument("--skip-tags", help="skip plays and tasks tagged with these")
+    p.add_argument(
+        "-e", "--extra-vars", action="append", default=[], metavar="K=V|@FILE", help="extra variables (repeatable)"
+    )
+    p.add_argument("-C", "--check", action="store_true", help="change nothing; report what would change")
+    p.add_argument("-D", "--diff", action="store_true", help="show file and template differences")
+    p.add_argument("-f", "--forks", type=int, help="parallel hosts")
+    p.add_argument("--json", action="store_true", help="print one JSON summary on stdout (progress goes to stderr)")
+    p.add_argument("--junit", metavar="FILE", help="write a JUnit XML report")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="more Ansible detail (repeatable)")
+    return p
+
+
+def _sub_parser(name: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"provision {name}", description=SUBCOMMANDS[name])
+    if name == "validate":
+        p.add_argument("-i", "--inventory", required=True, help="homelab, lab or a path")
+    elif name == "runs":
+        p.add_argument("-n", "--count", type=int, default=20, help="how many runs to list")
+    elif name == "parse":
+        p.add_argument("kind", help="lspci, nvidia-smi-q, nvidia-smi-topo, nccl-tests, nccl-log, p2p-bandwidth")
+        p.add_argument("file", help="file with the pasted output, - for stdin")
+    return p
+
+
+def _validate(args) -> int:
+    from rigbook.run import resolve_inventory
+    from rigbook.validate import validate
+
+    path = resolve_inventory(args.inventory)
+    inv = validate(path)
+    groups = sorted(g for g in inv.all_groups() if g != "all")
+    print(f"{path}: valid ({len(inv.hosts)} hosts; groups: {', '.join(groups) or '-'})")
+    return 0
+
+
+def _dispatch(argv: list) -> int:
+    if argv and argv[0] in SUBCOMMANDS:
+        name, rest = argv[0], argv[1:]
+        if name == "lab":
+            from rigbook.lab.cli import main as lab_main
+
+            return lab_main(rest)
+        args = _sub_parser(name).parse_args(rest)
+        if name == "validate":
+            return _validate(args)
+        if name == "runs":
+            from rigbook.runs import print_recent
+
+            return print_recent(args.count, sys.stdout)
+        if name == "parse":
+            from rigbook.parse_cmd import main as parse_main
+
+            return parse_main(args.kind, args.file)
+    args = _playbook_parser().parse_args(argv)
+    from rigbook.run import RunOptions, run_playbook
+
+    return run_playbook(
+        RunOptions(
+            playbook=args.playbook,
+            inventory=args.inventory,
+            limit=args.limit,
+            tags=args.tags,
+            skip_tags=args.skip_tags,
+            extra_vars=args.extra_vars,
+            check=args.check,
+            diff=args.diff,
+            forks=args.forks,
+            json=args.json,
+            junit=args.junit,
+            verbosity=args.verbose,
+        )
+    )
+
+
+def main(argv: list | None = None) -> int:
+    from rigbook.errors import UserError
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        return _dispatch(argv)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,199 @@
+"""Read a YAML inventory (file or directory with group_vars/ and host_vars/) without Ansible.
+
+rigbook validates every host's rigbook_* variables before any host is contacted, and names
+the file, group or host where a bad value was written. Ansible's own loader merges the
+sources and loses that, so this module keeps each source separately.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from rigbook.errors import UserError
+
+YAML_SUFFIXES = (".yml", ".yaml")
+# Files in an inventory directory that are documentation, not inventory.
+IGNORED_SUFFIXES = (".md", ".txt", ".rst", ".retry", ".bak", ".orig", "~", ".pyc", ".cfg")
+
+
+@dataclass
+class VarSource:
+    """One place where variables were written: a file, and the group or host they belong to."""
+
+    file: Path
+    owner: str  # "group x99_3080", "host rig1"
+    variables: dict
+    rank: tuple  # sort key: lower ranks are overridden by higher ones
+
+
+@dataclass
+class Inventory:
+    path: Path
+    hosts: dict = field(default_factory=dict)  # host -> set of groups (including "all")
+    children: dict = field(default_factory=dict)  # group -> set of child groups
+    sources: list = field(default_factory=list)  # VarSource
+
+    def groups_of(self, host: str) -> set:
+        return set(self.hosts.get(host, ()))
+
+    def group_depth(self, group: str) -> int:
+        parents = {g: {p for p, kids in self.children.items() if g in kids} for g in self.all_groups()}
+
+        def depth(g, seen=()):
+            ps = parents.get(g, set()) - set(seen)
+            return 0 if not ps else 1 + max(depth(p, (*seen, g)) for p in ps)
+
+        return depth(group)
+
+    def all_groups(self) -> set:
+        groups = set(self.children)
+        for kids in self.children.values():
+            groups |= kids
+        for host_groups in self.hosts.values():
+            groups |= host_groups
+        return groups
+
+    def host_sources(self, host: str) -> list:
+        """The variable sources that apply to HOST, lowest precedence first."""
+        groups = self.groups_of(host)
+        mine = [
+            s
+            for s in self.sources
+            if (s.owner.startswith("group ") and s.owner[6:] in groups) or s.owner == f"host {host}"
+        ]
+        return sorted(mine, key=lambda s: s.rank)
+
+    def host_vars(self, host: str) -> dict:
+        """Merged variables (top-level keys replaced, as Ansible's default hash_behaviour does)."""
+        merged: dict = {}
+        for source in self.host_sources(host):
+            merged.update(source.variables)
+        return merged
+
+    def provenance(self, host: str, key: str):
+        """The source that set KEY last for HOST, or None."""
+        found = None
+        for source in self.host_sources(host):
+            if key in source.variables:
+                found = source
+        return found
+
+
+def _read_yaml(path: Path):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise UserError(f"{path}:{where}: not valid YAML: {problem}") from None
+
+
+def _mapping(value, path: Path, what: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise UserError(f"{path}: {what} must be a mapping, found {type(value).__name__}")
+    return value
+
+
+class _Loader:
+    def __init__(self, inventory: Inventory):
+        self.inv = inventory
+
+    def load_inventory_file(self, path: Path) -> None:
+        data = _mapping(_read_yaml(path), path, "the inventory")
+        for group, body in data.items():
+            self._group(path, str(group), body, parent=None)
+
+    def _group(self, path: Path, group: str, body, parent) -> None:
+        body = _mapping(body, path, f"group {group}")
+        unknown = set(body) - {"hosts", "vars", "children"}
+        if unknown:
+            raise UserError(
+                f"{path}: group {group}: unknown section {sorted(unknown)[0]!r} "
+                "(a YAML inventory group has hosts, vars and children)"
+            )
+        self.inv.children.setdefault(group, set())
+        if parent is not None:
+            self.inv.children.setdefault(parent, set()).add(group)
+        for host, host_vars in _mapping(body.get("hosts"), path, f"group {group} hosts").items():
+            host = str(host)
+            self.inv.hosts.setdefault(host, {"all"}).add(group)
+            host_vars = _mapping(host_vars, path, f"host {host}")
+            if host_vars:
+                self.inv.sources.append(VarSource(path, f"host {host}", host_vars, (8, 0, str(path))))
+        group_vars = _mapping(body.get("vars"), path, f"group {group} vars")
+        if group_vars:
+            self.inv.sources.append(VarSource(path, f"group {group}", group_vars, (3, group, str(path))))
+        for child, child_body in _mapping(body.get("children"), path, f"group {group} children").items():
+            self._group(path, str(child), child_body, parent=group)
+
+    def load_vars_dir(self, base: Path, kind: str) -> None:
+        directory = base / f"{kind}_vars"
+        if not directory.is_dir():
+            return
+        for entry in sorted(directory.iterdir()):
+            name = entry.stem if entry.is_file() else entry.name
+            files = (
+                [entry]
+                if entry.is_file()
+                else sorted(p for p in entry.rglob("*") if p.is_file() and p.suffix in YAML_SUFFIXES)
+            )
+            for file in files:
+                if file.suffix not in YAML_SUFFIXES:
+                    continue
+                data = _mapping(_read_yaml(file), file, "a vars file")
+                owner = f"{kind} {name}"
+                rank = (9, 0, str(file)) if kind == "host" else ((4 if name == "all" else 6), name, str(file))
+                self.inv.sources.append(VarSource(file, owner, data, rank))
+
+
+def load(path: Path) -> Inventory:
+    """Load a YAML inventory file or directory. Raises UserError on anything unreadable."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"inventory {path} does not exist")
+    inv = Inventory(path=path)
+    loader = _Loader(inv)
+    if path.is_dir():
+        files = sorted(
+            p
+            for p in path.iterdir()
+            if p.is_file() and not p.name.startswith(".") and not p.name.endswith(IGNORED_SUFFIXES)
+        )
+        for file in files:
+            if file.suffix not in YAML_SUFFIXES:
+                raise UserError(
+                    f"{file}: rigbook reads YAML inventories only (.yml/.yaml); "
+                    "convert it with `ansible-inventory -i FILE --list -y`"
+                )
+            loader.load_inventory_file(file)
+        base = path
+    else:
+        if path.suffix not in YAML_SUFFIXES:
+            raise UserError(
+                f"{path}: rigbook reads YAML inventories only (.yml/.yaml); "
+                "convert it with `ansible-inventory -i FILE --list -y`"
+            )
+        loader.load_inventory_file(path)
+        base = path.parent
+    loader.load_vars_dir(base, "group")
+    loader.load_vars_dir(base, "host")
+    # Group depth refines the rank of group sources: children override parents.
+    for source in inv.sources:
+        if source.owner.startswith("group "):
+            level, name, file = source.rank
+            source.rank = (level, inv.group_depth(source.owner[6:]), name, file)
+        else:
+            source.rank = (source.rank[0], 0, "", source.rank[2])
+    if not inv.hosts:
+        raise UserError(f"inventory {path} defines no hosts")
+    return inv

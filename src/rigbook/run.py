@@ -1,0 +1,209 @@
+"""Run a playbook through the ansible_runner Python API and report per host."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rigbook import paths
+from rigbook.errors import UserError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+
+@dataclass
+class RunOptions:
+    playbook: str
+    inventory: str
+    limit: str | None = None
+    tags: str | None = None
+    skip_tags: str | None = None
+    extra_vars: list = field(default_factory=list)
+    check: bool = False
+    diff: bool = False
+    forks: int | None = None
+    json: bool = False
+    junit: str | None = None
+    verbosity: int = 0
+
+
+def resolve_playbook(name: str) -> Path:
+    given = Path(name)
+    if given.is_file():
+        return given.resolve()
+    base = paths.collection_root() / "playbooks"
+    for candidate in (base / name, base / f"{name}.yml"):
+        if candidate.is_file():
+            return candidate
+    available = ", ".join(sorted(p.name for p in base.glob("*.yml")))
+    raise UserError(f"playbook {name!r} not found (not a file, not in {base}; available: {available})")
+
+
+def resolve_inventory(name: str) -> Path:
+    given = Path(name)
+    if given.exists():
+        return given.resolve()
+    base = paths.collection_root() / "inventory"
+    candidate = base / name
+    if candidate.exists():
+        return candidate
+    available = ", ".join(sorted(p.name for p in base.iterdir() if not p.name.startswith(".")))
+    raise UserError(f"inventory {name!r} not found (not a path, not in {base}; available: {available})")
+
+
+def ansible_env() -> dict:
+    """Environment for ansible-playbook: rigbook's speed defaults, the collection, and our venv first."""
+    collections = paths.collections_path()
+    state = paths.state_dir().resolve()
+    bin_dir = str(Path(sys.executable).parent)
+    env = {
+        "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+        "ANSIBLE_COLLECTIONS_PATH": str(collections),
+        "ANSIBLE_COLLECTIONS_SCAN_SYS_PATH": "False",
+        "RIGBOOK_STATE_DIR": str(state),
+        "ANSIBLE_PIPELINING": "True",
+        "ANSIBLE_SSH_ARGS": "-o ControlMaster=auto -o ControlPersist=120s",
+        "ANSIBLE_GATHERING": "smart",
+        "ANSIBLE_CACHE_PLUGIN": "ansible.builtin.jsonfile",
+        "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(state / "facts"),
+        "ANSIBLE_CACHE_PLUGIN_TIMEOUT": "3600",
+        "ANSIBLE_RETRY_FILES_ENABLED": "False",
+        "ANSIBLE_INVENTORY_IGNORE": "~,.orig,.bak,.cfg,.retry,.pyc,.pyo,.md,.txt,.rst",
+        "ANSIBLE_HOST_KEY_CHECKING": "True",
+        "ANSIBLE_NOCOLOR": "True",
+        "ANSIBLE_DEPRECATION_WARNINGS": "False",
+        "ANSIBLE_LOCAL_TEMP": str(state / "tmp"),
+    }
+    return env
+
+
+def _cmdline(opts: RunOptions) -> str:
+    parts = []
+    for item in opts.extra_vars:
+        parts += ["-e", item]
+    if opts.check:
+        parts.append("--check")
+    if opts.diff:
+        parts.append("--diff")
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def _check_extra_vars(items: list) -> None:
+    for item in items:
+        if item.startswith("@"):
+            path = Path(item[1:])
+            if not path.is_file():
+                raise UserError(f"-e {item}: file {path} does not exist")
+        elif "=" not in item and not item.lstrip().startswith("{"):
+            raise UserError(f"-e {item!r}: expected KEY=VALUE, @FILE or a JSON/YAML mapping")
+
+
+def run_playbook(opts: RunOptions) -> int:
+    """Validate, run, report. Returns the process exit code."""
+    from rigbook.validate import validate
+
+    playbook = resolve_playbook(opts.playbook)
+    inventory = resolve_inventory(opts.inventory)
+    _check_extra_vars(opts.extra_vars)
+    validate(inventory)  # before any host is contacted
+
+    import ansible_runner
+
+    from rigbook import display, junit, runs
+    from rigbook.tracker import Tracker
+
+    tracker = Tracker()
+    progress_stream = sys.stderr if opts.json else sys.stdout
+    console = display.make_console(progress_stream)
+    run_dir = runs.new_run_dir(playbook)
+    started = time.time()
+    record = {
+        "playbook": str(playbook),
+        "inventory": str(inventory),
+        "limit": opts.limit,
+        "check": opts.check,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)),
+        "exit_code": None,
+    }
+    runs.save_record(run_dir, record)
+
+    interrupted = {"flag": False}
+
+    def on_sigint(signum, frame):
+        if interrupted["flag"]:
+            raise KeyboardInterrupt
+        interrupted["flag"] = True
+        print("interrupt: stopping ansible (Ctrl-C again to abort at once)", file=sys.stderr, flush=True)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    mode = " (check mode)" if opts.check else ""
+    title = f"provision {playbook.name} -i {inventory.name}{mode}"
+    try:
+        with display.progress_for(tracker, progress_stream, title):
+            runner = ansible_runner.run(
+                private_data_dir=str(run_dir),
+                project_dir=str(playbook.parent),
+                playbook=str(playbook),
+                inventory=str(inventory),
+                limit=opts.limit,
+                tags=opts.tags,
+                skip_tags=opts.skip_tags,
+                forks=opts.forks,
+                verbosity=opts.verbosity or None,
+                cmdline=_cmdline(opts) or None,
+                envvars=ansible_env(),
+                event_handler=tracker.handle,
+                cancel_callback=lambda: interrupted["flag"],
+                quiet=True,
+                suppress_env_files=True,
+                json_mode=False,
+            )
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    duration = time.time() - started
+
+    if interrupted["flag"] or runner.status == "canceled":
+        code = EXIT_INTERRUPTED
+    elif tracker.stats is None and runner.rc != 0:
+        code = EXIT_USAGE
+        tracker.errors.extend(_ansible_errors(runner))
+    else:
+        code = tracker.exit_code()
+    hosts = tracker.summary()
+    record.update(exit_code=code, duration_s=round(duration, 2), hosts=hosts, status=runner.status, rc=runner.rc)
+    runs.save_record(run_dir, record)
+
+    display.print_summary(tracker, console, run_dir)
+    if opts.junit:
+        junit.write(Path(opts.junit), f"rigbook {playbook.name}", hosts, duration)
+    if opts.json:
+        summary = {
+            "exit_code": code,
+            "playbook": str(playbook),
+            "inventory": str(inventory),
+            "check": opts.check,
+            "duration_s": round(duration, 2),
+            "run_dir": str(run_dir),
+            "hosts": hosts,
+        }
+        if tracker.errors:
+            summary["errors"] = tracker.errors
+        sys.stdout.write(json.dumps(summary, indent=2) + "\n")
+        sys.stdout.flush()
+    return code
+
+
+def _ansible_errors(runner) -> list:
+    """ERROR lines of a run that failed before reaching any host (syntax error, bad --limit)."""
+    try:
+        text = runner.stdout.read()
+    except (OSError, ValueError, AttributeError):
+        return [f"ansible-playbook exited with {runner.rc} before any host ran"]
+    lines = [line.strip() for line in text.splitlines() if "ERROR" in line]
+    return lines or [f"ansible-playbook exited with {runner.rc} before any host ran: {text.strip()[-500:]}"]

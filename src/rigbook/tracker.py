@@ -1,0 +1,160 @@
+"""Turn ansible-runner events into per-host state: what the live view shows and the summary reports."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+COUNTERS = ("ok", "changed", "failed", "unreachable", "skipped")
+
+
+@dataclass
+class HostState:
+    name: str
+    state: str = "waiting"  # waiting, running, ok, changed, failed, unreachable
+    task: str = ""
+    tasks_done: int = 0
+    counts: dict = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
+    failures: list = field(default_factory=list)  # {"task", "action", "msg"}
+    ladder: list = field(default_factory=list)  # verdict dicts from the P2P ladder modules
+    reboot_requested: bool = False
+
+
+def _message(res: dict) -> str:
+    """The most useful one-line-ish message of a failed/unreachable result."""
+    if not isinstance(res, dict):
+        return str(res)
+    for key in ("msg", "message", "reason"):
+        value = res.get(key)
+        if value:
+            text = str(value)
+            break
+    else:
+        text = ""
+    stderr = (res.get("stderr") or "").strip()
+    if stderr and stderr not in text:
+        text = f"{text}: {stderr}" if text else stderr
+    if not text and res.get("results"):
+        failed = [r for r in res["results"] if isinstance(r, dict) and r.get("failed")]
+        if failed:
+            return _message(failed[0])
+    return text or "failed (no message)"
+
+
+class Tracker:
+    """Consumes runner events (dicts). Not thread-safe; ansible-runner calls the handler in one thread."""
+
+    def __init__(self):
+        self.hosts: dict = {}
+        self.play = ""
+        self.task = ""
+        self.stats: dict | None = None
+        self.errors: list = []  # ansible error lines seen outside host results
+        self.listeners: list = []
+
+    def host(self, name: str) -> HostState:
+        if name not in self.hosts:
+            self.hosts[name] = HostState(name)
+        return self.hosts[name]
+
+    def handle(self, event: dict) -> bool:
+        kind = event.get("event", "")
+        data = event.get("event_data") or {}
+        host_name = data.get("host") or data.get("remote_addr")
+        line = None
+        if kind == "playbook_on_play_start":
+            self.play = data.get("play") or data.get("name") or ""
+            for name in data.get("hosts") or ():
+                self.host(name)
+            line = ("play", None, self.play)
+        elif kind == "playbook_on_task_start":
+            self.task = data.get("task") or data.get("name") or ""
+            line = ("task", None, self.task)
+        elif kind == "runner_on_start" and host_name:
+            h = self.host(host_name)
+            h.task = data.get("task") or self.task
+            if h.state in ("waiting", "ok", "changed"):
+                h.state = "running"
+        elif kind in ("runner_on_ok", "runner_on_failed", "runner_on_skipped", "runner_on_unreachable") and host_name:
+            line = self._result(kind, host_name, data)
+        elif kind == "playbook_on_stats":
+            self.stats = data
+            self._apply_stats(data)
+        elif kind == "verbose":
+            text = (event.get("stdout") or "").strip()
+            if text.startswith("ERROR!") or "[ERROR]" in text:
+                self.errors.append(text)
+        elif kind == "error" or (kind == "" and "ERROR" in (event.get("stdout") or "")):
+            self.errors.append((event.get("stdout") or "").strip())
+        if line:
+            for listener in self.listeners:
+                listener(line)
+        return True
+
+    def _result(self, kind: str, host_name: str, data: dict):
+        h = self.host(host_name)
+        res = data.get("res") or {}
+        task = data.get("task") or self.task
+        h.tasks_done += 1
+        verdict = res.get("verdict") if isinstance(res, dict) else None
+        if isinstance(verdict, dict) and verdict.get("layer"):
+            h.ladder.append(verdict)
+        if isinstance(res, dict) and res.get("reboot_required"):
+            h.reboot_requested = True
+        if kind == "runner_on_unreachable":
+            h.state = "unreachable"
+            h.failures.append({"task": task, "action": data.get("task_action", ""), "msg": _message(res)})
+            return ("unreachable", host_name, f"{task}: {_message(res)}")
+        if kind == "runner_on_failed":
+            if data.get("ignore_errors"):
+                return ("ignored", host_name, f"{task}: {_message(res)}")
+            h.state = "failed"
+            h.failures.append({"task": task, "action": data.get("task_action", ""), "msg": _message(res)})
+            return ("failed", host_name, f"{task}: {_message(res)}")
+        if kind == "runner_on_skipped":
+            return ("skipped", host_name, task)
+        changed = bool(res.get("changed")) if isinstance(res, dict) else False
+        if h.state in ("waiting", "running"):
+            h.state = "running"
+        return ("changed" if changed else "ok", host_name, task)
+
+    def _apply_stats(self, stats: dict) -> None:
+        mapping = {"ok": "ok", "changed": "changed", "failures": "failed", "dark": "unreachable", "skipped": "skipped"}
+        names = set()
+        for key in mapping:
+            names |= set((stats.get(key) or {}).keys())
+        for name in names:
+            h = self.host(name)
+            for key, counter in mapping.items():
+                h.counts[counter] = int((stats.get(key) or {}).get(name, 0))
+            if h.counts["unreachable"]:
+                h.state = "unreachable"
+            elif h.counts["failed"]:
+                h.state = "failed"
+            elif h.counts["changed"]:
+                h.state = "changed"
+            else:
+                h.state = "ok"
+
+    def exit_code(self) -> int:
+        """0 fine, 1 a host failed, 3 only unreachable hosts (caller handles 2 and 130)."""
+        states = [h.state for h in self.hosts.values()]
+        if "failed" in states:
+            return 1
+        if "unreachable" in states:
+            return 3
+        return 0
+
+    def summary(self) -> dict:
+        hosts = {}
+        for name in sorted(self.hosts):
+            h = self.hosts[name]
+            entry = dict(h.counts)
+            entry["state"] = h.state
+            if h.failures:
+                entry["failures"] = h.failures
+            if h.ladder:
+                entry["ladder"] = h.ladder
+            if h.reboot_requested:
+                entry["reboot_requested"] = True
+            hosts[name] = entry
+        return hosts

@@ -6,11 +6,8 @@
 The root is "/" on a real machine, or a recorded tree laid out the same way (docs/evidence.md).
 """
 
-from __future__ import absolute_import, division, print_function
 
 import os
-
-__metaclass__ = type
 
 VENDORS = {"0x10de": "nvidia", "0x1002": "amd", "0x8086": "intel"}
 # PCI base class 0x03 (display): 0x0300 VGA, 0x0302 3D controller, 0x0380 other display.
@@ -24,9 +21,9 @@ def sysfs_path(root, *parts):
 def read_text(path):
     """File content stripped, or None when it does not exist or cannot be read."""
     try:
-        with open(path, "r") as handle:
+        with open(path) as handle:
             return handle.read().strip()
-    except (IOError, OSError, UnicodeDecodeError):
+    except (OSError, UnicodeDecodeError):
         return None
 
 

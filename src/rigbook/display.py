@@ -130,7 +130,8 @@ def print_summary(tracker: Tracker, console: Console, run_dir) -> None:
 
 
 def print_ladder(console: Console, host: str, ladder: list) -> None:
-    table = Table(box=box.SIMPLE if console.is_terminal else box.ASCII, title=f"P2P ladder: {host}", title_justify="left")
+    style = box.SIMPLE if console.is_terminal else box.ASCII
+    table = Table(box=style, title=f"P2P ladder: {host}", title_justify="left")
     for column in ("layer", "status", "measured", "expected"):
         table.add_column(column)
     for verdict in ladder:

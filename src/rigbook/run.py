@@ -141,6 +141,16 @@ def run_playbook(opts: RunOptions) -> int:
         interrupted["flag"] = True
         print("interrupt: stopping ansible (Ctrl-C again to abort at once)", file=sys.stderr, flush=True)
 
+    def cancel() -> bool:
+        if interrupted["flag"] and not interrupted.get("stopped"):
+            # ansible-playbook's own children (module processes, ssh) outlive a kill of the
+            # playbook process alone: stop the whole tree we started.
+            from rigbook.procs import terminate_tree
+
+            interrupted["stopped"] = True
+            terminate_tree(os.getpid())
+        return interrupted["flag"]
+
     previous = signal.signal(signal.SIGINT, on_sigint)
     mode = " (check mode)" if opts.check else ""
     title = f"provision {playbook.name} -i {inventory.name}{mode}"
@@ -159,7 +169,7 @@ def run_playbook(opts: RunOptions) -> int:
                 cmdline=_cmdline(opts) or None,
                 envvars=ansible_env(),
                 event_handler=tracker.handle,
-                cancel_callback=lambda: interrupted["flag"],
+                cancel_callback=cancel,
                 quiet=True,
                 suppress_env_files=True,
                 json_mode=False,

@@ -71,6 +71,8 @@ def _describe(error):
     kind = error.validator
     value = error.instance
     sub = _schema_at(error)
+    if "propertyNames" in error.absolute_schema_path:
+        return [(path, f"bad key {_show(value)}: names must match {error.validator_value}")]
     if kind == "additionalProperties":
         allowed = sorted(sub.get("properties", {}))
         unknown = sorted(set(value) - set(allowed))
@@ -112,8 +114,6 @@ def _describe(error):
             names = " or ".join("+".join(o) for o in options)
             which = "exactly one of" if kind == "oneOf" else "at least one of"
             return [(path, f"needs {which}: {names}")]
-    if kind == "propertyNames":
-        return [(path, f"bad key {_show(value)}: {error.message}")]
     return [(path, error.message)]
 
 

@@ -1,0 +1,158 @@
+"""Real `provision` runs (ansible-runner, ansible-playbook) against this machine over a local connection.
+
+The GPUs are simulated at the evidence boundary only: a small sysfs tree written by the test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import yaml
+
+
+def provision(*args, env=None, timeout=180):
+    return subprocess.run(
+        [sys.executable, "-m", "rigbook", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def simulated_sysfs(root: Path, gpus: list) -> Path:
+    """Write a minimal recorded-sysfs tree: one root port per GPU (SIMULATED for tests)."""
+    for index, (vendor, device) in enumerate(gpus):
+        port = f"0000:00:0{index + 2}.0"
+        slot = f"0000:0{index + 3}:00.0"
+        real = root / "sys" / "devices" / "pci0000:00" / port / slot
+        real.mkdir(parents=True)
+        for name, value in (("vendor", vendor), ("device", device), ("class", "0x030000")):
+            (real / name).write_text(value + "\n")
+        links = root / "sys" / "bus" / "pci" / "devices"
+        links.mkdir(parents=True, exist_ok=True)
+        (links / slot).symlink_to(os.path.relpath(real, links))
+    return root
+
+
+def local_inventory(tmp_path: Path, host_vars: dict) -> Path:
+    inv = tmp_path / "inventory"
+    inv.mkdir()
+    vars_ = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable, **host_vars}
+    (inv / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": {"localhost": vars_}}}))
+    return inv
+
+
+def test_site_json_summary_on_localhost(repo):
+    proc = provision("site.yml", "-i", "localhost", "--json")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)  # nothing but the JSON object on stdout
+    host = summary["hosts"]["localhost"]
+    assert summary["exit_code"] == 0
+    assert host["failed"] == 0 and host["unreachable"] == 0 and host["ok"] >= 4
+    assert host["state"] == "ok"
+    # progress went to stderr, as plain lines (no terminal here)
+    assert "PLAY Preflight" in proc.stderr and "TASK List GPUs from sysfs" in proc.stderr
+    assert "\x1b[" not in proc.stderr
+    record = json.loads((Path(summary["run_dir"]) / "run.json").read_text())
+    assert record["exit_code"] == 0
+    assert (Path(summary["run_dir"]) / "artifacts").is_dir()
+
+
+def test_check_mode_and_junit(tmp_path):
+    junit = tmp_path / "report.xml"
+    proc = provision("site.yml", "-i", "localhost", "--check", "--junit", str(junit))
+    assert proc.returncode == 0, proc.stderr
+    assert "summary" in proc.stdout and "localhost" in proc.stdout
+    suite = ET.parse(junit).getroot()
+    assert suite.tag == "testsuite" and suite.get("failures") == "0"
+    assert [c.get("classname") for c in suite.iter("testcase")] == ["localhost"]
+
+
+def test_gpu_count_mismatch_fails_the_host(tmp_path):
+    evidence = simulated_sysfs(tmp_path / "evidence", [("0x10de", "0x2216")])
+    inv = local_inventory(
+        tmp_path, {"rigbook_evidence_root": str(evidence), "rigbook_gpu": {"vendor": "nvidia", "count": 2}}
+    )
+    junit = tmp_path / "report.xml"
+    proc = provision("site.yml", "-i", str(inv), "--json", "--junit", str(junit))
+    assert proc.returncode == 1, proc.stderr
+    host = json.loads(proc.stdout)["hosts"]["localhost"]
+    assert host["state"] == "failed" and host["failed"] == 1
+    failure = host["failures"][0]
+    assert failure["task"] == "List GPUs from sysfs"
+    assert "the inventory says 2 nvidia GPU(s), the host has 1" in failure["msg"]
+    assert "0000:03:00.0" in failure["msg"]
+    names = [c.get("name") for c in ET.parse(junit).getroot().iter("testcase")]
+    assert names == ["host", "task: List GPUs from sysfs"]
+
+
+def test_gpu_count_match_passes(tmp_path):
+    evidence = simulated_sysfs(tmp_path / "evidence", [("0x1002", "0x7551"), ("0x1002", "0x7551")])
+    inv = local_inventory(
+        tmp_path, {"rigbook_evidence_root": str(evidence), "rigbook_gpu": {"vendor": "amd", "count": 2}}
+    )
+    proc = provision("site.yml", "-i", str(inv), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["hosts"]["localhost"]["failed"] == 0
+
+
+def test_only_unreachable_hosts_exit_3(tmp_path):
+    with socket.socket() as s:  # a loopback port with nothing listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    inv = tmp_path / "inventory"
+    inv.mkdir()
+    host = {"ansible_host": "127.0.0.1", "ansible_port": port, "ansible_user": "nobody",
+            "ansible_ssh_common_args": "-o ConnectTimeout=5 -o StrictHostKeyChecking=no"}
+    (inv / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": {"gone": host}}}))
+    proc = provision("site.yml", "-i", str(inv), "--json")
+    assert proc.returncode == 3, proc.stderr
+    assert json.loads(proc.stdout)["hosts"]["gone"]["state"] == "unreachable"
+
+
+def test_invalid_inventory_stops_before_any_host(tmp_path):
+    inv = local_inventory(tmp_path, {"rigbook_gpu": {"vendor": "nvidia", "cuont": 2}})
+    proc = provision("site.yml", "-i", str(inv), "--json")
+    assert proc.returncode == 2
+    assert "rigbook_gpu.cuont" in proc.stderr and proc.stdout == ""
+
+
+def test_ctrl_c_stops_ansible_cleanly(tmp_path):
+    marker = f"rigbook-test-sleep-{os.getpid()}"
+    book = tmp_path / "slow.yml"
+    book.write_text(
+        "---\n- name: Slow\n  hosts: all\n  gather_facts: false\n  tasks:\n"
+        f"    - name: Sleep\n      ansible.builtin.command: bash -c 'exec -a {marker} sleep 120'\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rigbook", str(book), "-i", "localhost"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 60
+    while time.time() < deadline and subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode:
+        time.sleep(0.3)
+    assert time.time() < deadline, "the slow task never started"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    time.sleep(1)
+    leftovers = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+    assert not leftovers, f"ansible left {leftovers} running"
+
+
+def test_runs_lists_recent_runs():
+    provision("site.yml", "-i", "localhost", "--check")
+    proc = provision("runs", "-n", "3")
+    assert proc.returncode == 0
+    assert "site.yml -i" in proc.stdout and "ok" in proc.stdout

@@ -1,0 +1,42 @@
+"""The project's own quality gates, run by the test command: ruff, ansible-lint (production), galaxy build."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from rigbook.paths import collections_path
+
+BIN = Path(sys.executable).parent
+
+
+def _run(args, cwd, env=None, timeout=600):
+    env = {**os.environ, **(env or {})}
+    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_ruff_clean(repo):
+    proc = _run([str(BIN / "ruff"), "check", "src", "plugins", "tests", "benchmarks"], repo)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_ansible_lint_production_profile(repo):
+    env = {"ANSIBLE_COLLECTIONS_PATH": str(collections_path()), "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    proc = _run([str(BIN / "ansible-lint"), "--offline", "--profile", "production", "--nocolor", "roles", "playbooks"],
+                repo, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Profile 'production' was required, and it passed" in proc.stdout + proc.stderr
+
+
+def test_galaxy_collection_build(repo, tmp_path):
+    proc = _run([str(BIN / "ansible-galaxy"), "collection", "build", "--output-path", str(tmp_path), str(repo)], repo)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    built = list(tmp_path.glob("rigbook-homelab-*.tar.gz"))
+    assert len(built) == 1
+    listing = subprocess.run(["tar", "tzf", str(built[0])], capture_output=True, text=True).stdout
+    assert "plugins/modules/gpu_inventory.py" in listing and "roles/preflight/tasks/main.yml" in listing
+    assert "src/rigbook" not in listing and ".venv" not in listing
+    shutil.rmtree(tmp_path, ignore_errors=True)

@@ -1,0 +1,86 @@
+"""CLI resolution and exit codes for bad input (no host is contacted by any of these)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from rigbook.errors import UserError
+from rigbook.run import resolve_inventory, resolve_playbook
+
+
+def provision(*args, timeout=60):
+    return subprocess.run(
+        [sys.executable, "-m", "rigbook", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_names_resolve_to_the_collection(repo):
+    assert resolve_playbook("site.yml") == repo / "playbooks" / "site.yml"
+    assert resolve_playbook("site") == repo / "playbooks" / "site.yml"
+    assert resolve_inventory("homelab") == repo / "inventory" / "homelab"
+
+
+def test_real_paths_win(tmp_path):
+    book = tmp_path / "site.yml"
+    book.write_text("---\n- hosts: all\n  tasks: []\n")
+    assert resolve_playbook(str(book)) == book
+    assert resolve_inventory(str(tmp_path)) == tmp_path
+
+
+def test_unknown_names_list_what_exists():
+    with pytest.raises(UserError, match="available: .*site.yml"):
+        resolve_playbook("nope.yml")
+    with pytest.raises(UserError, match="available: .*homelab"):
+        resolve_inventory("nowhere")
+
+
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        (["missing.yml", "-i", "homelab"], "playbook 'missing.yml' not found"),
+        (["site.yml", "-i", "no-such-inventory"], "inventory 'no-such-inventory' not found"),
+        (["site.yml", "-i", "homelab", "-e", "novalue"], "expected KEY=VALUE"),
+        (["site.yml", "-i", "homelab", "-e", "@/nonexistent/vars.yml"], "does not exist"),
+        (["validate", "-i", "nowhere"], "inventory 'nowhere' not found"),
+    ],
+)
+def test_bad_input_exits_2_with_one_message(args, words):
+    proc = provision(*args)
+    assert proc.returncode == 2, proc.stderr
+    assert words in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_usage_error_exits_2():
+    proc = provision("site.yml")  # no -i
+    assert proc.returncode == 2
+    assert "-i/--inventory" in proc.stderr
+
+
+def test_help_lists_commands_and_exit_codes():
+    proc = provision("--help")
+    assert proc.returncode == 0
+    for word in ("validate", "runs", "lab", "parse", "130 interrupted"):
+        assert word in proc.stdout
+
+
+def test_validate_homelab_exits_0():
+    proc = provision("validate", "-i", "homelab")
+    assert proc.returncode == 0, proc.stderr
+    assert "valid (2 hosts; groups: x99_3080, x99_r9700)" in proc.stdout
+
+
+def test_runs_with_no_history(tmp_path, monkeypatch):
+    proc = subprocess.run(
+        [sys.executable, "-m", "rigbook", "runs"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**__import__("os").environ, "RIGBOOK_STATE_DIR": str(tmp_path)},
+    )
+    assert proc.returncode == 0
+    assert "no runs yet" in proc.stdout

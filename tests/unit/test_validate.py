@@ -1,0 +1,152 @@
+"""Inventory validation: every bad value is named by file, group/host and key path (exit 2, no traceback)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rigbook.validate import InventoryInvalid, validate
+
+HOMELAB = Path(__file__).resolve().parents[2] / "inventory" / "homelab"
+
+
+def _copy(tmp_path: Path) -> Path:
+    dest = tmp_path / "inv"
+    shutil.copytree(HOMELAB, dest)
+    return dest
+
+
+def _edit(inv: Path, rel: str, mutate) -> None:
+    path = inv / rel
+    data = yaml.safe_load(path.read_text()) if path.exists() else {}
+    mutate(data)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def _set(path: str, value):
+    def mutate(data):
+        node = data
+        keys = path.split(".")
+        for key in keys[:-1]:
+            node = node.setdefault(key, {})
+        node[keys[-1]] = value
+
+    return mutate
+
+
+def _delete(path: str):
+    def mutate(data):
+        node = data
+        keys = path.split(".")
+        for key in keys[:-1]:
+            node = node[key]
+        del node[keys[-1]]
+
+    return mutate
+
+
+G3080 = "group_vars/x99_3080.yml"
+G9700 = "group_vars/x99_r9700.yml"
+
+# (case id, file edited, mutation, key path expected in the message, words expected in the message)
+INVALID = [
+    ("typo-in-pin-key", G3080, _set("rigbook_pins.cuda_toolchain.verison", "13.0.88"),
+     "rigbook_pins.cuda_toolchain.verison", "did you mean 'version'"),
+    ("unknown-top-variable", G3080, _set("rigbook_gpus", {"count": 2}), "rigbook_gpus", "unknown variable"),
+    ("bad-vendor", G3080, _set("rigbook_gpu.vendor", "intel"), "rigbook_gpu.vendor", '"nvidia", "amd"'),
+    ("count-as-string", G3080, _set("rigbook_gpu.count", "two"), "rigbook_gpu.count", "must be an integer"),
+    ("count-too-large", G3080, _set("rigbook_gpu.count", 64), "rigbook_gpu.count", "at most 16"),
+    ("bad-pcie-width", G3080, _set("rigbook_gpu.pcie.width", 12), "rigbook_gpu.pcie.width", "allowed values"),
+    ("pcie-gen-zero", G3080, _set("rigbook_gpu.pcie.gen", 0), "rigbook_gpu.pcie.gen", "at least 1"),
+    ("p2p-false-without-reason", G3080, _delete("rigbook_p2p.reason"), "rigbook_p2p", "missing required key 'reason'"),
+    ("p2p-expected-string", G9700, _set("rigbook_p2p.expected", "yes"), "rigbook_p2p.expected", "boolean"),
+    ("bad-p2p-level", G9700, _set("rigbook_p2p.nccl_p2p_level", "ANY"), "rigbook_p2p.nccl_p2p_level", "PHB"),
+    ("driver-version-garbled", G3080, _set("rigbook_pins.nvidia_driver.version", "615-p2p"),
+     "rigbook_pins.nvidia_driver.version", "must match"),
+    ("cuda-version-two-parts", G3080, _set("rigbook_pins.cuda_toolchain.version", "13.0"),
+     "rigbook_pins.cuda_toolchain.version", "13.0"),
+    ("cmdline-with-space", G3080, _set("rigbook_pins.kernel.cmdline", ["intel_iommu=on iommu=pt"]),
+     "rigbook_pins.kernel.cmdline[0]", "must match"),
+    ("artifact-without-sha", G9700, _set("rigbook_pins.kernel.debs", [{"path": "/srv/linux-image.deb"}]),
+     "rigbook_pins.kernel.debs[0]", "missing required key 'sha256'"),
+    ("artifact-short-sha", G9700, _set("rigbook_pins.kernel.debs", [{"path": "/srv/k.deb", "sha256": "abc"}]),
+     "rigbook_pins.kernel.debs[0].sha256", "must match"),
+    ("artifact-url-and-path", G9700,
+     _set("rigbook_pins.kernel.debs", [{"path": "/a", "url": "https://x.invalid/a", "sha256": "0" * 64}]),
+     "rigbook_pins.kernel.debs[0]", "exactly one of"),
+    ("sglang-neither-version-nor-commit", G9700, _set("rigbook_pins.sglang", {"repo": "x"}),
+     "rigbook_pins.sglang", "at least one of"),
+    ("mem-fraction-above-one", G3080, _set("rigbook_serve.mem_fraction_static", 1.5),
+     "rigbook_serve.mem_fraction_static", "at most 1"),
+    ("serve-without-model", G3080, _delete("rigbook_serve.model_path"), "rigbook_serve", "'model_path'"),
+    ("env-bad-name", G9700, _set("rigbook_serve.env", {"1BAD": "x"}), "rigbook_serve.env", "bad key"),
+    ("port-out-of-range", G9700, _set("rigbook_serve.port", 70000), "rigbook_serve.port", "at most 65535"),
+    ("tolerance-above-one", "group_vars/all.yml", _set("rigbook_tolerance", {"fail_below": 1.2}),
+     "rigbook_tolerance.fail_below", "at most 1"),
+    ("evidence-root-relative", "host_vars/rig-3080.yml", _set("rigbook_evidence_root", "evidence"),
+     "rigbook_evidence_root", "must match"),
+    ("rocm-pinned-on-nvidia-box", G3080, _set("rigbook_pins.rocm", {"version": "7.2"}),
+     "rigbook_pins.rocm", "vendor is nvidia"),
+    ("p2p-expected-with-one-gpu", G9700, _set("rigbook_gpu.count", 1), "rigbook_p2p.expected", "P2P needs 2 GPUs"),
+]
+
+
+@pytest.mark.parametrize("case,rel,mutate,key_path,words", INVALID, ids=[c[0] for c in INVALID])
+def test_invalid_inventory_names_file_owner_and_key(tmp_path, case, rel, mutate, key_path, words):
+    inv = _copy(tmp_path)
+    _edit(inv, rel, mutate)
+    with pytest.raises(InventoryInvalid) as info:
+        validate(inv)
+    lines = [str(p) for p in info.value.problems]
+    matching = [line for line in lines if f": {key_path}: " in line]
+    assert matching, f"no problem names {key_path}: {lines}"
+    assert any(words in line for line in matching), matching
+    file_part = matching[0].split(":", 1)[0]
+    assert Path(file_part).name == Path(rel).name
+
+
+def test_homelab_is_valid():
+    inv = validate(HOMELAB)
+    assert set(inv.hosts) == {"rig-3080", "rig-r9700"}
+    assert inv.host_vars("rig-3080")["rigbook_p2p"]["expected"] is False
+    assert inv.host_vars("rig-r9700")["rigbook_pins"]["rccl"]["version"] == "2.27.7"
+
+
+def test_host_vars_override_group_vars(tmp_path):
+    inv = _copy(tmp_path)
+    _edit(inv, "host_vars/rig-3080.yml", _set("rigbook_gpu", {"vendor": "nvidia", "count": 1}))
+    loaded = validate(inv)
+    assert loaded.host_vars("rig-3080")["rigbook_gpu"]["count"] == 1
+    assert loaded.provenance("rig-3080", "rigbook_gpu").file.name == "rig-3080.yml"
+
+
+def test_broken_yaml_is_one_clear_error(tmp_path):
+    inv = _copy(tmp_path)
+    (inv / G3080).write_text("rigbook_gpu: {vendor: nvidia\n")
+    with pytest.raises(Exception) as info:
+        validate(inv)
+    assert "not valid YAML" in str(info.value) and "x99_3080.yml" in str(info.value)
+
+
+def test_ini_inventory_is_refused_clearly(tmp_path):
+    (tmp_path / "hosts").write_text("[x]\nlocalhost\n")
+    with pytest.raises(Exception) as info:
+        validate(tmp_path)
+    assert "YAML inventories only" in str(info.value)
+
+
+def test_cli_validate_typo_exits_2_without_traceback(tmp_path):
+    inv = _copy(tmp_path)
+    _edit(inv, G3080, _set("rigbook_pins.nvidia_driver.brnach", "615.71.09-p2p"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "rigbook", "validate", "-i", str(inv)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2
+    assert "rigbook_pins.nvidia_driver.brnach" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -1,0 +1,200 @@
+# -*- coding: utf-8 -*-
+"""Parse nccl-tests / rccl-tests result tables and NCCL_DEBUG=INFO logs.
+
+Pure functions `parse_tests(text)` and `parse_log(text)`; standard library only, Python 3.8+.
+Contract: /work/shared/PARSE-FORMATS.md ("nccl-tests", "nccl-log").
+"""
+
+from __future__ import annotations
+
+import re
+
+try:
+    from ansible_collections.rigbook.homelab.plugins.module_utils import parse_text
+except ImportError:  # pragma: no cover
+    import parse_text  # type: ignore
+
+# --- nccl-tests -------------------------------------------------------------
+
+_LINE_PREFIX_RE = re.compile(r"^\s*(?:\d+:\s+|[\w.-]+:\s+(?=\s*\d))")
+_AVG_RE = re.compile(r"#\s*Avg bus bandwidth\s*:\s*([-+0-9.eE]+|nan|inf)", re.IGNORECASE)
+_OOB_RE = re.compile(r"#\s*Out of bounds values\s*:\s*(\d+)\s*(OK|FAILED)?", re.IGNORECASE)
+_INT_RE = re.compile(r"^-?\d+$")
+_NUM_RE = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$")
+
+
+def _num(token: str):
+    if _INT_RE.match(token):
+        return int(token)
+    if _NUM_RE.match(token):
+        value = float(token)
+        return int(value) if value.is_integer() and "e" in token.lower() else value
+    return None
+
+
+def _wrong(token: str):
+    if token.upper() == "N/A":
+        return None
+    return _num(token)
+
+
+def _group(tokens):
+    time_us, algbw, busbw, wrong = tokens
+    values = (parse_text.to_float(time_us), parse_text.to_float(algbw), parse_text.to_float(busbw))
+    if None in values:
+        return None
+    return {"time_us": values[0], "algbw_gbs": values[1], "busbw_gbs": values[2], "wrong": _wrong(wrong)}
+
+
+def _row(line: str):
+    tokens = line.split()
+    if len(tokens) < 7 or not _INT_RE.match(tokens[0]) or not _INT_RE.match(tokens[1]):
+        return None
+    if not re.match(r"^[A-Za-z][A-Za-z0-9_]*$", tokens[2]):
+        return None
+    rest = tokens[3:]
+    redop = None
+    if rest and re.match(r"^[A-Za-z][A-Za-z0-9_]*$", rest[0]) and rest[0].upper() != "N/A":
+        redop = rest[0]
+        rest = rest[1:]
+    root = None
+    if len(rest) in (5, 9) and _INT_RE.match(rest[0]):
+        root = int(rest[0])
+        rest = rest[1:]
+    if len(rest) not in (4, 8):
+        return None
+    out_of_place = _group(rest[:4])
+    if out_of_place is None:
+        return None
+    in_place = _group(rest[4:8]) if len(rest) == 8 else None
+    return {
+        "size_bytes": int(tokens[0]),
+        "count": int(tokens[1]),
+        "type": tokens[2],
+        "redop": redop,
+        "root": root,
+        "out_of_place": out_of_place,
+        "in_place": in_place,
+    }
+
+
+def parse_tests(text: str) -> dict:
+    rows = []
+    avg = None
+    oob = None
+    oob_status = None
+    collective = None
+    for raw in parse_text.lines(text):
+        line = _LINE_PREFIX_RE.sub("", raw) if not raw.lstrip().startswith("#") else raw
+        stripped = line.strip()
+        if not stripped:
+            continue
+        if "#" in stripped:
+            m = _AVG_RE.search(stripped)
+            if m:
+                value = parse_text.to_float(m.group(1))
+                avg = value if avg is None else avg
+                continue
+            m = _OOB_RE.search(stripped)
+            if m:
+                oob = int(m.group(1)) if oob is None else oob
+                oob_status = (m.group(2) or "").upper() or None
+                continue
+            m = re.search(r"Collective test (?:concluded|starting):\s*(\S+)", stripped)
+            if m:
+                collective = m.group(1)
+            continue
+        row = _row(stripped)
+        if row is not None:
+            rows.append(row)
+        elif collective is None:
+            m = re.search(r"\b(\w+_perf)\b", stripped)
+            if m:
+                collective = m.group(1)
+    return {
+        "rows": rows,
+        "avg_busbw_gbs": avg,
+        "out_of_bounds": oob,
+        "out_of_bounds_status": oob_status,
+        "collective": collective,
+    }
+
+
+# --- NCCL_DEBUG=INFO logs ---------------------------------------------------
+
+_VERSION_RE = re.compile(r"\b(NCCL|RCCL) version\s+(\d+\.\d+\.\d+)")
+_CHANNEL_RE = re.compile(
+    r"\b(?:Channel|Ring)\s+(?P<ch>\d+)(?:/(?P<sub>\d+))?\s*:\s*"
+    r"(?P<from>\d+)(?:\[(?P<fromdev>[0-9a-fA-Fx]+)\])?\s*->\s*"
+    r"(?P<to>\d+)(?:\[(?P<todev>[0-9a-fA-Fx]+)\])?"
+    r"(?:\s*\[(?P<dir>send|receive)\])?\s+via\s+(?P<via>.+)$"
+)
+_DIRECT_RE = re.compile(r"isAllDirectP2p\s+(\d+)")
+
+
+def _transport(via: str) -> str:
+    words = via.split()
+    token = words[0]
+    if len(words) > 1 and words[1] == "pointer":
+        token += " pointer"
+    elif token == "direct" and words[1:3] == ["shared", "memory"]:
+        token = "direct shared memory"
+    return token
+
+
+def _family(transport: str) -> str:
+    upper = transport.upper()
+    if upper.startswith("P2P"):
+        return "p2p"
+    if upper.startswith("SHM") or transport == "direct shared memory":
+        return "shm"
+    if upper.startswith("NET") or upper.startswith("COLLNET"):
+        return "net"
+    return "other"
+
+
+def parse_log(text: str) -> dict:
+    version = None
+    library = None
+    channels = []
+    transports = []
+    direct = []
+    for raw in parse_text.lines(text):
+        if version is None:
+            m = _VERSION_RE.search(raw)
+            if m:
+                library, version = m.group(1), m.group(2)
+        m = _DIRECT_RE.search(raw)
+        if m:
+            direct.append(m.group(1) != "0")
+        m = _CHANNEL_RE.search(raw)
+        if not m:
+            continue
+        transport = _transport(m.group("via"))
+        channels.append({
+            "channel": int(m.group("ch")),
+            "from_rank": int(m.group("from")),
+            "to_rank": int(m.group("to")),
+            "transport": transport,
+            "direction": m.group("dir"),
+        })
+        if transport not in transports:
+            transports.append(transport)
+    families = {_family(c["transport"]) for c in channels}
+    if not channels:
+        path = "unknown"
+    elif len(families) == 1 and families != {"other"}:
+        path = families.pop()
+    else:
+        path = "mixed"
+    return {
+        "nccl_version": version,
+        "library": library,
+        "channels": channels,
+        "transports": transports,
+        "all_direct_p2p": (all(direct) if direct else None),
+        "path": path,
+    }
+
+
+parse = parse_log

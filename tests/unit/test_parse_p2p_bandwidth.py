@@ -1,0 +1,37 @@
+"""p2pBandwidthLatencyTest parser: table-driven from expected.yml, plus the format rules."""
+
+from __future__ import annotations
+
+import pytest
+from ansible_collections.rigbook.homelab.plugins.module_utils import parse_p2p_bandwidth
+from test_parse_lspci import FIXTURES, cases, check, read
+
+KIND = "p2p-bandwidth"
+
+
+@pytest.mark.parametrize("name,facts", cases(KIND), ids=[c[0] for c in cases(KIND)])
+def test_fixture(name, facts):
+    check(parse_p2p_bandwidth.parse, KIND, name, facts)
+
+
+def test_every_fixture_has_expectations():
+    names = {p.stem for p in (FIXTURES / KIND).glob("*.txt")}
+    assert names == {n for n, _ in cases(KIND)}
+
+
+def test_crlf_ansi():
+    text = read(KIND, "tinygrad44_4090_pair_truncated")
+    want = parse_p2p_bandwidth.parse(text)
+    assert parse_p2p_bandwidth.parse(text.replace("\n", "\r\n")) == want
+    assert parse_p2p_bandwidth.parse(text.replace("Matrix", "\x1b[1mMatrix\x1b[0m")) == want
+
+
+def test_unparseable():
+    result = parse_p2p_bandwidth.parse("no such file")
+    assert result["matrices"] == {
+        "unidirectional_p2p_disabled": None,
+        "unidirectional_p2p_enabled": None,
+        "bidirectional_p2p_disabled": None,
+        "bidirectional_p2p_enabled": None,
+    }
+    assert result["p2p_connectivity"] is None

@@ -6,7 +6,6 @@
 The root is "/" on a real machine, or a recorded tree laid out the same way (docs/evidence.md).
 """
 
-
 import os
 
 VENDORS = {"0x10de": "nvidia", "0x1002": "amd", "0x8086": "intel"}

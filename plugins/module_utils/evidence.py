@@ -1,0 +1,326 @@
+# -*- coding: utf-8 -*-
+# Copyright: rigbook developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Collect the static P2P-ladder evidence under a root (standard library only, Python 3.8+).
+
+All I/O of the static layers lives here; the judges (ladder_static.py) are pure. The same
+functions read "/" on a real box and a recorded tree (lab host, snapshot, test fixture).
+Commands are only run when the root is "/"; under a recorded root their saved output is read
+from var/lib/rigbook/commands/<name>.txt.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import subprocess
+
+try:
+    from ansible_collections.rigbook.homelab.plugins.module_utils import pci
+except ImportError:  # pragma: no cover - direct use outside Ansible
+    import pci  # type: ignore
+
+COMMANDS_DIR = ("var", "lib", "rigbook", "commands")
+# name -> argv, run on a live root only
+COMMANDS = {
+    "nvidia-smi-q": ["nvidia-smi", "-q"],
+    "nvidia-smi-topo": ["nvidia-smi", "topo", "-m"],
+    "nvidia-smi-version": ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+    "lspci-vvv": ["lspci", "-vvv", "-nn"],
+}
+IORESOURCE_IO = 0x100
+IORESOURCE_MEM = 0x200
+IORESOURCE_PREFETCH = 0x2000
+IORESOURCE_MEM_64 = 0x100000
+GIB = 1 << 30
+MIB = 1 << 20
+GEN_SPEED_GTS = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
+KERNEL_CONFIG_KEYS = ("CONFIG_PCI_P2PDMA", "CONFIG_HSA_AMD_P2P", "CONFIG_DMABUF_MOVE_NOTIFY", "CONFIG_PCI_IOV")
+
+
+def path(root, *parts):
+    return os.path.join(root or "/", *parts)
+
+
+def is_live(root):
+    return os.path.realpath(root or "/") == "/"
+
+
+def command_output(root, name, timeout=60):
+    """(text, source) of a command: run live under "/", read its recorded output elsewhere.
+
+    text is None when the command is missing, failed, or has no recording.
+    """
+    if is_live(root):
+        argv = COMMANDS[name]
+        try:
+            proc = subprocess.run(argv, capture_output=True, timeout=timeout)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return None, "%s: %s" % (" ".join(argv), exc)
+        if proc.returncode != 0:
+            detail = proc.stderr.decode(errors="replace")[:200]
+            return None, "%s exited %d: %s" % (" ".join(argv), proc.returncode, detail)
+        return proc.stdout.decode(errors="replace"), " ".join(argv)
+    recorded = path(root, *COMMANDS_DIR + (name + ".txt",))
+    text = pci.read_text(recorded)
+    return text, (recorded if text is not None else "no recording at %s" % recorded)
+
+
+def parse_speed(text):
+    """'8.0 GT/s PCIe' / '8 GT/s' -> 8.0; None when unknown."""
+    m = re.match(r"^\s*([0-9.]+)\s*GT/s", text or "")
+    return float(m.group(1)) if m else None
+
+
+def parse_int(text):
+    try:
+        return int((text or "").strip(), 0)
+    except ValueError:
+        return None
+
+
+def read_resources(root, slot):
+    """BARs from the sysfs resource file: [{index, start, end, size, kind, prefetchable, bits}]."""
+    text = pci.read_text(path(root, "sys", "bus", "pci", "devices", slot, "resource"))
+    if text is None:
+        return None
+    bars = []
+    for index, line in enumerate(text.splitlines()[:6]):  # lines 0-5 are BAR0-BAR5
+        fields = line.split()
+        if len(fields) != 3:
+            return None
+        start, end, flags = (int(f, 16) for f in fields)
+        if start == 0 and end == 0:
+            continue
+        bars.append(
+            {
+                "index": index,
+                "start": start,
+                "end": end,
+                "size": end - start + 1,
+                "kind": "io" if flags & IORESOURCE_IO else "memory",
+                "prefetchable": bool(flags & IORESOURCE_PREFETCH),
+                "bits": 64 if flags & IORESOURCE_MEM_64 else 32,
+            }
+        )
+    return bars
+
+
+def read_resize(root, slot):
+    """Resizable-BAR sizes per BAR from resourceN_resize (bit n = 2^n MiB supported)."""
+    out = {}
+    base = path(root, "sys", "bus", "pci", "devices", slot)
+    for name in sorted(glob.glob(os.path.join(base, "resource[0-9]_resize"))):
+        mask = parse_int(pci.read_text(name))
+        if mask is None:
+            continue
+        index = int(os.path.basename(name)[len("resource")])
+        out[index] = [(1 << bit) * MIB for bit in range(64) if mask & (1 << bit)]
+    return out
+
+
+def read_link(root, slot):
+    base = path(root, "sys", "bus", "pci", "devices", slot)
+    return {
+        "current_speed_gts": parse_speed(pci.read_text(os.path.join(base, "current_link_speed"))),
+        "max_speed_gts": parse_speed(pci.read_text(os.path.join(base, "max_link_speed"))),
+        "current_width": parse_int(pci.read_text(os.path.join(base, "current_link_width"))),
+        "max_width": parse_int(pci.read_text(os.path.join(base, "max_link_width"))),
+    }
+
+
+def upstream_chain(root, slot):
+    """Bridges from the GPU up to the root port, nearest first, with their ids and links."""
+    chain = []
+    link = path(root, "sys", "bus", "pci", "devices", slot)
+    current = os.path.realpath(link)
+    while True:
+        parent = os.path.dirname(current)
+        name = os.path.basename(parent)
+        if not (name.count(":") == 2 and "." in name):
+            break
+        attrs = pci.device_attrs(root, name)
+        chain.append(
+            {
+                "slot": name,
+                "ids": "%s:%s" % ((attrs.get("vendor") or "?")[2:], (attrs.get("device") or "?")[2:]),
+                "link": read_link(root, name),
+            }
+        )
+        current = parent
+    return chain
+
+
+def host_bridge(root, chain):
+    """The host bridge (function 00.0 of the root bus) of a GPU's root port, with ids."""
+    if not chain:
+        return None
+    port = chain[-1]["slot"]
+    bridge = port[: port.rindex(":") + 1] + "00.0"
+    attrs = pci.device_attrs(root, bridge)
+    if not attrs.get("vendor"):
+        return {"slot": bridge, "ids": None}
+    return {"slot": bridge, "ids": "%s:%s" % (attrs["vendor"][2:], attrs["device"][2:])}
+
+
+def collect_gpus(root):
+    gpus, error = pci.list_gpus(root)
+    for gpu in gpus:
+        gpu["bars"] = read_resources(root, gpu["slot"])
+        gpu["resize"] = read_resize(root, gpu["slot"])
+        gpu["link"] = read_link(root, gpu["slot"])
+        gpu["chain"] = upstream_chain(root, gpu["slot"])
+        gpu["host_bridge"] = host_bridge(root, gpu["chain"])
+    return gpus, error
+
+
+def kernel_config(root, release):
+    if not release:
+        return None, None
+    for candidate in (path(root, "boot", "config-" + release), path(root, "proc", "config")):
+        text = pci.read_text(candidate)
+        if text is not None:
+            values = {}
+            for line in text.splitlines():
+                m = re.match(r"^(CONFIG_[A-Z0-9_]+)=(.*)$", line)
+                if m and m.group(1) in KERNEL_CONFIG_KEYS:
+                    values[m.group(1)] = m.group(2)
+                m = re.match(r"^# (CONFIG_[A-Z0-9_]+) is not set$", line)
+                if m and m.group(1) in KERNEL_CONFIG_KEYS:
+                    values[m.group(1)] = "n"
+            return values, candidate
+    return None, None
+
+
+def collect_kernel(root):
+    release = pci.read_text(path(root, "proc", "sys", "kernel", "osrelease"))
+    cmdline = pci.read_text(path(root, "proc", "cmdline"))
+    config, config_path = kernel_config(root, release)
+    return {
+        "release": release,
+        "cmdline": cmdline.split() if cmdline is not None else None,
+        "config": config,
+        "config_path": config_path,
+    }
+
+
+def module_files(root, release, name):
+    """Installed .ko files of module NAME for RELEASE, relative to lib/modules/<release>."""
+    if not release:
+        return []
+    base = path(root, "lib", "modules", release)
+    found = []
+    for dirpath, _dirs, files in os.walk(base):
+        for file in files:
+            stem = file.split(".ko")[0] if ".ko" in file else None
+            if stem is not None and stem.replace("-", "_") == name.replace("-", "_"):
+                found.append(os.path.relpath(os.path.join(dirpath, file), base))
+    return sorted(found)
+
+
+def modprobe_options(root):
+    texts = []
+    for name in sorted(glob.glob(path(root, "etc", "modprobe.d", "*.conf"))):
+        text = pci.read_text(name)
+        if text:
+            texts.append(text)
+    return "\n".join(texts)
+
+
+def collect_nvidia(root, release, userspace_too=True):
+    proc_version = pci.read_text(path(root, "proc", "driver", "nvidia", "version"))
+    smi_text, smi_source = command_output(root, "nvidia-smi-version") if userspace_too else (None, "not asked")
+    userspace = None
+    if smi_text:
+        first = smi_text.strip().splitlines()[0].strip() if smi_text.strip() else ""
+        userspace = first or None
+    if userspace is None and userspace_too:
+        q_text, _ = command_output(root, "nvidia-smi-q")
+        m = re.search(r"^\s*(?:Driver Version|KMD Version)\s*:\s*(\S+)", q_text or "", re.M)
+        userspace = m.group(1) if m else None
+    m = re.search(r"Kernel Module(?: for \S+)?\s+([0-9.]+)", proc_version or "")
+    return {
+        "loaded": os.path.isdir(path(root, "sys", "module", "nvidia")),
+        "module_version": pci.read_text(path(root, "sys", "module", "nvidia", "version")),
+        "proc_version": proc_version,
+        "proc_module_version": m.group(1) if m else None,
+        "open_kernel_module": ("Open Kernel Module" in proc_version) if proc_version else None,
+        "module_files": module_files(root, release, "nvidia"),
+        "userspace_version": userspace,
+        "userspace_source": smi_source,
+        "uvm_loaded": os.path.isdir(path(root, "sys", "module", "nvidia_uvm")),
+        "uvm_disable_hmm": pci.read_text(path(root, "sys", "module", "nvidia_uvm", "parameters", "uvm_disable_hmm")),
+        "modprobe_uvm_disable_hmm": bool(
+            re.search(r"^\s*options\s+nvidia[-_]uvm\s+.*uvm_disable_hmm=1", modprobe_options(root), re.M)
+        ),
+    }
+
+
+def _property(text, name):
+    m = re.search(r"^%s\s+(\d+)\s*$" % name, text or "", re.M)
+    return int(m.group(1)) if m else None
+
+
+def collect_amd(root):
+    nodes = []
+    for node in sorted(glob.glob(path(root, "sys", "class", "kfd", "kfd", "topology", "nodes", "*"))):
+        props = pci.read_text(os.path.join(node, "properties"))
+        if props is None:
+            continue
+        nodes.append(
+            {
+                "node": os.path.basename(node),
+                "gpu": (_property(props, "simd_count") or 0) > 0,
+                "io_links_count": _property(props, "io_links_count"),
+                "p2p_links_count": _property(props, "p2p_links_count"),
+            }
+        )
+    return {
+        "loaded": os.path.isdir(path(root, "sys", "module", "amdgpu")),
+        "rocm_version": pci.read_text(path(root, "opt", "rocm", ".info", "version")),
+        "kfd_nodes": nodes,
+    }
+
+
+def collect_cpu(root):
+    text = pci.read_text(path(root, "proc", "cpuinfo")) or ""
+    vendor = re.search(r"^vendor_id\s*:\s*(\S+)", text, re.M)
+    family = re.search(r"^cpu family\s*:\s*(\d+)", text, re.M)
+    model = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
+    return {
+        "vendor": vendor.group(1) if vendor else None,
+        "family": int(family.group(1)) if family else None,
+        "model": model.group(1).strip() if model else None,
+    }
+
+
+# What each static layer reads (commands such as nvidia-smi only where needed).
+LAYER_PARTS = {
+    "firmware": ("gpus",),
+    "pcie_link": ("gpus",),
+    "dma_window": ("gpus", "kernel"),
+    "kernel_state": ("gpus", "kernel", "cpu", "nvidia_kernel"),
+    "driver_state": ("gpus", "kernel", "nvidia", "amd"),
+}
+ALL_PARTS = ("gpus", "kernel", "cpu", "nvidia", "amd")
+
+
+def collect_static(root, parts=ALL_PARTS):
+    """The evidence the static layers judge, as one JSON-able dict (only PARTS are read)."""
+    out = {"root": root}
+    if "gpus" in parts:
+        out["gpus"], out["error"] = collect_gpus(root)
+        out["uefi"] = os.path.isdir(path(root, "sys", "firmware", "efi"))
+    if "kernel" in parts or "nvidia" in parts or "nvidia_kernel" in parts:
+        out["kernel"] = collect_kernel(root)
+    if "cpu" in parts:
+        out["cpu"] = collect_cpu(root)
+    release = (out.get("kernel") or {}).get("release")
+    if "nvidia" in parts:
+        out["nvidia"] = collect_nvidia(root, release)
+    elif "nvidia_kernel" in parts:
+        out["nvidia"] = collect_nvidia(root, release, userspace_too=False)
+    if "amd" in parts:
+        out["amd"] = collect_amd(root)
+    return out

@@ -1,0 +1,505 @@
+# -*- coding: utf-8 -*-
+# Copyright: rigbook developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Pure judges of the five static P2P layers: (evidence, profile) -> verdict. No I/O here.
+
+evidence is evidence.collect_static(root); profile is {"gpu": rigbook_gpu, "p2p": rigbook_p2p,
+"pins": rigbook_pins} from the inventory. Missing evidence gives "unknown", never "pass".
+"""
+
+from __future__ import annotations
+
+try:
+    from ansible_collections.rigbook.homelab.plugins.module_utils.verdict import Findings, make
+except ImportError:  # pragma: no cover
+    from verdict import Findings, make  # type: ignore
+
+GIB = 1 << 30
+MIB = 1 << 20
+FOUR_GIB = 4 * GIB
+GEN_SPEED_GTS = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
+VRAM_BAR = {"nvidia": 1, "amd": 0}
+# Peer DMA reach with the IOMMU in passthrough/off: amdgpu gmc v10-v12 use a 44-bit mask,
+# NVIDIA GPUs 47 bits (research notes, p2p-stack-facts §1.3 and §2).
+DMA_REACH_BITS = {"nvidia": 47, "amd": 44}
+# Host bridges the upstream kernel allows for P2PDMA across root ports (drivers/pci/p2pdma.c);
+# any AMD Zen (family >= 0x17) CPU is allowed too. 8086:6f00 (Broadwell-EP, X99) is not.
+P2PDMA_HOST_BRIDGES = frozenset(
+    [
+        "8086:3c00",
+        "8086:3c01",
+        "8086:2f00",
+        "8086:2f01",
+        "8086:2030",
+        "8086:2031",
+        "8086:2032",
+        "8086:2033",
+        "8086:2020",
+        "8086:09a2",
+    ]
+)
+BIOS_REMEDY = (
+    "In the BIOS: Above 4G Decoding ON, Resizable BAR ON, CSM OFF (boot UEFI). If the BIOS has no "
+    "such options (the X99 TF board), GPU P2P is not possible on this board: set rigbook_p2p.expected "
+    "false with the reason, and rigbook holds the SHM path to its baseline instead."
+)
+
+
+def human_bytes(n):
+    if n is None:
+        return "?"
+    for unit, size in (("TiB", 1 << 40), ("GiB", GIB), ("MiB", MIB), ("KiB", 1 << 10)):
+        if n >= size:
+            value = float(n) / size
+            return ("%d %s" % (value, unit)) if value == int(value) else ("%.1f %s" % (value, unit))
+    return "%d B" % n
+
+
+def _vendor(evidence, profile):
+    gpu = profile.get("gpu") or {}
+    if gpu.get("vendor"):
+        return gpu["vendor"]
+    vendors = {g["vendor"] for g in evidence.get("gpus") or []}
+    return vendors.pop() if len(vendors) == 1 else None
+
+
+def p2p_expected(evidence, profile):
+    p2p = profile.get("p2p") or {}
+    if "expected" in p2p:
+        return bool(p2p["expected"])
+    return len(evidence.get("gpus") or []) >= 2
+
+
+def _no_gpus(layer, evidence):
+    why = evidence.get("error") or "no NVIDIA or AMD GPU found in sysfs under %s" % evidence.get("root")
+    return make(
+        layer,
+        "unknown",
+        measured={"gpus": 0},
+        expected=None,
+        why=why,
+        remedy="Check rigbook_evidence_root, and that the GPUs are seated and enumerated (lspci).",
+    )
+
+
+def _vram_bar(gpu, vendor):
+    index = VRAM_BAR.get(vendor or gpu["vendor"], 1)
+    for bar in gpu.get("bars") or []:
+        if bar["index"] == index:
+            return bar
+    return None
+
+
+def judge_firmware(evidence, profile):
+    """UEFI boot, VRAM BAR above 4 GiB, VRAM BAR >= VRAM (or ReBAR at its maximum)."""
+    layer = "firmware"
+    gpus = evidence.get("gpus") or []
+    if not gpus:
+        return _no_gpus(layer, evidence)
+    vendor = _vendor(evidence, profile)
+    vram_gib = (profile.get("gpu") or {}).get("vram_gib")
+    vram = int(vram_gib * GIB) if vram_gib else None
+    expected_p2p = p2p_expected(evidence, profile)
+    found = Findings()
+    bars = {}
+    if not evidence.get("uefi"):
+        found.problem("legacy boot (no /sys/firmware/efi): CSM is on", BIOS_REMEDY)
+    for gpu in gpus:
+        slot = gpu["slot"]
+        if gpu.get("bars") is None:
+            found.gap("%s: no sysfs resource file" % slot)
+            continue
+        bar = _vram_bar(gpu, vendor)
+        if bar is None:
+            found.gap("%s: VRAM BAR not assigned" % slot)
+            continue
+        name = "BAR%d" % bar["index"]
+        bars[slot] = "%s %s at 0x%x" % (name, human_bytes(bar["size"]), bar["start"])
+        if bar["start"] < FOUR_GIB:
+            found.problem(
+                "%s %s %s is mapped below 4 GiB: Above 4G Decoding is off" % (slot, name, human_bytes(bar["size"])),
+                BIOS_REMEDY,
+            )
+        sizes = (gpu.get("resize") or {}).get(bar["index"]) or []
+        largest = max(sizes) if sizes else None
+        big_enough = (vram is not None and bar["size"] >= vram) or (largest is not None and bar["size"] >= largest)
+        if vram is None and largest is None:
+            big_enough = not (gpu["vendor"] == "nvidia" and bar["size"] <= 256 * MIB)
+        if big_enough:
+            continue
+        if largest is not None and largest > bar["size"]:
+            found.problem(
+                "%s %s is %s but the card supports %s: Resizable BAR is off"
+                % (slot, name, human_bytes(bar["size"]), human_bytes(largest)),
+                BIOS_REMEDY,
+            )
+        else:
+            found.problem(
+                "%s %s is only %s (VRAM %s): no large BAR, so peers cannot map this card's memory"
+                % (slot, name, human_bytes(bar["size"]), human_bytes(vram)),
+                BIOS_REMEDY,
+            )
+    measured = {"uefi": bool(evidence.get("uefi")), "vram_bar": bars}
+    expected = {"uefi": True, "vram_bar": ">= %s, above 4 GiB" % (human_bytes(vram) if vram else "VRAM")}
+    if not expected_p2p and found.problems:
+        found.notes.append(
+            "P2P is declared unavailable on this host (%s)"
+            % ((profile.get("p2p") or {}).get("reason") or "no reason given")
+        )
+    return found.verdict(
+        layer,
+        measured,
+        expected,
+        fail_is_warn=not expected_p2p,
+        ok_text="UEFI boot; every VRAM BAR is large and above 4 GiB",
+    )
+
+
+def _expected_link(profile, slot):
+    gpu = profile.get("gpu") or {}
+    link = dict(gpu.get("pcie") or {})
+    for entry in gpu.get("per_gpu") or []:
+        if entry.get("slot") == slot:
+            link.update({k: v for k, v in entry.items() if k in ("gen", "width")})
+    return link.get("gen"), link.get("width")
+
+
+def _gen_of(speed):
+    for gen, gts in GEN_SPEED_GTS.items():
+        if speed is not None and abs(gts - speed) < 0.01:
+            return gen
+    return None
+
+
+def judge_pcie_link(evidence, profile):
+    """Per GPU: link capability (device and its port) vs the profile; trained width vs capability."""
+    layer = "pcie_link"
+    gpus = evidence.get("gpus") or []
+    if not gpus:
+        return _no_gpus(layer, evidence)
+    found = Findings()
+    measured, expected = {}, {}
+    remedy_slot = (
+        "Reseat the card, check the riser/cable and the slot's electrical width and the BIOS "
+        "PCIe bifurcation/speed settings (set the slot to Auto or the card's generation)."
+    )
+    for gpu in gpus:
+        slot, link = gpu["slot"], gpu.get("link") or {}
+        gen, width = _expected_link(profile, slot)
+        expected[slot] = "Gen%s x%s" % (gen or "?", width or "?")
+        if link.get("max_speed_gts") is None or link.get("max_width") is None or link.get("current_width") is None:
+            found.gap("%s: link speed/width not readable in sysfs" % slot)
+            continue
+        port = (gpu.get("chain") or [{}])[0].get("link") or {}
+        cap_speed = min(s for s in (link["max_speed_gts"], port.get("max_speed_gts")) if s is not None)
+        cap_width = min(w for w in (link["max_width"], port.get("max_width")) if w is not None)
+        current = link.get("current_speed_gts")
+        measured[slot] = "Gen%s x%d (now %s GT/s x%d)" % (
+            _gen_of(cap_speed) or cap_speed,
+            cap_width,
+            current if current is not None else "?",
+            link["current_width"],
+        )
+        if gen and cap_speed < GEN_SPEED_GTS[gen] - 0.01:
+            found.problem(
+                "%s link capability is %s GT/s (Gen%s), the profile expects Gen%d (%s GT/s)"
+                % (slot, cap_speed, _gen_of(cap_speed), gen, GEN_SPEED_GTS[gen]),
+                remedy_slot,
+            )
+        if width and cap_width < width:
+            found.problem("%s link is x%d capable, the profile expects x%d" % (slot, cap_width, width), remedy_slot)
+        if link["current_width"] < cap_width:
+            found.problem("%s trained at x%d of x%d" % (slot, link["current_width"], cap_width), remedy_slot)
+        if current is not None and current < cap_speed - 0.01 and not found.problems:
+            measured[slot] += ", idle down-clock (not a fault)"
+    return found.verdict(layer, measured, expected, ok_text="every GPU link at its expected generation and width")
+
+
+def iommu_mode(cmdline):
+    """'passthrough', 'translated', 'off' or None (unknown) from the kernel command line."""
+    if cmdline is None:
+        return None
+    tokens = set(cmdline)
+    if "iommu=pt" in tokens:
+        return "passthrough"
+    if {"intel_iommu=off", "amd_iommu=off", "iommu=off"} & tokens:
+        return "off"
+    if {"intel_iommu=on", "amd_iommu=on", "amd_iommu=force_isolation"} & tokens:
+        return "translated"
+    return None
+
+
+def judge_dma_window(evidence, profile):
+    """Every BAR of each GPU ends below the DMA reach of its peers (unless the IOMMU translates)."""
+    layer = "dma_window"
+    gpus = evidence.get("gpus") or []
+    if not gpus:
+        return _no_gpus(layer, evidence)
+    if len(gpus) < 2:
+        return make(layer, "skip", measured={"gpus": len(gpus)}, expected=None, why="one GPU: no peer to reach it")
+    mode = iommu_mode((evidence.get("kernel") or {}).get("cmdline"))
+    found = Findings()
+    measured = {"iommu": mode}
+    reach_of = {g["slot"]: DMA_REACH_BITS.get(g["vendor"], 44) for g in gpus}
+    remedy = (
+        "Make the BIOS place 64-bit MMIO lower (MMIO High Base / Above 4G MMIO size, e.g. below 16 TiB "
+        "for amdgpu), or boot a kernel that copes with the peer's DMA limit (the X99/R9700 box runs "
+        "6.8.12-r9700-p2p-dma44); keep iommu=pt for P2P."
+    )
+    for gpu in gpus:
+        if gpu.get("bars") is None:
+            found.gap("%s: no sysfs resource file" % gpu["slot"])
+            continue
+        memory = [b for b in gpu["bars"] if b["kind"] == "memory"]
+        top = max(memory, key=lambda b: b["end"]) if memory else None
+        if top is None:
+            found.gap("%s: no memory BAR assigned" % gpu["slot"])
+            continue
+        measured[gpu["slot"]] = "highest BAR%d ends at 0x%x (%s)" % (
+            top["index"],
+            top["end"],
+            human_bytes(top["end"] + 1),
+        )
+        for peer in gpus:
+            if peer["slot"] == gpu["slot"]:
+                continue
+            bits = reach_of[peer["slot"]]
+            if top["end"] >= (1 << bits) and mode != "translated":
+                found.problem(
+                    "%s BAR%d ends at 0x%x (%s), beyond the %d-bit (%s) DMA reach of %s %s"
+                    % (
+                        gpu["slot"],
+                        top["index"],
+                        top["end"],
+                        human_bytes(top["end"] + 1),
+                        bits,
+                        human_bytes(1 << bits),
+                        peer["vendor"],
+                        peer["slot"],
+                    ),
+                    remedy,
+                )
+    if mode == "translated" and not found.problems:
+        measured["note"] = "the IOMMU translates peer DMA; BAR addresses are not limited by the DMA mask"
+    expected = {s: "below 2^%d" % b for s, b in reach_of.items()}
+    return found.verdict(layer, measured, expected, ok_text="every GPU BAR is within its peers' DMA reach")
+
+
+def judge_kernel_state(evidence, profile):
+    """Running kernel and cmdline as pinned; P2PDMA built and allowed (AMD); uvm HMM off with iommu=pt."""
+    layer = "kernel_state"
+    kernel = evidence.get("kernel") or {}
+    pins = profile.get("pins") or {}
+    pin = pins.get("kernel") or {}
+    vendor = _vendor(evidence, profile)
+    found = Findings()
+    release, cmdline = kernel.get("release"), kernel.get("cmdline")
+    measured = {"release": release, "cmdline": " ".join(cmdline) if cmdline is not None else None}
+    expected = {}
+    if release is None:
+        found.gap("running kernel release not readable")
+    if pin.get("release"):
+        expected["release"] = pin["release"]
+        if release is not None and release != pin["release"]:
+            found.problem(
+                "running kernel %s, pinned %s" % (release, pin["release"]),
+                "Boot the pinned kernel (GRUB default entry) or re-run provision so the kernel role "
+                "and the driver build follow the new kernel, then update the pin.",
+            )
+    wanted = pin.get("cmdline") or []
+    if wanted:
+        expected["cmdline"] = " ".join(wanted)
+        if cmdline is None:
+            found.gap("kernel command line not readable")
+        else:
+            missing = [flag for flag in wanted if flag not in cmdline]
+            if missing:
+                found.problem(
+                    "kernel command line lacks %s" % " ".join(missing),
+                    "Re-run provision (the kernel role writes /etc/default/grub.d/rigbook.cfg and runs "
+                    "update-grub), then reboot.",
+                )
+    if vendor == "amd" and p2p_expected(evidence, profile):
+        _judge_p2pdma(evidence, pin, found, measured, expected)
+    if vendor == "nvidia" and cmdline is not None and "iommu=pt" in cmdline:
+        _judge_uvm_hmm(evidence, found, measured, expected)
+    return found.verdict(layer, measured, expected, ok_text="kernel, command line and P2P settings as pinned")
+
+
+def _judge_p2pdma(evidence, pin, found, measured, expected):
+    config = (evidence.get("kernel") or {}).get("config")
+    expected["config"] = "CONFIG_PCI_P2PDMA=y CONFIG_HSA_AMD_P2P=y"
+    if config is None:
+        found.gap("kernel config not found (boot/config-<release> or /proc/config.gz)")
+    else:
+        measured["config"] = " ".join(
+            "%s=%s" % (k, config.get(k, "missing")) for k in ("CONFIG_PCI_P2PDMA", "CONFIG_HSA_AMD_P2P")
+        )
+        for key in ("CONFIG_PCI_P2PDMA", "CONFIG_HSA_AMD_P2P"):
+            if config.get(key) != "y":
+                found.problem(
+                    "%s is %s in the running kernel" % (key, config.get(key, "not set")),
+                    "Use a kernel built with CONFIG_PCI_P2PDMA=y and CONFIG_HSA_AMD_P2P=y.",
+                )
+    gpus = evidence.get("gpus") or []
+    ports = {(g.get("chain") or [{}])[-1].get("slot") for g in gpus}
+    if len(gpus) < 2 or len(ports) < 2:
+        return  # same root port (or one GPU): the bridge allow list does not apply
+    cpu = evidence.get("cpu") or {}
+    if cpu.get("vendor") == "AuthenticAMD" and (cpu.get("family") or 0) >= 0x17:
+        measured["p2pdma_host_bridge"] = "AMD Zen CPU (allowed by the kernel)"
+        return
+    allowed = P2PDMA_HOST_BRIDGES | {str(i).lower() for i in pin.get("p2pdma_allow") or []}
+    bridges = sorted({(g.get("host_bridge") or {}).get("ids") or "unknown" for g in gpus})
+    measured["p2pdma_host_bridge"] = ", ".join(bridges)
+    expected["p2pdma_host_bridge"] = "on the kernel's P2PDMA allow list"
+    for ids in bridges:
+        if ids == "unknown":
+            found.gap("host bridge ids not readable (needed for P2PDMA across root ports)")
+        elif ids not in allowed:
+            found.problem(
+                "the GPUs sit on different root ports and host bridge %s is not on the kernel's "
+                "P2PDMA allow list" % ids,
+                "Boot a kernel that allows this host bridge for P2PDMA (the X99/R9700 box patches "
+                "8086:6f00 into drivers/pci/p2pdma.c) and list it in rigbook_pins.kernel.p2pdma_allow.",
+            )
+
+
+def _judge_uvm_hmm(evidence, found, measured, expected):
+    nvidia = evidence.get("nvidia") or {}
+    value = nvidia.get("uvm_disable_hmm")
+    measured["uvm_disable_hmm"] = value
+    expected["uvm_disable_hmm"] = "Y (with iommu=pt)"
+    remedy = (
+        "Add `options nvidia-uvm uvm_disable_hmm=1` in /etc/modprobe.d (the driver role does) and reboot: "
+        "HMM with iommu=pt breaks NCCL's SHM transport."
+    )
+    if value is None:
+        if nvidia.get("modprobe_uvm_disable_hmm"):
+            measured["uvm_disable_hmm"] = "set in modprobe.d (nvidia_uvm not loaded)"
+        else:
+            found.note("nvidia_uvm is not loaded and no modprobe.d option disables HMM", remedy)
+    elif value.upper() not in ("Y", "1"):
+        found.problem("nvidia_uvm runs with HMM enabled (uvm_disable_hmm=%s) while iommu=pt" % value, remedy)
+
+
+def judge_driver_state(evidence, profile):
+    layer = "driver_state"
+    vendor = _vendor(evidence, profile)
+    if vendor == "nvidia":
+        return _judge_nvidia_driver(evidence, profile)
+    if vendor == "amd":
+        return _judge_amd_driver(evidence, profile)
+    return make(
+        layer, "unknown", measured=None, expected=None, why="GPU vendor unknown (no rigbook_gpu.vendor, no GPU)"
+    )
+
+
+def _judge_nvidia_driver(evidence, profile):
+    layer = "driver_state"
+    nv = evidence.get("nvidia") or {}
+    pin = (profile.get("pins") or {}).get("nvidia_driver") or {}
+    release = (evidence.get("kernel") or {}).get("release")
+    found = Findings()
+    loaded = nv.get("module_version") or nv.get("proc_module_version")
+    measured = {
+        "module": loaded,
+        "open": nv.get("open_kernel_module"),
+        "files": nv.get("module_files"),
+        "userspace": nv.get("userspace_version"),
+    }
+    expected = {"module": pin.get("version"), "userspace": pin.get("userspace_version") or pin.get("version")}
+    rebuild = (
+        "Re-run provision: the driver role builds the pinned fork through DKMS for every installed kernel "
+        "(dkms autoinstall -k %s), removes shadowing copies, and asks for a reboot." % (release or "<kernel>")
+    )
+    if not nv.get("loaded") and not loaded:
+        if not nv.get("module_files"):
+            found.problem("no nvidia module is installed for the running kernel %s" % release, rebuild)
+        else:
+            found.problem(
+                "the nvidia module is installed for %s but not loaded" % release,
+                "Load it (modprobe nvidia) or reboot; check dmesg for why it did not load.",
+            )
+    elif loaded is None:
+        found.gap("the nvidia module is loaded but its version is not readable")
+    elif pin.get("version") and loaded != pin["version"]:
+        found.problem("the loaded nvidia module is %s, pinned %s" % (loaded, pin["version"]), rebuild)
+    files = nv.get("module_files") or []
+    if files and pin.get("version"):
+        preferred = [f for f in files if f.startswith("updates/")]
+        stock = [f for f in files if not f.startswith("updates/")]
+        if not preferred:
+            found.problem(
+                "nvidia.ko for %s is only in %s, not under updates/dkms" % (release, ", ".join(stock)), rebuild
+            )
+    userspace = nv.get("userspace_version")
+    want_user = pin.get("userspace_version") or pin.get("version")
+    if userspace is None and loaded:
+        found.gap("userspace driver version not readable (%s)" % nv.get("userspace_source"))
+    elif userspace and loaded and userspace != loaded:
+        found.problem(
+            "userspace %s and kernel module %s differ (Driver/library version mismatch)" % (userspace, loaded),
+            "Run the %s userspace installer with --no-kernel-modules and hold the packages." % want_user,
+        )
+    elif userspace and want_user and userspace != want_user:
+        found.problem(
+            "userspace driver %s, pinned %s" % (userspace, want_user),
+            "Install the pinned userspace with --no-kernel-modules.",
+        )
+    return found.verdict(layer, measured, expected, ok_text="the pinned driver build is loaded, userspace matches")
+
+
+def _judge_amd_driver(evidence, profile):
+    layer = "driver_state"
+    amd = evidence.get("amd") or {}
+    pin = (profile.get("pins") or {}).get("rocm") or {}
+    found = Findings()
+    nodes = [n for n in amd.get("kfd_nodes") or [] if n.get("gpu")]
+    measured = {
+        "amdgpu": amd.get("loaded"),
+        "rocm": amd.get("rocm_version"),
+        "kfd_p2p_links": [n.get("p2p_links_count") for n in nodes],
+    }
+    expected = {"amdgpu": True, "rocm": pin.get("version")}
+    if not amd.get("loaded"):
+        found.problem(
+            "amdgpu is not loaded",
+            "Check dmesg; after a kernel upgrade rebuild amdgpu-dkms or reboot into the pinned kernel.",
+        )
+    if pin.get("version"):
+        if amd.get("rocm_version") is None:
+            found.gap("ROCm version not readable (/opt/rocm/.info/version)")
+        elif not str(amd["rocm_version"]).startswith(str(pin["version"])):
+            found.problem("ROCm %s, pinned %s" % (amd["rocm_version"], pin["version"]), "Install the pinned ROCm.")
+    if p2p_expected(evidence, profile) and amd.get("loaded"):
+        expected["kfd_p2p_links"] = ">= 1 on every GPU node"
+        if not nodes:
+            found.gap("no KFD GPU nodes in /sys/class/kfd/kfd/topology")
+        for node in nodes:
+            if node.get("p2p_links_count") is None:
+                found.gap("KFD node %s has no p2p_links_count" % node["node"])
+            elif node["p2p_links_count"] < 1:
+                found.problem(
+                    "KFD node %s has no P2P link: amdgpu refused peer access" % node["node"],
+                    "amdgpu needs CONFIG_HSA_AMD_P2P, a large BAR, the peer BAR within its DMA "
+                    "reach and a P2PDMA-allowed path: see the layers below.",
+                )
+    return found.verdict(layer, measured, expected, ok_text="amdgpu loaded, ROCm as pinned, KFD P2P links present")
+
+
+JUDGES = {
+    "firmware": judge_firmware,
+    "pcie_link": judge_pcie_link,
+    "dma_window": judge_dma_window,
+    "kernel_state": judge_kernel_state,
+    "driver_state": judge_driver_state,
+}
+
+
+def judge_all(evidence, profile):
+    """Every static layer in order (the ladder view; a host stops at the first fail in a play)."""
+    return [
+        JUDGES[layer](evidence, profile)
+        for layer in ("firmware", "pcie_link", "dma_window", "kernel_state", "driver_state")
+    ]

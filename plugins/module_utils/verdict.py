@@ -1,0 +1,73 @@
+# -*- coding: utf-8 -*-
+# Copyright: rigbook developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The verdict every ladder layer returns (standard library only)."""
+
+from __future__ import annotations
+
+STATUSES = ("pass", "warn", "fail", "skip", "unknown")
+# Order of the ladder, lowest first: a higher layer means little while a lower one fails.
+LAYERS = (
+    "firmware",
+    "pcie_link",
+    "dma_window",
+    "kernel_state",
+    "driver_state",
+    "peer_access",
+    "p2p_bandwidth",
+    "collectives",
+    "nccl_transport",
+    "serving",
+)
+
+
+def make(layer, status, measured=None, expected=None, why="", remedy=""):
+    if layer not in LAYERS:
+        raise ValueError("unknown layer %r" % layer)
+    if status not in STATUSES:
+        raise ValueError("unknown status %r" % status)
+    return {
+        "layer": layer,
+        "status": status,
+        "measured": measured,
+        "expected": expected,
+        "why": why,
+        "remedy": remedy,
+    }
+
+
+class Findings:
+    """Collects problems (fail-class), notes (warn-class) and gaps (unknown) while judging a layer."""
+
+    def __init__(self):
+        self.problems = []
+        self.notes = []
+        self.gaps = []
+        self.remedies = []
+
+    def problem(self, text, remedy=None):
+        self.problems.append(text)
+        if remedy and remedy not in self.remedies:
+            self.remedies.append(remedy)
+
+    def note(self, text, remedy=None):
+        self.notes.append(text)
+        if remedy and remedy not in self.remedies:
+            self.remedies.append(remedy)
+
+    def gap(self, text):
+        self.gaps.append(text)
+
+    def verdict(self, layer, measured, expected, fail_is_warn=False, ok_text="as expected"):
+        """fail when there are problems (warn instead when FAIL_IS_WARN), unknown on gaps, warn on notes."""
+        if self.problems:
+            status = "warn" if fail_is_warn else "fail"
+            why = "; ".join(self.problems + self.notes)
+        elif self.gaps:
+            status, why = "unknown", "; ".join(self.gaps)
+        elif self.notes:
+            status, why = "warn", "; ".join(self.notes)
+        else:
+            status, why = "pass", ok_text
+        remedy = " ".join(self.remedies) if status in ("fail", "warn") else ""
+        return make(layer, status, measured, expected, why, remedy)

@@ -1,0 +1,71 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: rigbook developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+DOCUMENTATION = r"""
+---
+module: pcie_link
+short_description: Judge the PCIe link layer: generation and width per GPU
+description:
+  - Compares each GPU's link capability (device and upstream port) with the profile's generation and width, and the trained width with the capability.
+  - A lower current speed with the right maximum is idle down-clocking, not a fault; a lower width is.
+  - Evidence is read under O(root); V(/) on a real box, a recorded tree on a lab host or in a replay.
+  - The task fails when the verdict is C(fail); C(warn) and C(unknown) are reported as warnings.
+  - Read-only; supports check mode.
+version_added: "1.0.0"
+author:
+  - rigbook developers
+options:
+  root:
+    description: Evidence root.
+    type: path
+    default: /
+  profile:
+    description:
+      - The host profile, C({gpu: rigbook_gpu, p2p: rigbook_p2p, pins: rigbook_pins}).
+    type: dict
+    default: {}
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+"""
+
+EXAMPLES = r"""
+- name: Judge the pcie_link layer
+  rigbook.homelab.pcie_link:
+    profile:
+      gpu: "{{ rigbook_gpu }}"
+      p2p: "{{ rigbook_p2p }}"
+      pins: "{{ rigbook_pins | default({}) }}"
+"""
+
+RETURN = r"""
+verdict:
+  description: The layer's verdict.
+  returned: always
+  type: dict
+  contains:
+    layer: {description: "V(pcie_link)", type: str}
+    status: {description: "pass, warn, fail, skip or unknown", type: str}
+    measured: {description: What was found., type: raw}
+    expected: {description: What the profile asks for., type: raw}
+    why: {description: The reason for the status., type: str}
+    remedy: {description: What to do when it is not pass., type: str}
+evidence:
+  description: The raw evidence the verdict was judged from.
+  returned: always
+  type: dict
+"""
+
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder_module import run_layer
+
+
+def main():
+    run_layer("pcie_link")
+
+
+if __name__ == "__main__":
+    main()

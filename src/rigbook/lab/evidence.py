@@ -1,0 +1,181 @@
+"""Recorded hardware trees: profiles (YAML) and the materializer that lays them out.
+
+A profile (profiles/<name>.yml) describes one box at the evidence boundary: its PCI functions
+with their BARs and links, kernel release and command line, loaded modules, literal files and
+recorded command outputs. `materialize(name, dest)` writes that as the tree of docs/evidence.md:
+real directories nested under their upstream port, relative symlinks in sys/bus/pci/devices.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+from rigbook.errors import UserError
+
+PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
+COMMANDS_DIR = "var/lib/rigbook/commands"
+RESOURCE_LINES = 13  # 6 BARs, the ROM, 6 SR-IOV BARs: what sysfs prints for an endpoint
+ROM_LINE = 6
+# struct resource flags as sysfs `resource` prints them (IORESOURCE_* | PCI_BASE_ADDRESS_*).
+BAR_FLAGS = {
+    "mem32": 0x40200,
+    "mem32pref": 0x42208,
+    "mem64pref": 0x14220C,
+    "io": 0x40101,
+    "rom": 0x46200,
+}
+_SIZE_RE = re.compile(r"^(\d+)\s*([KMGT]?)i?B?$")
+
+
+def profile_names() -> list:
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.yml"))
+
+
+@lru_cache(maxsize=None)
+def _load(name: str) -> dict:
+    with open(PROFILES_DIR / f"{name}.yml", encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
+def load_profile(name: str) -> dict:
+    """The profile NAME as a dict (a fresh copy); UserError when there is no such profile."""
+    if name not in profile_names():
+        raise UserError(f"unknown profile {name!r} (known: {', '.join(profile_names())})")
+    return json.loads(json.dumps(_load(name)))
+
+
+def parse_size(value) -> int:
+    """256M, 32G, 512K, 128 -> bytes (binary units)."""
+    if isinstance(value, int):
+        return value
+    m = _SIZE_RE.match(str(value).strip())
+    if not m:
+        raise ValueError(f"bad size {value!r}")
+    return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30, "T": 40}[m.group(2)]
+
+
+def functions(profile: dict) -> list:
+    """Every PCI function below a root port, with its port's BDF, sorted by BDF."""
+    out = []
+    for port in profile["pci"]["ports"]:
+        for fn in port.get("functions", []):
+            out.append(dict(fn, port=port["bdf"]))
+    return sorted(out, key=lambda f: f["bdf"])
+
+
+def gpus(profile: dict) -> list:
+    """Display-class functions in BDF order: the GPUs faults address by index."""
+    return [f for f in functions(profile) if str(f["class"]).lower().startswith("0x03")]
+
+
+def device_dir(fn_or_port: dict) -> str:
+    """Path (relative to the tree root) of the real sysfs directory of a function or port."""
+    if "port" in fn_or_port:
+        return f"sys/devices/pci0000:00/{fn_or_port['port']}/{fn_or_port['bdf']}"
+    return f"sys/devices/pci0000:00/{fn_or_port['bdf']}"
+
+
+def resource_text(bars: list) -> str:
+    lines = [(0, 0, 0)] * RESOURCE_LINES
+    for bar in bars:
+        index = ROM_LINE if bar["bar"] == "rom" else int(bar["bar"])
+        start, size = int(bar["start"]), parse_size(bar["size"])
+        lines[index] = (start, start + size - 1, BAR_FLAGS[bar["type"]])
+    return "".join(f"0x{s:016x} 0x{e:016x} 0x{f:016x}\n" for s, e, f in lines)
+
+
+def _write(root: Path, rel: str, content: str) -> None:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(content, encoding="utf-8")
+
+
+def _symlink(root: Path, rel: str, target: str) -> None:
+    link = root / rel
+    link.parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(target, link)
+
+
+def _pci_ids(root: Path, d: str, item: dict) -> None:
+    for key in ("vendor", "device", "class", "subsystem_vendor", "subsystem_device", "revision"):
+        if key in item:
+            _write(root, f"{d}/{key}", f"{item[key]}\n")
+
+
+def _link(root: Path, d: str, link: dict) -> None:
+    _write(root, f"{d}/current_link_speed", f"{link['speed']}\n")
+    _write(root, f"{d}/current_link_width", f"{link['width']}\n")
+    _write(root, f"{d}/max_link_speed", f"{link['max_speed']}\n")
+    _write(root, f"{d}/max_link_width", f"{link['max_width']}\n")
+
+
+def _bind(root: Path, d: str, bdf: str, driver: str) -> None:
+    """driver -> ../../bus/pci/drivers/X and the driver's link back, relative as in sysfs."""
+    depth = d.count("/")  # sys/devices/pci0000:00/<port>/<fn>: climb back to sys/
+    _symlink(root, f"{d}/driver", "../" * (depth) + f"bus/pci/drivers/{driver}")
+    _symlink(root, f"sys/bus/pci/drivers/{driver}/{bdf}", "../../../../" + d[len("sys/"):])
+
+
+def _pci(root: Path, pci: dict) -> None:
+    bridge = pci["host_bridge"]
+    entries = [(device_dir(bridge), bridge)]
+    for port in pci["ports"]:
+        entries.append((device_dir(port), dict(port, driver="pcieport")))
+    entries += [(device_dir(fn), fn) for fn in functions({"pci": pci})]
+    for d, item in entries:
+        (root / d).mkdir(parents=True, exist_ok=True)
+        _pci_ids(root, d, item)
+        if "link" in item:
+            _link(root, d, item["link"])
+        if "bars" in item:
+            _write(root, f"{d}/resource", resource_text(item["bars"]))
+        for bar, bitmap in (item.get("resize") or {}).items():
+            _write(root, f"{d}/resource{bar}_resize", f"{bitmap}\n")
+        if "numa_node" in item:
+            _write(root, f"{d}/numa_node", f"{item['numa_node']}\n")
+        if item.get("driver"):
+            _bind(root, d, item["bdf"], item["driver"])
+        _symlink(root, f"sys/bus/pci/devices/{item['bdf']}", "../../../" + d[len("sys/"):])
+
+
+def _kernel(root: Path, profile: dict) -> None:
+    kernel = profile["kernel"]
+    release = kernel["release"]
+    _write(root, "proc/cmdline", " ".join(kernel["cmdline"].split()) + "\n")
+    _write(root, "proc/sys/kernel/osrelease", release + "\n")
+    _write(root, f"boot/config-{release}", "".join(line + "\n" for line in kernel["config"]))
+    for module in profile.get("modules", []):
+        base = f"sys/module/{module['name']}"
+        _write(root, f"{base}/initstate", "live\n")
+        if module.get("version"):
+            _write(root, f"{base}/version", module["version"] + "\n")
+        for param, value in (module.get("parameters") or {}).items():
+            _write(root, f"{base}/parameters/{param}", f"{value}\n")
+        _write(root, f"lib/modules/{release}/{module['file']}", "")  # paths only matter
+
+
+def materialize(profile_name: str, dest: Path) -> Path:
+    """Write the recorded tree of PROFILE_NAME into DEST (created; must be absent or empty)."""
+    profile = load_profile(profile_name)
+    dest = Path(dest)
+    if dest.exists() and any(dest.iterdir()):
+        raise UserError(f"{dest} is not empty: will not write an evidence tree over it")
+    dest.mkdir(parents=True, exist_ok=True)
+    _write(dest, "RECONSTRUCTED", f"profile {profile['name']}: {' '.join(profile['reconstructed_from'].split())}\n")
+    if profile.get("uefi"):
+        _write(dest, "sys/firmware/efi/fw_platform_size", "64\n")
+    _kernel(dest, profile)
+    _pci(dest, profile["pci"])
+    for rel, content in (profile.get("files") or {}).items():
+        _write(dest, rel, content)
+    for name, content in (profile.get("commands") or {}).items():
+        _write(dest, f"{COMMANDS_DIR}/{name}.txt", content)
+    for name, data in (profile.get("records") or {}).items():
+        _write(dest, f"{COMMANDS_DIR}/{name}", json.dumps(data, indent=2) + "\n")
+    return dest

@@ -62,9 +62,9 @@ def command_output(root, name, timeout=60):
             detail = proc.stderr.decode(errors="replace")[:200]
             return None, "%s exited %d: %s" % (" ".join(argv), proc.returncode, detail)
         return proc.stdout.decode(errors="replace"), " ".join(argv)
-    recorded = path(root, *COMMANDS_DIR + (name + ".txt",))
-    text = pci.read_text(recorded)
-    return text, (recorded if text is not None else "no recording at %s" % recorded)
+    rel = os.path.join(*COMMANDS_DIR + (name + ".txt",))
+    text = pci.read_text(path(root, rel))
+    return text, ("recorded " + rel if text is not None else "no recording at " + rel)
 
 
 def parse_speed(text):

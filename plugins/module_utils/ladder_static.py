@@ -18,7 +18,6 @@ GIB = 1 << 30
 MIB = 1 << 20
 FOUR_GIB = 4 * GIB
 GEN_SPEED_GTS = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
-VRAM_BAR = {"nvidia": 1, "amd": 0}
 # Peer DMA reach with the IOMMU in passthrough/off: amdgpu gmc v10-v12 use a 44-bit mask,
 # NVIDIA GPUs 47 bits (research notes, p2p-stack-facts §1.3 and §2).
 DMA_REACH_BITS = {"nvidia": 47, "amd": 44}
@@ -82,12 +81,15 @@ def _no_gpus(layer, evidence):
     )
 
 
-def _vram_bar(gpu, vendor):
-    index = VRAM_BAR.get(vendor or gpu["vendor"], 1)
-    for bar in gpu.get("bars") or []:
-        if bar["index"] == index:
-            return bar
-    return None
+def _vram_bar(gpu, vendor=None):
+    """The VRAM window: the largest prefetchable memory BAR (NVIDIA calls it BAR1, AMD maps it at BAR0).
+
+    Not a fixed index: a GPU whose BAR0 is 64-bit (the H200) has its VRAM window at register 2.
+    """
+    candidates = [b for b in gpu.get("bars") or [] if b["kind"] == "memory" and b["prefetchable"]]
+    if not candidates:
+        candidates = [b for b in gpu.get("bars") or [] if b["kind"] == "memory"]
+    return max(candidates, key=lambda b: b["size"]) if candidates else None
 
 
 def judge_firmware(evidence, profile):
@@ -142,10 +144,11 @@ def judge_firmware(evidence, profile):
     measured = {"uefi": bool(evidence.get("uefi")), "vram_bar": bars}
     expected = {"uefi": True, "vram_bar": ">= %s, above 4 GiB" % (human_bytes(vram) if vram else "VRAM")}
     if not expected_p2p and found.problems:
-        found.notes.append(
-            "P2P is declared unavailable on this host (%s)"
-            % ((profile.get("p2p") or {}).get("reason") or "no reason given")
-        )
+        p2p = profile.get("p2p") or {}
+        if "expected" in p2p:
+            found.notes.append("P2P is declared unavailable on this host (%s)" % (p2p.get("reason") or "no reason"))
+        else:
+            found.notes.append("P2P is not expected (fewer than 2 GPUs and no rigbook_p2p)")
     return found.verdict(
         layer,
         measured,

@@ -1,0 +1,271 @@
+"""Pure judges of the five static layers, driven by evidence dicts (no I/O)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from ansible_collections.rigbook.homelab.plugins.module_utils import ladder_static as L
+
+GIB, MIB, TIB = 1 << 30, 1 << 20, 1 << 40
+
+
+def bar(index, start, size, prefetchable=True, bits=64):
+    return {"index": index, "start": start, "end": start + size - 1, "size": size, "kind": "memory",
+            "prefetchable": prefetchable, "bits": bits}
+
+
+def gpu(slot, vendor, vram_bar, port, bridge="8086:6f00", speed=8.0, width=16, cur_speed=8.0, cur_width=16,
+        resize=None, extra_bars=()):
+    return {
+        "slot": slot, "vendor": vendor, "bars": [vram_bar, *extra_bars], "resize": resize or {},
+        "link": {"current_speed_gts": cur_speed, "max_speed_gts": speed, "current_width": cur_width,
+                 "max_width": width},
+        "chain": [{"slot": port, "ids": "8086:6f08", "link": {"max_speed_gts": 8.0, "max_width": 16}}],
+        "host_bridge": {"slot": "0000:00:00.0", "ids": bridge},
+    }
+
+
+def r9700_evidence():
+    """Shaped like the X99 + 2x R9700 box of the write-up (reconstruction, not a capture)."""
+    gpus = [gpu("0000:03:00.0", "amd", bar(0, 0x38_0000_0000, 32 * GIB), "0000:00:02.0",
+                extra_bars=[bar(2, 0x38_8000_0000, 2 * MIB)]),
+            gpu("0000:04:00.0", "amd", bar(0, 0x30_0000_0000, 32 * GIB), "0000:00:03.0")]
+    return {
+        "root": "/recorded", "error": None, "uefi": True, "gpus": gpus,
+        "cpu": {"vendor": "GenuineIntel", "family": 6},
+        "kernel": {"release": "6.8.12-r9700-p2p-dma44", "cmdline": ["ro", "iommu=pt"],
+                   "config": {"CONFIG_PCI_P2PDMA": "y", "CONFIG_HSA_AMD_P2P": "y"}},
+        "amd": {"loaded": True, "rocm_version": "7.2.0-100",
+                "kfd_nodes": [{"node": "0", "gpu": False, "p2p_links_count": 0},
+                              {"node": "1", "gpu": True, "p2p_links_count": 1},
+                              {"node": "2", "gpu": True, "p2p_links_count": 1}]},
+        "nvidia": {"loaded": False},
+    }
+
+
+R9700 = {"gpu": {"vendor": "amd", "count": 2, "vram_gib": 32, "pcie": {"gen": 3, "width": 16}},
+         "p2p": {"expected": True, "nccl_p2p_level": "PHB"},
+         "pins": {"kernel": {"release": "6.8.12-r9700-p2p-dma44", "cmdline": ["iommu=pt"],
+                             "p2pdma_allow": ["8086:6f00"]}, "rocm": {"version": "7.2"}}}
+
+
+def x3080_evidence():
+    """Shaped like the X99 TF + 2x RTX 3080 20G box: BAR1 256 MiB below 4 GiB (reconstruction)."""
+    gpus = [gpu("0000:03:00.0", "nvidia", bar(1, 0xC000_0000, 256 * MIB), "0000:00:02.0", bridge="8086:2f00",
+                cur_speed=2.5, extra_bars=[bar(0, 0xF600_0000, 16 * MIB, prefetchable=False, bits=32)]),
+            gpu("0000:04:00.0", "nvidia", bar(1, 0xB000_0000, 256 * MIB), "0000:00:03.0", bridge="8086:2f00",
+                cur_speed=2.5)]
+    return {
+        "root": "/recorded", "error": None, "uefi": True, "gpus": gpus,
+        "cpu": {"vendor": "GenuineIntel", "family": 6},
+        "kernel": {"release": "7.0.0-31-generic", "cmdline": ["intel_iommu=on", "iommu=pt"], "config": {}},
+        "nvidia": {"loaded": True, "module_version": "615.71.09", "proc_module_version": "615.71.09",
+                   "open_kernel_module": True, "module_files": ["updates/dkms/nvidia.ko.zst"],
+                   "userspace_version": "615.71.09", "uvm_disable_hmm": "Y"},
+        "amd": {"loaded": False, "kfd_nodes": []},
+    }
+
+
+X3080 = {"gpu": {"vendor": "nvidia", "count": 2, "vram_gib": 20, "pcie": {"gen": 3, "width": 16}},
+         "p2p": {"expected": False, "reason": "BAR1 256 MiB, no ReBAR in this BIOS"},
+         "pins": {"kernel": {"release": "7.0.0-31-generic", "cmdline": ["intel_iommu=on", "iommu=pt"]},
+                  "nvidia_driver": {"version": "615.71.09", "userspace_version": "615.71.09"}}}
+
+
+def statuses(evidence, profile):
+    return {v["layer"]: v["status"] for v in L.judge_all(evidence, profile)}
+
+
+def test_healthy_r9700_passes_all_five():
+    assert statuses(r9700_evidence(), R9700) == dict.fromkeys(
+        ["firmware", "pcie_link", "dma_window", "kernel_state", "driver_state"], "pass")
+
+
+def test_3080_without_p2p_warns_on_bar1_and_passes_the_rest():
+    result = statuses(x3080_evidence(), X3080)
+    assert result == {"firmware": "warn", "pcie_link": "pass", "dma_window": "pass", "kernel_state": "pass",
+                      "driver_state": "pass"}
+    firmware = L.judge_firmware(x3080_evidence(), X3080)
+    assert "BAR1 256 MiB" in firmware["measured"]["vram_bar"]["0000:03:00.0"]
+    assert "256 MiB" in firmware["why"] and "declared unavailable" in firmware["why"]
+
+
+def test_3080_with_p2p_expected_fails_firmware_with_bios_remedy():
+    profile = copy.deepcopy(X3080)
+    profile["p2p"] = {"expected": True}
+    verdict = L.judge_firmware(x3080_evidence(), profile)
+    assert verdict["status"] == "fail"
+    assert "below 4 GiB" in verdict["why"] and "only 256 MiB" in verdict["why"]
+    assert "Above 4G Decoding ON" in verdict["remedy"] and "not possible on this board" in verdict["remedy"]
+
+
+def test_rebar_off_is_named_when_the_card_supports_more():
+    ev = r9700_evidence()
+    ev["gpus"][1]["bars"][0] = bar(0, 0x30_0000_0000, 256 * MIB)
+    ev["gpus"][1]["resize"] = {0: [256 * MIB, 512 * MIB, GIB, 32 * GIB]}
+    verdict = L.judge_firmware(ev, R9700)
+    assert verdict["status"] == "fail" and "Resizable BAR is off" in verdict["why"]
+    assert "supports 32 GiB" in verdict["why"]
+
+
+def test_legacy_boot_fails_firmware_when_p2p_expected():
+    ev = r9700_evidence()
+    ev["uefi"] = False
+    verdict = L.judge_firmware(ev, R9700)
+    assert verdict["status"] == "fail" and "CSM" in verdict["why"]
+
+
+@pytest.mark.parametrize("layer", ["firmware", "pcie_link", "dma_window"])
+def test_no_gpu_evidence_is_unknown_never_pass(layer):
+    ev = {"root": "/x", "error": None, "uefi": True, "gpus": [], "kernel": {}}
+    assert L.JUDGES[layer](ev, R9700)["status"] == "unknown"
+
+
+def test_unreadable_resource_file_is_unknown():
+    ev = r9700_evidence()
+    ev["gpus"][0]["bars"] = None
+    assert L.judge_firmware(ev, R9700)["status"] == "unknown"
+
+
+def test_idle_downclock_is_not_a_fault():
+    verdict = L.judge_pcie_link(x3080_evidence(), X3080)
+    assert verdict["status"] == "pass"
+    assert "idle down-clock" in verdict["measured"]["0000:03:00.0"]
+
+
+def test_link_trained_at_x8_fails():
+    ev = r9700_evidence()
+    ev["gpus"][1]["link"]["current_width"] = 8
+    verdict = L.judge_pcie_link(ev, R9700)
+    assert verdict["status"] == "fail" and "0000:04:00.0 trained at x8 of x16" in verdict["why"]
+
+
+def test_port_limited_to_gen1_fails():
+    ev = r9700_evidence()
+    ev["gpus"][0]["chain"][0]["link"]["max_speed_gts"] = 2.5
+    verdict = L.judge_pcie_link(ev, R9700)
+    assert verdict["status"] == "fail" and "2.5 GT/s (Gen1)" in verdict["why"] and "Gen3" in verdict["why"]
+
+
+def test_per_gpu_override_of_expected_link():
+    ev = r9700_evidence()
+    ev["gpus"][1]["link"].update(max_width=8, current_width=8)
+    ev["gpus"][1]["chain"][0]["link"]["max_width"] = 8
+    assert L.judge_pcie_link(ev, R9700)["status"] == "fail"
+    profile = copy.deepcopy(R9700)
+    profile["gpu"]["per_gpu"] = [{"slot": "0000:04:00.0", "width": 8}]
+    assert L.judge_pcie_link(ev, profile)["status"] == "pass"
+
+
+def test_bar_at_56_tib_is_beyond_amdgpu_44_bit_reach():
+    ev = r9700_evidence()
+    ev["gpus"][1]["bars"][0] = bar(0, 0x3800_0000_0000, 32 * GIB)  # 56 TiB, the write-up's failure
+    verdict = L.judge_dma_window(ev, R9700)
+    assert verdict["status"] == "fail"
+    assert "44-bit (16 TiB) DMA reach of amd 0000:03:00.0" in verdict["why"]
+    assert "56" in verdict["why"]
+
+
+def test_translating_iommu_lifts_the_dma_limit():
+    ev = r9700_evidence()
+    ev["gpus"][1]["bars"][0] = bar(0, 0x3800_0000_0000, 32 * GIB)
+    ev["kernel"]["cmdline"] = ["intel_iommu=on"]
+    verdict = L.judge_dma_window(ev, R9700)
+    assert verdict["status"] == "pass" and "translates" in verdict["measured"]["note"]
+
+
+def test_nvidia_reach_is_47_bits():
+    ev = x3080_evidence()
+    ev["gpus"][1]["bars"][0] = bar(1, 0x1000_0000_0000, 256 * GIB)  # 16 TiB, as the H200 VM maps it
+    assert L.judge_dma_window(ev, X3080)["status"] == "pass"
+    ev["gpus"][1]["bars"][0] = bar(1, 1 << 47, 256 * GIB)
+    assert L.judge_dma_window(ev, X3080)["status"] == "fail"
+
+
+def test_kernel_upgrade_and_lost_cmdline_flags_fail_kernel_state():
+    ev = x3080_evidence()
+    ev["kernel"]["release"] = "7.0.0-40-generic"
+    ev["kernel"]["cmdline"] = ["ro", "quiet"]
+    verdict = L.judge_kernel_state(ev, X3080)
+    assert verdict["status"] == "fail"
+    assert "running kernel 7.0.0-40-generic, pinned 7.0.0-31-generic" in verdict["why"]
+    assert "lacks intel_iommu=on iommu=pt" in verdict["why"]
+
+
+def test_broadwell_host_bridge_needs_the_patched_kernel_allowance():
+    profile = copy.deepcopy(R9700)
+    del profile["pins"]["kernel"]["p2pdma_allow"]
+    verdict = L.judge_kernel_state(r9700_evidence(), profile)
+    assert verdict["status"] == "fail" and "host bridge 8086:6f00" in verdict["why"]
+
+
+def test_same_root_port_or_zen_needs_no_allowance():
+    profile = copy.deepcopy(R9700)
+    del profile["pins"]["kernel"]["p2pdma_allow"]
+    ev = r9700_evidence()
+    ev["cpu"] = {"vendor": "AuthenticAMD", "family": 0x19}
+    assert L.judge_kernel_state(ev, profile)["status"] == "pass"
+
+
+def test_p2pdma_config_missing_or_off():
+    ev = r9700_evidence()
+    ev["kernel"]["config"] = None
+    assert L.judge_kernel_state(ev, R9700)["status"] == "unknown"
+    ev["kernel"]["config"] = {"CONFIG_PCI_P2PDMA": "y", "CONFIG_HSA_AMD_P2P": "n"}
+    verdict = L.judge_kernel_state(ev, R9700)
+    assert verdict["status"] == "fail" and "CONFIG_HSA_AMD_P2P is n" in verdict["why"]
+
+
+def test_uvm_hmm_with_iommu_pt_fails():
+    ev = x3080_evidence()
+    ev["nvidia"]["uvm_disable_hmm"] = "N"
+    verdict = L.judge_kernel_state(ev, X3080)
+    assert verdict["status"] == "fail" and "uvm_disable_hmm" in verdict["remedy"]
+
+
+def test_module_missing_after_kernel_upgrade_fails_driver_state():
+    ev = x3080_evidence()
+    ev["kernel"]["release"] = "7.0.0-40-generic"
+    ev["nvidia"].update(loaded=False, module_version=None, proc_module_version=None, module_files=[])
+    verdict = L.judge_driver_state(ev, X3080)
+    assert verdict["status"] == "fail"
+    assert "no nvidia module is installed for the running kernel 7.0.0-40-generic" in verdict["why"]
+    assert "dkms autoinstall -k 7.0.0-40-generic" in verdict["remedy"]
+
+
+def test_stock_module_shadowing_and_version_mismatch():
+    ev = x3080_evidence()
+    ev["nvidia"].update(module_version="580.95.05", module_files=["kernel/drivers/video/nvidia.ko"])
+    verdict = L.judge_driver_state(ev, X3080)
+    assert verdict["status"] == "fail"
+    assert "loaded nvidia module is 580.95.05, pinned 615.71.09" in verdict["why"]
+    assert "not under updates/dkms" in verdict["why"]
+
+
+def test_userspace_kernel_mismatch():
+    ev = x3080_evidence()
+    ev["nvidia"]["userspace_version"] = "615.80.01"
+    verdict = L.judge_driver_state(ev, X3080)
+    assert verdict["status"] == "fail" and "Driver/library version mismatch" in verdict["why"]
+
+
+def test_amd_without_kfd_p2p_links_fails():
+    ev = r9700_evidence()
+    ev["amd"]["kfd_nodes"][2]["p2p_links_count"] = 0
+    verdict = L.judge_driver_state(ev, R9700)
+    assert verdict["status"] == "fail" and "KFD node 2 has no P2P link" in verdict["why"]
+
+
+def test_amd_rocm_pin_and_unloaded_driver():
+    ev = r9700_evidence()
+    ev["amd"].update(loaded=False, rocm_version="6.4.1")
+    verdict = L.judge_driver_state(ev, R9700)
+    assert verdict["status"] == "fail"
+    assert "amdgpu is not loaded" in verdict["why"] and "ROCm 6.4.1, pinned 7.2" in verdict["why"]
+
+
+def test_human_bytes():
+    assert L.human_bytes(256 * MIB) == "256 MiB"
+    assert L.human_bytes(56 * TIB) == "56 TiB"
+    assert L.human_bytes(int(1.5 * GIB)) == "1.5 GiB"

@@ -9,6 +9,8 @@ SUBCOMMANDS = {
     "validate": "check an inventory's rigbook_* variables (no host contacted)",
     "runs": "list recent runs and where their artifacts are",
     "lab": "local simulated rigs: up, status, down, break, heal",
+    "verify": "run the P2P ladder (verify.yml) on hosts, or judge a saved snapshot with --replay",
+    "snapshot": "save each host's ladder evidence into one tarball for a bug report or a replay",
     "parse": "parse a pasted tool output (lspci, nvidia-smi-q, nvidia-smi-topo, nccl-tests, ...) to JSON",
 }
 
@@ -54,6 +56,19 @@ def _sub_parser(name: str) -> argparse.ArgumentParser:
         p.add_argument("-i", "--inventory", required=True, help="homelab, lab or a path")
     elif name == "runs":
         p.add_argument("-n", "--count", type=int, default=20, help="how many runs to list")
+    elif name in ("verify", "snapshot"):
+        p.add_argument("-i", "--inventory", required=name == "snapshot", help="homelab, lab or a path")
+        p.add_argument("-l", "--limit", help="further limit the hosts (Ansible pattern)")
+        p.add_argument("--json", action="store_true", help="one JSON summary on stdout")
+        p.add_argument("--junit", metavar="FILE", help="write a JUnit XML report")
+        p.add_argument("-v", "--verbose", action="count", default=0)
+        if name == "verify":
+            p.add_argument("-t", "--tags", help="only these layers (e.g. pcie_link,kernel_state)")
+            p.add_argument("--replay", metavar="PATH", help="judge a snapshot tarball or folder; contacts no host")
+        else:
+            p.add_argument(
+                "-o", "--output", metavar="FILE", help="tarball to write (default ./rigbook-snapshot-*.tar.gz)"
+            )
     elif name == "parse":
         p.add_argument("kind", help="lspci, nvidia-smi-q, nvidia-smi-topo, nccl-tests, nccl-log, p2p-bandwidth")
         p.add_argument("file", help="file with the pasted output, - for stdin")
@@ -69,6 +84,34 @@ def _validate(args) -> int:
     groups = sorted(g for g in inv.all_groups() if g != "all")
     print(f"{path}: valid ({len(inv.hosts)} hosts; groups: {', '.join(groups) or '-'})")
     return 0
+
+
+def _verify_or_snapshot(name: str, args) -> int:
+    from rigbook.errors import UserError
+    from rigbook.run import RunOptions, run_playbook
+
+    if name == "verify" and args.replay:
+        if args.inventory:
+            raise UserError("--replay judges saved evidence: give it no -i")
+        from rigbook.snapshots import replay
+
+        return replay(args.replay, args.json)
+    if not args.inventory:
+        raise UserError(f"provision {name}: -i INVENTORY is required (or --replay PATH)")
+    opts = RunOptions(
+        playbook="verify.yml" if name == "verify" else "snapshot.yml",
+        inventory=args.inventory,
+        limit=args.limit,
+        tags=getattr(args, "tags", None),
+        json=args.json,
+        junit=args.junit,
+        verbosity=args.verbose,
+    )
+    if name == "verify":
+        return run_playbook(opts)
+    from rigbook.snapshots import snapshot
+
+    return snapshot(opts, args.output)
 
 
 def _dispatch(argv: list) -> int:
@@ -89,6 +132,7 @@ def _dispatch(argv: list) -> int:
             from rigbook.parse_cmd import main as parse_main
 
             return parse_main(args.kind, args.file)
+        return _verify_or_snapshot(name, args)
     args = _playbook_parser().parse_args(argv)
     from rigbook.run import RunOptions, run_playbook
 

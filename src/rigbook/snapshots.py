@@ -1,0 +1,120 @@
+"""`provision snapshot` (pack each host's evidence into one tarball) and `provision verify --replay`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+from rigbook.errors import UserError
+from rigbook.paths import collections_path
+
+
+def _module_utils():
+    collections_path()
+    from ansible_collections.rigbook.homelab.plugins.module_utils import evidence, ladder_static
+
+    return evidence, ladder_static
+
+
+def profile_of(inv, host: str) -> dict:
+    merged = inv.host_vars(host)
+    return {
+        "gpu": merged.get("rigbook_gpu") or {},
+        "p2p": merged.get("rigbook_p2p") or {},
+        "pins": merged.get("rigbook_pins") or {},
+    }
+
+
+def snapshot(opts, output: str | None) -> int:
+    """Run playbooks/snapshot.yml, then bundle tree + evidence.json + profile.json per host."""
+    from rigbook.run import resolve_inventory, run_playbook
+    from rigbook.validate import validate
+
+    inv = validate(resolve_inventory(opts.inventory))
+    evidence, _ = _module_utils()
+    staging = Path(tempfile.mkdtemp(prefix="rigbook-snapshot-"))
+    try:
+        opts.playbook = "snapshot.yml"
+        opts.extra_vars = [*opts.extra_vars, json.dumps({"rigbook_snapshot_dir": str(staging / "fetched")})]
+        code = run_playbook(opts)
+        bundle = staging / "bundle"
+        hosts = []
+        for archive in sorted((staging / "fetched").glob("*/evidence.tar.gz")):
+            host = archive.parent.name
+            target = bundle / host
+            target.mkdir(parents=True)
+            with tarfile.open(archive) as tar:
+                tar.extractall(target, filter="data")
+            profile = profile_of(inv, host) if host in inv.hosts else {}
+            (target / "profile.json").write_text(json.dumps(profile, indent=2) + "\n")
+            collected = evidence.collect_static(str(target / "tree"))
+            collected["root"] = "tree"
+            (target / "evidence.json").write_text(json.dumps(collected, indent=2) + "\n")
+            hosts.append(host)
+        if not hosts:
+            print("no evidence was fetched: nothing to bundle", file=sys.stderr)
+            return code or 1
+        out = Path(output or f"rigbook-snapshot-{time.strftime('%Y%m%d-%H%M%S')}.tar.gz").resolve()
+        with tarfile.open(out, "w:gz") as tar:
+            for host in hosts:
+                tar.add(bundle / host, arcname=host)
+        print(f"snapshot of {', '.join(hosts)}: {out}", file=sys.stderr if opts.json else sys.stdout)
+        return code
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _host_dirs(base: Path) -> list:
+    found = sorted(p.parent for p in base.rglob("profile.json") if (p.parent / "tree").is_dir())
+    if not found and (base / "tree").is_dir():
+        found = [base]
+    return found
+
+
+def replay(path: str, as_json: bool) -> int:
+    """Judge saved evidence with the live judges; no host is contacted."""
+    from rigbook import display
+
+    source = Path(path)
+    if not source.exists():
+        raise UserError(f"--replay {path}: no such file or directory")
+    evidence, ladder_static = _module_utils()
+    workdir = None
+    try:
+        if source.is_file():
+            workdir = Path(tempfile.mkdtemp(prefix="rigbook-replay-"))
+            try:
+                with tarfile.open(source) as tar:
+                    tar.extractall(workdir, filter="data")
+            except (tarfile.TarError, OSError) as exc:
+                raise UserError(f"--replay {path}: not a snapshot tarball ({exc})") from None
+            base = workdir
+        else:
+            base = source
+        host_dirs = _host_dirs(base)
+        if not host_dirs:
+            raise UserError(f"--replay {path}: no host evidence (HOST/tree and HOST/profile.json) inside")
+        hosts = {}
+        for host_dir in host_dirs:
+            profile_file = host_dir / "profile.json"
+            profile = json.loads(profile_file.read_text()) if profile_file.is_file() else {}
+            collected = evidence.collect_static(str(host_dir / "tree"))
+            hosts[host_dir.name] = {"ladder": ladder_static.judge_all(collected, profile)}
+    finally:
+        if workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+    failed = any(v["status"] == "fail" for h in hosts.values() for v in h["ladder"])
+    code = 1 if failed else 0
+    if as_json:
+        print(json.dumps({"exit_code": code, "replay": str(source), "hosts": hosts}, indent=2))
+    else:
+        console = display.make_console(sys.stdout)
+        for host, entry in hosts.items():
+            display.print_ladder(console, host, entry["ladder"])
+        console.print(f"replayed {len(hosts)} host(s) from {source}: {'FAILED' if failed else 'ok'}")
+    return code

@@ -21,12 +21,13 @@ LAYERS = (
 )
 
 
-def make(layer, status, measured=None, expected=None, why="", remedy=""):
+def make(layer, status, measured=None, expected=None, why="", remedy="", metrics=None):
+    """A verdict dict. METRICS ({name: number}) are the figures a baseline records and compares."""
     if layer not in LAYERS:
         raise ValueError("unknown layer %r" % layer)
     if status not in STATUSES:
         raise ValueError("unknown status %r" % status)
-    return {
+    out = {
         "layer": layer,
         "status": status,
         "measured": measured,
@@ -34,6 +35,9 @@ def make(layer, status, measured=None, expected=None, why="", remedy=""):
         "why": why,
         "remedy": remedy,
     }
+    if metrics:
+        out["metrics"] = metrics
+    return out
 
 
 class Findings:

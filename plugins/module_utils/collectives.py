@@ -1,0 +1,146 @@
+# -*- coding: utf-8 -*-
+# Copyright: rigbook developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Evidence for the collectives and nccl_transport layers (all I/O; standard library only).
+
+Live ("/"): nccl-tests / rccl-tests binaries when installed, else the bundled torch_bench run
+with the serving environment's Python; the NCCL INFO log from that run or from the serving
+unit's journal. Recorded root: var/lib/rigbook/commands/{collectives.json, nccl-tests-*.txt,
+nccl-log.txt}.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+
+try:
+    from ansible_collections.rigbook.homelab.plugins.module_utils import evidence, parse_nccl, pci, torch_bench
+except ImportError:  # pragma: no cover
+    import evidence  # type: ignore
+    import parse_nccl  # type: ignore
+    import pci  # type: ignore
+    import torch_bench  # type: ignore
+
+NCCL_TESTS = {"all_reduce": "all_reduce_perf", "sendrecv": "sendrecv_perf"}
+P2P_LEVEL_RE = re.compile(r"NCCL_P2P_LEVEL set by environment to (\S+)")
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0"}
+
+
+def _recorded(root, name):
+    return pci.read_text(evidence.path(root, *evidence.COMMANDS_DIR + (name,)))
+
+
+def _rows_from_nccl_tests(op, text):
+    parsed = parse_nccl.parse_tests(text or "")
+    rows = [r for r in parsed.get("rows") or [] if r.get("out_of_place")]
+    if not rows:
+        return None
+    row = max(rows, key=lambda r: r["size_bytes"])
+    place = row["out_of_place"]
+    wrong = place.get("wrong")
+    return {"op": op, "size_bytes": row["size_bytes"], "time_us": place.get("time_us"),
+            "algbw_gbs": place.get("algbw_gbs"), "busbw_gbs": place.get("busbw_gbs"),
+            "wrong": wrong, "out_of_bounds": parsed.get("out_of_bounds")}  # fmt: skip
+
+
+def _run(argv, timeout, env=None):
+    full_env = dict(os.environ)
+    full_env.update(SAFE_ENV)
+    full_env.update(env or {})
+    try:
+        proc = subprocess.run(argv, capture_output=True, timeout=timeout, env=full_env)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, "%s: %s" % (argv[0], exc)
+    out = proc.stdout.decode(errors="replace")
+    if proc.returncode != 0:
+        return None, "%s exited %d: %s" % (argv[0], proc.returncode, proc.stderr.decode(errors="replace")[-400:])
+    return out, None
+
+
+def run_torch_bench(python, size, iters, timeout, env=None):
+    """Run the bundled benchmark with PYTHON; returns its JSON dict (available false on any failure)."""
+    handle, script = tempfile.mkstemp(prefix="rigbook-torch-bench-", suffix=".py")
+    try:
+        with os.fdopen(handle, "w") as out:
+            out.write(inspect.getsource(torch_bench))
+        text, error = _run([python, script, "--size", str(size), "--iters", str(iters)], timeout, env)
+    finally:
+        os.unlink(script)
+    if error:
+        return {"available": False, "error": error}
+    try:
+        return json.loads(text.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"available": False, "error": "the benchmark printed no JSON: %s" % text[-300:]}
+
+
+def collect_collectives(root, python=None, nccl_tests_dir=None, size=256 << 20, iters=10, gpus=2, timeout=300,
+                        env=None):  # fmt: skip
+    if not evidence.is_live(root):
+        text = _recorded(root, "collectives.json")
+        if text is not None:
+            data = json.loads(text)
+            data.setdefault("source", "recorded collectives.json")
+            return data
+        results = []
+        for op in NCCL_TESTS:
+            row = _rows_from_nccl_tests(op, _recorded(root, "nccl-tests-%s.txt" % op))
+            if row:
+                results.append(row)
+        if results:
+            return {"available": True, "source": "recorded nccl-tests output", "results": results}
+        return {"available": False, "error": "no recorded collectives.json or nccl-tests output under " + root}
+    search = os.pathsep.join(filter(None, [nccl_tests_dir, os.environ.get("PATH")]))
+    binaries = {op: shutil.which(name, path=search) for op, name in NCCL_TESTS.items()}
+    if all(binaries.values()):
+        results, errors = [], []
+        for op, binary in binaries.items():
+            text, error = _run([binary, "-b", str(size), "-e", str(size), "-g", str(gpus), "-n", str(iters)],
+                               timeout, env)  # fmt: skip
+            row = _rows_from_nccl_tests(op, text) if text else None
+            if row:
+                results.append(row)
+            else:
+                errors.append(error or "%s printed no result row" % binary)
+        return {"available": bool(results), "source": "nccl-tests", "results": results,
+                "error": "; ".join(errors) or None}  # fmt: skip
+    if python:
+        data = run_torch_bench(python, size, iters, timeout, env)
+        data["source"] = "bundled torch.distributed benchmark (%s)" % python
+        return data
+    return {"available": False, "error": "no nccl-tests binaries (all_reduce_perf, sendrecv_perf) and no serving "
+                                          "Python to run the bundled benchmark with"}  # fmt: skip
+
+
+def collect_nccl_log(root, log_text=None, unit=None, python=None, timeout=120, env=None):
+    """(text, source) of an NCCL INFO log: given, recorded, the unit's journal, or a short bundled run."""
+    if log_text:
+        return log_text, "given"
+    if not evidence.is_live(root):
+        text = _recorded(root, "nccl-log.txt")
+        return text, ("recorded nccl-log.txt" if text is not None else "no recorded nccl-log.txt under " + root)
+    if unit:
+        text, error = _run(["journalctl", "-u", unit, "-b", "--no-pager", "-o", "cat"], timeout)
+        if text and "NCCL INFO" in text:
+            return text, "journal of %s" % unit
+    if python:
+        data = run_torch_bench(python, 1 << 20, 2, timeout, env)
+        if data.get("available"):
+            return data.get("nccl_log") or "", "bundled benchmark (NCCL_DEBUG=INFO)"
+        return None, data.get("error")
+    return None, "no log given, no serving unit journal with NCCL lines, no serving Python"
+
+
+def transport_evidence(text, source):
+    parsed = parse_nccl.parse_log(text or "")
+    levels = P2P_LEVEL_RE.findall(text or "")
+    parsed["p2p_level"] = levels[-1] if levels else None
+    parsed["source"] = source
+    parsed["available"] = text is not None
+    return parsed

@@ -1,0 +1,119 @@
+# -*- coding: utf-8 -*-
+# Copyright: rigbook developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Pure judges of the collectives and nccl_transport layers."""
+
+from __future__ import annotations
+
+try:
+    from ansible_collections.rigbook.homelab.plugins.module_utils import baseline as baseline_mod
+    from ansible_collections.rigbook.homelab.plugins.module_utils.verdict import make
+except ImportError:  # pragma: no cover
+    import baseline as baseline_mod  # type: ignore
+    from verdict import make  # type: ignore
+
+OPS = ("sendrecv", "all_reduce")
+
+
+def _p2p_expected(profile):
+    return bool((profile.get("p2p") or {}).get("expected", (profile.get("gpu") or {}).get("count", 0) >= 2))
+
+
+def judge_collectives(data, profile, baseline_metrics=None, tolerance=None):
+    """Wrong results fail whatever the bandwidth; busbw is held to the recorded baseline."""
+    layer = "collectives"
+    if not data.get("available", True) or not data.get("results"):
+        return make(layer, "unknown", measured=None, expected="sendrecv and all_reduce results",
+                    why=data.get("error") or "no collectives result",
+                    remedy="Install nccl-tests/rccl-tests, or set the serving venv so the bundled benchmark runs.")
+    rows = {r["op"]: r for r in data["results"]}
+    metrics = {}
+    measured = {"source": data.get("source")}
+    for op in OPS:
+        row = rows.get(op)
+        if row is None:
+            continue
+        metrics["%s_busbw_gbs" % op] = round(row["busbw_gbs"], 3) if row.get("busbw_gbs") is not None else None
+        measured[op] = "busbw %s GB/s, #wrong %s" % (metrics["%s_busbw_gbs" % op], row.get("wrong"))
+    wrong = {op: r.get("wrong") for op, r in rows.items() if r.get("wrong")}
+    oob = {op: r.get("out_of_bounds") for op, r in rows.items() if r.get("out_of_bounds")}
+    expected = {"wrong": 0}
+    if wrong or oob:
+        why = "wrong results: %s" % ", ".join("%s #wrong %s" % kv for kv in sorted(wrong.items()))
+        if oob:
+            why += "; out of bounds values: %s" % ", ".join("%s %s" % kv for kv in sorted(oob.items()))
+        return make(layer, "fail", measured, expected, why,
+                    "Wrong collective results mean corruption on the peer path: disable P2P (NCCL_P2P_DISABLE=1) "
+                    "until the lower layers and the integrity test (peer_access) pass.", metrics=metrics)
+    missing = [op for op in OPS if op not in rows]
+    tol = tolerance or baseline_mod.DEFAULT_TOLERANCE
+    baseline_metrics = baseline_metrics or {}
+    status, texts, ratios = baseline_mod.compare_all(metrics, baseline_metrics, tol)
+    expected.update({k: ">= %.2fx of %s" % (tol["fail_below"], v) for k, v in baseline_metrics.items()
+                     if k in metrics})
+    path = "P2P" if _p2p_expected(profile) else "the SHM path (P2P declared unavailable)"
+    if status == "skip":
+        why = "; ".join(texts) + "; record one with `provision baseline record`"
+        return make(layer, "pass", measured, expected, "no regression check yet: " + why, metrics=metrics)
+    remedy = ""
+    if status in ("fail", "warn"):
+        remedy = ("Bus bandwidth fell against the baseline over %s: check nccl_transport (SHM fallback after a "
+                  "kernel or driver upgrade), then p2p_bandwidth and the PCIe link." % path)
+    if missing and status == "pass":
+        status = "warn"
+        texts.append("not measured: %s" % ", ".join(missing))
+    return make(layer, status, measured, expected, "; ".join(texts), remedy, metrics=metrics)
+
+
+def judge_nccl_transport(parsed, profile):
+    """Every channel via P2P when P2P is expected (a silent SHM fallback fails); SHM when declared unavailable."""
+    layer = "nccl_transport"
+    expected_p2p = _p2p_expected(profile)
+    want_level = (profile.get("p2p") or {}).get("nccl_p2p_level")
+    expected = {"path": "p2p" if expected_p2p else "shm"}
+    if want_level:
+        expected["NCCL_P2P_LEVEL"] = want_level
+    if not parsed.get("available") or parsed.get("path") == "unknown":
+        return make(layer, "unknown", measured={"source": parsed.get("source")}, expected=expected,
+                    why="no NCCL channel lines found (%s)" % parsed.get("source"),
+                    remedy="Run with NCCL_DEBUG=INFO (the bundled benchmark does), or point to the serving unit.")
+    channels = parsed.get("channels") or []
+    by_transport = {}
+    for channel in channels:
+        by_transport[channel["transport"]] = by_transport.get(channel["transport"], 0) + 1
+    measured = {
+        "path": parsed["path"],
+        "channels": ", ".join("%d via %s" % (n, t) for t, n in sorted(by_transport.items())),
+        "isAllDirectP2p": parsed.get("all_direct_p2p"),
+        "NCCL_P2P_LEVEL": parsed.get("p2p_level"),
+        "nccl_version": parsed.get("nccl_version"),
+    }
+    problems, notes = [], []
+    if expected_p2p:
+        not_p2p = [c for c in channels if not c["transport"].upper().startswith("P2P")]
+        if not_p2p:
+            kinds = sorted({c["transport"] for c in not_p2p})
+            problems.append("%d of %d channels go through %s, not P2P: NCCL fell back silently"
+                            % (len(not_p2p), len(channels), ", ".join(kinds)))
+        if parsed.get("all_direct_p2p") is False:
+            notes.append("isAllDirectP2p 0")
+    else:
+        if parsed["path"] == "net":
+            problems.append("channels go through the network transport")
+        elif parsed["path"] == "p2p":
+            notes.append("every channel goes via P2P although the profile declares P2P unavailable")
+    if want_level and parsed.get("p2p_level") and parsed["p2p_level"] != want_level:
+        notes.append("NCCL_P2P_LEVEL is %s, the profile pins %s" % (parsed["p2p_level"], want_level))
+    elif want_level and not parsed.get("p2p_level") and problems:
+        notes.append("NCCL_P2P_LEVEL was not set (the profile pins %s)" % want_level)
+    remedy = ""
+    if problems or notes:
+        remedy = ("Check the lower layers first (peer_access, kernel_state after an upgrade); set NCCL_P2P_LEVEL=%s "
+                  "in the serving unit's environment; for RCCL 2.27.7 on Intel hosts the P2P-level patch is needed "
+                  "as well." % (want_level or "PHB"))
+    if problems:
+        return make(layer, "fail", measured, expected, "; ".join(problems + notes), remedy)
+    if notes:
+        return make(layer, "warn", measured, expected, "; ".join(notes), remedy)
+    return make(layer, "pass", measured, expected,
+                "every channel via %s" % ", ".join(parsed.get("transports") or []))

@@ -1,0 +1,135 @@
+"""Judges of the collectives and nccl_transport layers, on real NCCL logs (tests/fixtures/parse) and seed figures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from ansible_collections.rigbook.homelab.plugins.module_utils import baseline, collectives
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder_collectives import (
+    judge_collectives,
+    judge_nccl_transport,
+)
+
+LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "parse" / "nccl-log"
+P2P = {"gpu": {"count": 2}, "p2p": {"expected": True, "nccl_p2p_level": "PHB"}}
+NO_P2P = {"gpu": {"count": 2}, "p2p": {"expected": False, "reason": "BAR1 256 MiB"}}
+# The X99 + 2x R9700 write-up: RCCL SendRecv 1 GB 9.75 GB/s, AllReduce busbw 9.51 GB/s.
+SEED_004 = {"available": True, "source": "write-up figures",
+            "results": [{"op": "sendrecv", "size_bytes": 1 << 30, "busbw_gbs": 9.75, "wrong": 0},
+                        {"op": "all_reduce", "size_bytes": 1 << 30, "busbw_gbs": 9.51, "wrong": 0}]}
+SEED_004_BASELINE = {"sendrecv_busbw_gbs": 9.75, "all_reduce_busbw_gbs": 9.51}
+
+
+def transport(name):
+    text = (LOGS / f"{name}.txt").read_text()
+    return collectives.transport_evidence(text, name)
+
+
+def with_busbw(data, factor):
+    out = {**data, "results": [dict(r, busbw_gbs=r["busbw_gbs"] * factor) for r in data["results"]]}
+    return out
+
+
+def test_seed_004_passes_against_its_baseline():
+    verdict = judge_collectives(SEED_004, P2P, SEED_004_BASELINE)
+    assert verdict["status"] == "pass"
+    assert verdict["metrics"] == {"sendrecv_busbw_gbs": 9.75, "all_reduce_busbw_gbs": 9.51}
+
+
+def test_half_the_busbw_fails_with_measured_vs_baseline():
+    verdict = judge_collectives(with_busbw(SEED_004, 0.5), P2P, SEED_004_BASELINE)
+    assert verdict["status"] == "fail"
+    assert "all_reduce_busbw_gbs 4.75 vs baseline 9.51 (0.50x), below 0.80x" in verdict["why"]
+    assert "SHM fallback" in verdict["remedy"]
+
+
+def test_warn_band_between_095_and_08():
+    assert judge_collectives(with_busbw(SEED_004, 0.9), P2P, SEED_004_BASELINE)["status"] == "warn"
+    tight = judge_collectives(with_busbw(SEED_004, 0.9), P2P, SEED_004_BASELINE, {"fail_below": 0.92,
+                                                                                  "warn_below": 0.97})
+    assert tight["status"] == "fail"
+
+
+def test_wrong_results_fail_whatever_the_bandwidth():
+    data = {**SEED_004, "results": [dict(SEED_004["results"][0], wrong=3), SEED_004["results"][1]]}
+    verdict = judge_collectives(data, P2P, SEED_004_BASELINE)
+    assert verdict["status"] == "fail" and "sendrecv #wrong 3" in verdict["why"]
+
+
+def test_out_of_bounds_fails():
+    data = {**SEED_004, "results": [dict(SEED_004["results"][1], out_of_bounds=12)]}
+    assert judge_collectives(data, P2P)["status"] == "fail"
+
+
+def test_no_baseline_is_a_pass_that_says_so():
+    verdict = judge_collectives(SEED_004, P2P, {})
+    assert verdict["status"] == "pass" and "no baseline recorded" in verdict["why"]
+
+
+def test_no_results_is_unknown():
+    verdict = judge_collectives({"available": False, "error": "no nccl-tests"}, P2P)
+    assert verdict["status"] == "unknown" and "no nccl-tests" in verdict["why"]
+
+
+def test_shm_path_box_is_held_to_its_shm_baseline():
+    shm = {"available": True, "results": [{"op": "sendrecv", "busbw_gbs": 6.0, "wrong": 0},
+                                          {"op": "all_reduce", "busbw_gbs": 5.8, "wrong": 0}]}
+    base = {"sendrecv_busbw_gbs": 6.0, "all_reduce_busbw_gbs": 5.8}
+    assert judge_collectives(shm, NO_P2P, base)["status"] == "pass"
+    verdict = judge_collectives(with_busbw(shm, 0.5), NO_P2P, base)
+    assert verdict["status"] == "fail" and "SHM path" in verdict["remedy"]
+
+
+@pytest.mark.parametrize(
+    "fixture,status,words",
+    [
+        ("nccl_tests29_old_ring_ipc", "pass", "P2P/IPC"),
+        ("tinygrad17_direct_pointer_blank_lines", "pass", "P2P/direct pointer"),
+        ("nccl1817_shm_8gpu", "fail", "channels go through SHM/direct/direct, not P2P"),
+        ("nccl_tests307_shm_and_ring_listing", "fail", "9 of 9 channels"),
+        ("nccl1453_cumem_and_net_ibext", "fail", "NET/IBext"),
+        ("nccl952_ipc_read_and_socket", "fail", "NET/Socket/3"),
+        ("tinygrad45_truncated_before_channels", "unknown", "no NCCL channel lines"),
+    ],
+)
+def test_transport_on_real_logs_with_p2p_expected(fixture, status, words):
+    verdict = judge_nccl_transport(transport(fixture), P2P)
+    assert verdict["status"] == status, verdict
+    assert words in verdict["why"]
+
+
+def test_transport_shm_is_right_when_p2p_is_declared_unavailable():
+    assert judge_nccl_transport(transport("nccl1817_shm_8gpu"), NO_P2P)["status"] == "pass"
+    assert judge_nccl_transport(transport("nccl1814_net_send_receive"), NO_P2P)["status"] == "fail"
+    assert judge_nccl_transport(transport("nccl_tests29_old_ring_ipc"), NO_P2P)["status"] == "warn"
+
+
+def test_transport_level_and_direct_flag():
+    text = (LOGS / "nccl_tests29_old_ring_ipc.txt").read_text()
+    text += "\nhost:1:1 [0] NCCL INFO NCCL_P2P_LEVEL set by environment to SYS\nhost:1:1 [0] NCCL INFO isAllDirectP2p 1\n"
+    parsed = collectives.transport_evidence(text, "test")
+    assert parsed["p2p_level"] == "SYS" and parsed["all_direct_p2p"] is True
+    verdict = judge_nccl_transport(parsed, P2P)
+    assert verdict["status"] == "warn" and "NCCL_P2P_LEVEL is SYS, the profile pins PHB" in verdict["why"]
+
+
+def test_baseline_compare_edges():
+    assert baseline.compare("x", None, 5.0)[0] == "unknown"
+    assert baseline.compare("x", 5.0, None)[0] == "skip"
+    assert baseline.compare("x", 5.0, 5.0)[0] == "pass"
+    assert baseline.compare("x", 4.0, 5.0)[0] == "warn"  # 0.8x is the fail line, not below it
+    assert baseline.compare("x", 3.9, 5.0)[0] == "fail"
+
+
+def test_recorded_collectives_json_and_nccl_tests_text(tmp_path, fixtures):
+    commands = tmp_path / "var" / "lib" / "rigbook" / "commands"
+    commands.mkdir(parents=True)
+    real = (fixtures / "parse" / "nccl-tests" / "nccl340_old_error_column.txt").read_text()
+    (commands / "nccl-tests-all_reduce.txt").write_text(real)
+    data = collectives.collect_collectives(str(tmp_path))
+    assert data["available"] and data["results"][0]["op"] == "all_reduce"
+    assert data["results"][0]["busbw_gbs"] is not None
+    (commands / "nccl-log.txt").write_text((LOGS / "nccl1817_shm_8gpu.txt").read_text())
+    text, source = collectives.collect_nccl_log(str(tmp_path))
+    assert "SHM" in text and source == "recorded nccl-log.txt"

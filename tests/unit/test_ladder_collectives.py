@@ -107,7 +107,8 @@ def test_transport_shm_is_right_when_p2p_is_declared_unavailable():
 
 def test_transport_level_and_direct_flag():
     text = (LOGS / "nccl_tests29_old_ring_ipc.txt").read_text()
-    text += "\nhost:1:1 [0] NCCL INFO NCCL_P2P_LEVEL set by environment to SYS\nhost:1:1 [0] NCCL INFO isAllDirectP2p 1\n"
+    text += "\nhost:1:1 [0] NCCL INFO NCCL_P2P_LEVEL set by environment to SYS\n"
+    text += "host:1:1 [0] NCCL INFO isAllDirectP2p 1\n"
     parsed = collectives.transport_evidence(text, "test")
     assert parsed["p2p_level"] == "SYS" and parsed["all_direct_p2p"] is True
     verdict = judge_nccl_transport(parsed, P2P)

@@ -1,0 +1,81 @@
+"""`provision lab up|status|down|break|heal`: argument parsing; the work is in rigbook.lab.lab."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rigbook.errors import UserError
+from rigbook.lab.system import LabFailure
+
+USAGE_EXAMPLES = """\
+examples:
+  provision lab up                          # lab-3080 + lab-r9700
+  provision lab up --hosts 3 --profile x99-r9700
+  provision lab status
+  provision lab break lab-r9700 dma-window-above-44bit
+  provision lab heal lab-r9700
+  provision lab down
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports bad usage as one line (UserError, exit 2) instead of usage + exit."""
+
+    def error(self, message):
+        raise UserError(f"lab: {message} (see `provision lab --help`)")
+
+
+def parser() -> argparse.ArgumentParser:
+    from rigbook.lab.evidence import profile_names
+    from rigbook.lab.faults import fault_names
+
+    p = _Parser(prog="provision lab", description="Local simulated rigs: systemd-nspawn containers over SSH "
+                "on 127.0.0.0/8 with recorded GPU hardware trees.", epilog=USAGE_EXAMPLES,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    up = sub.add_parser("up", help="build (once) and boot the lab hosts")
+    up.add_argument("--hosts", type=int, metavar="N", help="number of hosts (default: one per profile)")
+    up.add_argument("--profile", dest="profiles", action="extend", nargs="+", metavar="NAME",
+                    help=f"hardware profiles, cycled over the hosts (known: {', '.join(profile_names())}; "
+                         "default: x99-3080 x99-r9700)")
+    sub.add_parser("status", help="the lab hosts, their state, boots, memory and faults")
+    sub.add_parser("down", help="stop every lab host and remove what `up` made")
+    brk = sub.add_parser("break", help="apply a fault to a host's recorded hardware tree")
+    brk.add_argument("host")
+    brk.add_argument("fault", help=f"one of: {', '.join(fault_names())}")
+    heal = sub.add_parser("heal", help="restore a host's pristine hardware tree")
+    heal.add_argument("host")
+    return p
+
+
+def run(argv: list) -> int:
+    from rigbook.lab import lab
+
+    args = parser().parse_args(argv)
+    if args.command == "up":
+        return lab.up(args.hosts, args.profiles)
+    if args.command == "status":
+        return lab.status()
+    if args.command == "down":
+        return lab.down()
+    if args.command == "break":
+        return lab.break_(args.host, args.fault)
+    if args.command == "heal":
+        return lab.heal(args.host)
+    parser().print_help()
+    return 2
+
+
+def main(argv: list) -> int:
+    try:
+        return run(list(argv))
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except LabFailure as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

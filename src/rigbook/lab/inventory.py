@@ -1,0 +1,48 @@
+"""The inventory of the lab that is actually up, written to <state>/lab/inventory/.
+
+inventory/lab in the repository is the default layout (lab-3080 + lab-r9700). When `lab up` is
+given other profiles or more hosts, this generated inventory lists exactly the hosts that run,
+with the same groups; its group_vars/ is a link to inventory/lab/group_vars, so the connection
+settings and GPU profiles are the repository's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from rigbook import paths
+from rigbook.lab import state
+
+HEADER = "# Written by `provision lab up`: the lab hosts running now. Use: provision site.yml -i {path}\n"
+
+
+def inventory_dir() -> Path:
+    return state.lab_dir() / "inventory"
+
+
+def render(hosts: list) -> dict:
+    groups: dict = {}
+    for host in hosts:
+        groups.setdefault(host.group, {"hosts": {}})["hosts"][host.name] = {
+            "ansible_host": host.address, "ansible_port": host.port}
+    return {"all": {"children": {"lab": {"children": groups}}}}
+
+
+def is_default(hosts: list) -> bool:
+    """Whether the static inventory/lab describes exactly these hosts."""
+    static = yaml.safe_load((paths.collection_root() / "inventory/lab/hosts.yml").read_text())
+    return render(hosts) == static
+
+
+def write(hosts: list) -> Path:
+    d = inventory_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    text = HEADER.format(path=d) + "---\n" + yaml.safe_dump(render(hosts), sort_keys=False)
+    (d / "hosts.yml").write_text(text)
+    link = d / "group_vars"
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(paths.collection_root() / "inventory/lab/group_vars", target_is_directory=True)
+    return d

@@ -1,0 +1,386 @@
+"""One lab host: its root (overlay on the cached rootfs, or a copy), its config, its container.
+
+The container runs under supervisor.py, started detached and tracked by pid file and by the
+host's own cgroups. Stopping it finds every process that belongs to the host (the supervisor's
+process tree, the host's cgroups, anything whose root directory is the host's root) so that
+nothing is left behind, and nothing else is touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+from rigbook.errors import UserError
+from rigbook.lab import evidence, state
+from rigbook.lab.state import Host
+from rigbook.lab.system import LabFailure, progress, python, remove_tree, run, unmount_under
+
+SUPERVISOR = Path(__file__).resolve().with_name("supervisor.py")
+CGROUP_MOUNTS = ("/sys/fs/cgroup", "/sys/fs/cgroup/unified", "/sys/fs/cgroup/systemd")
+
+
+def is_systemd_host() -> bool:
+    """systemd is PID 1 here: nspawn can get its own scope from it (no cgroups of ours needed)."""
+    return Path("/run/systemd/system").is_dir()
+
+
+def overlay_supported() -> bool:
+    if os.environ.get("RIGBOOK_LAB_ROOT_MODE") == "copy":
+        return False
+    try:
+        return "overlay" in Path("/proc/filesystems").read_text()
+    except OSError:
+        return False
+
+
+def check_port_free(host: Host) -> None:
+    """UserError when something on this machine already listens where the host's sshd would."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # sshd sets it too: TIME_WAIT is fine
+    try:
+        sock.bind((host.address, host.port))
+    except OSError as exc:
+        raise UserError(
+            f"port taken: {host.address}:{host.port} (for {host.name}) is already in use on this machine "
+            f"({exc.strerror}); stop what listens there (`ss -ltnp`) and try again"
+        ) from None
+    finally:
+        sock.close()
+
+
+# --- processes ---------------------------------------------------------------------------
+
+
+def _cmdline(pid: int) -> list:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def _read_pid(path: Path) -> int:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return 0
+
+
+def supervisor_pid(host: Host) -> int:
+    """The host's supervisor pid if that process is alive and really is its supervisor, else 0."""
+    pid = host.supervisor_pid
+    args = _cmdline(pid) if pid else []
+    return pid if str(SUPERVISOR) in args and str(host.dir / "supervisor.json") in args else 0
+
+
+def is_running(host: Host) -> bool:
+    return bool(supervisor_pid(host))
+
+
+def _children_map() -> dict:
+    kids: dict = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        kids.setdefault(ppid, []).append(int(entry.name))
+    return kids
+
+
+def _tree(pid: int, kids: dict) -> set:
+    out, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        if p not in out:
+            out.add(p)
+            todo += kids.get(p, [])
+    return out
+
+
+def _in_cgroups(host: Host) -> set:
+    pids = set()
+    for group in host.cgroups:
+        for procs in Path(group).rglob("cgroup.procs") if Path(group).is_dir() else []:
+            try:
+                pids |= {int(x) for x in procs.read_text().split()}
+            except (OSError, ValueError):
+                pass
+    return pids
+
+
+def processes_in_root(root: Path) -> set:
+    """Processes whose root directory is ROOT (what runs inside that container)."""
+    target = str(root)
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.readlink(entry / "root") == target:
+                    pids.add(int(entry.name))
+            except OSError:
+                pass
+    return pids
+
+
+def processes(host: Host) -> set:
+    """Every live process that belongs to HOST."""
+    kids = _children_map()
+    pids = set()
+    sup = supervisor_pid(host)
+    if sup:
+        pids |= _tree(sup, kids)
+    nspawn = _read_pid(host.dir / "nspawn.pid")
+    if nspawn and "systemd-nspawn" in " ".join(_cmdline(nspawn)) and str(host.root) in _cmdline(nspawn):
+        pids |= _tree(nspawn, kids)
+    pids |= _in_cgroups(host) | processes_in_root(host.root)
+    return {p for p in pids if Path(f"/proc/{p}").exists() and p != os.getpid()}
+
+
+def rss_kib(host: Host) -> int:
+    total = 0
+    for pid in processes(host):
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except (OSError, ValueError):
+            pass
+    return total
+
+
+# --- creating and starting ----------------------------------------------------------------
+
+
+def _cgroup_roots() -> list:
+    """Mounted cgroup hierarchies nspawn and the container's systemd use: v2, and v1 name=systemd."""
+    roots = []
+    with open("/proc/self/mountinfo", encoding="utf-8") as fh:
+        for line in fh:
+            left, _, right = line.partition(" - ")
+            point, fstype, opts = left.split()[4], right.split()[0], right.split()[-1]
+            if point in CGROUP_MOUNTS and (fstype == "cgroup2" or "name=systemd" in opts.split(",")):
+                roots.append(point)
+    return roots
+
+
+def make_cgroups(host: Host) -> list:
+    groups = []
+    for root in _cgroup_roots():
+        group = Path(root) / f"rigbook-lab-{state.lab_id()}" / host.name
+        group.mkdir(parents=True, exist_ok=True)
+        groups.append(str(group))
+    return groups
+
+
+def _rmdir(d: Path) -> None:
+    """rmdir a cgroup; the kernel may need a moment after its last process exits."""
+    for _ in range(50):
+        try:
+            d.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.1)
+    d.rmdir()
+
+
+def remove_cgroups(host: Host) -> None:
+    for group in host.cgroups:
+        g = Path(group)
+        if g.is_dir():
+            for d in sorted((p for p in g.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+                _rmdir(d)
+            _rmdir(g)
+        try:
+            g.parent.rmdir()  # rigbook-lab-<id>, once its last host is gone
+        except OSError:
+            pass
+
+
+def prepare_root(host: Host, rootfs: Path) -> None:
+    """The host's own root: an overlay on the cached rootfs (or a full copy where overlay is missing)."""
+    host.dir.mkdir(parents=True, exist_ok=True)
+    host.root.mkdir(exist_ok=True)
+    if overlay_supported():
+        (host.dir / "upper").mkdir(exist_ok=True)
+        (host.dir / "work").mkdir(exist_ok=True)
+        opts = f"lowerdir={rootfs},upperdir={host.dir / 'upper'},workdir={host.dir / 'work'}"
+        run(["mount", "-t", "overlay", "overlay", "-o", opts, str(host.root)])
+        host.root_mode = "overlay"
+    else:
+        progress(f"{host.name}: overlayfs unavailable, copying the rootfs ...")
+        run(["cp", "-a", "--reflink=auto", f"{rootfs}/.", str(host.root)])
+        host.root_mode = "copy"
+
+
+def _owner(root: Path, user: str) -> tuple:
+    for line in (root / "etc/passwd").read_text().splitlines():
+        parts = line.split(":")
+        if parts[0] == user:
+            return int(parts[2]), int(parts[3])
+    raise LabFailure(f"the lab rootfs has no user {user!r}")
+
+
+def _put(root: Path, rel: str, text: str, mode: int = 0o644, owner: tuple | None = None) -> None:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(mode)
+    if owner:
+        os.chown(path, *owner)
+
+
+def configure(host: Host, client_pubkey: str) -> str:
+    """Identity, sshd address, host key, the user's authorized key, the evidence tree.
+
+    Returns the host's public host key line (for known_hosts)."""
+    root = host.root
+    key = host.dir / "ssh_host_ed25519_key"
+    if not key.exists():
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{host.name}", "-f", str(key)])
+    _put(root, "etc/ssh/ssh_host_ed25519_key", key.read_text(), 0o600)
+    pub = key.with_suffix(".pub").read_text()
+    _put(root, "etc/ssh/ssh_host_ed25519_key.pub", pub)
+    _put(root, "etc/ssh/sshd_config.d/20-rigbook-lab-listen.conf", f"ListenAddress {host.address}:{host.port}\n")
+    _put(root, "etc/hostname", f"{host.name}\n")
+    _put(root, "etc/hosts", f"127.0.0.1\tlocalhost\n{host.address}\t{host.name}\n"
+                            "::1\t\tlocalhost ip6-localhost ip6-loopback\n")
+    _put(root, "etc/machine-id", uuid.uuid4().hex + "\n", 0o444)
+    _put(root, "etc/motd", f"\nrigbook lab host {host.name} (profile {host.profile}): a container; its GPUs are "
+                           f"a recorded tree under {state.EVIDENCE_ROOT}\n\n")
+    owner = _owner(root, state.USER)
+    home = root / "home" / state.USER / ".ssh"
+    home.mkdir(mode=0o700, exist_ok=True)
+    os.chown(home, *owner)
+    _put(root, f"home/{state.USER}/.ssh/authorized_keys", client_pubkey, 0o600, owner)
+    remove_tree(host.evidence)
+    evidence.materialize(host.profile, host.evidence)
+    return " ".join(pub.split()[:2])
+
+
+def nspawn_command(host: Host, systemd_host: bool) -> list:
+    cmd = ["systemd-nspawn", "--boot", f"--directory={host.root}", f"--machine={host.name}",
+           f"--hostname={host.name}", "--register=no", "--link-journal=no", "--resolv-conf=copy-host",
+           "--console=read-only", "--settings=no", "--private-users=no"]
+    if not systemd_host:
+        cmd.append("--keep-unit")  # stay in the cgroups the supervisor joined (no systemd to ask for a scope)
+    return cmd
+
+
+def start(host: Host, systemd_host: bool) -> None:
+    host.cgroups = [] if systemd_host else make_cgroups(host)
+    spec = {"dir": str(host.dir), "cgroups": host.cgroups, "console": str(host.dir / "console.log"),
+            "nspawn": nspawn_command(host, systemd_host)}
+    spec_path = host.dir / "supervisor.json"
+    spec_path.write_text(json.dumps(spec, indent=2) + "\n")
+    env = dict(os.environ, PATH=os.environ.get("PATH", "/usr/bin:/bin") + ":/usr/sbin:/sbin")
+    with open(host.dir / "supervisor.log", "ab") as log:
+        proc = subprocess.Popen([python(), "-I", str(SUPERVISOR), str(spec_path)], stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=log, start_new_session=True, env=env, close_fds=True)
+    host.supervisor_pid = proc.pid
+    (host.dir / "supervisor.pid").write_text(f"{proc.pid}\n")
+
+
+def ssh_command(host: Host, *remote: str) -> list:
+    ssh = state.ssh_dir()
+    return ["ssh", "-F", "/dev/null", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+            "-o", f"UserKnownHostsFile={ssh / 'known_hosts'}", "-o", "ConnectTimeout=3", "-o", "LogLevel=ERROR",
+            "-i", str(ssh / "id_ed25519"), "-p", str(host.port), f"{state.USER}@{host.address}", *remote]
+
+
+def console_tail(host: Host, lines: int = 4) -> str:
+    try:
+        text = (host.dir / "console.log").read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "(no console output)"
+    return " | ".join(line.strip() for line in text[-lines:])
+
+
+def _listening(host: Host) -> bool:
+    try:
+        with socket.create_connection((host.address, host.port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def wait_ready(hosts: list, timeout: float = 120.0) -> None:
+    """Until every host answers over SSH (host key checked) with sudo and a finished boot."""
+    deadline = time.monotonic() + timeout
+    pending = list(hosts)
+    while pending:
+        for host in list(pending):
+            if not is_running(host):
+                raise LabFailure(f"{host.name}: the container stopped while booting: {console_tail(host)}")
+            if not _listening(host):
+                continue
+            cmd = ssh_command(host, "sudo -n true && systemctl is-system-running --wait")
+            result = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+            status = result.stdout.strip().splitlines()[-1:] or [""]
+            if status[0] in ("running", "degraded"):
+                note = "" if status[0] == "running" else " (degraded: `systemctl --failed` inside says which unit)"
+                progress(f"{host.name}: up on {host.address}:{host.port}{note}")
+                pending.remove(host)
+        if pending and time.monotonic() > deadline:
+            names = ", ".join(h.name for h in pending)
+            raise LabFailure(f"{names} did not come up over SSH within {timeout:.0f} s: {console_tail(pending[0])}")
+        if pending:
+            time.sleep(0.3)
+
+
+# --- stopping ------------------------------------------------------------------------------
+
+
+def _wait_gone(pids: set, seconds: float) -> set:
+    deadline = time.monotonic() + seconds
+    while True:
+        alive = {p for p in pids if Path(f"/proc/{p}").exists() and not _is_zombie(p)}
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def stop(host: Host, timeout: float = 30.0) -> None:
+    """Orderly shutdown through the supervisor; SIGKILL for whatever is left after TIMEOUT."""
+    sup = supervisor_pid(host)
+    if sup:
+        os.kill(sup, signal.SIGTERM)
+        _wait_gone({sup}, timeout)
+    left = processes(host)
+    if left:
+        progress(f"{host.name}: {len(left)} processes did not stop in {timeout:.0f} s; killing them")
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        left = _wait_gone(left, 10)
+    if left:
+        raise LabFailure(f"{host.name}: processes {sorted(left)} survived SIGKILL")
+
+
+def teardown(host: Host) -> None:
+    """Stop HOST, unmount its root, remove its cgroups and its directory."""
+    stop(host)
+    stuck = unmount_under(host.dir)
+    if stuck:
+        raise LabFailure(f"{host.name}: could not unmount {stuck[0]}")
+    remove_cgroups(host)
+    remove_tree(host.dir)

@@ -1,0 +1,133 @@
+"""Where the lab keeps its state (<state>/lab/) and how hosts are named and addressed.
+
+Host k (1, 2, ...) of a profile whose slot is s is named after the profile (lab-3080, then
+lab-3080-2, ...) and listens on 127.0.<10+k>.<s>:2222: an address that depends only on the
+host's own name, so the static inventory/lab stays right whichever hosts are up.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from rigbook import paths
+from rigbook.errors import UserError
+from rigbook.lab import evidence
+
+SSH_PORT = 2222
+MAX_PER_PROFILE = 8
+EVIDENCE_ROOT = "/var/lib/rigbook-lab/evidence"  # inside each host: rigbook_evidence_root
+DEFAULT_PROFILES = ["x99-3080", "x99-r9700"]
+USER = "rigbook"
+
+
+def lab_dir() -> Path:
+    return paths.state_dir().resolve() / "lab"
+
+
+def state_file() -> Path:
+    return lab_dir() / "lab.json"
+
+
+def ssh_dir() -> Path:
+    return lab_dir() / "ssh"
+
+
+def lab_id() -> str:
+    """Short id of this state directory: names our cgroups so two checkouts never mix."""
+    return hashlib.sha256(str(lab_dir()).encode()).hexdigest()[:8]
+
+
+@dataclass
+class Host:
+    name: str
+    profile: str
+    group: str
+    address: str
+    port: int = SSH_PORT
+    supervisor_pid: int = 0
+    root_mode: str = ""  # overlay | copy
+    cgroups: list = field(default_factory=list)
+    faults: list = field(default_factory=list)
+
+    @property
+    def dir(self) -> Path:
+        return lab_dir() / "hosts" / self.name
+
+    @property
+    def root(self) -> Path:
+        return self.dir / "root"
+
+    @property
+    def evidence(self) -> Path:
+        return self.root / EVIDENCE_ROOT.lstrip("/")
+
+
+@dataclass
+class Lab:
+    hosts: list
+    rootfs: str = ""
+    systemd_host: bool = False
+
+    def host(self, name: str) -> Host:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise UserError(f"no lab host {name!r} (hosts: {', '.join(h.name for h in self.hosts) or 'none'})")
+
+
+def plan_hosts(count: int | None, profiles: list | None) -> list:
+    """The hosts `lab up` will make, checked: known profiles, a sane count."""
+    names = list(profiles or DEFAULT_PROFILES)
+    for name in names:
+        evidence.load_profile(name)  # UserError for an unknown profile
+    if count is None:
+        count = len(names)
+    if count < 1:
+        raise UserError(f"--hosts must be at least 1 (got {count})")
+    if count < len(names):
+        raise UserError(f"--hosts {count} is fewer than the {len(names)} profiles given")
+    hosts, seen = [], {}
+    for i in range(count):
+        profile = evidence.load_profile(names[i % len(names)])
+        meta = profile["host"]
+        k = seen[profile["name"]] = seen.get(profile["name"], 0) + 1
+        if k > MAX_PER_PROFILE:
+            raise UserError(f"at most {MAX_PER_PROFILE} hosts per profile (asked for {k} of {profile['name']})")
+        name = meta["name"] if k == 1 else f"{meta['name']}-{k}"
+        hosts.append(Host(name, profile["name"], meta["group"], f"127.0.{10 + k}.{meta['slot']}"))
+    return hosts
+
+
+def load() -> Lab | None:
+    path = state_file()
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    return Lab([Host(**h) for h in data["hosts"]], data.get("rootfs", ""), data.get("systemd_host", False))
+
+
+def save(lab: Lab) -> None:
+    path = state_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"hosts": [asdict(h) for h in lab.hosts], "rootfs": lab.rootfs,
+                               "systemd_host": lab.systemd_host}, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+@contextmanager
+def locked():
+    """One lab command at a time per state directory."""
+    lab_dir().mkdir(parents=True, exist_ok=True)
+    with open(lab_dir() / ".lock", "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError("another `provision lab` command is running on this state directory") from None
+        yield

@@ -11,6 +11,7 @@ SUBCOMMANDS = {
     "lab": "local simulated rigs: up, status, down, break, heal",
     "verify": "run the P2P ladder (verify.yml) on hosts, or judge a saved snapshot with --replay",
     "snapshot": "save each host's ladder evidence into one tarball for a bug report or a replay",
+    "baseline": "record a known-good run's figures per host (record -i INV), or show them with history (show)",
     "parse": "parse a pasted tool output (lspci, nvidia-smi-q, nvidia-smi-topo, nccl-tests, ...) to JSON",
 }
 
@@ -69,6 +70,13 @@ def _sub_parser(name: str) -> argparse.ArgumentParser:
             p.add_argument(
                 "-o", "--output", metavar="FILE", help="tarball to write (default ./rigbook-snapshot-*.tar.gz)"
             )
+    elif name == "baseline":
+        p.add_argument("action", choices=["record", "show"])
+        p.add_argument("hosts", nargs="*", help="show: only these hosts")
+        p.add_argument("-i", "--inventory", help="record: homelab, lab or a path")
+        p.add_argument("-l", "--limit", help="record: further limit the hosts")
+        p.add_argument("--json", action="store_true", help="record: one JSON summary on stdout")
+        p.add_argument("-v", "--verbose", action="count", default=0)
     elif name == "parse":
         p.add_argument("kind", help="lspci, nvidia-smi-q, nvidia-smi-topo, nccl-tests, nccl-log, p2p-bandwidth")
         p.add_argument("file", help="file with the pasted output, - for stdin")
@@ -84,6 +92,23 @@ def _validate(args) -> int:
     groups = sorted(g for g in inv.all_groups() if g != "all")
     print(f"{path}: valid ({len(inv.hosts)} hosts; groups: {', '.join(groups) or '-'})")
     return 0
+
+
+def _baseline(args) -> int:
+    from rigbook.errors import UserError
+
+    if args.action == "show":
+        from rigbook.baselines import show
+
+        return show(args.hosts, sys.stdout)
+    if not args.inventory:
+        raise UserError("provision baseline record: -i INVENTORY is required")
+    from rigbook.run import RunOptions, run_playbook
+
+    return run_playbook(
+        RunOptions(playbook="verify.yml", inventory=args.inventory, limit=args.limit, json=args.json,
+                   verbosity=args.verbose, baseline_mode="record")
+    )
 
 
 def _verify_or_snapshot(name: str, args) -> int:
@@ -106,6 +131,7 @@ def _verify_or_snapshot(name: str, args) -> int:
         json=args.json,
         junit=args.junit,
         verbosity=args.verbose,
+        baseline_mode="compare" if name == "verify" else "off",
     )
     if name == "verify":
         return run_playbook(opts)
@@ -132,6 +158,8 @@ def _dispatch(argv: list) -> int:
             from rigbook.parse_cmd import main as parse_main
 
             return parse_main(args.kind, args.file)
+        if name == "baseline":
+            return _baseline(args)
         return _verify_or_snapshot(name, args)
     args = _playbook_parser().parse_args(argv)
     from rigbook.run import RunOptions, run_playbook

@@ -31,6 +31,7 @@ class RunOptions:
     json: bool = False
     junit: str | None = None
     verbosity: int = 0
+    baseline_mode: str = "compare"  # compare (and keep history), record, off
 
 
 def resolve_playbook(name: str) -> Path:
@@ -111,7 +112,7 @@ def run_playbook(opts: RunOptions) -> int:
     playbook = resolve_playbook(opts.playbook)
     inventory = resolve_inventory(opts.inventory)
     _check_extra_vars(opts.extra_vars)
-    validate(inventory)  # before any host is contacted
+    inv = validate(inventory)  # before any host is contacted
 
     import ansible_runner
 
@@ -132,6 +133,14 @@ def run_playbook(opts: RunOptions) -> int:
         "exit_code": None,
     }
     runs.save_record(run_dir, record)
+    extra = list(opts.extra_vars)
+    if opts.baseline_mode == "compare":
+        from rigbook import baselines
+
+        baseline_file = run_dir / "baselines.json"
+        baseline_file.write_text(json.dumps(baselines.extra_vars(sorted(inv.hosts)), indent=2))
+        extra.append("@" + str(baseline_file))
+    opts = RunOptions(**{**opts.__dict__, "extra_vars": extra})
 
     interrupted = {"flag": False}
 
@@ -186,6 +195,7 @@ def run_playbook(opts: RunOptions) -> int:
     else:
         code = tracker.exit_code()
     hosts = tracker.summary()
+    _update_baselines(opts, hosts, run_dir, code)
     record.update(exit_code=code, duration_s=round(duration, 2), hosts=hosts, status=runner.status, rc=runner.rc)
     runs.save_record(run_dir, record)
 
@@ -207,6 +217,26 @@ def run_playbook(opts: RunOptions) -> int:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
         sys.stdout.flush()
     return code
+
+
+def _update_baselines(opts: RunOptions, hosts: dict, run_dir: Path, code: int) -> None:
+    """Record (baseline record) or append to the history (every other run that measured figures)."""
+    if opts.baseline_mode == "off" or code == EXIT_INTERRUPTED:
+        return
+    from rigbook import baselines
+
+    for host, entry in hosts.items():
+        ladder = entry.get("ladder") or []
+        if not ladder:
+            continue
+        if opts.baseline_mode == "record":
+            if entry["state"] in ("failed", "unreachable"):
+                entry["baseline"] = "not recorded: the host failed"
+                continue
+            recorded = baselines.record(host, ladder, str(run_dir))
+            entry["baseline"] = "recorded" if recorded else "not recorded: no figures measured"
+        else:
+            baselines.append_history(host, ladder, {v["layer"]: v["status"] for v in ladder})
 
 
 def _ansible_errors(runner) -> list:

@@ -74,7 +74,11 @@ def test_check_mode_and_junit(tmp_path):
     assert "summary" in proc.stdout and "localhost" in proc.stdout
     suite = ET.parse(junit).getroot()
     assert suite.tag == "testsuite" and suite.get("failures") == "0"
-    assert [c.get("classname") for c in suite.iter("testcase")] == ["localhost"]
+    cases = list(suite.iter("testcase"))
+    assert {c.get("classname") for c in cases} == {"localhost"}
+    assert [c.get("name") for c in cases] == ["host"] + [
+        f"layer: {layer}" for layer in ("firmware", "pcie_link", "dma_window", "kernel_state", "driver_state")
+    ]
 
 
 def test_gpu_count_mismatch_fails_the_host(tmp_path):
@@ -92,7 +96,7 @@ def test_gpu_count_mismatch_fails_the_host(tmp_path):
     assert "the inventory says 2 nvidia GPU(s), the host has 1" in failure["msg"]
     assert "0000:03:00.0" in failure["msg"]
     names = [c.get("name") for c in ET.parse(junit).getroot().iter("testcase")]
-    assert names == ["host", "task: List GPUs from sysfs"]
+    assert names == ["host", "task: List GPUs from sysfs"]  # the host stopped before the ladder
 
 
 def test_gpu_count_match_passes(tmp_path):

@@ -99,14 +99,19 @@ def test_gpu_count_mismatch_fails_the_host(tmp_path):
     assert names == ["host", "task: List GPUs from sysfs"]  # the host stopped before the ladder
 
 
-def test_gpu_count_match_passes(tmp_path):
+def test_gpu_count_match_passes_preflight_and_reaches_the_ladder(tmp_path):
     evidence = simulated_sysfs(tmp_path / "evidence", [("0x1002", "0x7551"), ("0x1002", "0x7551")])
     inv = local_inventory(
         tmp_path, {"rigbook_evidence_root": str(evidence), "rigbook_gpu": {"vendor": "amd", "count": 2}}
     )
     proc = provision("site.yml", "-i", str(inv), "--json")
+    host = json.loads(proc.stdout)["hosts"]["localhost"]
+    # preflight passes; the bare simulated tree has no EFI and no BARs, so the ladder stops at firmware
+    assert proc.returncode == 1
+    assert [f["task"] for f in host["failures"]] == ["Ladder 1: firmware (UEFI, Above-4G, ReBAR)"]
+    assert host["ladder"][0]["layer"] == "firmware" and "CSM" in host["ladder"][0]["why"]
+    proc = provision("site.yml", "-i", str(inv), "--json", "--skip-tags", "ladder")
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["hosts"]["localhost"]["failed"] == 0
 
 
 def test_only_unreachable_hosts_exit_3(tmp_path):

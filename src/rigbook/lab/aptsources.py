@@ -68,7 +68,8 @@ def _paragraphs(text: str):
             continue
         if raw[0] in " \t" and key:
             value = raw.strip()
-            para[key] += "\n" + ("" if value == "." else value)
+            value = "" if value == "." else value
+            para[key] = f"{para[key]}\n{value}" if para[key] else value
             continue
         key, _, value = raw.partition(":")
         key = key.strip()

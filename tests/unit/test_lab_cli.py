@@ -1,0 +1,136 @@
+"""`provision lab` argument handling, host planning and the rootfs recipe key (no containers here)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rigbook.errors import UserError
+from rigbook.lab import cli, rootfs, state
+
+
+def lab(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "rigbook", "lab", *args], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, **(env or {})})
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+        (["up", "--hosts", "two"], "invalid int value: 'two'"),
+        (["up", "--hosts", "0"], "--hosts must be at least 1"),
+        (["up", "--hosts", "1", "--profile", "x99-3080", "x99-r9700"], "fewer than the 2 profiles"),
+        (["up", "--profile", "x99-9090"], "unknown profile 'x99-9090' (known: x99-3080, x99-r9700)"),
+        (["up", "--hosts", "9", "--profile", "x99-3080"], "at most 8 hosts per profile"),
+        (["break", "lab-3080", "gpu-on-fire"], "unknown fault 'gpu-on-fire' (known: "),
+        (["break", "lab-3080"], "the following arguments are required: fault"),
+        (["heal"], "the following arguments are required: host"),
+        (["up", "--bogus"], "unrecognized arguments: --bogus"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, message):
+    proc = lab(*args)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert message in proc.stderr
+    assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("command", [["up"], ["down"], ["break", "lab-3080", "link-x8"], ["heal", "lab-3080"]])
+def test_not_root_is_said_clearly(command, monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setenv("RIGBOOK_STATE_DIR", str(tmp_path))
+    assert cli.main(command) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: `provision lab ") and "needs root" in err and err.count("\n") == 1
+    assert not (tmp_path / "lab" / "lab.json").exists()
+
+
+def test_status_and_down_when_not_up(tmp_path):
+    env = {"RIGBOOK_STATE_DIR": str(tmp_path)}
+    proc = lab("status", env=env)
+    assert proc.returncode == 0 and "the lab is not up" in proc.stdout
+    if os.geteuid() == 0:
+        proc = lab("down", env=env)
+        assert proc.returncode == 0 and "nothing to stop" in proc.stdout
+
+
+def test_break_when_not_up(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("the root check comes first")
+    proc = lab("break", "lab-3080", "link-x8", env={"RIGBOOK_STATE_DIR": str(tmp_path)})
+    assert proc.returncode == 2 and "the lab is not up" in proc.stderr
+
+
+def test_default_hosts():
+    hosts = state.plan_hosts(None, None)
+    assert [(h.name, h.group, h.profile, h.address, h.port) for h in hosts] == [
+        ("lab-3080", "x99_3080", "x99-3080", "127.0.11.1", 2222),
+        ("lab-r9700", "x99_r9700", "x99-r9700", "127.0.11.2", 2222),
+    ]
+
+
+def test_more_hosts_cycle_profiles_and_keep_addresses_by_name():
+    hosts = state.plan_hosts(5, ["x99-r9700", "x99-3080"])
+    assert [(h.name, h.address) for h in hosts] == [
+        ("lab-r9700", "127.0.11.2"), ("lab-3080", "127.0.11.1"), ("lab-r9700-2", "127.0.12.2"),
+        ("lab-3080-2", "127.0.12.1"), ("lab-r9700-3", "127.0.13.2")]
+    assert all(h.address.startswith("127.") for h in hosts)
+    assert len({(h.address, h.port) for h in hosts}) == len(hosts)
+
+
+def test_unknown_host_names_the_known_ones():
+    lab_ = state.Lab(hosts=state.plan_hosts(None, None))
+    with pytest.raises(UserError, match=r"no lab host 'lab-9090' \(hosts: lab-3080, lab-r9700\)"):
+        lab_.host("lab-9090")
+
+
+def test_static_inventory_matches_the_default_layout():
+    from rigbook.lab import inventory
+
+    assert inventory.is_default(state.plan_hosts(None, None))
+    assert not inventory.is_default(state.plan_hosts(3, None))
+
+
+def test_rootfs_key_follows_the_recipe_and_the_sources(tmp_path, monkeypatch):
+    monkeypatch.delenv("RIGBOOK_LAB_MIRROR", raising=False)
+    apt = tmp_path / "apt"
+    (apt / "sources.list.d").mkdir(parents=True)
+    (apt / "sources.list").write_text("deb http://mirror.invalid/debian bookworm main\n")
+    first = rootfs.plan(apt)
+    assert first.key == rootfs.plan(apt).key  # stable
+    assert first.mirror.uris == ["http://mirror.invalid/debian"]
+    (apt / "sources.list.d/sec.list").write_text("deb http://security.invalid/debian-security bookworm-security main\n")
+    second = rootfs.plan(apt)
+    assert second.key != first.key
+    assert [s for src in second.sources for s in src.suites] == ["bookworm", "bookworm-security"]
+    recipe = rootfs.load_recipe()
+    monkeypatch.setattr(rootfs, "load_recipe", lambda: {**recipe, "packages": recipe["packages"] + ["vim"]})
+    assert rootfs.plan(apt).key != second.key
+
+
+def test_rootfs_recipe_has_what_a_real_box_needs():
+    recipe = rootfs.load_recipe()
+    assert recipe["suite"] == "bookworm"
+    assert {"systemd", "systemd-sysv", "openssh-server", "python3", "sudo", "apt"} <= set(recipe["packages"])
+    assert recipe["user"] == state.USER
+
+
+def test_cache_dir_override(monkeypatch, tmp_path):
+    monkeypatch.setenv("RIGBOOK_LAB_CACHE", str(tmp_path))
+    assert rootfs.cache_dir() == tmp_path
+    monkeypatch.delenv("RIGBOOK_LAB_CACHE")
+    assert rootfs.cache_dir() == rootfs.DEFAULT_CACHE
+
+
+def test_no_registry_host_names_in_the_lab_code():
+    from pathlib import Path
+
+    base = Path(rootfs.__file__).parent
+    for path in list(base.rglob("*.py")) + list(base.rglob("*.yml")):
+        text = path.read_text()
+        assert "debian.org" not in text and "ubuntu.com" not in text, path

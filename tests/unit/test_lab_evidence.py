@@ -1,0 +1,140 @@
+"""The materializer: profiles written as the recorded trees of docs/evidence.md."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from ansible_collections.rigbook.homelab.plugins.module_utils import parse_nccl, parse_nvidia_smi, pci
+
+from rigbook.errors import UserError
+from rigbook.lab import evidence
+
+
+@pytest.fixture(params=evidence.profile_names())
+def tree(request, tmp_path) -> Path:
+    return evidence.materialize(request.param, tmp_path / request.param)
+
+
+def resources(tree: Path, bdf: str) -> list:
+    text = (tree / "sys/bus/pci/devices" / bdf / "resource").read_text()
+    return [tuple(int(x, 16) for x in line.split()) for line in text.splitlines()]
+
+
+def test_both_seed_profiles_ship():
+    assert {"x99-3080", "x99-r9700"} <= set(evidence.profile_names())
+
+
+def test_layout_nested_dirs_and_relative_symlinks(tree):
+    devices = tree / "sys/bus/pci/devices"
+    for link in devices.iterdir():
+        assert link.is_symlink()
+        target = os.readlink(link)
+        assert target.startswith("../../../devices/pci0000:00/"), target
+        real = link.resolve()
+        assert real.is_dir() and not real.is_symlink()
+        assert tree.resolve() in real.parents  # never escapes the tree
+    gpu = (devices / "0000:03:00.0").resolve()
+    assert gpu.parent.name == "0000:00:02.0"  # nested under its root port, as in sysfs
+    assert (devices / "0000:04:00.0").resolve().parent.name == "0000:00:03.0"
+    driver = gpu / "driver"
+    assert driver.is_symlink() and driver.resolve().parent.name == "drivers"
+    assert (driver.resolve() / "0000:03:00.0").resolve() == gpu
+
+
+def test_files_of_every_function(tree):
+    for link in (tree / "sys/bus/pci/devices").iterdir():
+        for name in ("vendor", "device", "class"):
+            value = (link / name).read_text()
+            assert value.startswith("0x") and value.endswith("\n")
+    lines = (tree / "sys/bus/pci/devices/0000:03:00.0/resource").read_text().splitlines()
+    assert len(lines) == 13 and all(len(line.split()) == 3 for line in lines)
+    assert (tree / "sys/bus/pci/devices/0000:03:00.0/max_link_speed").read_text() == "8.0 GT/s PCIe\n"
+    assert (tree / "sys/bus/pci/devices/0000:03:00.0/max_link_width").read_text() == "16\n"
+    assert (tree / "sys/firmware/efi").is_dir()
+    assert (tree / "RECONSTRUCTED").read_text().startswith("profile x99-")
+
+
+def test_the_ladders_gpu_listing_reads_it(tree):
+    gpus, error = pci.list_gpus(str(tree))
+    assert error is None
+    assert [g["slot"] for g in gpus] == ["0000:03:00.0", "0000:04:00.0"]
+    assert [g["upstream_port"] for g in gpus] == ["0000:00:02.0", "0000:00:03.0"]
+
+
+def test_x99_3080_facts(tmp_path):
+    tree = evidence.materialize("x99-3080", tmp_path / "t")
+    for bdf in ("0000:03:00.0", "0000:04:00.0"):
+        assert (tree / f"sys/bus/pci/devices/{bdf}/vendor").read_text() == "0x10de\n"
+        start, end, _ = resources(tree, bdf)[1]  # NVIDIA VRAM window = BAR1
+        assert end - start + 1 == 256 << 20 and end < 1 << 32  # 256 MiB below 4 GiB: no Above-4G
+    assert "intel_iommu=on iommu=pt" in (tree / "proc/cmdline").read_text()
+    assert (tree / "proc/sys/kernel/osrelease").read_text() == "7.0.0-31-generic\n"
+    assert (tree / "lib/modules/7.0.0-31-generic/updates/dkms/nvidia.ko").is_file()
+    assert "615.71.09" in (tree / "proc/driver/nvidia/version").read_text()
+    assert "Open Kernel Module" in (tree / "proc/driver/nvidia/version").read_text()
+    assert (tree / "sys/module/nvidia/version").read_text() == "615.71.09\n"
+    assert (tree / "sys/module/nvidia_uvm/parameters/uvm_disable_hmm").read_text() == "Y\n"
+    smi = parse_nvidia_smi.parse_q((tree / "var/lib/rigbook/commands/nvidia-smi-q.txt").read_text())
+    assert smi["driver_version"] == "615.71.09"
+    assert [g["bar1_total_mib"] for g in smi["gpus"]] == [256, 256]
+    assert [g["fb_total_mib"] for g in smi["gpus"]] == [20480, 20480]
+    assert [g["bus_id"] for g in smi["gpus"]] == ["0000:03:00.0", "0000:04:00.0"]
+    log = parse_nccl.parse((tree / "var/lib/rigbook/commands/nccl-log.txt").read_text())
+    assert log["path"] == "shm" and log["all_direct_p2p"] is False
+    figures = json.loads((tree / "var/lib/rigbook/commands/collectives.json").read_text())
+    assert figures["bandwidth_gbs"]["p2p_0_to_1"] == figures["bandwidth_gbs"]["host_staged"] == 6.0
+
+
+def test_x99_r9700_facts(tmp_path):
+    tree = evidence.materialize("x99-r9700", tmp_path / "t")
+    assert (tree / "sys/bus/pci/devices/0000:00:00.0/device").read_text() == "0x6f00\n"
+    for bdf in ("0000:03:00.0", "0000:04:00.0"):
+        assert (tree / f"sys/bus/pci/devices/{bdf}/device").read_text() == "0x7551\n"
+        start, end, flags = resources(tree, bdf)[0]  # AMD VRAM window = BAR0
+        assert end - start + 1 == 32 << 30
+        assert start >= 1 << 32 and end < 1 << 44  # above 4 GiB, inside the 44-bit DMA reach
+        assert flags & 0x2000  # prefetchable
+    assert "iommu=pt" in (tree / "proc/cmdline").read_text().split()
+    config = (tree / "boot/config-6.8.12-r9700-p2p-dma44").read_text().splitlines()
+    assert "CONFIG_PCI_P2PDMA=y" in config and "CONFIG_HSA_AMD_P2P=y" in config
+    assert (tree / "sys/module/amdgpu").is_dir()
+    assert (tree / "opt/rocm/.info/version").read_text().strip()
+    log = parse_nccl.parse((tree / "var/lib/rigbook/commands/nccl-log.txt").read_text())
+    assert log["nccl_version"] == "2.27.7"
+    assert log["path"] == "p2p" and log["all_direct_p2p"] is True and log["transports"] == ["P2P/IPC"]
+    figures = json.loads((tree / "var/lib/rigbook/commands/collectives.json").read_text())
+    assert figures["bandwidth_gbs"] == {"p2p_0_to_1": 10.29, "p2p_1_to_0": 10.29, "bidirectional": 19.7,
+                                        "host_staged": None}
+    assert figures["collectives"]["sendrecv_busbw_gbs"] == 9.75
+    assert figures["collectives"]["all_reduce_busbw_gbs"] == 9.51
+
+
+def test_profiles_say_they_are_reconstructions():
+    for name in evidence.profile_names():
+        text = (evidence.PROFILES_DIR / f"{name}.yml").read_text()
+        assert "RECONSTRUCTED" in text and "guess" in text
+
+
+def test_refuses_to_write_over_a_tree(tmp_path):
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "keep").write_text("x")
+    with pytest.raises(UserError, match="not empty"):
+        evidence.materialize("x99-3080", tmp_path / "t")
+
+
+def test_unknown_profile(tmp_path):
+    with pytest.raises(UserError, match=r"unknown profile 'x99-9090' \(known: x99-3080, x99-r9700\)"):
+        evidence.materialize("x99-9090", tmp_path / "t")
+    assert not (tmp_path / "t").exists()
+
+
+def test_parse_size():
+    assert evidence.parse_size("256M") == 256 << 20
+    assert evidence.parse_size("32G") == 32 << 30
+    assert evidence.parse_size("512K") == 512 << 10
+    assert evidence.parse_size(128) == 128
+    with pytest.raises(ValueError):
+        evidence.parse_size("lots")

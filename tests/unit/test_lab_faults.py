@@ -1,0 +1,197 @@
+"""Faults as data: the shipped definitions validate, each one changes what the evidence reads."""
+
+from __future__ import annotations
+
+import copy
+import filecmp
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from ansible_collections.rigbook.homelab.plugins.module_utils import parse_nccl, parse_nvidia_smi
+
+from rigbook.errors import UserError
+from rigbook.lab import evidence, faults
+
+REQUIRED = ["bar1-256m", "rebar-off", "link-x8", "link-gen1", "iommu-flags-lost", "kernel-upgraded-module-missing",
+            "dma-window-above-44bit", "nccl-shm-fallback", "busbw-half"]
+
+
+def broken(tmp_path: Path, profile_name: str, *names: str) -> Path:
+    tree = evidence.materialize(profile_name, tmp_path / profile_name)
+    profile = evidence.load_profile(profile_name)
+    for name in names:
+        changes = faults.plan(name, tree, profile)
+        assert changes, f"{name} changed nothing on {profile_name}"
+        faults.apply(changes)
+    return tree
+
+
+def read(tree: Path, rel: str) -> str:
+    return (tree / rel).read_text()
+
+
+def vram_bar(tree: Path, bdf: str, index: int) -> tuple:
+    line = read(tree, f"sys/bus/pci/devices/{bdf}/resource").splitlines()[index]
+    start, end, flags = (int(x, 16) for x in line.split())
+    return start, end - start + 1, flags
+
+
+def test_shipped_faults_validate_and_include_the_required_ones():
+    data = yaml.safe_load(faults.FAULTS_FILE.read_text())
+    faults.validate(data)
+    assert set(REQUIRED) <= set(faults.fault_names())
+    for name, fault in data["faults"].items():
+        assert fault["layer"] in faults.LAYERS, name
+
+
+@pytest.mark.parametrize("name", sorted(yaml.safe_load(faults.FAULTS_FILE.read_text())["faults"]))
+def test_every_fault_changes_some_profile(name, tmp_path):
+    changed = []
+    for profile_name in evidence.profile_names():
+        tree = evidence.materialize(profile_name, tmp_path / profile_name)
+        try:
+            if faults.plan(name, tree, evidence.load_profile(profile_name)):
+                changed.append(profile_name)
+        except UserError:  # not for this vendor
+            pass
+    assert changed, f"fault {name} changes no shipped profile"
+
+
+def test_bar1_256m_moves_the_vram_bar_below_4g(tmp_path):
+    tree = broken(tmp_path, "x99-r9700", "bar1-256m")
+    assert vram_bar(tree, "0000:03:00.0", 0)[:2] == (0xC0000000, 256 << 20)
+    assert vram_bar(tree, "0000:04:00.0", 0)[:2] == (0xD0000000, 256 << 20)
+    assert vram_bar(tree, "0000:03:00.0", 0)[2] == 0x14220C  # still a 64-bit prefetchable BAR
+
+
+def test_rebar_off_keeps_the_address_and_shrinks_the_bar(tmp_path):
+    tree = broken(tmp_path, "x99-r9700", "rebar-off")
+    assert vram_bar(tree, "0000:03:00.0", 0)[:2] == (0x3800000000, 256 << 20)
+
+
+def test_faults_already_true_of_the_3080_change_nothing(tmp_path):
+    tree = evidence.materialize("x99-3080", tmp_path / "t")
+    profile = evidence.load_profile("x99-3080")
+    for name in ("bar1-256m", "rebar-off", "nccl-shm-fallback", "busbw-half"):
+        assert faults.plan(name, tree, profile) == [], name
+
+
+def test_link_faults(tmp_path):
+    tree = broken(tmp_path, "x99-3080", "link-x8")
+    for bdf in ("0000:03:00.0", "0000:04:00.0", "0000:00:02.0"):
+        assert read(tree, f"sys/bus/pci/devices/{bdf}/current_link_width") == "8\n"
+    assert read(tree, "sys/bus/pci/devices/0000:03:00.0/max_link_width") == "16\n"
+    smi = parse_nvidia_smi.parse_q(read(tree, "var/lib/rigbook/commands/nvidia-smi-q.txt"))
+    assert [g["link_width_current"] for g in smi["gpus"]] == [8, 8]
+    assert [g["link_width_max"] for g in smi["gpus"]] == [16, 16]
+
+    tree = broken(tmp_path / "gen1", "x99-r9700", "link-gen1")
+    for bdf in ("0000:03:00.0", "0000:04:00.0"):
+        assert read(tree, f"sys/bus/pci/devices/{bdf}/current_link_speed") == "2.5 GT/s PCIe\n"
+    assert read(tree, "sys/bus/pci/devices/0000:00:02.0/max_link_speed") == "2.5 GT/s PCIe\n"
+
+
+def test_link_gen1_on_nvidia_smi(tmp_path):
+    tree = broken(tmp_path, "x99-3080", "link-gen1")
+    smi = parse_nvidia_smi.parse_q(read(tree, "var/lib/rigbook/commands/nvidia-smi-q.txt"))
+    assert [g["pcie_gen_max"] for g in smi["gpus"]] == [1, 1]
+
+
+def test_iommu_flags_lost(tmp_path):
+    for name in evidence.profile_names():
+        words = read(broken(tmp_path / name, name, "iommu-flags-lost"), "proc/cmdline").split()
+        assert not [w for w in words if "iommu" in w], words
+        assert "ro" in words
+
+
+def test_kernel_upgraded_module_missing(tmp_path):
+    tree = broken(tmp_path, "x99-3080", "kernel-upgraded-module-missing")
+    assert read(tree, "proc/sys/kernel/osrelease") == "7.0.0-33-generic\n"
+    assert "vmlinuz-7.0.0-33-generic" in read(tree, "proc/cmdline")
+    assert read(tree, "boot/config-7.0.0-33-generic") == read(tree, "boot/config-7.0.0-31-generic")
+    assert (tree / "lib/modules/7.0.0-33-generic").is_dir()
+    assert not (tree / "lib/modules/7.0.0-33-generic/updates").exists()
+    assert not (tree / "proc/driver/nvidia").exists() and not (tree / "sys/module/nvidia").exists()
+    assert not (tree / "sys/bus/pci/devices/0000:03:00.0/driver").is_symlink()
+    smi = parse_nvidia_smi.parse_q(read(tree, "var/lib/rigbook/commands/nvidia-smi-q.txt"))
+    assert smi["gpus"] == [] and smi["driver_version"] is None
+
+
+def test_nvidia_only_fault_on_amd_is_refused(tmp_path):
+    tree = evidence.materialize("x99-r9700", tmp_path / "t")
+    with pytest.raises(UserError, match="is for nvidia GPUs; profile x99-r9700 has amd"):
+        faults.plan("kernel-upgraded-module-missing", tree, evidence.load_profile("x99-r9700"))
+
+
+def test_dma_window_above_44bit(tmp_path):
+    tree = broken(tmp_path, "x99-r9700", "dma-window-above-44bit")
+    for bdf in ("0000:03:00.0", "0000:04:00.0"):
+        start, size, _ = vram_bar(tree, bdf, 0)
+        assert start >= 1 << 44 and size == 32 << 30
+
+
+def test_nccl_shm_fallback(tmp_path):
+    tree = broken(tmp_path, "x99-r9700", "nccl-shm-fallback")
+    log = parse_nccl.parse(read(tree, "var/lib/rigbook/commands/nccl-log.txt"))
+    assert log["path"] == "shm" and log["all_direct_p2p"] is False
+    assert json.loads(read(tree, "var/lib/rigbook/commands/collectives.json"))["transport"] == "SHM/direct/direct"
+
+
+def test_busbw_half(tmp_path):
+    tree = broken(tmp_path, "x99-r9700", "busbw-half")
+    figures = json.loads(read(tree, "var/lib/rigbook/commands/collectives.json"))
+    assert figures["collectives"]["all_reduce_busbw_gbs"] == pytest.approx(9.51 / 2)
+    assert figures["collectives"]["sendrecv_busbw_gbs"] == pytest.approx(9.75 / 2)
+    assert figures["bandwidth_gbs"]["p2p_0_to_1"] == 10.29  # not a busbw figure
+
+
+def test_faults_stack_and_a_fresh_tree_heals(tmp_path):
+    tree = broken(tmp_path, "x99-r9700", "dma-window-above-44bit", "iommu-flags-lost", "busbw-half")
+    pristine = evidence.materialize("x99-r9700", tmp_path / "pristine")
+    assert read(tree, "proc/cmdline") != read(pristine, "proc/cmdline")
+    cmp = filecmp.dircmp(tree, pristine)
+    assert cmp.diff_files or cmp.subdirs
+
+
+def test_plan_writes_nothing(tmp_path):
+    tree = evidence.materialize("x99-r9700", tmp_path / "t")
+    before = read(tree, "proc/cmdline")
+    assert faults.plan("iommu-flags-lost", tree, evidence.load_profile("x99-r9700"))
+    assert read(tree, "proc/cmdline") == before
+
+
+def test_unknown_fault():
+    with pytest.raises(UserError, match=r"unknown fault 'bar1-128m' \(known: .*bar1-256m"):
+        faults.get_fault("bar1-128m")
+
+
+GOOD = {"faults": {"x": {"layer": "kernel", "description": "a description", "edits": [
+    {"set": "proc/cmdline", "content": "ro\n"}]}}}
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda f: f.update(layer="bios"), "layer"),
+        (lambda f: f.update(edits=[]), "edits"),
+        (lambda f: f["edits"][0].pop("content"), "set needs content"),
+        (lambda f: f["edits"][0].update(remove="x"), "exactly one of"),
+        (lambda f: f["edits"].__setitem__(0, {"scope": "gpus"}), "exactly one of"),
+        (lambda f: f["edits"].__setitem__(0, {"bar": "vram", "size": "256M"}), "scope: gpus"),
+        (lambda f: f["edits"].__setitem__(0, {"replace": "a", "pattern": "(", "with": ""}), "unterminated"),
+        (lambda f: f["edits"][0].update(frobnicate=1), "Additional properties"),
+        (lambda f: f.update(vendors=["intel"]), "vendors"),
+        (lambda f: f.pop("description"), "description"),
+    ],
+)
+def test_bad_fault_documents_are_rejected(mutate, message):
+    data = copy.deepcopy(GOOD)
+    mutate(data["faults"]["x"])
+    with pytest.raises(Exception, match=message):
+        faults.validate(data)
+
+
+def test_good_document_validates():
+    assert faults.validate(copy.deepcopy(GOOD))

@@ -360,9 +360,12 @@ def _is_zombie(pid: int) -> bool:
 def stop(host: Host, timeout: float = 30.0) -> None:
     """Orderly shutdown through the supervisor; SIGKILL for whatever is left after TIMEOUT."""
     sup = supervisor_pid(host)
-    if sup:
+    deadline = time.monotonic() + timeout
+    while sup and _wait_gone({sup}, 0) and time.monotonic() < deadline:
+        # Repeated: a container still in early boot has no handler for the shutdown signal yet,
+        # and the kernel drops it; nspawn passes it on again each time it gets SIGTERM.
         os.kill(sup, signal.SIGTERM)
-        _wait_gone({sup}, timeout)
+        _wait_gone({sup}, 2)
     left = processes(host)
     if left:
         progress(f"{host.name}: {len(left)} processes did not stop in {timeout:.0f} s; killing them")

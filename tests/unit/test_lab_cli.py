@@ -74,6 +74,10 @@ def test_default_hosts():
     ]
 
 
+def test_one_host_takes_the_first_default_profile():
+    assert [h.name for h in state.plan_hosts(1, None)] == ["lab-3080"]
+
+
 def test_more_hosts_cycle_profiles_and_keep_addresses_by_name():
     hosts = state.plan_hosts(5, ["x99-r9700", "x99-3080"])
     assert [(h.name, h.address) for h in hosts] == [

@@ -11,6 +11,10 @@ from rigbook.lab.state import Host, Lab
 from rigbook.lab.system import LabFailure, progress
 
 
+def _count(hosts: list) -> str:
+    return f"{len(hosts)} host{'s' if len(hosts) != 1 else ''}"
+
+
 def _ssh_material(hosts: list) -> str:
     """The client key pair (made once per lab) and a known_hosts naming only these hosts."""
     ssh = state.ssh_dir()
@@ -77,7 +81,8 @@ def up(count: int | None, profiles: list | None) -> int:
             raise
         elapsed = time.monotonic() - start
     inv = "lab" if inventory.is_default(hosts) else str(inventory.inventory_dir())
-    progress(f"{len(hosts)} hosts up in {elapsed:.1f} s: {', '.join(h.name for h in hosts)}")
+    names = ", ".join(h.name for h in hosts)
+    progress(f"{_count(hosts)} up in {elapsed:.1f} s: {names}")
     progress(f"next: provision site.yml -i {inv}   (then: provision lab status / break / heal / down)")
     return 0
 
@@ -116,7 +121,7 @@ def down() -> int:
         for sub in ("inventory", "ssh", "hosts"):
             shutil.rmtree(state.lab_dir() / sub, ignore_errors=True)
         state.state_file().unlink(missing_ok=True)
-    progress(f"lab down: {len(lab.hosts)} hosts stopped; no processes, mounts or cgroups left")
+    progress(f"lab down: {_count(lab.hosts)} stopped; no processes, mounts or cgroups left")
     return 0
 
 

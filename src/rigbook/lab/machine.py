@@ -211,14 +211,14 @@ def prepare_root(host: Host, rootfs: Path) -> None:
     """The host's own root: an overlay on the cached rootfs (or a full copy where overlay is missing)."""
     host.dir.mkdir(parents=True, exist_ok=True)
     host.root.mkdir(exist_ok=True)
-    if overlay_supported():
+    if overlay_supported() and not any(c in f"{rootfs}{host.dir}" for c in ",:"):
         (host.dir / "upper").mkdir(exist_ok=True)
         (host.dir / "work").mkdir(exist_ok=True)
         opts = f"lowerdir={rootfs},upperdir={host.dir / 'upper'},workdir={host.dir / 'work'}"
         run(["mount", "-t", "overlay", "overlay", "-o", opts, str(host.root)])
         host.root_mode = "overlay"
     else:
-        progress(f"{host.name}: overlayfs unavailable, copying the rootfs ...")
+        progress(f"{host.name}: copying the rootfs (no overlayfs here, or a path it cannot take) ...")
         run(["cp", "-a", "--reflink=auto", f"{rootfs}/.", str(host.root)])
         host.root_mode = "copy"
 

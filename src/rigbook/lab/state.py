@@ -90,7 +90,9 @@ def plan_hosts(count: int | None, profiles: list | None) -> list:
         count = len(names)
     if count < 1:
         raise UserError(f"--hosts must be at least 1 (got {count})")
-    if count < len(names):
+    if count < len(names) and not profiles:
+        names = names[:count]
+    elif count < len(names):
         raise UserError(f"--hosts {count} is fewer than the {len(names)} profiles given")
     hosts, seen = [], {}
     for i in range(count):

@@ -12,6 +12,7 @@ from var/lib/rigbook/commands/<name>.txt.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import subprocess
@@ -29,6 +30,8 @@ COMMANDS = {
     "nvidia-smi-version": ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
     "lspci-vvv": ["lspci", "-vvv", "-nn"],
 }
+# GPU driver probes (cuda_probe / hip_probe) by vendor: JSON evidence, recorded as <name>.json
+PROBES = {"nvidia": "cuda-probe", "amd": "hip-probe"}
 IORESOURCE_IO = 0x100
 IORESOURCE_MEM = 0x200
 IORESOURCE_PREFETCH = 0x2000
@@ -65,6 +68,30 @@ def command_output(root, name, timeout=60):
     rel = os.path.join(*COMMANDS_DIR + (name + ".txt",))
     text = pci.read_text(path(root, rel))
     return text, ("recorded " + rel if text is not None else "no recording at " + rel)
+
+
+def probe_output(root, name, live_fn):
+    """(evidence dict, source) of a GPU driver probe: call LIVE_FN under "/", read its recording elsewhere.
+
+    A probe's output is JSON, recorded as var/lib/rigbook/commands/<name>.json. A missing or
+    garbled recording reads as {"available": false, "error": ...}, which the judges call unknown.
+    """
+    if is_live(root):
+        try:
+            return live_fn(), "live " + name
+        except Exception as exc:  # the probes never raise; this is the last guard
+            return {"available": False, "error": "%s raised %r" % (name, exc)}, "live " + name
+    rel = os.path.join(*COMMANDS_DIR + (name + ".json",))
+    text = pci.read_text(path(root, rel))
+    if text is None:
+        return {"available": False, "error": "no recording at " + rel}, "no recording at " + rel
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        return {"available": False, "error": "garbled recording at " + rel}, "recorded " + rel
+    return data, "recorded " + rel
 
 
 def parse_speed(text):

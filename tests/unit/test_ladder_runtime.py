@@ -344,3 +344,57 @@ def test_replay_of_the_real_self_pair_probe(fixtures):
     assert pair["peer_gbs"] > pair["host_staged_gbs"] > 0 and real["bidir"][0]["gbs"] > 0
     assert R.judge_peer_access(real, H200)["status"] == "skip"
     assert set(R.judge_p2p_bandwidth(real, H200)["metrics"]) == {"h2d_gbs_0", "d2h_gbs_0"}
+
+
+# ------------------------------------------------------------------ the modules, through real Ansible
+
+
+def test_modules_judge_a_recorded_probe_through_ansible(tmp_path):
+    """peer_access fails on seed 000's recording when P2P is expected; p2p_bandwidth judges the registered evidence."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from rigbook.paths import collections_path
+
+    root = tmp_path / "x99-3080"
+    commands = root / "var" / "lib" / "rigbook" / "commands"
+    commands.mkdir(parents=True)
+    (commands / "cuda-probe.json").write_text(json.dumps(seed000()))
+    declared = {"gpu": {"vendor": "nvidia", "count": 2, "pcie": {"gen": 3, "width": 16}}, "p2p": {"expected": False}}
+    expecting = {**declared, "p2p": {"expected": True}}
+    tasks = [
+        {"rigbook.homelab.peer_access": {"root": str(root), "profile": declared}, "register": "declared"},
+        {"rigbook.homelab.p2p_bandwidth": {"evidence": "{{ declared.evidence }}", "profile": declared,
+                                           "baseline": {"host_staged_gbs_0_1": 6.0}}, "register": "bw"},
+        {"debug": {"msg": "RESULT {{ declared.verdict.status }} {{ bw.verdict.status }} "
+                          "{{ bw.verdict.metrics.peer_gbs_0_1 }}"}},
+        {"rigbook.homelab.peer_access": {"root": str(root), "profile": expecting}},
+    ]
+    playbook = tmp_path / "play.yml"  # JSON is YAML
+    playbook.write_text(json.dumps([{"hosts": "localhost", "gather_facts": False, "tasks": tasks,
+                                     "vars": {"ansible_python_interpreter": sys.executable}}]))
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(collections_path()),
+           "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "ANSIBLE_NOCOLOR": "1"}
+    proc = subprocess.run([str(bin_dir / "ansible-playbook"), "-i", "localhost,", "-c", "local", "--check",
+                           str(playbook)], capture_output=True, text=True, env=env, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert "RESULT pass pass 6.0" in out
+    assert "enabling peer access failed with CUDA_ERROR_MAP_FAILED (mapping of buffer object failed)" in out
+    assert "failed=1" in out
+
+
+def test_module_documentation_parses():
+    import ast
+    from pathlib import Path
+
+    import yaml
+
+    for name in ("peer_access", "p2p_bandwidth"):
+        source = Path(__file__).resolve().parents[2] / "plugins" / "modules" / (name + ".py")
+        for node in ast.parse(source.read_text()).body:
+            if isinstance(node, ast.Assign) and node.targets[0].id in ("DOCUMENTATION", "EXAMPLES", "RETURN"):
+                assert yaml.safe_load(node.value.value), (name, node.targets[0].id)

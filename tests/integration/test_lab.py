@@ -39,16 +39,19 @@ def provision(*args, timeout=600):
 def leftovers() -> list:
     """Anything of this state directory's lab still running, mounted or in the cgroup tree."""
     lab_dir = str(state.lab_dir())
+    group = f"/rigbook-lab-{state.lab_id()}/"
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            root = os.readlink(entry / "root")
+            cgroups = (entry / "cgroup").read_text()
             args = (entry / "cmdline").read_bytes().decode(errors="replace").replace("\0", " ")
-        except OSError:
+            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue  # exited, waiting for PID 1 to reap it: not running
+        except (OSError, IndexError):
             continue
-        if root.startswith(lab_dir) or (lab_dir in args and ("supervisor" in args or "nspawn" in args)):
+        if group in cgroups or (lab_dir in args and ("supervisor" in args or "nspawn" in args)):
             found.append(f"process {entry.name}: {args[:120]}")
     found += [f"mount {m}" for m in mounts_under(state.lab_dir())]
     for base in machine.CGROUP_MOUNTS:

@@ -118,16 +118,23 @@ def _in_cgroups(host: Host) -> set:
 
 
 def processes_in_root(root: Path) -> set:
-    """Processes whose root directory is ROOT (what runs inside that container)."""
-    target = str(root)
+    """Processes whose root directory is ROOT (what runs inside that container).
+
+    Compared by device and inode: a process in the container's mount namespace reads its root
+    as "/" through readlink, but stat() of /proc/PID/root reaches the same directory."""
+    try:
+        st = os.stat(root)
+    except OSError:
+        return set()
     pids = set()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if os.readlink(entry / "root") == target:
-                    pids.add(int(entry.name))
+                other = os.stat(entry / "root")
             except OSError:
-                pass
+                continue
+            if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
+                pids.add(int(entry.name))
     return pids
 
 
@@ -142,7 +149,7 @@ def processes(host: Host) -> set:
     if nspawn and "systemd-nspawn" in " ".join(_cmdline(nspawn)) and str(host.root) in _cmdline(nspawn):
         pids |= _tree(nspawn, kids)
     pids |= _in_cgroups(host) | processes_in_root(host.root)
-    return {p for p in pids if Path(f"/proc/{p}").exists() and p != os.getpid()}
+    return {p for p in pids if p != os.getpid() and not _is_zombie(p)}  # zombies have exited
 
 
 def rss_kib(host: Host) -> int:

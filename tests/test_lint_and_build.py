@@ -40,3 +40,13 @@ def test_galaxy_collection_build(repo, tmp_path):
     assert "plugins/modules/gpu_inventory.py" in listing and "roles/preflight/tasks/main.yml" in listing
     assert "src/rigbook" not in listing and ".venv" not in listing
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_every_module_documents_itself(repo):
+    env = {"ANSIBLE_COLLECTIONS_PATH": str(collections_path())}
+    modules = sorted(p.stem for p in (repo / "plugins" / "modules").glob("*.py"))
+    assert len(modules) >= 10
+    for name in modules:
+        proc = _run([str(BIN / "ansible-doc"), "--json", f"rigbook.homelab.{name}"], repo, env=env)
+        assert proc.returncode == 0, f"{name}: {proc.stderr}"
+        assert '"short_description"' in proc.stdout, name

@@ -6,7 +6,7 @@
 DOCUMENTATION = r"""
 ---
 module: collectives
-short_description: Judge the collectives layer: sendrecv and all_reduce bus bandwidth and correctness
+short_description: "Judge the collectives layer: sendrecv and all_reduce bus bandwidth and correctness"
 description:
   - Measures sendrecv and all_reduce between the GPUs with nccl-tests / rccl-tests when installed,
     else with the bundled two-process torch.distributed benchmark run by O(python) (the serving venv).

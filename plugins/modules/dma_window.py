@@ -6,7 +6,7 @@
 DOCUMENTATION = r"""
 ---
 module: dma_window
-short_description: Judge the DMA window layer: every GPU BAR within its peers' DMA reach
+short_description: "Judge the DMA window layer: every GPU BAR within its peers' DMA reach"
 description:
   - Each GPU's highest BAR must end below the peer's DMA mask (amdgpu 44 bits, NVIDIA 47 bits) unless the IOMMU translates peer DMA.
   - One GPU gives C(skip).
@@ -23,7 +23,7 @@ options:
     default: /
   profile:
     description:
-      - The host profile, C({gpu: rigbook_gpu, p2p: rigbook_p2p, pins: rigbook_pins}).
+      - "The host profile, C({gpu: rigbook_gpu, p2p: rigbook_p2p, pins: rigbook_pins})."
     type: dict
     default: {}
 attributes:

@@ -6,7 +6,7 @@
 DOCUMENTATION = r"""
 ---
 module: driver_state
-short_description: Judge the driver layer: the pinned driver build is loaded and userspace matches
+short_description: "Judge the driver layer: the pinned driver build is loaded and userspace matches"
 description:
   - NVIDIA: the loaded module is the pinned fork version, installed under updates/ for the running kernel, and the userspace driver has the same version.
   - AMD: amdgpu is loaded, ROCm is the pinned version, and with P2P expected every KFD GPU node has a P2P link.
@@ -23,7 +23,7 @@ options:
     default: /
   profile:
     description:
-      - The host profile, C({gpu: rigbook_gpu, p2p: rigbook_p2p, pins: rigbook_pins}).
+      - "The host profile, C({gpu: rigbook_gpu, p2p: rigbook_p2p, pins: rigbook_pins})."
     type: dict
     default: {}
 attributes:

@@ -6,7 +6,7 @@
 DOCUMENTATION = r"""
 ---
 module: firmware
-short_description: Judge the firmware layer: UEFI boot, large VRAM BARs above 4 GiB (Above-4G, ReBAR)
+short_description: "Judge the firmware layer: UEFI boot, large VRAM BARs above 4 GiB (Above-4G, ReBAR)"
 description:
   - Checks that the box booted UEFI (CSM off), that every GPU's VRAM BAR (NVIDIA BAR1, AMD BAR0) is mapped above 4 GiB and is at least as large as the VRAM or at the largest resizable-BAR size.
   - An NVIDIA BAR1 of 256 MiB means peers cannot map the card: on a board whose BIOS has no ReBAR, P2P is impossible.
@@ -23,7 +23,7 @@ options:
     default: /
   profile:
     description:
-      - The host profile, C({gpu: rigbook_gpu, p2p: rigbook_p2p, pins: rigbook_pins}).
+      - "The host profile, C({gpu: rigbook_gpu, p2p: rigbook_p2p, pins: rigbook_pins})."
     type: dict
     default: {}
 attributes:

@@ -6,7 +6,7 @@
 DOCUMENTATION = r"""
 ---
 module: kernel_state
-short_description: Judge the kernel layer: pinned release, command line, P2PDMA, uvm HMM
+short_description: "Judge the kernel layer: pinned release, command line, P2PDMA, uvm HMM"
 description:
   - The running kernel is the pinned release and its command line has the pinned flags (e.g. C(intel_iommu=on iommu=pt)).
   - AMD with P2P expected: CONFIG_PCI_P2PDMA and CONFIG_HSA_AMD_P2P are built in, and GPUs on different root ports sit under a host bridge the kernel allows for P2PDMA.
@@ -24,7 +24,7 @@ options:
     default: /
   profile:
     description:
-      - The host profile, C({gpu: rigbook_gpu, p2p: rigbook_p2p, pins: rigbook_pins}).
+      - "The host profile, C({gpu: rigbook_gpu, p2p: rigbook_p2p, pins: rigbook_pins})."
     type: dict
     default: {}
 attributes:

@@ -6,7 +6,7 @@
 DOCUMENTATION = r"""
 ---
 module: nccl_transport
-short_description: Judge the NCCL transport layer: every channel via P2P, not a silent SHM fallback
+short_description: "Judge the NCCL transport layer: every channel via P2P, not a silent SHM fallback"
 description:
   - Reads an NCCL/RCCL C(NCCL_DEBUG=INFO) log (given as O(log), from the serving O(unit)'s journal, or from a
     short run of the bundled benchmark with O(python)) and classifies each channel's transport

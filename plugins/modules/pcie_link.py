@@ -6,7 +6,7 @@
 DOCUMENTATION = r"""
 ---
 module: pcie_link
-short_description: Judge the PCIe link layer: generation and width per GPU
+short_description: "Judge the PCIe link layer: generation and width per GPU"
 description:
   - Compares each GPU's link capability (device and upstream port) with the profile's generation and width, and the trained width with the capability.
   - A lower current speed with the right maximum is idle down-clocking, not a fault; a lower width is.
@@ -23,7 +23,7 @@ options:
     default: /
   profile:
     description:
-      - The host profile, C({gpu: rigbook_gpu, p2p: rigbook_p2p, pins: rigbook_pins}).
+      - "The host profile, C({gpu: rigbook_gpu, p2p: rigbook_p2p, pins: rigbook_pins})."
     type: dict
     default: {}
 attributes:

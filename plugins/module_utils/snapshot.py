@@ -10,6 +10,7 @@ judges a live run uses. Serial numbers and UUIDs are scrubbed; nothing else is t
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import time
@@ -91,8 +92,23 @@ def _module_options(text):
     return "\n".join(line for line in text.splitlines() if re.match(r"^\s*options\s+(nvidia|amdgpu)", line))
 
 
-def capture(root, dest, label):
-    """Write the evidence tree of ROOT into DEST; returns a manifest dict."""
+def _live_probe(vendor):
+    """Run the vendor's GPU probe (peer access, copy bandwidth) in a child process."""
+    try:
+        if vendor == "nvidia":
+            from ansible_collections.rigbook.homelab.plugins.module_utils import cuda_probe as probe_mod
+        else:
+            from ansible_collections.rigbook.homelab.plugins.module_utils import hip_probe as probe_mod
+    except ImportError:  # pragma: no cover - direct use outside Ansible
+        probe_mod = __import__("cuda_probe" if vendor == "nvidia" else "hip_probe")
+    return probe_mod.probe_isolated(), "live " + evidence.PROBES[vendor]
+
+
+def capture(root, dest, label, probe=True):
+    """Write the evidence tree of ROOT into DEST; returns a manifest dict.
+
+    Under a live root the GPU probe runs too (PROBE), so a replay can judge peer access and bandwidth.
+    """
     root = root or "/"
     copied = set()
     files = []
@@ -126,6 +142,18 @@ def capture(root, dest, label):
     for props in glob.glob(os.path.join(root, "sys", "class", "kfd", "kfd", "topology", "nodes", "*", "properties")):
         files.append(_copy(root, dest, os.path.relpath(props, root)))
     commands = {}
+    recorded = os.path.join(root, *evidence.COMMANDS_DIR)
+    if not evidence.is_live(root) and os.path.isdir(recorded):
+        # a recorded tree (lab host, earlier snapshot): keep every recorded output, probes included
+        for name in sorted(os.listdir(recorded)):
+            if name.endswith((".txt", ".json")):
+                files.append(_copy(root, dest, os.path.join(*evidence.COMMANDS_DIR + (name,)), scrub))
+    elif probe:
+        for vendor in sorted({g["vendor"] for g in gpus}):
+            data, source = _live_probe(vendor)
+            commands[evidence.PROBES[vendor]] = source
+            rel = os.path.join(*evidence.COMMANDS_DIR + (evidence.PROBES[vendor] + ".json",))
+            files.append(_write(dest, rel, scrub(json.dumps(data, indent=2))))
     for name in sorted(evidence.COMMANDS):
         text, source = evidence.command_output(root, name)
         commands[name] = source

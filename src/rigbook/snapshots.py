@@ -21,6 +21,33 @@ def _module_utils():
     return evidence, ladder_static
 
 
+def judge_tree(tree: str, profile: dict, baseline_metrics: dict | None = None) -> list:
+    """All nine layers on a recorded tree, with the same collectors and judges as a live run."""
+    collections_path()
+    from ansible_collections.rigbook.homelab.plugins.module_utils import collectives, evidence, ladder_static
+    from ansible_collections.rigbook.homelab.plugins.module_utils.ladder_collectives import (
+        judge_collectives,
+        judge_nccl_transport,
+    )
+    from ansible_collections.rigbook.homelab.plugins.module_utils.ladder_module import collect_probe
+    from ansible_collections.rigbook.homelab.plugins.module_utils.ladder_runtime import (
+        judge_p2p_bandwidth,
+        judge_peer_access,
+    )
+
+    baseline_metrics = baseline_metrics or {}
+    tolerance = profile.get("tolerance")
+    verdicts = ladder_static.judge_all(evidence.collect_static(tree), profile)
+    probe = collect_probe(tree, profile)
+    verdicts.append(judge_peer_access(probe, profile))
+    verdicts.append(judge_p2p_bandwidth(probe, profile, baseline_metrics, tolerance))
+    data = collectives.collect_collectives(tree)
+    verdicts.append(judge_collectives(data, profile, baseline_metrics, tolerance))
+    text, source = collectives.collect_nccl_log(tree)
+    verdicts.append(judge_nccl_transport(collectives.transport_evidence(text, source), profile))
+    return verdicts
+
+
 def profile_of(inv, host: str) -> dict:
     merged = inv.host_vars(host)
     return {
@@ -83,7 +110,6 @@ def replay(path: str, as_json: bool) -> int:
     source = Path(path)
     if not source.exists():
         raise UserError(f"--replay {path}: no such file or directory")
-    evidence, ladder_static = _module_utils()
     workdir = None
     try:
         if source.is_file():
@@ -103,8 +129,7 @@ def replay(path: str, as_json: bool) -> int:
         for host_dir in host_dirs:
             profile_file = host_dir / "profile.json"
             profile = json.loads(profile_file.read_text()) if profile_file.is_file() else {}
-            collected = evidence.collect_static(str(host_dir / "tree"))
-            hosts[host_dir.name] = {"ladder": ladder_static.judge_all(collected, profile)}
+            hosts[host_dir.name] = {"ladder": judge_tree(str(host_dir / "tree"), profile)}
     finally:
         if workdir:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -1,0 +1,56 @@
+"""`provision verify --replay`: the real H200 capture and probe judged with no host contacted."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+
+
+def _snapshot_dir(fixtures, tmp_path, profile):
+    host = tmp_path / "snap" / "h200"
+    shutil.copytree(fixtures / "evidence" / "h200-vm", host / "tree", symlinks=True)
+    commands = host / "tree" / "var" / "lib" / "rigbook" / "commands"
+    shutil.copy(fixtures / "probe" / "h200-cuda-probe.json", commands / "cuda-probe.json")
+    (host / "profile.json").write_text(json.dumps(profile))
+    return tmp_path / "snap"
+
+
+def replay(path):
+    return subprocess.run([sys.executable, "-m", "rigbook", "verify", "--replay", str(path), "--json"],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_replay_of_the_real_h200(fixtures, tmp_path):
+    profile = {"gpu": {"vendor": "nvidia", "count": 1, "vram_gib": 141, "pcie": {"gen": 5, "width": 16}},
+               "pins": {"nvidia_driver": {"version": "580.159.04"}}}
+    snap = _snapshot_dir(fixtures, tmp_path, profile)
+    archive = tmp_path / "snap.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(snap / "h200", arcname="h200")
+    for source in (snap, archive):
+        proc = replay(source)
+        assert proc.returncode == 0, proc.stderr
+        ladder = {v["layer"]: v["status"] for v in json.loads(proc.stdout)["hosts"]["h200"]["ladder"]}
+        assert ladder == {"firmware": "warn", "pcie_link": "pass", "dma_window": "skip", "kernel_state": "pass",
+                          "driver_state": "pass", "peer_access": "skip", "p2p_bandwidth": "skip",
+                          "collectives": "unknown", "nccl_transport": "unknown"}
+
+
+def test_replay_fails_on_a_regression(fixtures, tmp_path):
+    profile = {"gpu": {"vendor": "nvidia", "count": 1, "pcie": {"gen": 5, "width": 16}},
+               "pins": {"nvidia_driver": {"version": "615.71.09"}}}
+    proc = replay(_snapshot_dir(fixtures, tmp_path, profile))
+    assert proc.returncode == 1
+    driver = [v for v in json.loads(proc.stdout)["hosts"]["h200"]["ladder"] if v["layer"] == "driver_state"][0]
+    assert driver["status"] == "fail" and "pinned 615.71.09" in driver["why"]
+
+
+def test_replay_bad_input(tmp_path):
+    proc = replay(tmp_path / "missing.tar.gz")
+    assert proc.returncode == 2 and "no such file" in proc.stderr
+    (tmp_path / "junk.tar.gz").write_text("not a tarball")
+    proc = replay(tmp_path / "junk.tar.gz")
+    assert proc.returncode == 2 and "not a snapshot tarball" in proc.stderr

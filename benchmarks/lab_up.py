@@ -45,8 +45,8 @@ def first_build(env: dict) -> float:
 
 
 def memory(env: dict) -> dict:
-    code = ("import json; from rigbook.lab import machine, state; "
-            "print(json.dumps({h.name: machine.rss_kib(h) for h in state.load().hosts}))")
+    code = ("import json; from rigbook.lab import state, tracking; "
+            "print(json.dumps({h.name: tracking.rss_kib(h) for h in state.load().hosts}))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     return {name: kib / 1024 for name, kib in json.loads(proc.stdout).items()}
 

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from rigbook.lab import cli as lab_cli
-from rigbook.lab import machine, state
+from rigbook.lab import machine, state, tracking
 from rigbook.lab.system import LabFailure, mounts_under
 from rigbook.run import ansible_env
 
@@ -54,7 +54,7 @@ def leftovers() -> list:
         if group in cgroups or (lab_dir in args and ("supervisor" in args or "nspawn" in args)):
             found.append(f"process {entry.name}: {args[:120]}")
     found += [f"mount {m}" for m in mounts_under(state.lab_dir())]
-    for base in machine.CGROUP_MOUNTS:
+    for base in tracking.CGROUP_MOUNTS:
         group = Path(base) / f"rigbook-lab-{state.lab_id()}"
         if group.exists():
             found.append(f"cgroup {group}")
@@ -105,7 +105,7 @@ def test_up_boots_two_real_systemd_hosts(lab_up):
     known = (state.ssh_dir() / "known_hosts").read_text().splitlines()
     assert [line.split()[0] for line in known] == ["[127.0.11.1]:2222", "[127.0.11.2]:2222"]
     for host in lab.hosts:
-        assert machine.is_running(host)
+        assert tracking.is_running(host)
         cmd = machine.ssh_command(host, "id -un; sudo -n id -u; ps -p 1 -o comm=; systemctl is-system-running; "
                                         "hostname; ss -ltnH")
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
@@ -142,7 +142,7 @@ def test_bad_input_while_up(lab_up):
     ]:
         proc = provision("lab", *args)
         assert proc.returncode == 2 and message in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
-    assert all(machine.is_running(h) for h in state.load().hosts)
+    assert all(tracking.is_running(h) for h in state.load().hosts)
 
 
 def test_site_yml_runs_on_both(lab_up):
@@ -167,7 +167,7 @@ def test_reboot_through_ansible_comes_back_with_a_new_boot_id(lab_up, tmp_path):
     assert before and after and before != after
     host = state.load().host("lab-3080")
     assert (host.dir / "boots").read_text().strip() == "2"  # the supervisor booted it again
-    assert machine.is_running(host)
+    assert tracking.is_running(host)
     assert (state.load().host("lab-r9700").dir / "boots").read_text().strip() == "1"
 
 
@@ -227,7 +227,7 @@ def test_failed_boot_rolls_everything_back(monkeypatch, capsys):
     """A host that never answers (simulated by failing the readiness wait) leaves nothing behind."""
 
     def never_ready(hosts, timeout=0):
-        assert all(machine.is_running(h) for h in hosts)  # they really were started
+        assert all(tracking.is_running(h) for h in hosts)  # they really were started
         raise LabFailure("lab-r9700 did not come up over SSH (simulated)")
 
     monkeypatch.setattr(machine, "wait_ready", never_ready)

@@ -6,7 +6,7 @@ import shutil
 import time
 
 from rigbook.errors import UserError
-from rigbook.lab import evidence, faults, inventory, machine, rootfs, state, system
+from rigbook.lab import evidence, faults, inventory, machine, rootfs, state, system, tracking
 from rigbook.lab.state import Host, Lab
 from rigbook.lab.system import LabFailure, progress
 
@@ -40,7 +40,7 @@ def _leftovers(lab: Lab) -> list:
     """Anything of LAB still running or mounted (empty when it is really down)."""
     left = []
     for host in lab.hosts:
-        pids = machine.processes(host)
+        pids = tracking.processes(host)
         if pids:
             left.append(f"{host.name}: processes {sorted(pids)}")
     left += [f"mount {m}" for m in system.mounts_under(state.lab_dir())]
@@ -53,7 +53,7 @@ def up(count: int | None, profiles: list | None) -> int:
     with state.locked():
         existing = state.load()
         if existing:
-            running = [h.name for h in existing.hosts if machine.is_running(h)]
+            running = [h.name for h in existing.hosts if tracking.is_running(h)]
             if running:
                 raise UserError(f"the lab is already up ({', '.join(running)} running): "
                                 "run `provision lab down` first")
@@ -112,7 +112,7 @@ def down() -> int:
             progress("the lab is not up; nothing to stop")
             return 0
         for host in lab.hosts:
-            if machine.is_running(host):
+            if tracking.is_running(host):
                 progress(f"{host.name}: shutting down ...")
         _teardown_all(lab)
         left = _leftovers(lab)
@@ -132,9 +132,9 @@ def status() -> int:
         return 0
     print(f"{'host':<14} {'profile':<11} {'state':<8} {'ssh':<21} {'boots':>5} {'rss':>8}  faults")
     for host in lab.hosts:
-        running = machine.is_running(host)
+        running = tracking.is_running(host)
         boots = (host.dir / "boots").read_text().strip() if (host.dir / "boots").exists() else "-"
-        rss = f"{machine.rss_kib(host) / 1024:.0f} MiB" if running else "-"
+        rss = f"{tracking.rss_kib(host) / 1024:.0f} MiB" if running else "-"
         print(f"{host.name:<14} {host.profile:<11} {'running' if running else 'stopped':<8} "
               f"{host.address + ':' + str(host.port):<21} {boots:>5} {rss:>8}  {', '.join(host.faults) or '-'}")
     print(f"rootfs: {lab.rootfs}")

@@ -1,9 +1,8 @@
 """One lab host: its root (overlay on the cached rootfs, or a copy), its config, its container.
 
-The container runs under supervisor.py, started detached and tracked by pid file and by the
-host's own cgroups. Stopping it finds every process that belongs to the host (the supervisor's
-process tree, the host's cgroups, anything whose root directory is the host's root) so that
-nothing is left behind, and nothing else is touched.
+The container runs under supervisor.py, started detached. Stopping it goes through the
+supervisor first, then kills whatever tracking.py still finds of the host, so that nothing is
+left behind, and nothing else is touched.
 """
 
 from __future__ import annotations
@@ -21,9 +20,15 @@ from rigbook.errors import UserError
 from rigbook.lab import evidence, state
 from rigbook.lab.state import Host
 from rigbook.lab.system import LabFailure, progress, python, remove_tree, run, unmount_under
-
-SUPERVISOR = Path(__file__).resolve().with_name("supervisor.py")
-CGROUP_MOUNTS = ("/sys/fs/cgroup", "/sys/fs/cgroup/unified", "/sys/fs/cgroup/systemd")
+from rigbook.lab.tracking import (
+    SUPERVISOR,
+    is_running,
+    make_cgroups,
+    processes,
+    remove_cgroups,
+    supervisor_pid,
+    wait_gone,
+)
 
 
 def is_systemd_host() -> bool:
@@ -55,163 +60,7 @@ def check_port_free(host: Host) -> None:
         sock.close()
 
 
-# --- processes ---------------------------------------------------------------------------
-
-
-def _cmdline(pid: int) -> list:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
-        return []
-
-
-def _read_pid(path: Path) -> int:
-    try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
-        return 0
-
-
-def supervisor_pid(host: Host) -> int:
-    """The host's supervisor pid if that process is alive and really is its supervisor, else 0."""
-    pid = host.supervisor_pid
-    args = _cmdline(pid) if pid else []
-    return pid if str(SUPERVISOR) in args and str(host.dir / "supervisor.json") in args else 0
-
-
-def is_running(host: Host) -> bool:
-    return bool(supervisor_pid(host))
-
-
-def _children_map() -> dict:
-    kids: dict = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        kids.setdefault(ppid, []).append(int(entry.name))
-    return kids
-
-
-def _tree(pid: int, kids: dict) -> set:
-    out, todo = set(), [pid]
-    while todo:
-        p = todo.pop()
-        if p not in out:
-            out.add(p)
-            todo += kids.get(p, [])
-    return out
-
-
-def _in_cgroups(host: Host) -> set:
-    pids = set()
-    for group in host.cgroups:
-        for procs in Path(group).rglob("cgroup.procs") if Path(group).is_dir() else []:
-            try:
-                pids |= {int(x) for x in procs.read_text().split()}
-            except (OSError, ValueError):
-                pass
-    return pids
-
-
-def processes_in_root(root: Path) -> set:
-    """Processes whose root directory is ROOT (what runs inside that container).
-
-    Compared by device and inode: a process in the container's mount namespace reads its root
-    as "/" through readlink, but stat() of /proc/PID/root reaches the same directory."""
-    try:
-        st = os.stat(root)
-    except OSError:
-        return set()
-    pids = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                other = os.stat(entry / "root")
-            except OSError:
-                continue
-            if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
-                pids.add(int(entry.name))
-    return pids
-
-
-def processes(host: Host) -> set:
-    """Every live process that belongs to HOST."""
-    kids = _children_map()
-    pids = set()
-    sup = supervisor_pid(host)
-    if sup:
-        pids |= _tree(sup, kids)
-    nspawn = _read_pid(host.dir / "nspawn.pid")
-    if nspawn and "systemd-nspawn" in " ".join(_cmdline(nspawn)) and str(host.root) in _cmdline(nspawn):
-        pids |= _tree(nspawn, kids)
-    pids |= _in_cgroups(host) | processes_in_root(host.root)
-    return {p for p in pids if p != os.getpid() and not _is_zombie(p)}  # zombies have exited
-
-
-def rss_kib(host: Host) -> int:
-    total = 0
-    for pid in processes(host):
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-        except (OSError, ValueError):
-            pass
-    return total
-
-
 # --- creating and starting ----------------------------------------------------------------
-
-
-def _cgroup_roots() -> list:
-    """Mounted cgroup hierarchies nspawn and the container's systemd use: v2, and v1 name=systemd."""
-    roots = []
-    with open("/proc/self/mountinfo", encoding="utf-8") as fh:
-        for line in fh:
-            left, _, right = line.partition(" - ")
-            point, fstype, opts = left.split()[4], right.split()[0], right.split()[-1]
-            if point in CGROUP_MOUNTS and (fstype == "cgroup2" or "name=systemd" in opts.split(",")):
-                roots.append(point)
-    return roots
-
-
-def make_cgroups(host: Host) -> list:
-    groups = []
-    for root in _cgroup_roots():
-        group = Path(root) / f"rigbook-lab-{state.lab_id()}" / host.name
-        group.mkdir(parents=True, exist_ok=True)
-        groups.append(str(group))
-    return groups
-
-
-def _rmdir(d: Path) -> None:
-    """rmdir a cgroup; the kernel may need a moment after its last process exits."""
-    for _ in range(50):
-        try:
-            d.rmdir()
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            time.sleep(0.1)
-    d.rmdir()
-
-
-def remove_cgroups(host: Host) -> None:
-    for group in host.cgroups:
-        g = Path(group)
-        if g.is_dir():
-            for d in sorted((p for p in g.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
-                _rmdir(d)
-            _rmdir(g)
-        try:
-            g.parent.rmdir()  # rigbook-lab-<id>, once its last host is gone
-        except OSError:
-            pass
 
 
 def prepare_root(host: Host, rootfs: Path) -> None:
@@ -348,31 +197,15 @@ def wait_ready(hosts: list, timeout: float = 120.0) -> None:
 # --- stopping ------------------------------------------------------------------------------
 
 
-def _wait_gone(pids: set, seconds: float) -> set:
-    deadline = time.monotonic() + seconds
-    while True:
-        alive = {p for p in pids if Path(f"/proc/{p}").exists() and not _is_zombie(p)}
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.1)
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return True
-
-
 def stop(host: Host, timeout: float = 30.0) -> None:
     """Orderly shutdown through the supervisor; SIGKILL for whatever is left after TIMEOUT."""
     sup = supervisor_pid(host)
     deadline = time.monotonic() + timeout
-    while sup and _wait_gone({sup}, 0) and time.monotonic() < deadline:
+    while sup and wait_gone({sup}, 0) and time.monotonic() < deadline:
         # Repeated: a container still in early boot has no handler for the shutdown signal yet,
         # and the kernel drops it; nspawn passes it on again each time it gets SIGTERM.
         os.kill(sup, signal.SIGTERM)
-        _wait_gone({sup}, 2)
+        wait_gone({sup}, 2)
     left = processes(host)
     if left:
         progress(f"{host.name}: {len(left)} processes did not stop in {timeout:.0f} s; killing them")
@@ -381,7 +214,7 @@ def stop(host: Host, timeout: float = 30.0) -> None:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        left = _wait_gone(left, 10)
+        left = wait_gone(left, 10)
     if left:
         raise LabFailure(f"{host.name}: processes {sorted(left)} survived SIGKILL")
 

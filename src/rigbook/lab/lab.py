@@ -75,6 +75,7 @@ def up(count: int | None, profiles: list | None) -> int:
         except BaseException as exc:
             progress(f"rolling back ({type(exc).__name__}): stopping what was started ...")
             _teardown_all(lab)
+            system.remove_tree(state.lab_dir() / "hosts")
             shutil.rmtree(state.lab_dir() / "inventory", ignore_errors=True)
             shutil.rmtree(state.ssh_dir(), ignore_errors=True)
             state.state_file().unlink(missing_ok=True)

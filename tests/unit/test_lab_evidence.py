@@ -84,8 +84,10 @@ def test_x99_3080_facts(tmp_path):
     assert [g["bus_id"] for g in smi["gpus"]] == ["0000:03:00.0", "0000:04:00.0"]
     log = parse_nccl.parse((tree / "var/lib/rigbook/commands/nccl-log.txt").read_text())
     assert log["path"] == "shm" and log["all_direct_p2p"] is False
-    figures = json.loads((tree / "var/lib/rigbook/commands/collectives.json").read_text())
-    assert figures["bandwidth_gbs"]["p2p_0_to_1"] == figures["bandwidth_gbs"]["host_staged"] == 6.0
+    probe = json.loads((tree / "var/lib/rigbook/commands/cuda-probe.json").read_text())
+    assert [(p["enable_peer"], p["peer_gbs"], p["host_staged_gbs"]) for p in probe["pairs"]] == [
+        ("CUDA_ERROR_MAP_FAILED", 6.0, 6.0)] * 2
+    assert not (tree / "var/lib/rigbook/commands/collectives.json").exists()  # none published
 
 
 def test_x99_r9700_facts(tmp_path):
@@ -105,11 +107,12 @@ def test_x99_r9700_facts(tmp_path):
     log = parse_nccl.parse((tree / "var/lib/rigbook/commands/nccl-log.txt").read_text())
     assert log["nccl_version"] == "2.27.7"
     assert log["path"] == "p2p" and log["all_direct_p2p"] is True and log["transports"] == ["P2P/IPC"]
+    probe = json.loads((tree / "var/lib/rigbook/commands/hip-probe.json").read_text())
+    assert [p["peer_gbs"] for p in probe["pairs"]] == [10.29, 10.29] and probe["bidir"][0]["gbs"] == 19.7
+    assert all(p["ipc"]["ok"] and p["enable_peer"] == "ok" for p in probe["pairs"])
     figures = json.loads((tree / "var/lib/rigbook/commands/collectives.json").read_text())
-    assert figures["bandwidth_gbs"] == {"p2p_0_to_1": 10.29, "p2p_1_to_0": 10.29, "bidirectional": 19.7,
-                                        "host_staged": None}
-    assert figures["collectives"]["sendrecv_busbw_gbs"] == 9.75
-    assert figures["collectives"]["all_reduce_busbw_gbs"] == 9.51
+    rows = {r["op"]: r for r in figures["results"]}
+    assert rows["sendrecv"]["busbw_gbs"] == 9.75 and rows["all_reduce"]["busbw_gbs"] == 9.51
 
 
 def test_profiles_say_they_are_reconstructions():

@@ -136,15 +136,24 @@ def test_nccl_shm_fallback(tmp_path):
     tree = broken(tmp_path, "x99-r9700", "nccl-shm-fallback")
     log = parse_nccl.parse(read(tree, "var/lib/rigbook/commands/nccl-log.txt"))
     assert log["path"] == "shm" and log["all_direct_p2p"] is False
-    assert json.loads(read(tree, "var/lib/rigbook/commands/collectives.json"))["transport"] == "SHM/direct/direct"
 
 
 def test_busbw_half(tmp_path):
     tree = broken(tmp_path, "x99-r9700", "busbw-half")
     figures = json.loads(read(tree, "var/lib/rigbook/commands/collectives.json"))
-    assert figures["collectives"]["all_reduce_busbw_gbs"] == pytest.approx(9.51 / 2)
-    assert figures["collectives"]["sendrecv_busbw_gbs"] == pytest.approx(9.75 / 2)
-    assert figures["bandwidth_gbs"]["p2p_0_to_1"] == 10.29  # not a busbw figure
+    rows = {r["op"]: r for r in figures["results"]}
+    assert rows["all_reduce"]["busbw_gbs"] == pytest.approx(9.51 / 2)
+    assert rows["sendrecv"]["busbw_gbs"] == pytest.approx(9.75 / 2)
+    assert rows["sendrecv"]["size_bytes"] == 1 << 30  # not a bandwidth figure
+    assert rows["sendrecv"]["wrong"] == 0
+
+
+def test_p2p_bandwidth_half_scales_only_copy_figures(tmp_path):
+    tree = broken(tmp_path, "x99-3080", "p2p-bandwidth-half")
+    probe = json.loads(read(tree, "var/lib/rigbook/commands/cuda-probe.json"))
+    assert [p["peer_gbs"] for p in probe["pairs"]] == [3.0, 3.0]
+    assert [p["host_staged_gbs"] for p in probe["pairs"]] == [3.0, 3.0]
+    assert probe["size_bytes"] == 256 << 20 and probe["pairs"][0]["src"] == 0
 
 
 def test_faults_stack_and_a_fresh_tree_heals(tmp_path):
@@ -167,7 +176,7 @@ def test_unknown_fault():
         faults.get_fault("bar1-128m")
 
 
-GOOD = {"faults": {"x": {"layer": "kernel", "description": "a description", "edits": [
+GOOD = {"faults": {"x": {"layer": "kernel_state", "description": "a description", "edits": [
     {"set": "proc/cmdline", "content": "ro\n"}]}}}
 
 

@@ -21,8 +21,8 @@ from rigbook.lab import evidence
 
 FAULTS_FILE = Path(__file__).resolve().parent / "faults.yml"
 LAYERS = [
-    "firmware", "pcie_link", "dma_window", "kernel", "driver",
-    "peer_access", "p2p_bandwidth", "collectives", "transport", "serving",
+    "firmware", "pcie_link", "dma_window", "kernel_state", "driver_state",
+    "peer_access", "p2p_bandwidth", "collectives", "nccl_transport", "serving",
 ]
 OPS = ("set", "replace", "remove", "copy", "scale", "bar")
 _PLACEHOLDER = re.compile(r"\{(release|upgraded_release|bdf|index|port)\}")
@@ -173,9 +173,11 @@ class _View:
 
 
 def _scale(data, pattern, factor, prefix=""):
+    """Multiply the numbers whose dotted key path (list items by index: results.0.busbw_gbs) matches."""
     if isinstance(data, dict):
-        return {k: _scale(v, pattern, factor, f"{prefix}{k}" if not prefix else f"{prefix}.{k}")
-                for k, v in data.items()}
+        return {k: _scale(v, pattern, factor, f"{prefix}.{k}" if prefix else str(k)) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_scale(v, pattern, factor, f"{prefix}.{i}" if prefix else str(i)) for i, v in enumerate(data)]
     if isinstance(data, (int, float)) and not isinstance(data, bool) and pattern.search(prefix):
         return round(data * factor, 6)
     return data

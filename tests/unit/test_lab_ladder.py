@@ -1,0 +1,81 @@
+"""Every lab fault breaks the ladder at exactly its declared layer (recorded trees, judged in-process).
+
+The same matrix runs end to end over SSH in tests/integration/test_ladder_lab.py; this one is the
+fast guard on the fault data and the judges.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from rigbook.baselines import metrics_of
+from rigbook.lab import evidence, faults
+from rigbook.snapshots import judge_tree, profile_of
+from rigbook.validate import validate
+
+HOSTS = {"x99-r9700": "lab-r9700", "x99-3080": "lab-3080"}
+NEEDS_BASELINE = {"busbw-half", "p2p-bandwidth-half"}
+# The X99 TF box already has these (BAR1 256 MiB, SHM path, no collective figures published).
+ALREADY_TRUE = {("bar1-256m", "x99-3080"), ("rebar-off", "x99-3080"), ("nccl-shm-fallback", "x99-3080"),
+                ("busbw-half", "x99-3080")}
+
+
+def _cases():
+    for name in faults.fault_names():
+        fault = faults.get_fault(name)
+        for profile in HOSTS:
+            vendor = evidence.load_profile(profile)["vendor"]
+            if fault.get("vendors") and vendor not in fault["vendors"]:
+                continue
+            yield name, profile
+
+
+def _tree(tmp_path, profile, fault=None):
+    tree = evidence.materialize(profile, tmp_path / f"{profile}-{fault or 'healthy'}")
+    if fault:
+        changes = faults.plan(fault, tree, evidence.load_profile(profile))
+        if not changes:
+            return None
+        faults.apply(changes)
+    return str(tree)
+
+
+@pytest.fixture(scope="module")
+def inv():
+    return validate("inventory/lab")
+
+
+def test_healthy_profiles(tmp_path, inv):
+    r9700 = {v["layer"]: v["status"] for v in judge_tree(_tree(tmp_path, "x99-r9700"), profile_of(inv, "lab-r9700"))}
+    assert set(r9700.values()) == {"pass"}, r9700
+    x3080 = judge_tree(_tree(tmp_path, "x99-3080"), profile_of(inv, "lab-3080"))
+    statuses = {v["layer"]: v["status"] for v in x3080}
+    assert statuses.pop("firmware") == "warn" and "BAR1 256 MiB" in x3080[0]["why"]
+    assert statuses.pop("collectives") == "unknown"  # the write-up published no collective figures
+    assert set(statuses.values()) == {"pass"}, statuses
+
+
+@pytest.mark.parametrize("fault,profile", list(_cases()))
+def test_fault_fails_at_its_layer(tmp_path, inv, fault, profile):
+    host = HOSTS[profile]
+    baseline = None
+    if fault in NEEDS_BASELINE:
+        baseline = metrics_of(judge_tree(_tree(tmp_path, profile), profile_of(inv, host)))
+    tree = _tree(tmp_path, profile, fault)
+    if tree is None:  # already true of this profile: `lab break` refuses it
+        assert (fault, profile) in ALREADY_TRUE
+        return
+    verdicts = judge_tree(tree, profile_of(inv, host), baseline)
+    if profile_of(inv, host)["p2p"].get("expected") is False and faults.get_fault(fault)["layer"] == "firmware":
+        # a box declared without P2P is told, not failed, about its firmware
+        assert verdicts[0]["status"] == "warn" and "declared unavailable" in verdicts[0]["why"]
+        return
+    failed = [v for v in verdicts if v["status"] == "fail"]
+    assert failed, f"{fault} on {profile} failed no layer"
+    first = failed[0]
+    assert first["layer"] == faults.get_fault(fault)["layer"], first
+    assert first["measured"] is not None and first["why"]
+    if fault in NEEDS_BASELINE:
+        assert "vs baseline" in first["why"] and "(0.50x)" in first["why"]
+    lower = [v for v in verdicts[: verdicts.index(first)] if v["status"] not in ("pass", "warn", "skip", "unknown")]
+    assert not lower

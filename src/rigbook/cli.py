@@ -60,6 +60,8 @@ def _sub_parser(name: str) -> argparse.ArgumentParser:
     elif name in ("verify", "snapshot"):
         p.add_argument("-i", "--inventory", required=name == "snapshot", help="homelab, lab or a path")
         p.add_argument("-l", "--limit", help="further limit the hosts (Ansible pattern)")
+        p.add_argument("-e", "--extra-vars", action="append", default=[], metavar="K=V|@FILE",
+                       help="extra variables, e.g. a profile override (repeatable)")
         p.add_argument("--json", action="store_true", help="one JSON summary on stdout")
         p.add_argument("--junit", metavar="FILE", help="write a JUnit XML report")
         p.add_argument("-v", "--verbose", action="count", default=0)
@@ -128,6 +130,7 @@ def _verify_or_snapshot(name: str, args) -> int:
         inventory=args.inventory,
         limit=args.limit,
         tags=getattr(args, "tags", None),
+        extra_vars=args.extra_vars,
         json=args.json,
         junit=args.junit,
         verbosity=args.verbose,

@@ -3,14 +3,13 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The body every ladder module shares: collect, judge, exit (fail on a `fail` verdict).
 
-run_layer() serves the static layers; run_runtime_layer() the layers that measure through the GPU
-driver (peer_access, p2p_bandwidth), with the probe chosen by rigbook_gpu.vendor.
+run_layer() serves the static layers. The layers that measure through the GPU driver live in
+runtime_module.py, so the static modules' payloads carry none of the probe code.
 """
 
 from __future__ import annotations
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.rigbook.homelab.plugins.module_utils import cuda_probe, hip_probe
 from ansible_collections.rigbook.homelab.plugins.module_utils import evidence as evidence_mod
 from ansible_collections.rigbook.homelab.plugins.module_utils.ladder_static import JUDGES
 
@@ -34,74 +33,6 @@ def run_layer(layer):
     root = module.params["root"]
     evidence = evidence_mod.collect_static(root, evidence_mod.LAYER_PARTS[layer])
     verdict = JUDGES[layer](evidence, module.params["profile"] or {})
-    result = dict(changed=False, verdict=verdict, evidence=evidence, msg=message(verdict))
-    if verdict["status"] == "fail":
-        module.fail_json(**result)
-    if verdict["status"] in ("warn", "unknown"):
-        module.warn(result["msg"])
-    module.exit_json(**result)
-
-
-RUNTIME_SPEC = dict(
-    root=dict(type="path", default="/"),
-    profile=dict(type="dict", default={}),
-    baseline=dict(type="dict", default={}),
-    tolerance=dict(type="dict", default={}),
-    size_bytes=dict(type="int", default=cuda_probe.DEFAULT_SIZE),
-    reps=dict(type="int", default=cuda_probe.DEFAULT_REPS),
-    deadline_s=dict(type="float"),
-    ipc_legacy=dict(type="bool"),
-    evidence=dict(type="dict"),
-)
-
-
-def ipc_legacy_of(profile):
-    """HSA_ENABLE_IPC_MODE_LEGACY pinned in rigbook_pins.rocm.hsa_env, as a bool (None when not pinned)."""
-    env = (((profile.get("pins") or {}).get("rocm") or {}).get("hsa_env")) or {}
-    value = env.get(hip_probe.IPC_ENV)
-    return None if value is None else str(value).strip() not in ("0", "false", "False", "")
-
-
-def collect_probe(root, profile, size_bytes=cuda_probe.DEFAULT_SIZE, reps=cuda_probe.DEFAULT_REPS,
-                  deadline_s=None, ipc_legacy=None):
-    """The runtime evidence: the vendor's probe (both tried when the vendor is unknown), live or recorded."""
-    vendor = (profile.get("gpu") or {}).get("vendor")
-    vendors = [vendor] if vendor in evidence_mod.PROBES else ["nvidia", "amd"]
-    if ipc_legacy is None:
-        ipc_legacy = ipc_legacy_of(profile)
-    live = {
-        "nvidia": lambda: cuda_probe.probe_isolated(
-            size_bytes=size_bytes, reps=reps, deadline_s=deadline_s or cuda_probe.DEFAULT_DEADLINE_S),
-        "amd": lambda: hip_probe.probe_isolated(
-            size_bytes=size_bytes, reps=reps, deadline_s=deadline_s or hip_probe.DEFAULT_DEADLINE_S,
-            ipc_legacy=ipc_legacy),
-    }
-    tried = []
-    for name in vendors:
-        data, source = evidence_mod.probe_output(root, evidence_mod.PROBES[name], live[name])
-        data = dict(data, source=source)
-        if data.get("available"):
-            return data
-        tried.append(data)
-    if len(tried) > 1:
-        return dict(tried[0], error="; ".join("%s: %s" % (t.get("api"), t.get("error")) for t in tried))
-    return tried[0]
-
-
-def run_runtime_layer(layer, judge):
-    """A runtime layer's module: JUDGE(evidence, profile, params) -> verdict over the probe's evidence.
-
-    The probe only reads and measures (device memory it allocates is freed), so check mode runs it too.
-    params["evidence"] judges a probe result already taken (e.g. registered from peer_access) instead.
-    """
-    module = AnsibleModule(argument_spec=RUNTIME_SPEC, supports_check_mode=True)
-    params = module.params
-    profile = params["profile"] or {}
-    evidence = params["evidence"]
-    if not evidence:
-        evidence = collect_probe(params["root"], profile, params["size_bytes"], params["reps"],
-                                 params["deadline_s"], params["ipc_legacy"])
-    verdict = judge(evidence, profile, params)
     result = dict(changed=False, verdict=verdict, evidence=evidence, msg=message(verdict))
     if verdict["status"] == "fail":
         module.fail_json(**result)

@@ -29,11 +29,11 @@ def judge_tree(tree: str, profile: dict, baseline_metrics: dict | None = None) -
         judge_collectives,
         judge_nccl_transport,
     )
-    from ansible_collections.rigbook.homelab.plugins.module_utils.ladder_module import collect_probe
     from ansible_collections.rigbook.homelab.plugins.module_utils.ladder_runtime import (
         judge_p2p_bandwidth,
         judge_peer_access,
     )
+    from ansible_collections.rigbook.homelab.plugins.module_utils.runtime_module import collect_probe
 
     baseline_metrics = baseline_metrics or {}
     tolerance = profile.get("tolerance")

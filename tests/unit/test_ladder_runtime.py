@@ -11,7 +11,7 @@ import json
 import shutil
 
 import pytest
-from ansible_collections.rigbook.homelab.plugins.module_utils import evidence, ladder_module
+from ansible_collections.rigbook.homelab.plugins.module_utils import evidence, ladder_module, runtime_module
 from ansible_collections.rigbook.homelab.plugins.module_utils import ladder_runtime as R
 
 
@@ -303,18 +303,18 @@ def test_collect_probe_picks_the_vendor_recording(tmp_path, fixtures):
     commands = tmp_path.joinpath("var", "lib", "rigbook", "commands")
     commands.mkdir(parents=True)
     shutil.copy(fixtures / "probe" / "h200-cuda-probe.json", commands / "cuda-probe.json")
-    data = ladder_module.collect_probe(str(tmp_path), H200)
+    data = runtime_module.collect_probe(str(tmp_path), H200)
     assert data["api"] == "cuda" and data["source"].startswith("recorded")
-    unknown_vendor = ladder_module.collect_probe(str(tmp_path), {})
+    unknown_vendor = runtime_module.collect_probe(str(tmp_path), {})
     assert unknown_vendor["api"] == "cuda"
-    amd = ladder_module.collect_probe(str(tmp_path), R9700)
+    amd = runtime_module.collect_probe(str(tmp_path), R9700)
     assert amd["available"] is False and "hip-probe.json" in amd["error"]
 
 
 def test_ipc_legacy_follows_the_rocm_pin():
-    assert ladder_module.ipc_legacy_of({"pins": {"rocm": {"hsa_env": {"HSA_ENABLE_IPC_MODE_LEGACY": "0"}}}}) is False
-    assert ladder_module.ipc_legacy_of({"pins": {"rocm": {"hsa_env": {"HSA_ENABLE_IPC_MODE_LEGACY": "1"}}}}) is True
-    assert ladder_module.ipc_legacy_of({}) is None
+    assert runtime_module.ipc_legacy_of({"pins": {"rocm": {"hsa_env": {"HSA_ENABLE_IPC_MODE_LEGACY": "0"}}}}) is False
+    assert runtime_module.ipc_legacy_of({"pins": {"rocm": {"hsa_env": {"HSA_ENABLE_IPC_MODE_LEGACY": "1"}}}}) is True
+    assert runtime_module.ipc_legacy_of({}) is None
 
 
 def test_replay_of_the_real_h200_probe(fixtures):

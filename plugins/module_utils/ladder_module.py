@@ -32,7 +32,11 @@ def run_layer(layer):
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     root = module.params["root"]
     evidence = evidence_mod.collect_static(root, evidence_mod.LAYER_PARTS[layer])
-    verdict = JUDGES[layer](evidence, module.params["profile"] or {})
+    finish(module, JUDGES[layer](evidence, module.params["profile"] or {}), evidence)
+
+
+def finish(module, verdict, evidence):
+    """Every ladder module ends here: fail the task on a fail verdict, warn on warn/unknown."""
     result = dict(changed=False, verdict=verdict, evidence=evidence, msg=message(verdict))
     if verdict["status"] == "fail":
         module.fail_json(**result)

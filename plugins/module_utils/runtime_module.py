@@ -11,7 +11,7 @@ from __future__ import annotations
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.rigbook.homelab.plugins.module_utils import cuda_probe, hip_probe
 from ansible_collections.rigbook.homelab.plugins.module_utils import evidence as evidence_mod
-from ansible_collections.rigbook.homelab.plugins.module_utils.ladder_module import message
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder_module import finish
 
 RUNTIME_SPEC = dict(
     root=dict(type="path", default="/"),
@@ -72,10 +72,4 @@ def run_runtime_layer(layer, judge):
     if not evidence:
         evidence = collect_probe(params["root"], profile, params["size_bytes"], params["reps"],
                                  params["deadline_s"], params["ipc_legacy"])
-    verdict = judge(evidence, profile, params)
-    result = dict(changed=False, verdict=verdict, evidence=evidence, msg=message(verdict))
-    if verdict["status"] == "fail":
-        module.fail_json(**result)
-    if verdict["status"] in ("warn", "unknown"):
-        module.warn(result["msg"])
-    module.exit_json(**result)
+    finish(module, judge(evidence, profile, params), evidence)

@@ -17,14 +17,6 @@ version_added: "1.0.0"
 author:
   - rigbook developers
 options:
-  root:
-    description: Evidence root.
-    type: path
-    default: /
-  profile:
-    description: The host profile, C({gpu, p2p, pins}).
-    type: dict
-    default: {}
   baseline:
     description: Recorded metrics of a known-good run (C(sendrecv_busbw_gbs), C(all_reduce_busbw_gbs)).
     type: dict
@@ -51,11 +43,8 @@ options:
     description: Extra environment for the benchmark (e.g. NCCL_P2P_LEVEL).
     type: dict
     default: {}
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
+extends_documentation_fragment:
+  - rigbook.homelab.ladder
 """
 
 EXAMPLES = r"""
@@ -80,7 +69,7 @@ evidence:
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.rigbook.homelab.plugins.module_utils.collectives import collect_collectives
 from ansible_collections.rigbook.homelab.plugins.module_utils.ladder_collectives import judge_collectives
-from ansible_collections.rigbook.homelab.plugins.module_utils.ladder_module import message
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder_module import finish
 
 
 def main():
@@ -104,10 +93,7 @@ def main():
                                gpus=gpus, env={k: str(v) for k, v in p["env"].items()})
     tolerance = dict(p["profile"].get("tolerance") or {}, **p["tolerance"])
     verdict = judge_collectives(data, p["profile"], p["baseline"], tolerance or None)
-    result = dict(changed=False, verdict=verdict, evidence=data, msg=message(verdict))
-    if verdict["status"] == "fail":
-        module.fail_json(**result)
-    module.exit_json(**result)
+    finish(module, verdict, data)
 
 
 if __name__ == "__main__":

@@ -17,21 +17,8 @@ description:
 version_added: "1.0.0"
 author:
   - rigbook developers
-options:
-  root:
-    description: Evidence root.
-    type: path
-    default: /
-  profile:
-    description:
-      - "The host profile, C({gpu: rigbook_gpu, p2p: rigbook_p2p, pins: rigbook_pins})."
-    type: dict
-    default: {}
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
+extends_documentation_fragment:
+  - rigbook.homelab.ladder
 """
 
 EXAMPLES = r"""

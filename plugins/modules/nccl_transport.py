@@ -18,14 +18,6 @@ version_added: "1.0.0"
 author:
   - rigbook developers
 options:
-  root:
-    description: Evidence root.
-    type: path
-    default: /
-  profile:
-    description: The host profile, C({gpu, p2p, pins}).
-    type: dict
-    default: {}
   log:
     description: NCCL INFO log text (e.g. from the collectives task).
     type: str
@@ -39,11 +31,8 @@ options:
     description: Extra environment for that run (e.g. NCCL_P2P_LEVEL).
     type: dict
     default: {}
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
+extends_documentation_fragment:
+  - rigbook.homelab.ladder
 """
 
 EXAMPLES = r"""
@@ -67,7 +56,7 @@ evidence:
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.rigbook.homelab.plugins.module_utils.collectives import collect_nccl_log, transport_evidence
 from ansible_collections.rigbook.homelab.plugins.module_utils.ladder_collectives import judge_nccl_transport
-from ansible_collections.rigbook.homelab.plugins.module_utils.ladder_module import message
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder_module import finish
 
 
 def main():
@@ -87,10 +76,7 @@ def main():
                                     env={k: str(v) for k, v in p["env"].items()})
     parsed = transport_evidence(text, source)
     verdict = judge_nccl_transport(parsed, p["profile"])
-    result = dict(changed=False, verdict=verdict, evidence=parsed, msg=message(verdict))
-    if verdict["status"] == "fail":
-        module.fail_json(**result)
-    module.exit_json(**result)
+    finish(module, verdict, parsed)
 
 
 if __name__ == "__main__":

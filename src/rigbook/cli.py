@@ -77,6 +77,8 @@ def _sub_parser(name: str) -> argparse.ArgumentParser:
         p.add_argument("hosts", nargs="*", help="show: only these hosts")
         p.add_argument("-i", "--inventory", help="record: homelab, lab or a path")
         p.add_argument("-l", "--limit", help="record: further limit the hosts")
+        p.add_argument("-e", "--extra-vars", action="append", default=[], metavar="K=V|@FILE",
+                       help="record: extra variables (repeatable)")
         p.add_argument("--json", action="store_true", help="record: one JSON summary on stdout")
         p.add_argument("-v", "--verbose", action="count", default=0)
     elif name == "parse":
@@ -109,7 +111,7 @@ def _baseline(args) -> int:
 
     return run_playbook(
         RunOptions(playbook="verify.yml", inventory=args.inventory, limit=args.limit, json=args.json,
-                   verbosity=args.verbose, baseline_mode="record")
+                   extra_vars=args.extra_vars, verbosity=args.verbose, baseline_mode="record")
     )
 
 

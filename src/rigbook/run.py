@@ -58,8 +58,56 @@ def resolve_inventory(name: str) -> Path:
     raise UserError(f"inventory {name!r} not found (not a path, not in {base}; available: {available})")
 
 
-def ansible_env() -> dict:
-    """Environment for ansible-playbook: rigbook's speed defaults, the collection, and our venv first."""
+MITOGEN_OFF = ("0", "off", "no", "false")
+
+
+def mitogen_strategy() -> tuple:
+    """(strategy plugin dir, message) when mitogen is installed and supports the running ansible-core;
+    (None, message) otherwise. The message says which, and why not (None message: not installed, say nothing).
+
+    RIGBOOK_MITOGEN=off turns it off. ansible-core 2.19 deprecated third-party strategy plugins: mitogen's own
+    release check (ansible_mitogen.loaders.assert_supported_release) decides whether this ansible-core is supported.
+    """
+    import importlib.util
+
+    if os.environ.get("RIGBOOK_MITOGEN", "").strip().lower() in MITOGEN_OFF:
+        return None, "mitogen: off (RIGBOOK_MITOGEN)"
+    try:
+        spec = importlib.util.find_spec("ansible_mitogen")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        return None, None
+    from ansible import __version__ as ansible_version
+
+    try:
+        from importlib.metadata import version
+
+        mitogen_version = version("mitogen")
+    except Exception:  # noqa: BLE001 - a source checkout without metadata
+        mitogen_version = "unknown version"
+    try:
+        from ansible_mitogen import loaders
+
+        loaders.assert_supported_release()
+        newest = getattr(loaders, "ANSIBLE_VERSION_MAX", None)
+        if newest and tuple(int(p) for p in ansible_version.split(".")[:2]) > tuple(newest):
+            raise RuntimeError(f"supports ansible-core up to {'.'.join(map(str, newest))}")
+    except Exception as exc:  # noqa: BLE001 - any import or support failure means: run without it
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return None, (f"mitogen {mitogen_version} does not support ansible-core {ansible_version} ({reason}): "
+                      "running with the default strategy")
+    strategy = Path(list(spec.submodule_search_locations)[0]) / "plugins" / "strategy"
+    if not (strategy / "mitogen_linear.py").is_file():
+        return None, (f"mitogen {mitogen_version} has no strategy plugins at {strategy}: "
+                      "running with the default strategy")
+    return str(strategy), f"mitogen {mitogen_version}: on (strategy mitogen_linear, ansible-core {ansible_version})"
+
+
+def ansible_env(mitogen: bool = True) -> dict:
+    """Environment for ansible-playbook: rigbook's speed defaults, the collection, and our venv first.
+
+    With MITOGEN (the default) the mitogen strategy is used when mitogen_strategy() finds it usable."""
     collections = paths.collections_path()
     state = paths.state_dir().resolve()
     bin_dir = str(Path(sys.executable).parent)
@@ -81,6 +129,10 @@ def ansible_env() -> dict:
         "ANSIBLE_DEPRECATION_WARNINGS": "False",
         "ANSIBLE_LOCAL_TEMP": str(state / "tmp"),
     }
+    strategy = mitogen_strategy()[0] if mitogen else None
+    if strategy:
+        env["ANSIBLE_STRATEGY_PLUGINS"] = strategy
+        env["ANSIBLE_STRATEGY"] = "mitogen_linear"
     return env
 
 
@@ -160,6 +212,9 @@ def run_playbook(opts: RunOptions) -> int:
             terminate_tree(os.getpid())
         return interrupted["flag"]
 
+    mitogen_message = mitogen_strategy()[1]
+    if mitogen_message:
+        print(mitogen_message, file=progress_stream, flush=True)
     previous = signal.signal(signal.SIGINT, on_sigint)
     mode = " (check mode)" if opts.check else ""
     title = f"provision {playbook.name} -i {inventory.name}{mode}"

@@ -121,19 +121,82 @@ def configure(host: Host, client_pubkey: str) -> str:
     _put(root, f"home/{state.USER}/.ssh/authorized_keys", client_pubkey, 0o600, owner)
     remove_tree(host.evidence)
     evidence.materialize(host.profile, host.evidence)
+    install_boot_hook(root)
     return " ".join(pub.split()[:2])
+
+
+# Directories of this machine shared with every lab host (created before boot):
+# - the offline artifact directory (driver tarballs, installers, pip wheels), read-only, same path inside;
+# - one apt download cache for all hosts, so kernel images and headers are fetched once per machine.
+ARTIFACTS_DIR = Path("/var/cache/rigbook/artifacts")
+APT_CACHE_DIR = Path("/var/cache/rigbook/lab-apt-archives")
+
+
+def shared_dirs() -> list:
+    """[(source on this machine, target inside the host, ro|rw)], from RIGBOOK_LAB_ARTIFACTS / _APT_CACHE too."""
+    artifacts = Path(os.environ.get("RIGBOOK_LAB_ARTIFACTS") or ARTIFACTS_DIR)
+    apt_cache = Path(os.environ.get("RIGBOOK_LAB_APT_CACHE") or APT_CACHE_DIR)
+    return [(artifacts, str(ARTIFACTS_DIR), "ro"), (apt_cache, "/var/cache/apt/archives", "rw")]
+
+
+# Lab-only boot hook (docs/lab.md, "Kernels in the lab"): a container runs the machine's kernel, so the
+# kernel a lab host "boots" is chosen the way GRUB would choose it and written into the evidence tree.
+BOOT_HOOK = r"""#!/bin/sh
+# rigbook lab hook (not part of a real box): at each boot, record in the evidence tree the kernel GRUB
+# would boot here: the GRUB_DEFAULT entry of /etc/default/grub.d/rigbook.cfg when that kernel is
+# installed, else the newest /boot/vmlinuz-*. With no kernel installed the recorded tree is left alone.
+ev=/var/lib/rigbook-lab/evidence
+pick=$(sed -n 's/^GRUB_DEFAULT=.*with Linux \([^"]*\)".*//p' /etc/default/grub.d/rigbook.cfg 2>/dev/null | tail -n 1)
+if [ -z "$pick" ] || [ ! -e "/boot/vmlinuz-$pick" ]; then
+  pick=$(ls /boot/vmlinuz-* 2>/dev/null | sed 's|^/boot/vmlinuz-||' | sort -V | tail -n 1)
+fi
+[ -n "$pick" ] && [ -d "$ev/proc" ] || exit 0
+printf '%s
+' "$pick" > "$ev/proc/sys/kernel/osrelease"
+mkdir -p "$ev/lib/modules" "$ev/boot"
+# the booted kernel's modules are the host's real ones (DKMS builds land there)
+[ -e "$ev/lib/modules/$pick" ] || ln -s "/lib/modules/$pick" "$ev/lib/modules/$pick"
+[ -e "/boot/config-$pick" ] && cp "/boot/config-$pick" "$ev/boot/config-$pick"
+echo "rigbook lab: booted kernel $pick (evidence tree updated)"
+"""
+BOOT_UNIT = """[Unit]
+Description=rigbook lab: record the booted kernel in the evidence tree (lab only)
+DefaultDependencies=no
+After=local-fs.target
+Before=sshd.service ssh.service
+
+[Service]
+Type=oneshot
+ExecStart=/usr/local/sbin/rigbook-lab-boot-kernel
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def install_boot_hook(root: Path) -> None:
+    _put(root, "usr/local/sbin/rigbook-lab-boot-kernel", BOOT_HOOK, 0o755)
+    _put(root, "etc/systemd/system/rigbook-lab-boot-kernel.service", BOOT_UNIT)
+    link = root / "etc/systemd/system/multi-user.target.wants/rigbook-lab-boot-kernel.service"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if not link.is_symlink():
+        link.symlink_to("/etc/systemd/system/rigbook-lab-boot-kernel.service")
 
 
 def nspawn_command(host: Host, systemd_host: bool) -> list:
     cmd = ["systemd-nspawn", "--boot", f"--directory={host.root}", f"--machine={host.name}",
            f"--hostname={host.name}", "--register=no", "--link-journal=no", "--resolv-conf=copy-host",
            "--console=read-only", "--settings=no", "--private-users=no"]
+    for source, target, mode in shared_dirs():
+        cmd.append(f"--bind{'-ro' if mode == 'ro' else ''}={source}:{target}")
     if not systemd_host:
         cmd.append("--keep-unit")  # stay in the cgroups the supervisor joined (no systemd to ask for a scope)
     return cmd
 
 
 def start(host: Host, systemd_host: bool) -> None:
+    for source, _target, _mode in shared_dirs():
+        source.mkdir(parents=True, exist_ok=True)
     host.cgroups = [] if systemd_host else make_cgroups(host)
     spec = {"dir": str(host.dir), "cgroups": host.cgroups, "console": str(host.dir / "console.log"),
             "nspawn": nspawn_command(host, systemd_host)}

@@ -1,0 +1,134 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: rigbook developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+
+
+DOCUMENTATION = r"""
+---
+module: artifact
+short_description: Make a pinned artifact available on the host, refusing it when its sha256 differs
+description:
+  - An artifact of C(rigbook_pins) is a O(url) (V(https://), V(http://) or V(file://)) or a O(path) on the host
+    (an offline artifact directory, a mounted share), with its O(sha256).
+  - A O(path) is verified where it is; a O(url) is downloaded into O(dest_dir) (kept there; an existing copy with
+    the right sha256 is reused) and verified before it is moved into place.
+  - A sha256 mismatch fails the task and leaves nothing new on the host, so later tasks install nothing.
+  - Supports check mode (a verified existing file is reported unchanged; a missing download as a change).
+version_added: "1.0.0"
+author:
+  - rigbook developers
+options:
+  url:
+    description: Where to download the artifact from.
+    type: str
+  path:
+    description: The artifact's path on the host.
+    type: path
+  sha256:
+    description: Expected SHA-256 (hex).
+    type: str
+    required: true
+  dest_dir:
+    description: Download directory for O(url) artifacts.
+    type: path
+    default: /var/cache/rigbook/artifacts
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+"""
+
+EXAMPLES = r"""
+- name: Verify the driver source tarball
+  rigbook.homelab.artifact:
+    path: /var/cache/rigbook/artifacts/open-gpu-kernel-modules-615.71.09-p2p.tar.gz
+    sha256: 6d1cb368de6119af24d6144e51143270bec84cd1f4c5a9d6045f09df5e1b9ff8
+"""
+
+RETURN = r"""
+path:
+  description: Where the verified artifact is on the host.
+  returned: always
+  type: str
+sha256:
+  description: The SHA-256 found.
+  returned: when the file exists
+  type: str
+"""
+
+import hashlib
+import os
+import shutil
+import tempfile
+from urllib.parse import urlparse
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.urls import open_url
+
+
+def sha256_of(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            url=dict(type="str"),
+            path=dict(type="path"),
+            sha256=dict(type="str", required=True),
+            dest_dir=dict(type="path", default="/var/cache/rigbook/artifacts"),
+        ),
+        mutually_exclusive=[("url", "path")],
+        required_one_of=[("url", "path")],
+        supports_check_mode=True,
+    )
+    p = module.params
+    want = p["sha256"].lower()
+    if p["path"]:
+        if not os.path.isfile(p["path"]):
+            module.fail_json(msg="artifact %s does not exist on the host" % p["path"], path=p["path"])
+        found = sha256_of(p["path"])
+        if found != want:
+            module.fail_json(msg="refused artifact %s: sha256 %s, pinned %s" % (p["path"], found, want),
+                             path=p["path"], sha256=found)
+        module.exit_json(changed=False, path=p["path"], sha256=found)
+    url = p["url"]
+    name = os.path.basename(urlparse(url).path) or "artifact"
+    dest = os.path.join(p["dest_dir"], name)
+    if os.path.isfile(dest) and sha256_of(dest) == want:
+        module.exit_json(changed=False, path=dest, sha256=want)
+    if module.check_mode:
+        module.exit_json(changed=True, path=dest, msg="would download %s" % url)
+    if not os.path.isdir(p["dest_dir"]):
+        os.makedirs(p["dest_dir"], 0o755)
+    fd, tmp = tempfile.mkstemp(prefix=".download-", dir=p["dest_dir"])
+    try:
+        with os.fdopen(fd, "wb") as out:
+            if url.startswith("file://"):
+                with open(urlparse(url).path, "rb") as src:
+                    shutil.copyfileobj(src, out)
+            else:
+                shutil.copyfileobj(open_url(url, timeout=60), out)
+        found = sha256_of(tmp)
+        if found != want:
+            module.fail_json(msg="refused artifact %s: sha256 %s, pinned %s (download discarded)" % (url, found, want),
+                             sha256=found, path=dest)
+        os.chmod(tmp, 0o644)
+        os.rename(tmp, dest)
+    except OSError as exc:
+        module.fail_json(msg="could not fetch %s: %s" % (url, exc), path=dest)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    module.exit_json(changed=True, path=dest, sha256=want)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: rigbook developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+
+
+DOCUMENTATION = r"""
+---
+module: bios_checklist
+short_description: Checklist of the BIOS settings GPU P2P needs, each marked done or not from the OS side
+description:
+  - Reads the firmware evidence of the P2P ladder under O(root) (UEFI boot, where and how large each GPU's VRAM BAR is)
+    and returns a checklist of what the user must switch in the BIOS setup - CSM off, Above 4G Decoding, Resizable BAR -
+    each item marked done, not done or unknown.
+  - It never changes, and never claims to change, a BIOS setting.
+  - Fails only when the profile requires P2P (O(profile.p2p.expected) true) and the firmware layer fails.
+  - Read-only; supports check mode.
+version_added: "1.0.0"
+author:
+  - rigbook developers
+options:
+  root:
+    description: Evidence root; V(/) on a real box, a recorded tree on a lab host.
+    type: path
+    default: /
+  profile:
+    description:
+      - "The host profile, C({gpu: rigbook_gpu, p2p: rigbook_p2p, pins: rigbook_pins})."
+    type: dict
+    default: {}
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+"""
+
+EXAMPLES = r"""
+- name: Print what to switch in the BIOS
+  rigbook.homelab.bios_checklist:
+    profile:
+      gpu: "{{ rigbook_gpu }}"
+      p2p: "{{ rigbook_p2p }}"
+"""
+
+RETURN = r"""
+checklist:
+  description: One entry per BIOS setting.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    item: {description: "V(csm_off), V(above_4g_decoding) or V(resizable_bar)", type: str}
+    setting: {description: What to set in the BIOS., type: str}
+    done: {description: "true, false, or null when the evidence does not tell", type: bool}
+    seen: {description: What the OS shows., type: str}
+lines:
+  description: The checklist as printable lines.
+  returned: always
+  type: list
+  elements: str
+firmware:
+  description: The firmware layer's verdict the checklist was judged with.
+  returned: always
+  type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.rigbook.homelab.plugins.module_utils import bios_checklist, evidence, ladder_static
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(root=dict(type="path", default="/"), profile=dict(type="dict", default={})),
+        supports_check_mode=True,
+    )
+    profile = module.params["profile"] or {}
+    found = evidence.collect_static(module.params["root"], ("gpus",))
+    verdict = ladder_static.judge_firmware(found, profile)
+    required = bool((profile.get("p2p") or {}).get("expected"))
+    items = bios_checklist.checklist(found, profile)
+    lines = bios_checklist.render(items, verdict, required)
+    result = dict(changed=False, checklist=items, lines=lines, firmware=verdict, msg="\n".join(lines))
+    if required and verdict["status"] == "fail":
+        result["msg"] = "P2P is required by this profile but the firmware makes it impossible: %s. %s" % (
+            verdict["why"], verdict.get("remedy") or "")
+        module.fail_json(**result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: rigbook developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+
+
+DOCUMENTATION = r"""
+---
+module: boot_state
+short_description: What the host booted and what it would boot next
+description:
+  - Reads the running kernel release and command line under O(root) (V(/) on a real box; a lab host's recorded
+    tree shows the kernel the lab "booted"), the kernels installed under C(/boot) and whether each has its
+    headers (C(/lib/modules/<release>/build)), whether GRUB manages the boot (C(/boot/grub/grub.cfg) and
+    C(update-grub) present) and whether a package asked for a reboot (C(/run/reboot-required)).
+  - Compares them with O(release) and O(cmdline) when given and says what a reboot would change.
+  - Read-only; supports check mode.
+version_added: "1.0.0"
+author:
+  - rigbook developers
+options:
+  root:
+    description: Evidence root for the running kernel and command line.
+    type: path
+    default: /
+  release:
+    description: The pinned kernel release.
+    type: str
+  cmdline:
+    description: Flags the kernel command line must carry.
+    type: list
+    elements: str
+    default: []
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+"""
+
+EXAMPLES = r"""
+- name: Read the boot state
+  rigbook.homelab.boot_state:
+    release: 6.1.0-47-amd64
+    cmdline: [iommu=pt]
+  register: boot
+"""
+
+RETURN = r"""
+running:
+  description: The running kernel release (null when not readable).
+  returned: always
+  type: str
+cmdline:
+  description: The running kernel command line, split.
+  returned: always
+  type: list
+  elements: str
+installed:
+  description: Kernel releases with a /boot/vmlinuz-<release>, oldest first.
+  returned: always
+  type: list
+  elements: str
+with_headers:
+  description: Installed kernel releases whose headers are present (what DKMS can build for).
+  returned: always
+  type: list
+  elements: str
+grub:
+  description: Whether GRUB manages the boot here (update-grub and /boot/grub/grub.cfg present).
+  returned: always
+  type: bool
+reboot_reasons:
+  description: Why the booted state differs from the pins (empty when it matches).
+  returned: always
+  type: list
+  elements: str
+"""
+
+import glob
+import os
+import re
+
+from ansible.module_utils.basic import AnsibleModule
+
+
+def read(path):
+    try:
+        with open(path) as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
+
+
+def version_key(release):
+    return [int(p) if p.isdigit() else p for p in re.split(r"[.\-+~_]", release)]
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            root=dict(type="path", default="/"),
+            release=dict(type="str"),
+            cmdline=dict(type="list", elements="str", default=[]),
+        ),
+        supports_check_mode=True,
+    )
+    root = module.params["root"]
+    running = read(os.path.join(root, "proc", "sys", "kernel", "osrelease"))
+    cmdline_text = read(os.path.join(root, "proc", "cmdline"))
+    cmdline = cmdline_text.split() if cmdline_text is not None else []
+    installed = sorted((p[len("/boot/vmlinuz-"):] for p in glob.glob("/boot/vmlinuz-*")), key=version_key)
+    with_headers = [k for k in installed if os.path.isdir("/lib/modules/%s/build" % k)]
+    grub = bool(module.get_bin_path("update-grub")) and os.path.isfile("/boot/grub/grub.cfg")
+    reasons = []
+    pin = module.params["release"]
+    if pin and running != pin:
+        reasons.append("running kernel %s, pinned %s" % (running, pin))
+    missing = [f for f in module.params["cmdline"] if f not in cmdline]
+    if missing and (not pin or running == pin):
+        reasons.append("kernel command line lacks %s" % " ".join(missing))
+    if os.path.exists("/run/reboot-required"):
+        reasons.append("/run/reboot-required is present")
+    module.exit_json(changed=False, running=running, cmdline=cmdline, installed=installed,
+                     with_headers=with_headers, grub=grub, reboot_reasons=reasons)
+
+
+if __name__ == "__main__":
+    main()

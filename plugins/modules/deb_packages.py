@@ -1,0 +1,166 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: rigbook developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+
+
+DOCUMENTATION = r"""
+---
+module: deb_packages
+short_description: Install, hold or purge Debian packages in one call, without python3-apt
+description:
+  - Installs the named packages (and local .deb files) that are missing, with apt-get and no recommends;
+    marks them held against upgrades (O(hold)); or purges them (O(state=absent)).
+  - Reads the package state with dpkg-query, so it needs no python3-apt and works in check mode on a fresh host.
+  - Runs C(apt-get update) only when an install fails for lack of a current package index.
+  - Supports check mode and diff mode (the package list before and after).
+version_added: "1.0.0"
+author:
+  - rigbook developers
+options:
+  name:
+    description: Package names.
+    type: list
+    elements: str
+    default: []
+  debs:
+    description: Local .deb files to install (their package names are read from the files).
+    type: list
+    elements: path
+    default: []
+  state:
+    description: V(present) installs what is missing; V(absent) purges what is installed.
+    type: str
+    choices: [present, absent]
+    default: present
+  hold:
+    description: Hold the packages (apt-mark hold) so upgrades leave them alone.
+    type: bool
+    default: false
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+"""
+
+EXAMPLES = r"""
+- name: Install and hold the pinned kernel
+  rigbook.homelab.deb_packages:
+    name: [linux-image-6.1.0-47-amd64, linux-headers-6.1.0-47-amd64]
+    hold: true
+"""
+
+RETURN = r"""
+installed:
+  description: Packages this call installed (or would install in check mode).
+  returned: always
+  type: list
+  elements: str
+removed:
+  description: Packages this call purged (or would purge).
+  returned: always
+  type: list
+  elements: str
+held:
+  description: Packages this call put on hold (or would).
+  returned: always
+  type: list
+  elements: str
+versions:
+  description: Installed version of each named package after the call (null when not installed).
+  returned: always
+  type: dict
+"""
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+
+ENV = {"DEBIAN_FRONTEND": "noninteractive", "LC_ALL": "C"}
+APT = ["apt-get", "-y", "-q", "-o", "Dpkg::Options::=--force-confdef", "-o", "Dpkg::Options::=--force-confold"]
+
+
+def installed_versions(module, names):
+    """{name: version or None} from dpkg-query (unknown names are simply not installed)."""
+    out = dict((n, None) for n in names)
+    if not names:
+        return out
+    rc, stdout, _err = module.run_command(
+        ["dpkg-query", "-W", "-f=${Package}\t${db:Status-Abbrev}\t${Version}\n"] + list(names), environ_update=ENV)
+    for line in stdout.splitlines():
+        parts = line.split("\t")
+        if len(parts) == 3 and parts[1][1:2] == "i":  # second letter: installed (first: ii, hi = held)
+            out[parts[0].split(":")[0]] = parts[2]
+    return out
+
+
+def deb_name(module, path):
+    rc, out, err = module.run_command(["dpkg-deb", "-f", path, "Package"], environ_update=ENV)
+    if rc != 0:
+        module.fail_json(msg="%s is not a readable .deb: %s" % (path, err.strip()))
+    return out.strip()
+
+
+def run(module, argv, what):
+    rc, out, err = module.run_command(argv, environ_update=ENV)
+    if rc != 0:
+        module.fail_json(msg="%s failed (rc %d): %s" % (what, rc, (err or out).strip()[-2000:]), cmd=argv)
+    return out
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            name=dict(type="list", elements="str", default=[]),
+            debs=dict(type="list", elements="path", default=[]),
+            state=dict(type="str", choices=["present", "absent"], default="present"),
+            hold=dict(type="bool", default=False),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    for deb in p["debs"]:
+        if not os.path.isfile(deb):
+            module.fail_json(msg="local .deb %s does not exist" % deb)
+    debs = dict((deb_name(module, d), d) for d in p["debs"])
+    names = list(dict.fromkeys(list(p["name"]) + list(debs)))
+    before = installed_versions(module, names)
+    result = dict(changed=False, installed=[], removed=[], held=[])
+    if p["state"] == "absent":
+        result["removed"] = [n for n in names if before[n] is not None]
+        if result["removed"] and not module.check_mode:
+            run(module, APT + ["purge"] + result["removed"], "apt-get purge")
+    else:
+        missing = [n for n in names if before[n] is None]
+        result["installed"] = missing
+        if missing and not module.check_mode:
+            targets = [debs.get(n, n) for n in missing]
+            argv = APT + ["install", "--no-install-recommends"] + targets
+            rc, out, err = module.run_command(argv, environ_update=ENV)
+            if rc != 0:  # a stale index (404, unknown package): refresh once and retry
+                run(module, ["apt-get", "-q", "update"], "apt-get update")
+                run(module, argv, "apt-get install")
+        if p["hold"]:
+            rc, out, _err = module.run_command(["apt-mark", "showhold"], environ_update=ENV)
+            held = set(out.split())
+            result["held"] = [n for n in names if n not in held]
+            if result["held"] and not module.check_mode:
+                run(module, ["apt-mark", "hold"] + result["held"], "apt-mark hold")
+    after = before if module.check_mode else installed_versions(module, names)
+    result["versions"] = after
+    result["changed"] = bool(result["installed"] or result["removed"] or result["held"])
+    if module._diff and result["changed"]:
+        def text(state, extra):
+            return "".join("%s %s\n" % (n, state.get(n) or "(not installed)") for n in names) + extra
+        result["diff"] = dict(
+            before=text(before, ""),
+            after=text(dict((n, None if n in result["removed"] else (before[n] or "(to install)")) for n in names),
+                       "".join("hold %s\n" % n for n in result["held"])),
+            before_header="packages", after_header="packages")
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,260 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: rigbook developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+
+
+DOCUMENTATION = r"""
+---
+module: dkms_module
+short_description: Build and install one pinned DKMS module for every given kernel, and make it win
+description:
+  - Verifies the source tarball O(src) against O(sha256) before anything else (a mismatch is refused and nothing
+    is touched), unpacks it to C(/usr/src/<name>-<version>), removes every other registered version of O(name),
+    then C(dkms install)s O(name)/O(version) for each of O(kernels) that lacks it.
+  - Afterwards C(modinfo -k <kernel> -n <module>) must resolve each of O(modules) to the DKMS build (C(updates/dkms));
+    stock copies that shadow it are deleted and C(depmod) re-run, and the task fails when the DKMS build still loses.
+  - Reads both C(dkms status) formats (dkms 2 C(name, version, kernel, arch) and dkms 3 C(name/version, kernel, arch)).
+  - Supports check mode and diff mode.
+version_added: "1.0.0"
+author:
+  - rigbook developers
+options:
+  name:
+    description: DKMS package name (PACKAGE_NAME of dkms.conf).
+    type: str
+    required: true
+  version:
+    description: DKMS package version (PACKAGE_VERSION of dkms.conf).
+    type: str
+    required: true
+  src:
+    description: Source tarball on the target (a top-level directory holding dkms.conf), or a directory.
+    type: path
+    required: true
+  sha256:
+    description: SHA-256 of O(src) when it is a tarball.
+    type: str
+  kernels:
+    description: Kernel releases to build for (each needs its headers).
+    type: list
+    elements: str
+    required: true
+  modules:
+    description: Module names that must resolve to the DKMS build (default O(name)).
+    type: list
+    elements: str
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+"""
+
+EXAMPLES = r"""
+- name: Build the P2P fork for every kernel
+  rigbook.homelab.dkms_module:
+    name: nvidia
+    version: 615.71.09
+    src: /var/cache/rigbook/artifacts/open-gpu-kernel-modules-615.71.09-p2p.tar.gz
+    sha256: "{{ rigbook_pins.nvidia_driver.source.sha256 }}"
+    kernels: [6.1.0-47-amd64]
+"""
+
+RETURN = r"""
+built:
+  description: Kernels the module was built and installed for by this call (or would be in check mode).
+  returned: always
+  type: list
+  elements: str
+removed:
+  description: Other versions of the package removed from DKMS (name/version).
+  returned: always
+  type: list
+  elements: str
+shadowing_removed:
+  description: Stock module files deleted because modinfo resolved to them instead of the DKMS build.
+  returned: always
+  type: list
+  elements: str
+modinfo:
+  description: "Kernel -> module -> the file C(modinfo -k <kernel> -n <module>) resolves to."
+  returned: always
+  type: dict
+status:
+  description: The parsed dkms status of O(name) after the call.
+  returned: always
+  type: list
+  elements: dict
+"""
+
+import hashlib
+import os
+import re
+import shutil
+import tarfile
+import tempfile
+
+from ansible.module_utils.basic import AnsibleModule
+
+STAMP = ".rigbook-source-sha256"
+
+
+def parse_status(text):
+    """dkms status lines (dkms 2 and 3 formats) -> [{name, version, kernel, arch, state}]."""
+    rows = []
+    for line in text.splitlines():
+        m = re.match(r"^([^,/\s]+)[/,]\s*([^,:\s]+)(?:,\s*([^,:\s]+))?(?:,\s*([^,:\s]+))?\s*:\s*(\w+)", line.strip())
+        if m:
+            rows.append(dict(name=m.group(1), version=m.group(2), kernel=m.group(3), arch=m.group(4),
+                             state=m.group(5)))
+    return rows
+
+
+def sha256_of(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class Dkms(object):
+    def __init__(self, module):
+        self.module = module
+
+    def run(self, argv, what, check=True):
+        rc, out, err = self.module.run_command(argv, environ_update={"LC_ALL": "C"})
+        if check and rc != 0:
+            self.module.fail_json(msg="%s failed (rc %d): %s" % (what, rc, (err + out).strip()[-3000:]), cmd=argv)
+        return rc, out
+
+    def status(self, name):
+        _rc, out = self.run(["dkms", "status", "-m", name], "dkms status", check=False)
+        return parse_status(out)
+
+    def modinfo(self, kernel, module_name):
+        rc, out = self.run(["modinfo", "-k", kernel, "-n", module_name], "modinfo", check=False)
+        return out.strip() if rc == 0 else None
+
+
+def unpack(module, src, dest, sha):
+    """Unpack SRC (tarball with one top directory, or a directory) into DEST, replacing it."""
+    tmp = tempfile.mkdtemp(prefix=".rigbook-", dir=os.path.dirname(dest))
+    try:
+        if os.path.isdir(src):
+            top = src
+        else:
+            with tarfile.open(src) as tar:
+                for member in tar.getmembers():
+                    if member.name.startswith("/") or ".." in member.name.split("/"):
+                        module.fail_json(msg="%s: unsafe path %s in the tarball" % (src, member.name))
+                tar.extractall(tmp)
+            entries = os.listdir(tmp)
+            top = os.path.join(tmp, entries[0]) if len(entries) == 1 and os.path.isdir(
+                os.path.join(tmp, entries[0])) else tmp
+        if not os.path.isfile(os.path.join(top, "dkms.conf")):
+            module.fail_json(msg="%s has no dkms.conf at its top level" % src)
+        if os.path.exists(dest):
+            shutil.rmtree(dest)
+        shutil.copytree(top, dest, symlinks=True)
+        with open(os.path.join(dest, STAMP), "w") as handle:
+            handle.write(sha + "\n")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            name=dict(type="str", required=True),
+            version=dict(type="str", required=True),
+            src=dict(type="path", required=True),
+            sha256=dict(type="str"),
+            kernels=dict(type="list", elements="str", required=True),
+            modules=dict(type="list", elements="str"),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    name, version, src = p["name"], p["version"], p["src"]
+    check = module.check_mode
+    if not os.path.exists(src):
+        if check:  # the fetch before this task did not copy it in check mode
+            module.exit_json(changed=True, built=list(p["kernels"]), removed=[], shadowing_removed=[], modinfo={},
+                             status=[], msg="%s is not on the host yet (check mode)" % src)
+        module.fail_json(msg="DKMS source %s does not exist" % src)
+    sha = "directory"
+    if os.path.isfile(src):
+        sha = sha256_of(src)
+        if not p["sha256"] or sha != p["sha256"].lower():
+            module.fail_json(msg="refused %s: its sha256 is %s, pinned %s; nothing was installed"
+                             % (src, sha, p["sha256"]), sha256=sha)
+    if not module.get_bin_path("dkms"):
+        if check:
+            module.exit_json(changed=True, built=list(p["kernels"]), removed=[], shadowing_removed=[], modinfo={},
+                             status=[], msg="dkms is not installed yet (check mode)")
+        module.fail_json(msg="dkms is not installed")
+    dkms = Dkms(module)
+    dest = "/usr/src/%s-%s" % (name, version)
+    stamp = os.path.join(dest, STAMP)
+    have = None
+    if os.path.isfile(stamp):
+        with open(stamp) as handle:
+            have = handle.read().strip()
+    result = dict(changed=False, built=[], removed=[], shadowing_removed=[], modinfo={}, unpacked=False)
+    before = dkms.status(name)
+    if have != sha:
+        result["unpacked"] = True
+        if not check:
+            rows = [r for r in before if r["version"] == version]
+            if rows:  # same version, other source: drop the old build first
+                dkms.run(["dkms", "remove", "%s/%s" % (name, version), "--all"], "dkms remove")
+            unpack(module, src, dest, sha)
+            before = dkms.status(name)
+    for other in sorted(set(r["version"] for r in before if r["version"] != version)):
+        result["removed"].append("%s/%s" % (name, other))
+        if not check:
+            dkms.run(["dkms", "remove", "%s/%s" % (name, other), "--all"], "dkms remove")
+    now = dkms.status(name) if not check else before
+    if not check and not any(r["version"] == version for r in now):
+        dkms.run(["dkms", "add", "%s/%s" % (name, version)], "dkms add")
+    installed = set(r["kernel"] for r in now if r["version"] == version and r["state"] == "installed"
+                    and not result["unpacked"])
+    for kernel in p["kernels"]:
+        if kernel in installed:
+            continue
+        if not os.path.isdir("/lib/modules/%s/build" % kernel):
+            module.fail_json(msg="cannot build %s/%s for %s: its headers are not installed (/lib/modules/%s/build)"
+                             % (name, version, kernel, kernel))
+        result["built"].append(kernel)
+        if not check:
+            dkms.run(["dkms", "install", "%s/%s" % (name, version), "-k", kernel, "--force"],
+                     "dkms install %s/%s -k %s" % (name, version, kernel))
+    for kernel in p["kernels"]:
+        result["modinfo"][kernel] = {}
+        for mod in p["modules"] or [name]:
+            path = dkms.modinfo(kernel, mod)
+            if path is not None and "/updates/dkms/" not in path and not check:
+                # a stock copy wins over the DKMS build: delete it (the fork must win) and re-index
+                result["shadowing_removed"].append(path)
+                os.remove(path)
+                dkms.run(["depmod", "-a", kernel], "depmod -a %s" % kernel)
+                path = dkms.modinfo(kernel, mod)
+            result["modinfo"][kernel][mod] = path
+            if not check and (path is None or "/updates/dkms/" not in path):
+                module.fail_json(msg="after installing %s/%s for %s, modinfo -n %s resolves to %s, not the DKMS build"
+                                 % (name, version, kernel, mod, path), **result)
+    result["status"] = dkms.status(name)
+    result["changed"] = bool(result["built"] or result["removed"] or result["shadowing_removed"] or result["unpacked"])
+    if module._diff and result["changed"]:
+        result["diff"] = dict(
+            before="".join("%s/%s %s: %s\n" % (r["name"], r["version"], r["kernel"], r["state"]) for r in before),
+            after="".join("%s/%s %s: installed\n" % (name, version, k) for k in p["kernels"]),
+            before_header="dkms status", after_header="dkms status")
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

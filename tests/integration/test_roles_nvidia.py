@@ -1,0 +1,167 @@
+"""The NVIDIA host roles for real on a lab host: apt, dpkg, DKMS, pip and systemd over SSH (marker: lab).
+
+No GPU and no NVIDIA download: the driver fork and its userspace installer are the TEST STAND-INS of
+tests/artifacts (a tiny real kernel module with the fork's DKMS layout, built by real DKMS against real Debian
+kernel headers; a stand-in .run with the installer's flags), packed into /var/cache/rigbook/artifacts, which the
+lab mounts read-only on each host. The CUDA wheels are the real pinned ones, downloaded once into
+/var/cache/rigbook/artifacts/wheels/ (a cached step; later runs install offline from there). Kernel packages come
+through the lab's shared apt cache (/var/cache/rigbook/lab-apt-archives), so they are fetched once per machine.
+Tests run in file order against one lab (the lab_up fixture of test_lab.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "artifacts"))
+import pack  # noqa: E402
+import test_lab  # noqa: E402
+
+from rigbook.lab import machine, state  # noqa: E402
+
+lab_up = test_lab.lab_up  # the one lab fixture (module scope): brought up here after test_lab.py took its down
+provision = test_lab.provision
+
+pytestmark = [
+    pytest.mark.lab,
+    pytest.mark.skipif(os.geteuid() != 0, reason="lab hosts need root (systemd-nspawn, mounts)"),
+    pytest.mark.usefixtures("lab_up"),
+]
+REPO = Path(__file__).resolve().parents[2]
+PINS = yaml.safe_load((REPO / "inventory/lab/group_vars/x99_3080.yml").read_text())["rigbook_pins"]
+WHEEL_DIR = Path(PINS["cuda_toolchain"]["wheel_dir"])
+UPGRADE_KERNEL = "6.1.0-50-amd64"
+
+
+@pytest.fixture(scope="module")
+def artifacts():
+    """The stand-ins packed (their sha256 must be the pinned ones) and the CUDA wheels downloaded once."""
+    digests = pack.pack()
+    assert digests[pack.TARBALL] == PINS["nvidia_driver"]["source"]["sha256"]
+    assert digests[pack.INSTALLER] == PINS["nvidia_driver"]["userspace_installer"]["sha256"]
+    version = PINS["cuda_toolchain"]["version"]
+    names = PINS["cuda_toolchain"]["packages"] + ["nvidia-cuda-runtime"]
+    if len(list(WHEEL_DIR.glob("*.whl"))) < len(names):  # cached step: only the first run downloads
+        WHEEL_DIR.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d",
+                               str(WHEEL_DIR)] + [f"{n}=={version}" for n in names],
+                              capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stderr
+    return digests
+
+
+def host():
+    return state.load().host("lab-3080")
+
+
+def on_host(command: str) -> str:
+    proc = subprocess.run(machine.ssh_command(host(), f"sudo -n sh -c {json.dumps(command)}"), capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def host_state() -> str:
+    """What the roles could change: packages and holds, the files they write, DKMS, the boot target."""
+    return on_host("dpkg-query -W -f='${Package} ${Version} ${db:Status-Abbrev}\\n'; apt-mark showhold; "
+                   "ls -la /etc/default/grub.d /etc/modprobe.d /etc/apt/preferences.d /usr/src /opt /etc/rigbook "
+                   "/var/lib/rigbook /boot 2>&1; systemctl get-default; ls /var/lib/dkms 2>&1; true")
+
+
+def site(*args, timeout=900):
+    started = time.monotonic()
+    proc = provision("site.yml", "-i", "lab", "--limit", "lab-3080", "--json", *args, timeout=timeout)
+    elapsed = time.monotonic() - started
+    summary = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
+    changed = [line.split(": ", 2)[2] for line in proc.stderr.splitlines() if line.strip().startswith("changed: ")]
+    return proc, summary.get("hosts", {}).get("lab-3080", {}), changed, elapsed
+
+
+def boots() -> int:
+    return int((host().dir / "boots").read_text())
+
+
+def test_check_diff_on_a_fresh_host_changes_nothing(artifacts):
+    before = host_state()
+    proc, summary, changed, _ = site("--check", "--diff")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for task in ("Install and hold the pinned kernel", "Put the command line and default entry in the GRUB drop-in",
+                 "Reboot once into the new kernel, driver and boot target"):
+        assert task in changed, changed
+    assert "linux-image-6.1.0-47-amd64" in proc.stderr  # the diff names what would be installed
+    assert host_state() == before
+    assert boots() == 1
+
+
+def test_bad_artifact_sha256_is_refused_before_anything_is_installed(artifacts, tmp_path):
+    before = host_state()
+    pins = json.loads(json.dumps(PINS))
+    pins["nvidia_driver"]["source"]["sha256"] = "0" * 64
+    extra = tmp_path / "bad.yml"
+    extra.write_text(yaml.safe_dump({"rigbook_pins": pins}))
+    proc, summary, changed, _ = site("-e", f"@{extra}")
+    assert proc.returncode == 1
+    assert "refused artifact" in proc.stderr + proc.stdout and "0" * 64 in proc.stderr + proc.stdout
+    assert "Verify every pinned artifact before anything is installed" in proc.stderr + proc.stdout
+    assert changed == [] and host_state() == before
+
+
+def test_mismatched_cuda_pins_fail_naming_both_versions(artifacts, tmp_path):
+    pins = json.loads(json.dumps(PINS))
+    pins["cuda_toolchain"]["versions"] = {"nvidia-nvvm": "13.1.80"}
+    extra = tmp_path / "mismatch.yml"
+    extra.write_text(yaml.safe_dump({"rigbook_pins": pins}))
+    proc, summary, changed, _ = site("-e", f"@{extra}", "--tags", "cuda_toolchain")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    assert "nvidia-cuda-nvcc 13.0.88" in out and "nvidia-nvvm 13.1.80" in out, out[-3000:]
+
+
+def test_converge_then_rerun_changes_nothing(artifacts):
+    proc, summary, changed, first = site()
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Reboot once into the new kernel, driver and boot target" in changed
+    assert boots() == 2
+    ladder = {v["layer"]: v["status"] for v in summary["ladder"]}
+    assert ladder["kernel_state"] == "pass" and ladder["driver_state"] == "pass", summary["ladder"]
+    assert "nvidia/615.71.09, 6.1.0-47-amd64, x86_64: installed" in on_host("dkms status")
+    assert on_host("modinfo -k 6.1.0-47-amd64 -n nvidia").strip() == \
+        "/lib/modules/6.1.0-47-amd64/updates/dkms/nvidia.ko"
+    assert "options nvidia-uvm uvm_disable_hmm=1" in on_host("cat /etc/modprobe.d/rigbook-nvidia-uvm.conf")
+    assert "linux-image-6.1.0-47-amd64" in on_host("apt-mark showhold")
+    assert on_host("systemctl get-default").strip() == "multi-user.target"
+    home = "/opt/rigbook/cuda/lib/python3.11/site-packages/nvidia/cu13"
+    assert f"CUDA_HOME={home}" in on_host("cat /etc/rigbook/cuda.env")
+    assert on_host(f"readlink {home}/lib64").strip() == "lib"
+
+    proc, summary, changed, again = site()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert summary["changed"] == 0 and changed == [], changed
+    assert boots() == 2
+    print(f"converge {first:.1f} s, converged re-run {again:.1f} s")
+
+
+def test_kernel_upgrade_builds_for_it_and_reboots_once(artifacts):
+    on_host(f"DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
+            f"linux-image-{UPGRADE_KERNEL} linux-headers-{UPGRADE_KERNEL}")
+    before = boots()
+    proc, summary, changed, _ = site()
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert boots() == before + 1  # exactly one reboot
+    allowed = {"Build and install the fork through DKMS for every installed kernel",
+               "Record which kernels carry the fork", "Reboot once into the new kernel, driver and boot target"}
+    assert "Record which kernels carry the fork" in changed and set(changed) <= allowed, changed
+    status = on_host("dkms status")
+    assert f"nvidia/615.71.09, {UPGRADE_KERNEL}, x86_64: installed" in status, status
+    assert on_host(f"modinfo -k {UPGRADE_KERNEL} -n nvidia").strip().endswith("/updates/dkms/nvidia.ko")
+    ladder = {v["layer"]: v["status"] for v in summary["ladder"]}
+    assert ladder["kernel_state"] == "pass", summary["ladder"]  # GRUB_DEFAULT keeps the pinned kernel booted

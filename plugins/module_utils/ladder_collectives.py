@@ -22,11 +22,23 @@ def _p2p_expected(profile):
 def judge_collectives(data, profile, baseline_metrics=None, tolerance=None):
     """Wrong results fail whatever the bandwidth; busbw is held to the recorded baseline."""
     layer = "collectives"
+    one_gpu = (profile.get("gpu") or {}).get("count") == 1
+    if one_gpu and not data.get("results"):
+        return make(layer, "skip", measured={"source": data.get("source")}, expected=None,
+                    why="one GPU: no collective between GPUs (%s)" % (data.get("error") or "nothing measured"))
     if not data.get("available", True) or not data.get("results"):
         return make(layer, "unknown", measured=None, expected="sendrecv and all_reduce results",
                     why=data.get("error") or "no collectives result",
                     remedy="Install nccl-tests/rccl-tests, or set the serving venv so the bundled benchmark runs.")
     rows = {r["op"]: r for r in data["results"]}
+    if data.get("world_size") == 1:
+        ran = ", ".join("%s #wrong %s" % (op, r.get("wrong")) for op, r in sorted(rows.items()))
+        why = "one GPU: the benchmark ran on one rank (%s), no traffic between GPUs to judge" % ran
+        if any(r.get("wrong") for r in rows.values()):
+            return make(layer, "fail", {"source": data.get("source")}, {"wrong": 0},
+                        "wrong results on one rank: " + ran,
+                        "A single-GPU reduction gave wrong values: check the GPU (dmesg Xid, dcgmi diag).")
+        return make(layer, "skip", {"source": data.get("source"), "world_size": 1}, None, why)
     metrics = {}
     measured = {"source": data.get("source")}
     for op in OPS:
@@ -71,6 +83,9 @@ def judge_nccl_transport(parsed, profile):
     expected_p2p = _p2p_expected(profile)
     want_level = (profile.get("p2p") or {}).get("nccl_p2p_level")
     expected = {"path": "p2p" if expected_p2p else "shm"}
+    if (profile.get("gpu") or {}).get("count") == 1:
+        return make(layer, "skip", measured={"source": parsed.get("source")}, expected=None,
+                    why="one GPU: NCCL opens no channel between GPUs")
     if want_level:
         expected["NCCL_P2P_LEVEL"] = want_level
     if not parsed.get("available") or parsed.get("path") == "unknown":

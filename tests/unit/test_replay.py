@@ -36,7 +36,7 @@ def test_replay_of_the_real_h200(fixtures, tmp_path):
         ladder = {v["layer"]: v["status"] for v in json.loads(proc.stdout)["hosts"]["h200"]["ladder"]}
         assert ladder == {"firmware": "warn", "pcie_link": "pass", "dma_window": "skip", "kernel_state": "pass",
                           "driver_state": "pass", "peer_access": "skip", "p2p_bandwidth": "skip",
-                          "collectives": "unknown", "nccl_transport": "unknown"}
+                          "collectives": "skip", "nccl_transport": "skip"}
 
 
 def test_replay_fails_on_a_regression(fixtures, tmp_path):
@@ -54,3 +54,25 @@ def test_replay_bad_input(tmp_path):
     (tmp_path / "junk.tar.gz").write_text("not a tarball")
     proc = replay(tmp_path / "junk.tar.gz")
     assert proc.returncode == 2 and "not a snapshot tarball" in proc.stderr
+
+
+def test_replay_of_the_real_snapshot_taken_by_provision_snapshot(fixtures):
+    """Taken with `provision snapshot` on the H200 host (tests/fixtures/device/README.md)."""
+    proc = replay(fixtures / "device" / "h200-snapshot.tar.gz")
+    assert proc.returncode == 0, proc.stderr
+    ladder = {v["layer"]: v for v in json.loads(proc.stdout)["hosts"]["h200"]["ladder"]}
+    assert ladder["driver_state"]["status"] == "pass"
+    assert ladder["driver_state"]["measured"]["userspace"] == "580.159.04"
+    assert ladder["p2p_bandwidth"]["status"] == "skip"
+    assert "H2D 55.27 GB/s" in ladder["p2p_bandwidth"]["why"]  # the live probe's figure, recorded
+    assert ladder["collectives"]["status"] == "skip"  # one GPU
+
+
+def test_device_run_figures(fixtures):
+    runs = [json.loads((fixtures / "device" / f"verify-{n}.json").read_text()) for n in (1, 2)]
+    for run in runs:
+        assert run["exit_code"] == 0
+        statuses = {v["layer"]: v["status"] for v in run["hosts"]["h200"]["ladder"]}
+        assert statuses["pcie_link"] == statuses["driver_state"] == "pass"
+    second = {v["layer"]: v for v in runs[1]["hosts"]["h200"]["ladder"]}
+    assert "vs baseline" in second["p2p_bandwidth"]["why"]

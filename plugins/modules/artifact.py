@@ -27,9 +27,12 @@ options:
     description: The artifact's path on the host.
     type: path
   sha256:
-    description: Expected SHA-256 (hex).
+    description: Expected SHA-256 (hex) of O(url) or O(path).
     type: str
-    required: true
+  artifacts:
+    description: Several artifacts at once (each C({url or path, sha256})); the first mismatch fails the task.
+    type: list
+    elements: dict
   dest_dir:
     description: Download directory for O(url) artifacts.
     type: path
@@ -50,13 +53,14 @@ EXAMPLES = r"""
 
 RETURN = r"""
 path:
-  description: Where the verified artifact is on the host.
+  description: Where the (first) verified artifact is on the host.
   returned: always
   type: str
-sha256:
-  description: The SHA-256 found.
-  returned: when the file exists
-  type: str
+paths:
+  description: Where each verified artifact is on the host.
+  returned: always
+  type: list
+  elements: str
 """
 
 import hashlib
@@ -77,38 +81,26 @@ def sha256_of(path):
     return digest.hexdigest()
 
 
-def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            url=dict(type="str"),
-            path=dict(type="path"),
-            sha256=dict(type="str", required=True),
-            dest_dir=dict(type="path", default="/var/cache/rigbook/artifacts"),
-        ),
-        mutually_exclusive=[("url", "path")],
-        required_one_of=[("url", "path")],
-        supports_check_mode=True,
-    )
-    p = module.params
-    want = p["sha256"].lower()
-    if p["path"]:
-        if not os.path.isfile(p["path"]):
-            module.fail_json(msg="artifact %s does not exist on the host" % p["path"], path=p["path"])
-        found = sha256_of(p["path"])
+def ensure(module, url, path, want, dest_dir):
+    """(changed, path) of one artifact; fails the module on a mismatch (nothing new stays on the host)."""
+    want = want.lower()
+    if path:
+        if not os.path.isfile(path):
+            module.fail_json(msg="artifact %s does not exist on the host" % path, path=path)
+        found = sha256_of(path)
         if found != want:
-            module.fail_json(msg="refused artifact %s: sha256 %s, pinned %s" % (p["path"], found, want),
-                             path=p["path"], sha256=found)
-        module.exit_json(changed=False, path=p["path"], sha256=found)
-    url = p["url"]
+            module.fail_json(msg="refused artifact %s: sha256 %s, pinned %s" % (path, found, want), path=path,
+                             sha256=found)
+        return False, path
     name = os.path.basename(urlparse(url).path) or "artifact"
-    dest = os.path.join(p["dest_dir"], name)
+    dest = os.path.join(dest_dir, name)
     if os.path.isfile(dest) and sha256_of(dest) == want:
-        module.exit_json(changed=False, path=dest, sha256=want)
+        return False, dest
     if module.check_mode:
-        module.exit_json(changed=True, path=dest, msg="would download %s" % url)
-    if not os.path.isdir(p["dest_dir"]):
-        os.makedirs(p["dest_dir"], 0o755)
-    fd, tmp = tempfile.mkstemp(prefix=".download-", dir=p["dest_dir"])
+        return True, dest
+    if not os.path.isdir(dest_dir):
+        os.makedirs(dest_dir, 0o755)
+    fd, tmp = tempfile.mkstemp(prefix=".download-", dir=dest_dir)
     try:
         with os.fdopen(fd, "wb") as out:
             if url.startswith("file://"):
@@ -127,7 +119,33 @@ def main():
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
-    module.exit_json(changed=True, path=dest, sha256=want)
+    return True, dest
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            url=dict(type="str"),
+            path=dict(type="path"),
+            sha256=dict(type="str"),
+            artifacts=dict(type="list", elements="dict"),
+            dest_dir=dict(type="path", default="/var/cache/rigbook/artifacts"),
+        ),
+        mutually_exclusive=[("url", "path", "artifacts")],
+        required_one_of=[("url", "path", "artifacts")],
+        required_by={"url": "sha256", "path": "sha256"},
+        supports_check_mode=True,
+    )
+    p = module.params
+    items = p["artifacts"] if p["artifacts"] is not None else [dict(url=p["url"], path=p["path"], sha256=p["sha256"])]
+    changed, paths = False, []
+    for item in items:
+        if not item.get("sha256") or bool(item.get("url")) == bool(item.get("path")):
+            module.fail_json(msg="an artifact needs a sha256 and exactly one of url or path: %s" % item)
+        one, path = ensure(module, item.get("url"), item.get("path"), item["sha256"], p["dest_dir"])
+        changed = changed or one
+        paths.append(path)
+    module.exit_json(changed=changed, path=paths[0] if paths else None, paths=paths)
 
 
 if __name__ == "__main__":

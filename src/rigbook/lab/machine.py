@@ -146,7 +146,7 @@ BOOT_HOOK = r"""#!/bin/sh
 # would boot here: the GRUB_DEFAULT entry of /etc/default/grub.d/rigbook.cfg when that kernel is
 # installed, else the newest /boot/vmlinuz-*. With no kernel installed the recorded tree is left alone.
 ev=/var/lib/rigbook-lab/evidence
-pick=$(sed -n 's/^GRUB_DEFAULT=.*with Linux \([^"]*\)".*//p' /etc/default/grub.d/rigbook.cfg 2>/dev/null | tail -n 1)
+pick=$(sed -n 's/^GRUB_DEFAULT=.*with Linux \([^"]*\)".*/\1/p' /etc/default/grub.d/rigbook.cfg 2>/dev/null | tail -n 1)
 if [ -z "$pick" ] || [ ! -e "/boot/vmlinuz-$pick" ]; then
   pick=$(ls /boot/vmlinuz-* 2>/dev/null | sed 's|^/boot/vmlinuz-||' | sort -V | tail -n 1)
 fi

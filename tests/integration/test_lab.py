@@ -145,7 +145,7 @@ def test_bad_input_while_up(lab_up):
     assert all(tracking.is_running(h) for h in state.load().hosts)
 
 
-def test_site_yml_runs_on_both(lab_up):
+def test_site_yml_runs_on_both(lab_up, lab_artifacts):
     proc = provision("site.yml", "-i", "lab", "--json")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads(proc.stdout)

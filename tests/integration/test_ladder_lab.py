@@ -1,7 +1,8 @@
 """The P2P ladder end to end: `provision verify -i lab` over real SSH against the lab's simulated rigs.
 
-Healthy profiles, baseline recording, the 3080 box with P2P flipped to expected, and every fault of
-src/rigbook/lab/faults.yml broken on a host, verified, and healed. Needs root (the lab).
+The lab is converged by site.yml first. Healthy profiles, baseline recording, the 3080 box with P2P flipped
+to expected, and every fault of src/rigbook/lab/faults.yml broken on a host, verified, and healed (heal runs
+the lab's boot hook again, so the healed tree shows the kernel the host booted). Needs root (the lab).
 """
 
 from __future__ import annotations
@@ -46,11 +47,17 @@ def fault_cases():
 
 
 @pytest.fixture(scope="module")
-def lab():
+def lab(lab_artifacts):
+    """The README's main job: `lab up`, then `site.yml -i lab` (the 3080 twin gets its pinned kernel, the
+    driver build and the CUDA toolchain, and reboots once). The ladder tests judge the converged lab."""
     proc = provision("lab", "up", timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    yield
-    provision("lab", "down")
+    try:
+        proc = provision("site.yml", "-i", "lab", "--json", timeout=1800)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        yield
+    finally:
+        provision("lab", "down")
 
 
 def test_healthy_lab_passes_and_the_3080_warns_on_bar1(lab):

@@ -22,8 +22,6 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "artifacts"))
-import pack  # noqa: E402
 import test_lab  # noqa: E402
 
 from rigbook.lab import machine, state  # noqa: E402
@@ -43,20 +41,8 @@ UPGRADE_KERNEL = "6.1.0-50-amd64"
 
 
 @pytest.fixture(scope="module")
-def artifacts():
-    """The stand-ins packed (their sha256 must be the pinned ones) and the CUDA wheels downloaded once."""
-    digests = pack.pack()
-    assert digests[pack.TARBALL] == PINS["nvidia_driver"]["source"]["sha256"]
-    assert digests[pack.INSTALLER] == PINS["nvidia_driver"]["userspace_installer"]["sha256"]
-    version = PINS["cuda_toolchain"]["version"]
-    names = PINS["cuda_toolchain"]["packages"] + ["nvidia-cuda-runtime"]
-    if len(list(WHEEL_DIR.glob("*.whl"))) < len(names):  # cached step: only the first run downloads
-        WHEEL_DIR.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d",
-                               str(WHEEL_DIR)] + [f"{n}=={version}" for n in names],
-                              capture_output=True, text=True, timeout=900)
-        assert proc.returncode == 0, proc.stderr
-    return digests
+def artifacts(lab_artifacts):
+    return lab_artifacts
 
 
 def host():

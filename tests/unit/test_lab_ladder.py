@@ -14,6 +14,9 @@ from rigbook.snapshots import judge_tree, profile_of
 from rigbook.validate import validate
 
 HOSTS = {"x99-r9700": "lab-r9700", "x99-3080": "lab-3080"}
+# The lab pins a Debian kernel for the 3080 twin (the seed box ran Ubuntu's): its recorded tree shows the
+# seed's kernel until site.yml has installed and "booted" the pinned one.
+PINNED_KERNEL = {"x99-3080": validate("inventory/lab").host_vars("lab-3080")["rigbook_pins"]["kernel"]["release"]}
 NEEDS_BASELINE = {"busbw-half", "p2p-bandwidth-half"}
 # The X99 TF box already has these (BAR1 256 MiB, SHM path, no collective figures published).
 ALREADY_TRUE = {("bar1-256m", "x99-3080"), ("rebar-off", "x99-3080"), ("nccl-shm-fallback", "x99-3080"),
@@ -30,8 +33,20 @@ def _cases():
             yield name, profile
 
 
+def _booted(tree, release):
+    """What the lab's boot hook records once site.yml installed the pinned kernel and the DKMS build of the
+    driver for it (src/rigbook/lab/machine.py BOOT_HOOK): the tree's running kernel, and its modules."""
+    (tree / "proc/sys/kernel/osrelease").write_text(release + "\n")
+    module = tree / "lib/modules" / release / "updates/dkms/nvidia.ko"
+    module.parent.mkdir(parents=True, exist_ok=True)
+    module.write_text("")
+
+
 def _tree(tmp_path, profile, fault=None):
     tree = evidence.materialize(profile, tmp_path / f"{profile}-{fault or 'healthy'}")
+    pinned = PINNED_KERNEL.get(profile)
+    if pinned:
+        _booted(tree, pinned)
     if fault:
         changes = faults.plan(fault, tree, evidence.load_profile(profile))
         if not changes:
@@ -43,6 +58,12 @@ def _tree(tmp_path, profile, fault=None):
 @pytest.fixture(scope="module")
 def inv():
     return validate("inventory/lab")
+
+
+def test_unprovisioned_3080_twin_fails_at_kernel_state(tmp_path, inv):
+    tree = evidence.materialize("x99-3080", tmp_path / "fresh")
+    kernel = [v for v in judge_tree(str(tree), profile_of(inv, "lab-3080")) if v["layer"] == "kernel_state"][0]
+    assert kernel["status"] == "fail" and f"pinned {PINNED_KERNEL['x99-3080']}" in kernel["why"]
 
 
 def test_healthy_profiles(tmp_path, inv):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
 import time
 
 from rigbook.errors import UserError
@@ -174,6 +175,16 @@ def break_(name: str, fault: str) -> int:
     return 0
 
 
+def _record_booted_kernel(host) -> None:
+    """Run the lab's boot hook on the fresh tree, so a healed host still shows the kernel it booted."""
+    hook = host.root / "usr/local/sbin/rigbook-lab-boot-kernel"
+    if hook.exists():
+        proc = subprocess.run(["chroot", str(host.root), "/usr/local/sbin/rigbook-lab-boot-kernel"],
+                              capture_output=True, text=True, timeout=60)
+        if proc.returncode != 0:
+            progress(f"{host.name}: the boot hook failed on the healed tree: {proc.stderr.strip()[-300:]}")
+
+
 def heal(name: str) -> int:
     with state.locked():
         lab, host = _host_for_edit(name, "heal")
@@ -185,6 +196,7 @@ def heal(name: str) -> int:
         host.evidence.rename(old)
         fresh.rename(host.evidence)
         shutil.rmtree(old)
+        _record_booted_kernel(host)
         healed, host.faults = host.faults, []
         state.save(lab)
     progress(f"{host.name}: evidence tree restored to profile {host.profile}"

@@ -27,6 +27,11 @@ EPILOG = (
 )
 
 
+def _add_extra_vars(parser: argparse.ArgumentParser, help_text: str) -> None:
+    """-e/--extra-vars, as ansible-playbook takes it: K=V or @FILE, repeatable, collected in order."""
+    parser.add_argument("-e", "--extra-vars", action="append", default=[], metavar="K=V|@FILE", help=help_text)
+
+
 def _playbook_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="provision",
@@ -39,9 +44,7 @@ def _playbook_parser() -> argparse.ArgumentParser:
     p.add_argument("-l", "--limit", help="further limit the hosts (Ansible pattern)")
     p.add_argument("-t", "--tags", help="only run plays and tasks tagged with these")
     p.add_argument("--skip-tags", help="skip plays and tasks tagged with these")
-    p.add_argument(
-        "-e", "--extra-vars", action="append", default=[], metavar="K=V|@FILE", help="extra variables (repeatable)"
-    )
+    _add_extra_vars(p, "extra variables (repeatable)")
     p.add_argument("-C", "--check", action="store_true", help="change nothing; report what would change")
     p.add_argument("-D", "--diff", action="store_true", help="show file and template differences")
     p.add_argument("-f", "--forks", type=int, help="parallel hosts")
@@ -60,8 +63,7 @@ def _sub_parser(name: str) -> argparse.ArgumentParser:
     elif name in ("verify", "snapshot"):
         p.add_argument("-i", "--inventory", required=name == "snapshot", help="homelab, lab or a path")
         p.add_argument("-l", "--limit", help="further limit the hosts (Ansible pattern)")
-        p.add_argument("-e", "--extra-vars", action="append", default=[], metavar="K=V|@FILE",
-                       help="extra variables, e.g. a profile override (repeatable)")
+        _add_extra_vars(p, "extra variables, e.g. a profile override (repeatable)")
         p.add_argument("--json", action="store_true", help="one JSON summary on stdout")
         p.add_argument("--junit", metavar="FILE", help="write a JUnit XML report")
         p.add_argument("-v", "--verbose", action="count", default=0)
@@ -77,8 +79,7 @@ def _sub_parser(name: str) -> argparse.ArgumentParser:
         p.add_argument("hosts", nargs="*", help="show: only these hosts")
         p.add_argument("-i", "--inventory", help="record: homelab, lab or a path")
         p.add_argument("-l", "--limit", help="record: further limit the hosts")
-        p.add_argument("-e", "--extra-vars", action="append", default=[], metavar="K=V|@FILE",
-                       help="record: extra variables (repeatable)")
+        _add_extra_vars(p, "record: extra variables (repeatable)")
         p.add_argument("--json", action="store_true", help="record: one JSON summary on stdout")
         p.add_argument("-v", "--verbose", action="count", default=0)
     elif name == "parse":

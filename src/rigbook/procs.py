@@ -8,24 +8,24 @@ import time
 from pathlib import Path
 
 
-def _children_map() -> dict:
+def children_map() -> dict:
+    """{ppid: [child pids]} for every process in /proc; processes that vanish mid-read are skipped."""
     children: dict = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            stat = (entry / "stat").read_text()
-        except OSError:
+            # the command name is in parentheses and may contain spaces: ppid is the 2nd field after ")"
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
             continue
-        # the command name is in parentheses and may contain spaces: ppid is the 2nd field after ")"
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
         children.setdefault(ppid, []).append(int(entry.name))
     return children
 
 
 def descendants(pid: int) -> list:
     """All live descendants of PID, parents before children."""
-    children = _children_map()
+    children = children_map()
     found, queue = [], [pid]
     while queue:
         for child in children.get(queue.pop(0), ()):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from rigbook.lab import state
 from rigbook.lab.state import Host
+from rigbook.procs import children_map
 
 SUPERVISOR = Path(__file__).resolve().with_name("supervisor.py")
 CGROUP_MOUNTS = ("/sys/fs/cgroup", "/sys/fs/cgroup/unified", "/sys/fs/cgroup/systemd")
@@ -41,19 +42,6 @@ def supervisor_pid(host: Host) -> int:
 
 def is_running(host: Host) -> bool:
     return bool(supervisor_pid(host))
-
-
-def _children_map() -> dict:
-    kids: dict = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        kids.setdefault(ppid, []).append(int(entry.name))
-    return kids
 
 
 def _tree(pid: int, kids: dict) -> set:
@@ -100,7 +88,7 @@ def processes_in_root(root: Path) -> set:
 
 def processes(host: Host) -> set:
     """Every live process that belongs to HOST."""
-    kids = _children_map()
+    kids = children_map()
     pids = set()
     sup = supervisor_pid(host)
     if sup:

@@ -7,7 +7,7 @@ import subprocess
 import time
 
 from rigbook.errors import UserError
-from rigbook.lab import evidence, faults, inventory, machine, rootfs, state, system, tracking
+from rigbook.lab import artifacts, evidence, faults, inventory, machine, rootfs, state, system, tracking
 from rigbook.lab.state import Host, Lab
 from rigbook.lab.system import LabFailure, progress
 
@@ -64,6 +64,7 @@ def up(count: int | None, profiles: list | None) -> int:
         for host in hosts:
             machine.check_port_free(host)
         system.ensure_tools()
+        artifacts.prepare()  # before anything starts: a failed download leaves nothing behind
         plan = rootfs.plan()
         cached = rootfs.is_built(plan)
         root = rootfs.ensure(plan)

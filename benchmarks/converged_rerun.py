@@ -61,21 +61,43 @@ def mode_env(mode: str) -> dict:
     return env
 
 
-def rerun(mode: str, inventory: str) -> tuple:
-    """(seconds, tasks run on the host, changed) of one site.yml run in MODE."""
+def play(mode: str, inventory: str, playbook: Path):
+    """(seconds, runner) of one run of PLAYBOOK on lab-3080 in MODE."""
     import ansible_runner
 
+    env = mode_env(mode)
     with tempfile.TemporaryDirectory(prefix=f"bench-{mode}-") as private:
         started = time.monotonic()
-        runner = ansible_runner.run(private_data_dir=private, playbook=str(REPO / "playbooks" / "site.yml"),
-                                    inventory=inventory, limit="lab-3080", envvars=mode_env(mode), quiet=True)
-        elapsed = time.monotonic() - started
-        tasks = sum(1 for e in runner.events if e.get("event") in ("runner_on_ok", "runner_on_skipped",
-                                                                     "runner_on_failed"))
+        # a fact cache plugin named in full keeps ansible-runner from moving the cache into the run folder
+        runner = ansible_runner.run(private_data_dir=private, playbook=str(playbook), inventory=inventory,
+                                    limit="lab-3080", envvars=env, quiet=True,
+                                    fact_cache_type=env.get("ANSIBLE_CACHE_PLUGIN", "jsonfile"))
+        return time.monotonic() - started, runner
+
+
+def floor(mode: str, inventory: str, count: int = 21) -> float:
+    """Seconds per task of the executor itself in MODE: a play of COUNT ansible.builtin.ping tasks minus a
+    play of one, per extra task (one module run per task, nothing else on the host)."""
+    seconds = []
+    for n in (1, count):
+        book = Path(tempfile.mkdtemp(prefix="bench-floor-")) / "ping.yml"
+        book.write_text("- hosts: all\n  gather_facts: false\n  tasks:\n" + "    - ansible.builtin.ping:\n" * n)
+        elapsed, runner = play(mode, inventory, book)
         if runner.rc != 0:
-            sys.exit(f"{mode}: site.yml failed (rc {runner.rc}): {runner.stdout.read()[-2000:]}")
-        changed = (runner.stats or {}).get("changed", {}).get("lab-3080", 0)
-        return elapsed, tasks, changed
+            sys.exit(f"{mode}: ping play failed (rc {runner.rc})")
+        seconds.append(elapsed)
+    return (seconds[1] - seconds[0]) / (count - 1)
+
+
+def rerun(mode: str, inventory: str) -> tuple:
+    """(seconds, tasks run on the host, changed) of one site.yml run in MODE."""
+    elapsed, runner = play(mode, inventory, REPO / "playbooks" / "site.yml")
+    tasks = sum(1 for e in runner.events if e.get("event") in ("runner_on_ok", "runner_on_skipped",
+                                                                 "runner_on_failed"))
+    if runner.rc != 0:
+        sys.exit(f"{mode}: site.yml failed (rc {runner.rc}): {runner.stdout.read()[-2000:]}")
+    changed = (runner.stats or {}).get("changed", {}).get("lab-3080", 0)
+    return elapsed, tasks, changed
 
 
 def main() -> int:
@@ -87,10 +109,6 @@ def main() -> int:
         sys.exit("run as root (lab hosts)")
     sys.path.insert(0, str(mitogen_dir(args.mitogen)))
     os.environ["RIGBOOK_STATE_DIR"] = tempfile.mkdtemp(prefix="rigbook-bench-rerun-")
-    sys.path.insert(0, str(REPO / "tests" / "artifacts"))
-    import pack
-
-    pack.pack()
     up = provision("lab", "up", "--hosts", "1", "--profile", "x99-3080")
     if up.returncode != 0:
         sys.exit(up.stderr)
@@ -107,7 +125,8 @@ def main() -> int:
             seconds = statistics.median(r[0] for r in runs)
             tasks, changed = runs[0][1], max(r[2] for r in runs)
             results[mode] = (seconds, tasks)
-            print(f"{mode:8s} {seconds:7.1f} s  {tasks} tasks  {seconds / tasks:.3f} s/task  changed={changed}")
+            print(f"{mode:8s} {seconds:7.1f} s  {tasks} tasks  {seconds / tasks:.3f} s/task  changed={changed}  "
+                  f"(executor floor: {floor(mode, inventory):.3f} s per ansible.builtin.ping task)")
         stock = results["stock"][0]
         rigbook, mitogen = results["rigbook"][0], results["mitogen"][0]
         print(f"ratios: stock/rigbook {stock / rigbook:.1f}x, stock/mitogen {stock / mitogen:.1f}x, "

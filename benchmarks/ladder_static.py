@@ -3,7 +3,8 @@
 Brings the lab up if it is not (root needed), then times, for lab-r9700:
   1. `provision verify -i lab --limit lab-r9700 --tags <the five static layers>`, the whole command
      (ansible-playbook start, SSH, five module runs, summary);
-  2. the five module tasks alone, from ansible-runner's per-task event timestamps of that run;
+  2. the ladder task alone (rigbook.homelab.static_ladder: the five layers in one module run), from
+     ansible-runner's per-task event timestamps of that run;
   3. collect + judge in-process on the same recorded tree (no Ansible), for comparison.
 Run: .venv/bin/python benchmarks/ladder_static.py [RUNS]
 """
@@ -77,7 +78,7 @@ def main() -> int:
         print(f"static ladder on lab-r9700, median of {runs} runs:")
         print(f"  whole `provision verify` command: {wall:.2f} s ({wall / TARGET_S:.2f}x of the {TARGET_S:.0f} s "
               "target; includes ansible-playbook start-up)")
-        print(f"  the five module tasks over SSH:   {task:.2f} s ({task / TARGET_S:.2f}x of target, "
+        print(f"  the static-ladder task over SSH:  {task:.2f} s ({task / TARGET_S:.2f}x of target, "
               f"{task / 5:.2f} s per layer)")
         print(f"  collect + judge in-process:       {in_process * 1000:.1f} ms")
     finally:

@@ -218,6 +218,7 @@ def run_playbook(opts: RunOptions) -> int:
     previous = signal.signal(signal.SIGINT, on_sigint)
     mode = " (check mode)" if opts.check else ""
     title = f"provision {playbook.name} -i {inventory.name}{mode}"
+    env = ansible_env()
     try:
         with display.progress_for(tracker, progress_stream, title):
             runner = ansible_runner.run(
@@ -231,7 +232,10 @@ def run_playbook(opts: RunOptions) -> int:
                 forks=opts.forks,
                 verbosity=opts.verbosity or None,
                 cmdline=_cmdline(opts) or None,
-                envvars=ansible_env(),
+                envvars=env,
+                # ansible-runner points a "jsonfile" fact cache into each run's artifact folder, which would
+                # forget every host's facts between runs; with the plugin's full name it leaves ours alone.
+                fact_cache_type=env["ANSIBLE_CACHE_PLUGIN"],
                 event_handler=tracker.handle,
                 cancel_callback=cancel,
                 quiet=True,

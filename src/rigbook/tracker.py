@@ -19,6 +19,14 @@ class HostState:
     reboot_requested: bool = False
 
 
+def _verdicts(res) -> list:
+    """The ladder verdicts of a result: `ladder` (several layers in one task) or `verdict` (one layer)."""
+    if not isinstance(res, dict):
+        return []
+    found = res.get("ladder") if isinstance(res.get("ladder"), list) else [res.get("verdict")]
+    return [v for v in found if isinstance(v, dict) and v.get("layer")]
+
+
 def _message(res: dict) -> str:
     """The most useful one-line-ish message of a failed/unreachable result."""
     if not isinstance(res, dict):
@@ -95,9 +103,7 @@ class Tracker:
         res = data.get("res") or {}
         task = data.get("task") or self.task
         h.tasks_done += 1
-        verdict = res.get("verdict") if isinstance(res, dict) else None
-        if isinstance(verdict, dict) and verdict.get("layer"):
-            h.ladder.append(verdict)
+        h.ladder.extend(_verdicts(res))
         if isinstance(res, dict) and res.get("reboot_required"):
             h.reboot_requested = True
         if kind == "runner_on_unreachable":

@@ -72,11 +72,18 @@ def test_healthy_lab_passes_and_the_3080_warns_on_bar1(lab):
     assert {v["layer"]: v["status"] for v in x3080[1:]}["nccl_transport"] == "pass"
 
 
+def test_tags_judge_only_the_layers_named(lab):
+    code, hosts = verify("--limit", "lab-r9700", "--tags", "pcie_link,peer_access")
+    assert code == 0, hosts
+    assert [v["layer"] for v in hosts["lab-r9700"]["ladder"]] == ["pcie_link", "peer_access"]
+
+
 def test_3080_with_p2p_expected_fails_at_firmware_with_the_bios_remedy(lab):
     code, hosts = verify("--limit", "lab-3080", "-e", json.dumps({"rigbook_p2p": {"expected": True}}))
     assert code == 1
     host = hosts["lab-3080"]
-    assert host["failures"][0]["task"].startswith("Ladder 1: firmware")
+    assert host["failures"][0]["task"].startswith("Ladder 1-5: firmware")
+    assert [v["layer"] for v in host["ladder"]] == ["firmware"]  # the host stopped at the first rung
     firmware = host["ladder"][0]
     assert firmware["status"] == "fail" and "Above 4G Decoding ON" in firmware["remedy"]
     assert "not possible on this board" in host["failures"][0]["msg"]

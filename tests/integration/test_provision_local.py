@@ -110,8 +110,10 @@ def test_gpu_count_match_passes_preflight_and_reaches_the_ladder(tmp_path):
     host = json.loads(proc.stdout)["hosts"]["localhost"]
     # preflight passes; the bare simulated tree has no EFI and no BARs, so the ladder stops at firmware
     assert proc.returncode == 1
-    assert [f["task"] for f in host["failures"]] == ["Ladder 1: firmware (UEFI, Above-4G, ReBAR)"]
-    assert host["ladder"][0]["layer"] == "firmware" and "CSM" in host["ladder"][0]["why"]
+    assert [f["task"] for f in host["failures"]] == [
+        "Ladder 1-5: firmware, PCIe link, DMA window, kernel state, driver state"]
+    assert [v["layer"] for v in host["ladder"]] == ["firmware"] and "CSM" in host["ladder"][0]["why"]
+    assert host["failures"][0]["msg"].startswith("firmware: fail:")
     proc = provision("site.yml", "-i", str(inv), "--json", "--skip-tags", "ladder")
     assert proc.returncode == 0, proc.stderr
 
@@ -167,3 +169,24 @@ def test_runs_lists_recent_runs():
     proc = provision("runs", "-n", "3")
     assert proc.returncode == 0
     assert "site.yml -i" in proc.stdout and "ok" in proc.stdout
+
+
+def test_facts_are_cached_between_runs_in_the_state_dir(tmp_path):
+    """Smart gathering only pays off when the fact cache outlives the run (ansible-runner would move it into
+    each run's artifact folder): the second run finds the facts and gathers nothing."""
+    evidence = simulated_sysfs(tmp_path / "evidence", [("0x1002", "0x7551"), ("0x1002", "0x7551")])
+    inv = local_inventory(
+        tmp_path, {"rigbook_evidence_root": str(evidence), "rigbook_gpu": {"vendor": "amd", "count": 2}}
+    )
+    state = {"RIGBOOK_STATE_DIR": str(tmp_path / "state")}
+    first = provision("site.yml", "-i", str(inv), "--json", "--skip-tags", "ladder", env=state)
+    assert first.returncode == 0, first.stderr
+    [cache_file] = (tmp_path / "state" / "facts").glob("*localhost")
+    assert "ansible_system" in cache_file.read_text()  # the facts gathered by the first run
+    second = provision("site.yml", "-i", str(inv), "--json", "--skip-tags", "ladder", env=state)
+    assert second.returncode == 0, second.stderr
+    run_dir = Path(json.loads(second.stdout)["run_dir"])
+    events = [json.loads(p.read_text()) for p in run_dir.glob("artifacts/*/job_events/*.json")]
+    gathered = [e for e in events if (e.get("event_data") or {}).get("task_action") == "gather_facts"
+                and e.get("event") == "runner_on_ok"]
+    assert gathered == []  # smart gathering found the cached facts

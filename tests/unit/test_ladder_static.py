@@ -141,6 +141,20 @@ def test_link_trained_at_x8_fails():
     assert verdict["status"] == "fail" and "0000:04:00.0 trained at x8 of x16" in verdict["why"]
 
 
+def test_the_one_call_ladder_stops_at_the_first_failing_layer():
+    ev = r9700_evidence()
+    ev["gpus"][1]["link"]["current_width"] = 8
+    climbed = L.judge_until_fail(ev, R9700)
+    assert [(v["layer"], v["status"]) for v in climbed] == [("firmware", "pass"), ("pcie_link", "fail")]
+    assert climbed == L.judge_all(ev, R9700)[:2]  # the same judges as the one-layer modules
+
+
+def test_the_one_call_ladder_judges_only_the_layers_asked_in_ladder_order():
+    climbed = L.judge_until_fail(r9700_evidence(), R9700, ["driver_state", "dma_window"])
+    assert [v["layer"] for v in climbed] == ["dma_window", "driver_state"]
+    assert L.judge_until_fail(r9700_evidence(), R9700, []) == []
+
+
 def test_port_limited_to_gen1_fails():
     ev = r9700_evidence()
     ev["gpus"][0]["chain"][0]["link"]["max_speed_gts"] = 2.5

@@ -1,16 +1,20 @@
-"""Benchmark: time of the five static P2P-ladder layers on one lab host (target: under 3 s for all five).
+"""Benchmark: time of the five static P2P-ladder layers on one host (target: under 3 s for all five).
 
-Brings the lab up if it is not (root needed), then times, for lab-r9700:
-  1. `provision verify -i lab --limit lab-r9700 --tags <the five static layers>`, the whole command
-     (ansible-playbook start, SSH, five module runs, summary);
+By default on the lab host lab-r9700 (brings the lab up if it is not; root needed); --inventory/--host pick
+another host, e.g. a real GPU box over a local connection. Times, median of RUNS:
+  1. `provision verify -i INV --limit HOST --tags <the five static layers>`, the whole command
+     (ansible-playbook start, connection, the ladder task, summary);
   2. the ladder task alone (rigbook.homelab.static_ladder: the five layers in one module run), from
      ansible-runner's per-task event timestamps of that run;
-  3. collect + judge in-process on the same recorded tree (no Ansible), for comparison.
-Run: .venv/bin/python benchmarks/ladder_static.py [RUNS]
+  3. for comparison, the five one-layer modules as five tasks (rigbook.homelab.firmware ... driver_state),
+     the way the role ran them before: sum of the five tasks' durations;
+  4. collect + judge in-process (no Ansible): the lab host's recorded tree, or / on this machine otherwise.
+Run: .venv/bin/python benchmarks/ladder_static.py [RUNS] [--inventory INV --host HOST]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import subprocess
@@ -20,8 +24,23 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-STATIC = "firmware,pcie_link,dma_window,kernel_state,driver_state"
+STATIC = ("firmware", "pcie_link", "dma_window", "kernel_state", "driver_state")
 TARGET_S = 3.0
+FIVE_TASKS = """- name: The five static layers, one module per task
+  hosts: HOST
+  gather_facts: false
+  vars:
+    profile:
+      gpu: "{{ rigbook_gpu | default({}) }}"
+      p2p: "{{ rigbook_p2p | default({}) }}"
+      pins: "{{ rigbook_pins | default({}) }}"
+    root: "{{ rigbook_evidence_root | default('/') }}"
+  tasks:
+""" + "".join(f"""    - name: Ladder {layer}
+      rigbook.homelab.{layer}:
+        root: "{{{{ root }}}}"
+        profile: "{{{{ profile }}}}"
+""" for layer in STATIC)
 
 
 def provision(*args):
@@ -42,45 +61,76 @@ def task_seconds(run_dir: Path) -> float:
     return total
 
 
+def timed_run(*args) -> tuple:
+    """(wall seconds, ladder task seconds, summary) of one `provision ... --json` run."""
+    start = time.perf_counter()
+    proc = provision(*args, "--json")
+    wall = time.perf_counter() - start
+    if not proc.stdout.strip():
+        sys.exit(f"provision {' '.join(args)} gave no summary: {proc.stderr.strip()[-1500:]}")
+    summary = json.loads(proc.stdout)
+    return wall, task_seconds(Path(summary["run_dir"])), summary
+
+
+def in_process_seconds(inventory: str, host: str) -> tuple:
+    from rigbook.paths import collections_path
+    from rigbook.snapshots import profile_of
+    from rigbook.validate import validate
+
+    collections_path()
+    from ansible_collections.rigbook.homelab.plugins.module_utils import evidence, ladder_static
+
+    inv = validate(inventory)
+    profile = profile_of(inv, host)
+    if inventory == "lab":
+        from rigbook.lab.evidence import materialize
+
+        root, where = str(materialize("x99-r9700", Path(tempfile.mkdtemp()) / "t")), "the recorded x99-r9700 tree"
+    else:
+        root, where = "/", "/ of this machine"
+    start = time.perf_counter()
+    for _ in range(20):
+        ladder_static.judge_all(evidence.collect_static(root), profile)
+    return (time.perf_counter() - start) / 20, where
+
+
 def main() -> int:
-    runs = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="?", type=int, default=5)
+    parser.add_argument("--inventory", default="lab")
+    parser.add_argument("--host", default="lab-r9700")
+    args = parser.parse_args()
     started_lab = False
-    if provision("lab", "status").returncode != 0 or "running" not in provision("lab", "status").stdout:
+    if args.inventory == "lab" and "running" not in provision("lab", "status").stdout:
         up = provision("lab", "up")
         if up.returncode != 0:
             print(f"lab up failed: {up.stderr.strip()}")
             return 1
         started_lab = True
     try:
-        walls, tasks = [], []
-        for _ in range(runs):
-            start = time.perf_counter()
-            proc = provision("verify", "-i", "lab", "--limit", "lab-r9700", "--tags", STATIC, "--json")
-            walls.append(time.perf_counter() - start)
-            summary = json.loads(proc.stdout)
-            assert len(summary["hosts"]["lab-r9700"]["ladder"]) == 5, summary
-            tasks.append(task_seconds(Path(summary["run_dir"])))
-        from rigbook.lab.evidence import materialize
-        from rigbook.paths import collections_path
-        from rigbook.snapshots import profile_of
-        from rigbook.validate import validate
-
-        collections_path()
-        from ansible_collections.rigbook.homelab.plugins.module_utils import evidence, ladder_static
-
-        tree = materialize("x99-r9700", Path(tempfile.mkdtemp()) / "t")
-        profile = profile_of(validate("inventory/lab"), "lab-r9700")
-        start = time.perf_counter()
-        for _ in range(100):
-            ladder_static.judge_all(evidence.collect_static(str(tree)), profile)
-        in_process = (time.perf_counter() - start) / 100
-        wall, task = statistics.median(walls), statistics.median(tasks)
-        print(f"static ladder on lab-r9700, median of {runs} runs:")
+        one, five = [], []
+        book = Path(tempfile.mkdtemp(prefix="ladder-bench-")) / "five-tasks.yml"
+        book.write_text(FIVE_TASKS.replace("HOST", args.host))
+        for _ in range(args.runs):
+            wall, task, summary = timed_run("verify", "-i", args.inventory, "--limit", args.host,
+                                            "--tags", ",".join(STATIC))
+            layers = [v["layer"] for v in summary["hosts"][args.host].get("ladder", [])]
+            if layers != list(STATIC):
+                sys.exit(f"expected the five static verdicts, got {layers}: {summary['hosts'][args.host]}")
+            one.append((wall, task))
+            wall, task, summary = timed_run(str(book), "-i", args.inventory, "--limit", args.host)
+            five.append((wall, task))
+        in_process, where = in_process_seconds(args.inventory, args.host)
+        wall, task = (statistics.median(x) for x in zip(*one))
+        wall5, task5 = (statistics.median(x) for x in zip(*five))
+        print(f"static ladder on {args.host} (inventory {args.inventory}), median of {args.runs} runs:")
         print(f"  whole `provision verify` command: {wall:.2f} s ({wall / TARGET_S:.2f}x of the {TARGET_S:.0f} s "
               "target; includes ansible-playbook start-up)")
-        print(f"  the static-ladder task over SSH:  {task:.2f} s ({task / TARGET_S:.2f}x of target, "
+        print(f"  the static-ladder task:           {task:.2f} s ({task / TARGET_S:.2f}x of target, "
               f"{task / 5:.2f} s per layer)")
-        print(f"  collect + judge in-process:       {in_process * 1000:.1f} ms")
+        print(f"  five one-layer module tasks:      {task5:.2f} s ({task5 / task:.1f}x the one-task ladder; "
+              f"whole command {wall5:.2f} s)")
+        print(f"  collect + judge in-process:       {in_process * 1000:.1f} ms ({where})")
     finally:
         if started_lab:
             provision("lab", "down")

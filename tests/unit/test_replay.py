@@ -76,3 +76,15 @@ def test_device_run_figures(fixtures):
         assert statuses["pcie_link"] == statuses["driver_state"] == "pass"
     second = {v["layer"]: v for v in runs[1]["hosts"]["h200"]["ladder"]}
     assert "vs baseline" in second["p2p_bandwidth"]["why"]
+
+
+def test_live_static_ladder_on_the_h200_matches_the_replay_of_its_snapshot(fixtures):
+    """The one-call static ladder ran live on the H200 (static-ladder-verify.json); replaying the snapshot
+    taken there with `provision snapshot` gives the same verdicts for the same five layers."""
+    live = json.loads((fixtures / "device" / "static-ladder-verify.json").read_text())["hosts"]["h200"]
+    assert [f["task"] for f in live.get("failures", [])] == []
+    live_ladder = {v["layer"]: (v["status"], v["measured"]) for v in live["ladder"]}
+    assert list(live_ladder) == ["firmware", "pcie_link", "dma_window", "kernel_state", "driver_state"]
+    proc = replay(fixtures / "device" / "h200-snapshot.tar.gz")
+    replayed = {v["layer"]: (v["status"], v["measured"]) for v in json.loads(proc.stdout)["hosts"]["h200"]["ladder"]}
+    assert {layer: replayed[layer] for layer in live_ladder} == live_ladder

@@ -41,19 +41,29 @@ def run_layer(layer):
     finish(module, JUDGES[layer](evidence, module.params["profile"] or {}), evidence)
 
 
+def selected_layers(module, known, kind):
+    """module.params["layers"] checked against KNOWN (the task fails naming the unknown ones), in ladder order."""
+    layers = module.params["layers"]
+    unknown = [name for name in layers if name not in known]
+    if unknown:
+        module.fail_json(msg="layers: unknown %s layer(s) %s; the %s layers are %s"
+                         % (kind, ", ".join(unknown), kind, ", ".join(known)))
+    return [name for name in known if name in layers]
+
+
 def run_static_ladder():
     spec = dict(ARGUMENT_SPEC, layers=dict(type="list", elements="str", default=list(STATIC_LAYERS)))
     module = AnsibleModule(argument_spec=spec, supports_check_mode=True)
-    layers = module.params["layers"]
-    unknown = [name for name in layers if name not in STATIC_LAYERS]
-    if unknown:
-        module.fail_json(msg="layers: unknown static layer(s) %s; the static layers are %s"
-                         % (", ".join(unknown), ", ".join(STATIC_LAYERS)))
+    layers = selected_layers(module, STATIC_LAYERS, "static")
     parts = sorted({part for name in layers for part in evidence_mod.LAYER_PARTS[name]})
     evidence = evidence_mod.collect_static(module.params["root"], parts)
-    verdicts = judge_until_fail(evidence, module.params["profile"] or {}, layers)
+    finish_ladder(module, judge_until_fail(evidence, module.params["profile"] or {}, layers), evidence)
+
+
+def finish_ladder(module, verdicts, evidence):
+    """The several-layer modules end here: fail the task on the (last) fail verdict, warn on warn/unknown."""
     result = dict(changed=False, ladder=verdicts, evidence=evidence,
-                  msg="; ".join(message(v) for v in verdicts) or "no static layer selected")
+                  msg="; ".join(message(v) for v in verdicts) or "no layer selected")
     failed = [v for v in verdicts if v["status"] == "fail"]
     if failed:
         result["msg"] = message(failed[0])

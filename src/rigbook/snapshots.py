@@ -24,28 +24,12 @@ def _module_utils():
 def judge_tree(tree: str, profile: dict, baseline_metrics: dict | None = None) -> list:
     """All nine layers on a recorded tree, with the same collectors and judges as a live run."""
     collections_path()
-    from ansible_collections.rigbook.homelab.plugins.module_utils import collectives, evidence, ladder_static
-    from ansible_collections.rigbook.homelab.plugins.module_utils.ladder_collectives import (
-        judge_collectives,
-        judge_nccl_transport,
-    )
-    from ansible_collections.rigbook.homelab.plugins.module_utils.ladder_runtime import (
-        judge_p2p_bandwidth,
-        judge_peer_access,
-    )
-    from ansible_collections.rigbook.homelab.plugins.module_utils.runtime_module import collect_probe
+    from ansible_collections.rigbook.homelab.plugins.module_utils import evidence, ladder_static, runtime_module
 
-    baseline_metrics = baseline_metrics or {}
-    tolerance = profile.get("tolerance")
     verdicts = ladder_static.judge_all(evidence.collect_static(tree), profile)
-    probe = collect_probe(tree, profile)
-    verdicts.append(judge_peer_access(probe, profile))
-    verdicts.append(judge_p2p_bandwidth(probe, profile, baseline_metrics, tolerance))
-    data = collectives.collect_collectives(tree)
-    verdicts.append(judge_collectives(data, profile, baseline_metrics, tolerance))
-    text, source = collectives.collect_nccl_log(tree)
-    verdicts.append(judge_nccl_transport(collectives.transport_evidence(text, source), profile))
-    return verdicts
+    params = runtime_module.runtime_params(root=tree, profile=profile, baseline=baseline_metrics or {})
+    runtime, _ = runtime_module.climb_runtime(params, runtime_module.RUNTIME_LAYERS, stop_at_fail=False)
+    return verdicts + runtime
 
 
 def profile_of(inv, host: str) -> dict:

@@ -10,6 +10,7 @@ import pytest
 
 from rigbook.baselines import metrics_of
 from rigbook.lab import evidence, faults
+from rigbook.paths import collections_path
 from rigbook.snapshots import judge_tree, profile_of
 from rigbook.validate import validate
 
@@ -100,3 +101,28 @@ def test_fault_fails_at_its_layer(tmp_path, inv, fault, profile):
         assert "vs baseline" in first["why"] and "(0.50x)" in first["why"]
     lower = [v for v in verdicts[: verdicts.index(first)] if v["status"] not in ("pass", "warn", "skip", "unknown")]
     assert not lower
+
+
+def _runtime(tree, profile, **given):
+    collections_path()
+    from ansible_collections.rigbook.homelab.plugins.module_utils import runtime_module
+
+    params = runtime_module.runtime_params(root=tree, profile=profile, **given)
+    return runtime_module, params
+
+
+def test_the_one_call_runtime_ladder_stops_at_the_first_failing_layer(tmp_path, inv):
+    tree = _tree(tmp_path, "x99-r9700", "peer-map-failed")
+    runtime_module, params = _runtime(tree, profile_of(inv, "lab-r9700"))
+    verdicts, evidence_seen = runtime_module.climb_runtime(params, runtime_module.RUNTIME_LAYERS)
+    assert [(v["layer"], v["status"]) for v in verdicts] == [("peer_access", "fail")]
+    assert list(evidence_seen) == ["probe"]  # the benchmark above it was never run
+    everything, _ = runtime_module.climb_runtime(params, runtime_module.RUNTIME_LAYERS, stop_at_fail=False)
+    assert [v["layer"] for v in everything] == list(runtime_module.RUNTIME_LAYERS)
+
+
+def test_the_one_call_runtime_ladder_judges_only_the_layers_asked(tmp_path, inv):
+    runtime_module, params = _runtime(_tree(tmp_path, "x99-r9700"), profile_of(inv, "lab-r9700"))
+    verdicts, seen = runtime_module.climb_runtime(params, ["p2p_bandwidth", "nccl_transport"])
+    assert [(v["layer"], v["status"]) for v in verdicts] == [("p2p_bandwidth", "pass"), ("nccl_transport", "pass")]
+    assert sorted(seen) == ["nccl_transport", "probe"]

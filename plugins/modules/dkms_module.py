@@ -217,10 +217,12 @@ def main():
         result["removed"].append("%s/%s" % (name, other))
         if not check:
             dkms.run(["dkms", "remove", "%s/%s" % (name, other), "--all"], "dkms remove")
-    now = dkms.status(name) if not check else before
+    # `dkms status` is a slow script (about 0.3 s): asked again only when something above changed the tree
+    now = dkms.status(name) if not check and result["removed"] else before
     if not check and not any(r["version"] == version for r in now):
         dkms.run(["dkms", "add", "%s/%s" % (name, version)], "dkms add")
-    installed = set(r["kernel"] for r in now if r["version"] == version and r["state"] == "installed"
+        now = None  # the tree changed
+    installed = set(r["kernel"] for r in (now or []) if r["version"] == version and r["state"] == "installed"
                     and not result["unpacked"])
     for kernel in p["kernels"]:
         if kernel in installed:
@@ -246,7 +248,8 @@ def main():
             if not check and (path is None or "/updates/dkms/" not in path):
                 module.fail_json(msg="after installing %s/%s for %s, modinfo -n %s resolves to %s, not the DKMS build"
                                  % (name, version, kernel, mod, path), **result)
-    result["status"] = dkms.status(name)
+    touched = now is None or result["built"] or result["removed"] or result["shadowing_removed"]
+    result["status"] = dkms.status(name) if touched and not check else now
     result["changed"] = bool(result["built"] or result["removed"] or result["shadowing_removed"] or result["unpacked"])
     if module._diff and result["changed"]:
         result["diff"] = dict(

@@ -61,8 +61,8 @@ def mode_env(mode: str) -> dict:
     return env
 
 
-def play(mode: str, inventory: str, playbook: Path):
-    """(seconds, runner) of one run of PLAYBOOK on lab-3080 in MODE."""
+def play(mode: str, inventory: str, playbook: Path) -> tuple:
+    """(seconds, return code, tasks run on the host, changed) of one run of PLAYBOOK on lab-3080 in MODE."""
     import ansible_runner
 
     env = mode_env(mode)
@@ -72,7 +72,12 @@ def play(mode: str, inventory: str, playbook: Path):
         runner = ansible_runner.run(private_data_dir=private, playbook=str(playbook), inventory=inventory,
                                     limit="lab-3080", envvars=env, quiet=True,
                                     fact_cache_type=env.get("ANSIBLE_CACHE_PLUGIN", "jsonfile"))
-        return time.monotonic() - started, runner
+        elapsed = time.monotonic() - started
+        tasks = sum(1 for e in runner.events if e.get("event") in ("runner_on_ok", "runner_on_skipped",
+                                                                     "runner_on_failed"))
+        if runner.rc != 0:
+            print(runner.stdout.read()[-2000:])
+        return elapsed, runner.rc, tasks, (runner.stats or {}).get("changed", {}).get("lab-3080", 0)
 
 
 def floor(mode: str, inventory: str, count: int = 21) -> float:
@@ -82,21 +87,18 @@ def floor(mode: str, inventory: str, count: int = 21) -> float:
     for n in (1, count):
         book = Path(tempfile.mkdtemp(prefix="bench-floor-")) / "ping.yml"
         book.write_text("- hosts: all\n  gather_facts: false\n  tasks:\n" + "    - ansible.builtin.ping:\n" * n)
-        elapsed, runner = play(mode, inventory, book)
-        if runner.rc != 0:
-            sys.exit(f"{mode}: ping play failed (rc {runner.rc})")
+        elapsed, rc, _, _ = play(mode, inventory, book)
+        if rc != 0:
+            sys.exit(f"{mode}: ping play failed (rc {rc})")
         seconds.append(elapsed)
     return (seconds[1] - seconds[0]) / (count - 1)
 
 
 def rerun(mode: str, inventory: str) -> tuple:
     """(seconds, tasks run on the host, changed) of one site.yml run in MODE."""
-    elapsed, runner = play(mode, inventory, REPO / "playbooks" / "site.yml")
-    tasks = sum(1 for e in runner.events if e.get("event") in ("runner_on_ok", "runner_on_skipped",
-                                                                 "runner_on_failed"))
-    if runner.rc != 0:
-        sys.exit(f"{mode}: site.yml failed (rc {runner.rc}): {runner.stdout.read()[-2000:]}")
-    changed = (runner.stats or {}).get("changed", {}).get("lab-3080", 0)
+    elapsed, rc, tasks, changed = play(mode, inventory, REPO / "playbooks" / "site.yml")
+    if rc != 0:
+        sys.exit(f"{mode}: site.yml failed (rc {rc})")
     return elapsed, tasks, changed
 
 

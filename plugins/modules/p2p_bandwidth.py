@@ -42,23 +42,11 @@ options:
     description: C({fail_below, warn_below}) as fractions of the baseline, and C(over_staged), C(link_warn_below), C(bidir_warn_below).
     type: dict
     default: {}
-  size_bytes:
-    description: Bytes per copy.
-    type: int
-    default: 67108864
-  reps:
-    description: Timed copies per figure.
-    type: int
-    default: 10
-  deadline_s:
-    description: Soft time budget of the probe (10 s for CUDA, 20 s for HIP when omitted); it is killed 30 s later.
-    type: float
-  ipc_legacy:
-    description: AMD only. HSA_ENABLE_IPC_MODE_LEGACY for the probe (see M(rigbook.homelab.peer_access)).
-    type: bool
   evidence:
     description: A probe result already taken (e.g. the registered C(evidence) of M(rigbook.homelab.peer_access)); judged instead of probing again.
     type: dict
+extends_documentation_fragment:
+  - rigbook.homelab.probe
 attributes:
   check_mode:
     support: full

@@ -40,25 +40,11 @@ options:
     description: Not used by this layer.
     type: dict
     default: {}
-  size_bytes:
-    description: Bytes per copy.
-    type: int
-    default: 67108864
-  reps:
-    description: Timed copies per figure.
-    type: int
-    default: 10
-  deadline_s:
-    description: Soft time budget of the probe (10 s for CUDA, 20 s for HIP when omitted); it is killed 30 s later.
-    type: float
-  ipc_legacy:
-    description:
-      - AMD only. HSA_ENABLE_IPC_MODE_LEGACY for the probe and its IPC child (true = C(1), false = C(0), DMA-BUF).
-      - Defaults to the value pinned in C(pins.rocm.hsa_env), else the environment's.
-    type: bool
   evidence:
     description: A probe result already taken (e.g. this module's registered C(evidence)); judged instead of probing.
     type: dict
+extends_documentation_fragment:
+  - rigbook.homelab.probe
 attributes:
   check_mode:
     support: full

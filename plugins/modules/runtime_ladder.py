@@ -36,20 +36,6 @@ options:
     description: C({fail_below, warn_below}) as fractions of the baseline; C(profile.tolerance) is merged under it.
     type: dict
     default: {}
-  size_bytes:
-    description: Bytes per probe copy.
-    type: int
-    default: 67108864
-  reps:
-    description: Timed probe copies per figure.
-    type: int
-    default: 10
-  deadline_s:
-    description: Soft time budget of the probe (10 s for CUDA, 20 s for HIP when omitted); it is killed 30 s later.
-    type: float
-  ipc_legacy:
-    description: AMD only. HSA_ENABLE_IPC_MODE_LEGACY for the probe (see M(rigbook.homelab.peer_access)).
-    type: bool
   evidence:
     description: A probe result already taken; judged instead of probing again.
     type: dict
@@ -78,6 +64,7 @@ options:
     description: systemd unit whose journal holds the serving engine's NCCL log.
     type: str
 extends_documentation_fragment:
+  - rigbook.homelab.probe
   - rigbook.homelab.ladder
 """
 

@@ -190,3 +190,16 @@ def test_facts_are_cached_between_runs_in_the_state_dir(tmp_path):
     gathered = [e for e in events if (e.get("event_data") or {}).get("task_action") == "gather_facts"
                 and e.get("event") == "runner_on_ok"]
     assert gathered == []  # smart gathering found the cached facts
+
+
+def test_an_unknown_layer_is_named_not_a_traceback(tmp_path):
+    evidence = simulated_sysfs(tmp_path / "evidence", [("0x1002", "0x7551"), ("0x1002", "0x7551")])
+    inv = local_inventory(
+        tmp_path, {"rigbook_evidence_root": str(evidence), "rigbook_gpu": {"vendor": "amd", "count": 2}}
+    )
+    proc = provision("verify", "-i", str(inv), "--json", "-e", '{"p2p_verify_static_layers": ["pcie_link", "bogus"]}')
+    assert proc.returncode == 1, proc.stderr
+    host = json.loads(proc.stdout)["hosts"]["localhost"]
+    msg = host["failures"][0]["msg"]
+    assert "unknown static layer(s) bogus" in msg and "firmware, pcie_link" in msg
+    assert "Traceback" not in proc.stdout + proc.stderr

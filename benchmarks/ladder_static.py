@@ -74,13 +74,14 @@ def timed_run(*args) -> tuple:
 
 def in_process_seconds(inventory: str, host: str) -> tuple:
     from rigbook.paths import collections_path
+    from rigbook.run import resolve_inventory
     from rigbook.snapshots import profile_of
     from rigbook.validate import validate
 
     collections_path()
     from ansible_collections.rigbook.homelab.plugins.module_utils import evidence, ladder_static
 
-    inv = validate(inventory)
+    inv = validate(resolve_inventory(inventory))
     profile = profile_of(inv, host)
     if inventory == "lab":
         from rigbook.lab.evidence import materialize

@@ -88,3 +88,18 @@ def test_live_static_ladder_on_the_h200_matches_the_replay_of_its_snapshot(fixtu
     proc = replay(fixtures / "device" / "h200-snapshot.tar.gz")
     replayed = {v["layer"]: (v["status"], v["measured"]) for v in json.loads(proc.stdout)["hosts"]["h200"]["ladder"]}
     assert {layer: replayed[layer] for layer in live_ladder} == live_ladder
+
+
+def test_device_run_of_the_two_task_ladder(fixtures):
+    """The role's two ladder tasks on the H200 (two-task-ladder.sh): the runtime task probed the GPU and ran the
+    bundled benchmark live; with one GPU the pair layers skip and say what they measured."""
+    for n in (1, 2):
+        run = json.loads((fixtures / "device" / f"two-task-verify-{n}.json").read_text())
+        assert run["exit_code"] == 0
+        ladder = {v["layer"]: v for v in run["hosts"]["h200"]["ladder"]}
+        assert list(ladder) == ["firmware", "pcie_link", "dma_window", "kernel_state", "driver_state",
+                                "peer_access", "p2p_bandwidth", "collectives", "nccl_transport"]
+        assert {layer: ladder[layer]["status"] for layer in ("peer_access", "p2p_bandwidth", "collectives")} == \
+            dict.fromkeys(("peer_access", "p2p_bandwidth", "collectives"), "skip")
+        assert "host copies H2D" in ladder["p2p_bandwidth"]["why"]
+        assert "#wrong 0" in ladder["collectives"]["why"]

@@ -61,7 +61,8 @@ def run_static_ladder():
 
 
 def finish_ladder(module, verdicts, evidence):
-    """The several-layer modules end here: fail the task on the (last) fail verdict, warn on warn/unknown."""
+    """The several-layer modules end here: fail the task on a fail verdict (the climb stopped there), warn on
+    warn/unknown."""
     result = dict(changed=False, ladder=verdicts, evidence=evidence,
                   msg="; ".join(message(v) for v in verdicts) or "no layer selected")
     failed = [v for v in verdicts if v["status"] == "fail"]

@@ -79,7 +79,8 @@ def in_process_seconds(inventory: str, host: str) -> tuple:
     from rigbook.validate import validate
 
     collections_path()
-    from ansible_collections.rigbook.homelab.plugins.module_utils import evidence, ladder_static
+    from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence as evidence
+    from ansible_collections.rigbook.homelab.plugins.module_utils.judges import static_layers as ladder_static
 
     inv = validate(resolve_inventory(inventory))
     profile = profile_of(inv, host)

@@ -67,7 +67,9 @@ firmware:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.rigbook.homelab.plugins.module_utils import bios_checklist, evidence, ladder_static
+from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence as evidence
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges import bios_checklist
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges import static_layers as ladder_static
 
 
 def main():

@@ -47,7 +47,7 @@ evidence:
   type: dict
 """
 
-from ansible_collections.rigbook.homelab.plugins.module_utils.ladder_module import run_layer
+from ansible_collections.rigbook.homelab.plugins.module_utils.ansible_glue import run_layer
 
 
 def main():

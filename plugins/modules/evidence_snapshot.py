@@ -58,7 +58,7 @@ import tarfile
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.rigbook.homelab.plugins.module_utils.snapshot import capture
+from ansible_collections.rigbook.homelab.plugins.module_utils.collect.evidence_tree import capture
 
 
 def main():

@@ -60,7 +60,7 @@ gpus:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.rigbook.homelab.plugins.module_utils.pci import judge_gpu_count, list_gpus
+from ansible_collections.rigbook.homelab.plugins.module_utils.collect.pci import judge_gpu_count, list_gpus
 
 
 def main():

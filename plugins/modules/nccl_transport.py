@@ -54,9 +54,12 @@ evidence:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.rigbook.homelab.plugins.module_utils.collectives import collect_nccl_log, transport_evidence
-from ansible_collections.rigbook.homelab.plugins.module_utils.ladder_collectives import judge_nccl_transport
-from ansible_collections.rigbook.homelab.plugins.module_utils.ladder_module import finish
+from ansible_collections.rigbook.homelab.plugins.module_utils.ansible_glue import finish
+from ansible_collections.rigbook.homelab.plugins.module_utils.collect.collective_bench import (
+    collect_nccl_log,
+    transport_evidence,
+)
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges.collective_layers import judge_nccl_transport
 
 
 def main():

@@ -87,8 +87,8 @@ evidence:
   type: dict
 """
 
-from ansible_collections.rigbook.homelab.plugins.module_utils.ladder_runtime import judge_p2p_bandwidth
-from ansible_collections.rigbook.homelab.plugins.module_utils.runtime_module import run_runtime_layer
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges.peer_layers import judge_p2p_bandwidth
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder.climb import run_runtime_layer
 
 
 def judge(evidence, profile, params):

@@ -85,8 +85,8 @@ evidence:
   type: dict
 """
 
-from ansible_collections.rigbook.homelab.plugins.module_utils.ladder_runtime import judge_peer_access
-from ansible_collections.rigbook.homelab.plugins.module_utils.runtime_module import run_runtime_layer
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges.peer_layers import judge_peer_access
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder.climb import run_runtime_layer
 
 
 def main():

@@ -104,7 +104,7 @@ evidence:
   type: dict
 """
 
-from ansible_collections.rigbook.homelab.plugins.module_utils.runtime_module import run_runtime_ladder
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder.climb import run_runtime_ladder
 
 
 def main():

@@ -64,7 +64,7 @@ evidence:
   type: dict
 """
 
-from ansible_collections.rigbook.homelab.plugins.module_utils.ladder_module import run_static_ladder
+from ansible_collections.rigbook.homelab.plugins.module_utils.ansible_glue import run_static_ladder
 
 
 def main():

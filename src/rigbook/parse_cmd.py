@@ -14,16 +14,16 @@ from typing import Callable, Dict
 from rigbook.errors import UserError
 from rigbook.paths import collections_path
 
-_MODULE_UTILS = "ansible_collections.rigbook.homelab.plugins.module_utils."
+_MODULE_UTILS = "ansible_collections.rigbook.homelab.plugins.module_utils.parse."
 
 # kind -> (module, function)
 _PARSERS = {
-    "lspci": ("parse_lspci", "parse"),
-    "nvidia-smi-q": ("parse_nvidia_smi", "parse_q"),
-    "nvidia-smi-topo": ("parse_nvidia_smi", "parse_topo"),
-    "nccl-tests": ("parse_nccl", "parse_tests"),
-    "nccl-log": ("parse_nccl", "parse_log"),
-    "p2p-bandwidth": ("parse_p2p_bandwidth", "parse"),
+    "lspci": ("lspci", "parse"),
+    "nvidia-smi-q": ("nvidia_smi", "parse_q"),
+    "nvidia-smi-topo": ("nvidia_smi", "parse_topo"),
+    "nccl-tests": ("nccl", "parse_tests"),
+    "nccl-log": ("nccl", "parse_log"),
+    "p2p-bandwidth": ("p2p_bandwidth", "parse"),
 }
 
 

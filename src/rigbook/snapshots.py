@@ -16,7 +16,8 @@ from rigbook.paths import collections_path
 
 def _module_utils():
     collections_path()
-    from ansible_collections.rigbook.homelab.plugins.module_utils import evidence, ladder_static
+    from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence as evidence
+    from ansible_collections.rigbook.homelab.plugins.module_utils.judges import static_layers as ladder_static
 
     return evidence, ladder_static
 
@@ -24,7 +25,9 @@ def _module_utils():
 def judge_tree(tree: str, profile: dict, baseline_metrics: dict | None = None) -> list:
     """All nine layers on a recorded tree, with the same collectors and judges as a live run."""
     collections_path()
-    from ansible_collections.rigbook.homelab.plugins.module_utils import evidence, ladder_static, runtime_module
+    from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence as evidence
+    from ansible_collections.rigbook.homelab.plugins.module_utils.judges import static_layers as ladder_static
+    from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import climb as runtime_module
 
     verdicts = ladder_static.judge_all(evidence.collect_static(tree), profile)
     params = runtime_module.runtime_params(root=tree, profile=profile, baseline=baseline_metrics or {})

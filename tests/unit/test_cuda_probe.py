@@ -12,7 +12,7 @@ import json
 import time
 
 import pytest
-from ansible_collections.rigbook.homelab.plugins.module_utils import cuda_probe as P
+from ansible_collections.rigbook.homelab.plugins.module_utils.probe import cuda as P
 
 MIB = 1 << 20
 

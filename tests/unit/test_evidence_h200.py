@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
-from ansible_collections.rigbook.homelab.plugins.module_utils import evidence, ladder_static, snapshot
+from ansible_collections.rigbook.homelab.plugins.module_utils.collect import evidence_tree as snapshot
+from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence as evidence
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges import static_layers as ladder_static
 
 PROFILE = {"gpu": {"vendor": "nvidia", "count": 1, "vram_gib": 141, "pcie": {"gen": 5, "width": 16}},
            "pins": {"nvidia_driver": {"version": "580.159.04"}}}

@@ -14,8 +14,8 @@ import json
 import os
 import types
 
-from ansible_collections.rigbook.homelab.plugins.module_utils import cuda_probe
-from ansible_collections.rigbook.homelab.plugins.module_utils import hip_probe as H
+from ansible_collections.rigbook.homelab.plugins.module_utils.probe import cuda as cuda_probe
+from ansible_collections.rigbook.homelab.plugins.module_utils.probe import hip as H
 
 MIB = 1 << 20
 

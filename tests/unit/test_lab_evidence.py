@@ -7,7 +7,9 @@ import os
 from pathlib import Path
 
 import pytest
-from ansible_collections.rigbook.homelab.plugins.module_utils import parse_nccl, parse_nvidia_smi, pci
+from ansible_collections.rigbook.homelab.plugins.module_utils.collect import pci
+from ansible_collections.rigbook.homelab.plugins.module_utils.parse import nccl as parse_nccl
+from ansible_collections.rigbook.homelab.plugins.module_utils.parse import nvidia_smi as parse_nvidia_smi
 
 from rigbook.errors import UserError
 from rigbook.lab import evidence

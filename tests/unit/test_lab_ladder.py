@@ -105,7 +105,7 @@ def test_fault_fails_at_its_layer(tmp_path, inv, fault, profile):
 
 def _runtime(tree, profile, **given):
     collections_path()
-    from ansible_collections.rigbook.homelab.plugins.module_utils import runtime_module
+    from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import climb as runtime_module
 
     params = runtime_module.runtime_params(root=tree, profile=profile, **given)
     return runtime_module, params

@@ -11,8 +11,10 @@ import json
 import shutil
 
 import pytest
-from ansible_collections.rigbook.homelab.plugins.module_utils import evidence, ladder_module, runtime_module
-from ansible_collections.rigbook.homelab.plugins.module_utils import ladder_runtime as R
+from ansible_collections.rigbook.homelab.plugins.module_utils import ansible_glue as ladder_module
+from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence as evidence
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges import peer_layers as R
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import climb as runtime_module
 
 
 def probe(n=2, api="cuda", can=True, enable="ok", peer=(10.29, 10.29), staged=5.6, bidir=19.7, pattern=True,

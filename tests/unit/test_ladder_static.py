@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 
 import pytest
-from ansible_collections.rigbook.homelab.plugins.module_utils import ladder_static as L
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges import static_layers as L
 
 GIB, MIB, TIB = 1 << 30, 1 << 20, 1 << 40
 

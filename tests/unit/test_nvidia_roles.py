@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible_collections.rigbook.homelab.plugins.module_utils import bios_checklist, evidence, ladder_static
+from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence as evidence
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges import bios_checklist
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges import static_layers as ladder_static
 from ansible_collections.rigbook.homelab.plugins.modules import dkms_module
 
 from rigbook import run

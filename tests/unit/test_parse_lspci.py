@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible_collections.rigbook.homelab.plugins.module_utils import parse_lspci, parse_text
+from ansible_collections.rigbook.homelab.plugins.module_utils.parse import lspci as parse_lspci
+from ansible_collections.rigbook.homelab.plugins.module_utils.parse import text as parse_text
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "parse"
 KIND = "lspci"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from ansible_collections.rigbook.homelab.plugins.module_utils import parse_nvidia_smi
+from ansible_collections.rigbook.homelab.plugins.module_utils.parse import nvidia_smi as parse_nvidia_smi
 from test_parse_lspci import FIXTURES, cases, check, read
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from ansible_collections.rigbook.homelab.plugins.module_utils import parse_p2p_bandwidth
+from ansible_collections.rigbook.homelab.plugins.module_utils.parse import p2p_bandwidth as parse_p2p_bandwidth
 from test_parse_lspci import FIXTURES, cases, check, read
 
 KIND = "p2p-bandwidth"

@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import re
 
-try:
-    from ansible_collections.rigbook.homelab.plugins.module_utils import parse_text
-except ImportError:  # pragma: no cover - running next to the file (e.g. copied to a host)
-    import parse_text  # type: ignore
+from ansible_collections.rigbook.homelab.plugins.module_utils.parse import text as parse_text
 
 # "03:00.0 VGA compatible controller [0300]: NVIDIA Corporation ... [10de:2206] (rev a1)"
 _HEADER_RE = re.compile(

@@ -15,11 +15,8 @@ import os
 import re
 import time
 
-try:
-    from ansible_collections.rigbook.homelab.plugins.module_utils import evidence, pci
-except ImportError:  # pragma: no cover
-    import evidence  # type: ignore
-    import pci  # type: ignore
+from ansible_collections.rigbook.homelab.plugins.module_utils.collect import pci
+from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence as evidence
 
 PCI_ATTRS = (
     "vendor", "device", "class", "subsystem_vendor", "subsystem_device", "resource", "numa_node",
@@ -96,9 +93,9 @@ def _live_probe(vendor):
     """Run the vendor's GPU probe (peer access, copy bandwidth) in a child process."""
     try:
         if vendor == "nvidia":
-            from ansible_collections.rigbook.homelab.plugins.module_utils import cuda_probe as probe_mod
+            from ansible_collections.rigbook.homelab.plugins.module_utils.probe import cuda as probe_mod
         else:
-            from ansible_collections.rigbook.homelab.plugins.module_utils import hip_probe as probe_mod
+            from ansible_collections.rigbook.homelab.plugins.module_utils.probe import hip as probe_mod
     except ImportError:  # pragma: no cover - direct use outside Ansible
         probe_mod = __import__("cuda_probe" if vendor == "nvidia" else "hip_probe")
     return probe_mod.probe_isolated(), "live " + evidence.PROBES[vendor]

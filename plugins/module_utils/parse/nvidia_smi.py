@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import re
 
-try:
-    from ansible_collections.rigbook.homelab.plugins.module_utils import parse_text
-except ImportError:  # pragma: no cover
-    import parse_text  # type: ignore
+from ansible_collections.rigbook.homelab.plugins.module_utils.parse import text as parse_text
 
 _GPU_HEADER_RE = re.compile(r"^GPU\s+(?P<bus>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\s*$")
 _KV_RE = re.compile(r"^(?P<key>[^:]+?)\s*:\s*(?P<value>.*)$")

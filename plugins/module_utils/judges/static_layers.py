@@ -9,10 +9,7 @@ evidence is evidence.collect_static(root); profile is {"gpu": rigbook_gpu, "p2p"
 
 from __future__ import annotations
 
-try:
-    from ansible_collections.rigbook.homelab.plugins.module_utils.verdict import Findings, make
-except ImportError:  # pragma: no cover
-    from verdict import Findings, make  # type: ignore
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder.verdict import Findings, make
 
 GIB = 1 << 30
 MIB = 1 << 20

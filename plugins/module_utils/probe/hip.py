@@ -33,10 +33,7 @@ import os
 import subprocess
 import sys
 
-try:
-    from ansible_collections.rigbook.homelab.plugins.module_utils import cuda_probe as engine
-except ImportError:  # pragma: no cover - direct use outside Ansible
-    import cuda_probe as engine  # type: ignore
+from ansible_collections.rigbook.homelab.plugins.module_utils.probe import cuda as engine
 
 ProbeError = engine.ProbeError
 DEFAULT_DEADLINE_S = 20.0  # each IPC check starts a Python and initialises HIP (~1-2 s)

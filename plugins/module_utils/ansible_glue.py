@@ -12,8 +12,8 @@ carry none of the probe code.
 from __future__ import annotations
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.rigbook.homelab.plugins.module_utils import evidence as evidence_mod
-from ansible_collections.rigbook.homelab.plugins.module_utils.ladder_static import (
+from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence as evidence_mod
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges.static_layers import (
     JUDGES,
     STATIC_LAYERS,
     judge_until_fail,

@@ -19,13 +19,9 @@ import shutil
 import subprocess
 import tempfile
 
-try:
-    from ansible_collections.rigbook.homelab.plugins.module_utils import evidence, parse_nccl, pci, torch_bench
-except ImportError:  # pragma: no cover
-    import evidence  # type: ignore
-    import parse_nccl  # type: ignore
-    import pci  # type: ignore
-    import torch_bench  # type: ignore
+from ansible_collections.rigbook.homelab.plugins.module_utils.collect import pci, torch_bench
+from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence as evidence
+from ansible_collections.rigbook.homelab.plugins.module_utils.parse import nccl as parse_nccl
 
 NCCL_TESTS = {"all_reduce": "all_reduce_perf", "sendrecv": "sendrecv_perf"}
 P2P_LEVEL_RE = re.compile(r"NCCL_P2P_LEVEL set by environment to (\S+)")

@@ -17,10 +17,7 @@ import os
 import re
 import subprocess
 
-try:
-    from ansible_collections.rigbook.homelab.plugins.module_utils import pci
-except ImportError:  # pragma: no cover - direct use outside Ansible
-    import pci  # type: ignore
+from ansible_collections.rigbook.homelab.plugins.module_utils.collect import pci
 
 COMMANDS_DIR = ("var", "lib", "rigbook", "commands")
 # name -> argv, run on a live root only

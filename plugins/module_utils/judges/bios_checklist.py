@@ -9,10 +9,7 @@ verdict (ladder_static.judge_firmware); it never claims to change a BIOS setting
 
 from __future__ import annotations
 
-try:
-    from ansible_collections.rigbook.homelab.plugins.module_utils import ladder_static
-except ImportError:  # pragma: no cover - direct use outside Ansible
-    import ladder_static  # type: ignore
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges import static_layers as ladder_static
 
 GIB = 1 << 30
 

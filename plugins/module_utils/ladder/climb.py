@@ -10,21 +10,23 @@ The probe is chosen by rigbook_gpu.vendor (CUDA driver API or HIP, through ctype
 from __future__ import annotations
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.rigbook.homelab.plugins.module_utils import collectives, cuda_probe, hip_probe
-from ansible_collections.rigbook.homelab.plugins.module_utils import evidence as evidence_mod
-from ansible_collections.rigbook.homelab.plugins.module_utils.ladder_collectives import (
-    judge_collectives,
-    judge_nccl_transport,
-)
-from ansible_collections.rigbook.homelab.plugins.module_utils.ladder_module import (
+from ansible_collections.rigbook.homelab.plugins.module_utils.ansible_glue import (
     finish,
     finish_ladder,
     selected_layers,
 )
-from ansible_collections.rigbook.homelab.plugins.module_utils.ladder_runtime import (
+from ansible_collections.rigbook.homelab.plugins.module_utils.collect import collective_bench as collectives
+from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence as evidence_mod
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges.collective_layers import (
+    judge_collectives,
+    judge_nccl_transport,
+)
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges.peer_layers import (
     judge_p2p_bandwidth,
     judge_peer_access,
 )
+from ansible_collections.rigbook.homelab.plugins.module_utils.probe import cuda as cuda_probe
+from ansible_collections.rigbook.homelab.plugins.module_utils.probe import hip as hip_probe
 
 RUNTIME_SPEC = dict(
     root=dict(type="path", default="/"),

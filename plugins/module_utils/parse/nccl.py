@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import re
 
-try:
-    from ansible_collections.rigbook.homelab.plugins.module_utils import parse_text
-except ImportError:  # pragma: no cover
-    import parse_text  # type: ignore
+from ansible_collections.rigbook.homelab.plugins.module_utils.parse import text as parse_text
 
 # --- nccl-tests -------------------------------------------------------------
 

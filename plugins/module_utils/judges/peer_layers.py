@@ -11,12 +11,8 @@ fails whatever the profile says.
 
 from __future__ import annotations
 
-try:
-    from ansible_collections.rigbook.homelab.plugins.module_utils import baseline as baseline_mod
-    from ansible_collections.rigbook.homelab.plugins.module_utils.verdict import Findings, make
-except ImportError:  # pragma: no cover
-    import baseline as baseline_mod  # type: ignore
-    from verdict import Findings, make  # type: ignore
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import baseline_compare as baseline_mod
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder.verdict import Findings, make
 
 # Usable GB/s per lane after line coding (Gen1/2 8b/10b, Gen3-5 128b/130b, Gen6 FLIT 242/256).
 GBS_PER_LANE = {1: 0.25, 2: 0.5, 3: 8 * 128 / 130 / 8, 4: 16 * 128 / 130 / 8, 5: 32 * 128 / 130 / 8,

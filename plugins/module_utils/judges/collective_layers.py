@@ -5,12 +5,8 @@
 
 from __future__ import annotations
 
-try:
-    from ansible_collections.rigbook.homelab.plugins.module_utils import baseline as baseline_mod
-    from ansible_collections.rigbook.homelab.plugins.module_utils.verdict import make
-except ImportError:  # pragma: no cover
-    import baseline as baseline_mod  # type: ignore
-    from verdict import make  # type: ignore
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import baseline_compare as baseline_mod
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder.verdict import make
 
 OPS = ("sendrecv", "all_reduce")
 

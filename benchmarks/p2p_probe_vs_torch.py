@@ -1,7 +1,7 @@
 """Benchmark: the ctypes CUDA probe's host<->device copies against PyTorch doing the same copies.
 
 Same size, pinned host memory on both sides, both timed with CUDA events after one warm-up:
-  probe: plugins/module_utils/cuda_probe.py (driver API through ctypes, run the way the modules run
+  probe: plugins/module_utils/probe/cuda.py (driver API through ctypes, run the way the modules run
          it: in a forked child with a hard timeout), cuMemcpyHtoDAsync/DtoHAsync on its own stream;
   torch: torch.empty(..., pin_memory=True) and .copy_(non_blocking=True) on a side stream.
 Target: the probe reaches at least 95% of the reference (median of TRIALS runs each).
@@ -23,9 +23,12 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "plugins" / "module_utils"))
+sys.path.insert(0, str(REPO / "src"))
 
-import cuda_probe  # noqa: E402
+from rigbook.paths import link_collection  # noqa: E402
+
+link_collection()  # puts ansible_collections.rigbook.homelab on sys.path
+from ansible_collections.rigbook.homelab.plugins.module_utils.probe import cuda as cuda_probe  # noqa: E402
 
 TARGET = 0.95
 

@@ -1,68 +1,68 @@
 # -*- coding: utf-8 -*-
 # Copyright: rigbook developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The body every ladder module shares: collect, judge, exit (fail on a `fail` verdict).
+"""The Ansible side of the ladder module: argument spec, layer selection, climb, exit. The only file under
+module_utils that imports AnsibleModule; everything it calls is plain Python (collect, judge, climb).
 
-run_layer() serves the one-layer static modules, run_static_ladder() the module that climbs several static
-layers in one call (one target-side interpreter start instead of five: the p2p_verify role uses it).
-The layers that measure through the GPU driver live in runtime_module.py, so the static modules' payloads
-carry none of the probe code.
+One module run climbs a phase (or the whole ladder): one interpreter start on the host for several layers. The
+task fails at the first failing layer with its measured and expected values and remedy; warn and unknown
+verdicts are reported as warnings. Read-only: check mode runs the same.
 """
 
 from __future__ import annotations
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence as evidence_mod
-from ansible_collections.rigbook.homelab.plugins.module_utils.judges.static_layers import (
-    JUDGES,
-    STATIC_LAYERS,
-    judge_until_fail,
-)
+from ansible_collections.rigbook.homelab.plugins.module_utils.collect.runtime_evidence import OPTION_DEFAULTS
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import registry
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder.climb import Context, climb, message
 
+ALL_PHASES = "all"
 ARGUMENT_SPEC = dict(
+    phase=dict(type="str", choices=list(registry.PHASES) + [ALL_PHASES], default=ALL_PHASES),
+    layers=dict(type="list", elements="str"),
+    run_tags=dict(type="list", elements="str", default=[]),
     root=dict(type="path", default="/"),
     profile=dict(type="dict", default={}),
+    baseline=dict(type="dict", default={}),
+    tolerance=dict(type="dict", default={}),
+    probe_bytes=dict(type="int", default=OPTION_DEFAULTS["probe_bytes"]),
+    reps=dict(type="int", default=OPTION_DEFAULTS["reps"]),
+    deadline_s=dict(type="float"),
+    ipc_legacy=dict(type="bool"),
+    probe_result=dict(type="dict"),
+    python=dict(type="path"),
+    nccl_tests_dir=dict(type="path"),
+    collective_bytes=dict(type="int", default=OPTION_DEFAULTS["collective_bytes"]),
+    iters=dict(type="int", default=OPTION_DEFAULTS["iters"]),
+    env=dict(type="dict", default={}),
+    log=dict(type="str"),
+    unit=dict(type="str"),
 )
 
 
-def message(verdict):
-    text = "%s: %s: %s" % (verdict["layer"], verdict["status"], verdict["why"])
-    if verdict["status"] in ("fail", "warn", "unknown"):
-        text += " (measured %s; expected %s)" % (verdict["measured"], verdict["expected"])
-    if verdict.get("remedy"):
-        text += ". What to do: " + verdict["remedy"]
-    return text
-
-
-def run_layer(layer):
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    root = module.params["root"]
-    evidence = evidence_mod.collect_static(root, evidence_mod.LAYER_PARTS[layer])
-    finish(module, JUDGES[layer](evidence, module.params["profile"] or {}), evidence)
-
-
-def selected_layers(module, known, kind):
-    """module.params["layers"] checked against KNOWN (the task fails naming the unknown ones), in ladder order."""
-    layers = module.params["layers"]
-    unknown = [name for name in layers if name not in known]
+def selected_layers(module):
+    """The `layers` option checked against the registry (the task fails naming unknown ones), else the layers
+    that --tags names (run_tags), else every layer of the phase."""
+    params = module.params
+    phases = registry.PHASES if params["phase"] == ALL_PHASES else [params["phase"]]
+    if params["layers"] is None:
+        return [layer for phase in phases for layer in registry.select_by_run_tags(phase, params["run_tags"])]
+    picked = [registry.select(phase, params["layers"]) for phase in phases]
+    unknown = set.intersection(*(set(names) for _, names in picked))
     if unknown:
-        module.fail_json(msg="layers: unknown %s layer(s) %s; the %s layers are %s"
-                         % (kind, ", ".join(unknown), kind, ", ".join(known)))
-    return [name for name in known if name in layers]
+        module.fail_json(msg="layers: unknown layer(s) %s; the layers%s are %s"
+                         % (", ".join(sorted(unknown)), "" if len(phases) > 1 else " of phase " + phases[0],
+                            ", ".join(name for phase in phases for name in registry.names(phase))))
+    return [layer for layers, _ in picked for layer in layers]
 
 
-def run_static_ladder():
-    spec = dict(ARGUMENT_SPEC, layers=dict(type="list", elements="str", default=list(STATIC_LAYERS)))
-    module = AnsibleModule(argument_spec=spec, supports_check_mode=True)
-    layers = selected_layers(module, STATIC_LAYERS, "static")
-    parts = sorted({part for name in layers for part in evidence_mod.LAYER_PARTS[name]})
-    evidence = evidence_mod.collect_static(module.params["root"], parts)
-    finish_ladder(module, judge_until_fail(evidence, module.params["profile"] or {}, layers), evidence)
+def context_of(params):
+    options = dict((name, params.get(name)) for name in OPTION_DEFAULTS)
+    return Context(params["root"], params["profile"], params.get("baseline"), params.get("tolerance"), options)
 
 
 def finish_ladder(module, verdicts, evidence):
-    """The several-layer modules end here: fail the task on a fail verdict (the climb stopped there), warn on
-    warn/unknown."""
+    """Fail the task on a fail verdict (the climb stopped there), warn on warn/unknown, exit otherwise."""
     result = dict(changed=False, ladder=verdicts, evidence=evidence,
                   msg="; ".join(message(v) for v in verdicts) or "no layer selected")
     failed = [v for v in verdicts if v["status"] == "fail"]
@@ -75,11 +75,9 @@ def finish_ladder(module, verdicts, evidence):
     module.exit_json(**result)
 
 
-def finish(module, verdict, evidence):
-    """Every ladder module ends here: fail the task on a fail verdict, warn on warn/unknown."""
-    result = dict(changed=False, verdict=verdict, evidence=evidence, msg=message(verdict))
-    if verdict["status"] == "fail":
-        module.fail_json(**result)
-    if verdict["status"] in ("warn", "unknown"):
-        module.warn(result["msg"])
-    module.exit_json(**result)
+def run_ladder_module():
+    """main() of rigbook.homelab.ladder."""
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    layers = selected_layers(module)
+    verdicts, evidence = climb(layers, context_of(module.params))
+    finish_ladder(module, verdicts, evidence)

@@ -11,28 +11,25 @@ import time
 from pathlib import Path
 
 from rigbook.errors import UserError
-from rigbook.paths import collections_path
+from rigbook.paths import link_collection
 
 
 def _module_utils():
-    collections_path()
-    from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence as evidence
-    from ansible_collections.rigbook.homelab.plugins.module_utils.judges import static_layers as ladder_static
+    link_collection()
+    from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence
 
-    return evidence, ladder_static
+    return static_evidence
 
 
 def judge_tree(tree: str, profile: dict, baseline_metrics: dict | None = None) -> list:
-    """All nine layers on a recorded tree, with the same collectors and judges as a live run."""
-    collections_path()
-    from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence as evidence
-    from ansible_collections.rigbook.homelab.plugins.module_utils.judges import static_layers as ladder_static
-    from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import climb as runtime_module
+    """Every layer of the registry on a recorded tree, with the same collectors, judges and climb as a live run
+    (no stop at the first fail: a replay shows the whole ladder)."""
+    link_collection()
+    from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import registry
+    from ansible_collections.rigbook.homelab.plugins.module_utils.ladder.climb import Context, climb
 
-    verdicts = ladder_static.judge_all(evidence.collect_static(tree), profile)
-    params = runtime_module.runtime_params(root=tree, profile=profile, baseline=baseline_metrics or {})
-    runtime, _ = runtime_module.climb_runtime(params, runtime_module.RUNTIME_LAYERS, stop_at_fail=False)
-    return verdicts + runtime
+    verdicts, _ = climb(registry.LAYERS, Context(tree, profile, baseline_metrics), stop_at_fail=False)
+    return verdicts
 
 
 def profile_of(inv, host: str) -> dict:
@@ -50,7 +47,7 @@ def snapshot(opts, output: str | None) -> int:
     from rigbook.validate import validate
 
     inv = validate(resolve_inventory(opts.inventory))
-    evidence, _ = _module_utils()
+    static_evidence = _module_utils()
     staging = Path(tempfile.mkdtemp(prefix="rigbook-snapshot-"))
     try:
         opts.playbook = "snapshot.yml"
@@ -66,7 +63,7 @@ def snapshot(opts, output: str | None) -> int:
                 tar.extractall(target, filter="data")
             profile = profile_of(inv, host) if host in inv.hosts else {}
             (target / "profile.json").write_text(json.dumps(profile, indent=2) + "\n")
-            collected = evidence.collect_static(str(target / "tree"))
+            collected = static_evidence.collect_static(str(target / "tree"))
             collected["root"] = "tree"
             (target / "evidence.json").write_text(json.dumps(collected, indent=2) + "\n")
             hosts.append(host)

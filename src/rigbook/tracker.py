@@ -15,16 +15,14 @@ class HostState:
     tasks_done: int = 0
     counts: dict = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
     failures: list = field(default_factory=list)  # {"task", "action", "msg"}
-    ladder: list = field(default_factory=list)  # verdict dicts from the P2P ladder modules
+    ladder: list = field(default_factory=list)  # verdict dicts from the ladder module's runs
     reboot_requested: bool = False
 
 
 def _verdicts(res) -> list:
-    """The ladder verdicts of a result: `ladder` (several layers in one task) or `verdict` (one layer)."""
-    if not isinstance(res, dict):
-        return []
-    found = res.get("ladder") if isinstance(res.get("ladder"), list) else [res.get("verdict")]
-    return [v for v in found if isinstance(v, dict) and v.get("layer")]
+    """The ladder verdicts of a result (rigbook.homelab.ladder returns them under `ladder`)."""
+    found = res.get("ladder") if isinstance(res, dict) else None
+    return [v for v in found if isinstance(v, dict) and v.get("layer")] if isinstance(found, list) else []
 
 
 def _message(res: dict) -> str:

@@ -12,16 +12,17 @@ import json
 import time
 
 import pytest
-from ansible_collections.rigbook.homelab.plugins.module_utils.probe import cuda as P
+from ansible_collections.rigbook.homelab.plugins.module_utils.probe import cuda as C
+from ansible_collections.rigbook.homelab.plugins.module_utils.probe import engine as E
 
 MIB = 1 << 20
 
 
 class FakeBackend:
-    """In-memory stand-in for the driver: same interface as CudaBackend."""
+    """In-memory stand-in for the driver: the engine's backend interface, like CudaBackend."""
 
     api = "cuda"
-    errors_table = P.CU_ERRORS
+    errors_table = C.CU_ERRORS
 
     def __init__(self, ngpu=2, enable=None, corrupt_peer=False, oom_on=None, fail_peer_async=False, open_error=None):
         self.ngpu = ngpu
@@ -52,7 +53,7 @@ class FakeBackend:
         self.live.add(("ctx", 0))
         devs = [{"ordinal": k, "name": "Fake GPU", "pci_bus_id": f"0000:{0x40 - k:02x}:00.0"}
                 for k in range(self.ngpu)]
-        return {"library": "fake", "driver_version": 13000, "driver": "13.0", "devices": P.order_devices(devs)}
+        return {"library": "fake", "driver_version": 13000, "driver": "13.0", "devices": E.order_devices(devs)}
 
     def close(self):
         self.closed = True
@@ -60,7 +61,7 @@ class FakeBackend:
 
     def alloc(self, dev, n):
         if self.oom_on == dev:
-            raise P.ProbeError("cuMemAlloc", 2, "CUDA_ERROR_OUT_OF_MEMORY")
+            raise E.ProbeError("cuMemAlloc", 2, "CUDA_ERROR_OUT_OF_MEMORY")
         ptr = self._new("dev")
         self.dev_mem[ptr] = bytearray(n)
         return ptr
@@ -124,7 +125,7 @@ class FakeBackend:
 
     def peer_async(self, dst_dev, dptr_dst, src_dev, dptr_src, n, s):
         if self.fail_peer_async:
-            raise P.ProbeError("cuMemcpyPeerAsync", 700, "CUDA_ERROR_ILLEGAL_ADDRESS")
+            raise E.ProbeError("cuMemcpyPeerAsync", 700, "CUDA_ERROR_ILLEGAL_ADDRESS")
         self.peer(dst_dev, dptr_dst, src_dev, dptr_src, n)
 
     def can_access(self, i, j):
@@ -143,7 +144,7 @@ class FakeBackend:
 def run(backend, **kw):
     kw.setdefault("size_bytes", 1 * MIB)
     kw.setdefault("reps", 2)
-    out = P.measure(backend, **kw)
+    out = E.measure(backend, **kw)
     json.dumps(out)  # JSON-able
     return out
 
@@ -152,12 +153,12 @@ def run(backend, **kw):
 
 
 def test_error_names_and_enable_results():
-    assert P.error_name(205) == "CUDA_ERROR_MAP_FAILED"
-    assert P.error_name(12345) == "CUDA_ERROR_12345"
-    assert P.enable_result(0) == "ok"
-    assert P.enable_result(704) == "already enabled"
-    assert P.enable_result(205) == "CUDA_ERROR_MAP_FAILED"
-    assert P.enable_result(217) == "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED"
+    assert C.error_name(205) == "CUDA_ERROR_MAP_FAILED"
+    assert C.error_name(12345) == "CUDA_ERROR_12345"
+    assert E.enable_result(0, C.CU_ERRORS) == "ok"
+    assert E.enable_result(704, C.CU_ERRORS) == "already enabled"
+    assert E.enable_result(205, C.CU_ERRORS) == "CUDA_ERROR_MAP_FAILED"
+    assert E.enable_result(217, C.CU_ERRORS) == "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED"
 
 
 @pytest.mark.parametrize("raw, want", [
@@ -169,37 +170,37 @@ def test_error_names_and_enable_results():
     ("garbage", None),
 ])
 def test_normalize_bus_id(raw, want):
-    assert P.normalize_bus_id(raw) == want
+    assert E.normalize_bus_id(raw) == want
 
 
 def test_devices_are_indexed_by_bus_id_not_ordinal():
-    devs = P.order_devices([{"ordinal": 0, "pci_bus_id": "0000:04:00.0"},
+    devs = E.order_devices([{"ordinal": 0, "pci_bus_id": "0000:04:00.0"},
                             {"ordinal": 1, "pci_bus_id": "0000:03:00.0"}])
     assert [(d["index"], d["ordinal"]) for d in devs] == [(0, 1), (1, 0)]
 
 
 def test_pairs():
-    assert P.default_pairs(1) == []
-    assert P.default_pairs(2) == [(0, 1), (1, 0)]
-    assert len(P.default_pairs(3)) == 6
-    assert P.unordered_pairs([(0, 1), (1, 0), (0, 2)]) == [(0, 1)]
-    assert P.unordered_pairs([(0, 0)]) == [(0, 0)]
+    assert E.default_pairs(1) == []
+    assert E.default_pairs(2) == [(0, 1), (1, 0)]
+    assert len(E.default_pairs(3)) == 6
+    assert E.unordered_pairs([(0, 1), (1, 0), (0, 2)]) == [(0, 1)]
+    assert E.unordered_pairs([(0, 0)]) == [(0, 0)]
 
 
 def test_pattern_is_seeded_has_no_zero_bytes_and_a_prime_period():
-    a, b = P.pattern(1, 3 * 4096), P.pattern(2, 3 * 4096)
+    a, b = E.pattern(1, 3 * 4096), E.pattern(2, 3 * 4096)
     assert len(a) == 3 * 4096 and a != b and 0 not in a
     assert a[:4096] != a[4096:8192]  # a page-shifted copy cannot pass
-    assert P.first_mismatch(a, a) is None
+    assert E.first_mismatch(a, a) is None
     broken = bytearray(a)
     broken[5000] ^= 1
-    assert P.first_mismatch(bytes(broken), a) == 5000
+    assert E.first_mismatch(bytes(broken), a) == 5000
 
 
 def test_gbs_and_driver_text():
-    assert P.gbs(10 ** 9, 1000.0) == 1.0
-    assert P.gbs(256 * MIB, 0) is None and P.gbs(1, None) is None
-    assert P.driver_text(13000) == "13.0" and P.driver_text(12040) == "12.4" and P.driver_text(0) is None
+    assert E.gbs(10 ** 9, 1000.0) == 1.0
+    assert E.gbs(256 * MIB, 0) is None and E.gbs(1, None) is None
+    assert C.driver_text(13000) == "13.0" and C.driver_text(12040) == "12.4" and C.driver_text(0) is None
 
 
 # ------------------------------------------------------------------ the engine over a fake driver
@@ -214,9 +215,9 @@ def test_two_gpus_measure_every_pair_and_release_everything():
     for pair in out["pairs"]:
         assert pair["can_access_peer"] is True and pair["enable_peer"] == "ok"
         assert pair["pattern_ok"] is True and pair["staged_pattern_ok"] is True
-        assert pair["peer_gbs"] == P.gbs(2 * MIB, 10.0) and pair["host_staged_gbs"] == P.gbs(2 * MIB, 10.0)
+        assert pair["peer_gbs"] == E.gbs(2 * MIB, 10.0) and pair["host_staged_gbs"] == E.gbs(2 * MIB, 10.0)
         assert pair["errors"] == []
-    assert [(b["a"], b["b"]) for b in out["bidir"]] == [(0, 1)] and out["bidir"][0]["gbs"] == P.gbs(4 * MIB, 10.0)
+    assert [(b["a"], b["b"]) for b in out["bidir"]] == [(0, 1)] and out["bidir"][0]["gbs"] == E.gbs(4 * MIB, 10.0)
     assert all(d["h2d_gbs"] and d["d2h_gbs"] for d in out["devices"])
     assert fake.live == set() and fake.closed and "cleanup_errors" not in out
     assert out["elapsed_s"] >= 0 and out["deadline_hit"] is False
@@ -275,10 +276,10 @@ def test_deadline_skips_the_rest_and_says_so():
 
 
 def test_open_failure_is_unavailable_not_an_exception():
-    fake = FakeBackend(open_error=P.ProbeError("cuInit", 100, "CUDA_ERROR_NO_DEVICE"))
+    fake = FakeBackend(open_error=E.ProbeError("cuInit", 100, "CUDA_ERROR_NO_DEVICE"))
     out = run(fake)
     assert out == {"available": False, "api": "cuda", "error": "cuInit: CUDA_ERROR_NO_DEVICE",
-                   "probe_version": P.PROBE_VERSION, "library": None}
+                   "probe_version": E.PROBE_VERSION, "library": None}
 
 
 def test_no_devices_is_unavailable():
@@ -304,12 +305,12 @@ def test_pairs_naming_missing_devices_are_dropped_with_an_error():
 
 
 def test_missing_library_is_unavailable_not_an_exception():
-    out = P.probe(library="/nonexistent/libcuda.so.1")
+    out = C.probe(library="/nonexistent/libcuda.so.1")
     assert out["available"] is False and "cannot load" in out["error"]
 
 
 def test_run_isolated_returns_the_child_result():
-    out = P.run_isolated(lambda **kw: {"available": True, "echo": kw}, 10, x=1)
+    out = E.run_isolated(lambda **kw: {"available": True, "echo": kw}, 10, x=1)
     assert out == {"available": True, "echo": {"x": 1}}
 
 
@@ -317,27 +318,27 @@ def test_run_isolated_reports_a_raising_probe():
     def boom():
         raise RuntimeError("driver exploded")
 
-    out = P.run_isolated(boom, 10)
+    out = E.run_isolated(boom, 10)
     assert out["available"] is False and "driver exploded" in out["error"]
 
 
 def test_run_isolated_kills_a_hung_probe():
     start = time.monotonic()
-    out = P.run_isolated(lambda: time.sleep(60), 0.5)
+    out = E.run_isolated(lambda: time.sleep(60), 0.5)
     assert out["available"] is False and out["timed_out"] is True
     assert time.monotonic() - start < 10
 
 
 def test_probe_on_this_machine_never_raises():
     """Without a GPU: available false. With one (the device run): real figures, nothing left over."""
-    out = P.probe_isolated(size_bytes=8 * MIB, reps=3, deadline_s=10)
+    out = C.probe_isolated(size_bytes=8 * MIB, reps=3, deadline_s=10)
     json.dumps(out)
     if not out["available"]:
         assert out["error"]
         return
     assert out["driver_version"] > 0 and out["devices"]
     for dev in out["devices"]:
-        assert P.normalize_bus_id(dev["pci_bus_id"]) == dev["pci_bus_id"]
+        assert E.normalize_bus_id(dev["pci_bus_id"]) == dev["pci_bus_id"]
         assert dev["h2d_gbs"] > 1 and dev["d2h_gbs"] > 1, dev
     assert len(out["pairs"]) == len(out["devices"]) * (len(out["devices"]) - 1)
     assert all(p["pattern_ok"] for p in out["pairs"])

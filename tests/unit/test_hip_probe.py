@@ -14,7 +14,7 @@ import json
 import os
 import types
 
-from ansible_collections.rigbook.homelab.plugins.module_utils.probe import cuda as cuda_probe
+from ansible_collections.rigbook.homelab.plugins.module_utils.probe import engine
 from ansible_collections.rigbook.homelab.plugins.module_utils.probe import hip as H
 
 MIB = 1 << 20
@@ -150,7 +150,7 @@ def child_ok(seen):
         size = int(argv[-1])
         # opened on ordinal 0 = index 1 (ordinals run against bus order, see bus_into): pair 0 -> 1
         src, dst = (0, 1) if argv[4] == "0" else (1, 0)
-        digest = hashlib.sha256(cuda_probe.pattern(cuda_probe.pair_seed(src, dst), size)).hexdigest()
+        digest = hashlib.sha256(engine.pattern(engine.pair_seed(src, dst), size)).hexdigest()
         return 0, json.dumps({"error": None, "sha256": digest}) + "\n", False
 
     return runner
@@ -160,7 +160,7 @@ def run(backend, **kw):
     kw.setdefault("size_bytes", 1 * MIB)
     kw.setdefault("reps", 2)
     kw.setdefault("deadline_s", 30)
-    result = cuda_probe.measure(backend, **kw)
+    result = engine.measure(backend, **kw)
     json.dumps(result)
     return result
 
@@ -172,8 +172,8 @@ def test_error_names():
     assert H.error_name(217) == "hipErrorPeerAccessUnsupported"
     assert H.error_name(205) == "hipErrorMapFailed"
     assert H.error_name(4242) == "hipError_4242"
-    assert cuda_probe.enable_result(704, H.HIP_ERRORS) == "already enabled"
-    assert cuda_probe.enable_result(217, H.HIP_ERRORS) == "hipErrorPeerAccessUnsupported"
+    assert engine.enable_result(704, H.HIP_ERRORS) == "already enabled"
+    assert engine.enable_result(217, H.HIP_ERRORS) == "hipErrorPeerAccessUnsupported"
 
 
 def test_hip_version_text():
@@ -234,9 +234,9 @@ def test_two_gpus_through_the_fake_library():
     for pair in result["pairs"]:
         assert pair["can_access_peer"] is True and pair["enable_peer"] == "ok"
         assert pair["pattern_ok"] is True and pair["staged_pattern_ok"] is True
-        assert pair["peer_gbs"] == cuda_probe.gbs(2 * MIB, 4.0)
+        assert pair["peer_gbs"] == engine.gbs(2 * MIB, 4.0)
         assert pair["ipc"] == {"ok": True, "error": None, "mode": "dma-buf"}
-    assert result["bidir"][0]["gbs"] == cuda_probe.gbs(4 * MIB, 4.0)
+    assert result["bidir"][0]["gbs"] == engine.gbs(4 * MIB, 4.0)
     assert state["live"] == set() and state["peer"] == set()  # every buffer, stream, event, peer mapping released
     assert len(seen) == 2 and state["ipc_handles"] == 2
     argv, env, timeout = seen[0]

@@ -44,7 +44,7 @@ def test_shipped_faults_validate_and_include_the_required_ones():
     faults.validate(data)
     assert set(REQUIRED) <= set(faults.fault_names())
     for name, fault in data["faults"].items():
-        assert fault["layer"] in faults.LAYERS, name
+        assert fault["layer"] in faults.layer_names(), name
 
 
 @pytest.mark.parametrize("name", sorted(yaml.safe_load(faults.FAULTS_FILE.read_text())["faults"]))

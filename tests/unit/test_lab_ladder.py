@@ -10,7 +10,7 @@ import pytest
 
 from rigbook.baselines import metrics_of
 from rigbook.lab import evidence, faults
-from rigbook.paths import collections_path
+from rigbook.paths import link_collection
 from rigbook.snapshots import judge_tree, profile_of
 from rigbook.validate import validate
 
@@ -103,26 +103,26 @@ def test_fault_fails_at_its_layer(tmp_path, inv, fault, profile):
     assert not lower
 
 
-def _runtime(tree, profile, **given):
-    collections_path()
-    from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import climb as runtime_module
+def _climb():
+    link_collection()
+    from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import climb, registry
 
-    params = runtime_module.runtime_params(root=tree, profile=profile, **given)
-    return runtime_module, params
+    return climb, registry
 
 
-def test_the_one_call_runtime_ladder_stops_at_the_first_failing_layer(tmp_path, inv):
-    tree = _tree(tmp_path, "x99-r9700", "peer-map-failed")
-    runtime_module, params = _runtime(tree, profile_of(inv, "lab-r9700"))
-    verdicts, evidence_seen = runtime_module.climb_runtime(params, runtime_module.RUNTIME_LAYERS)
+def test_the_runtime_climb_stops_at_the_first_failing_layer(tmp_path, inv):
+    climb, registry = _climb()
+    ctx = climb.Context(_tree(tmp_path, "x99-r9700", "peer-map-failed"), profile_of(inv, "lab-r9700"))
+    verdicts, evidence_seen = climb.climb(registry.of_phase(registry.RUNTIME), ctx)
     assert [(v["layer"], v["status"]) for v in verdicts] == [("peer_access", "fail")]
-    assert list(evidence_seen) == ["probe"]  # the benchmark above it was never run
-    everything, _ = runtime_module.climb_runtime(params, runtime_module.RUNTIME_LAYERS, stop_at_fail=False)
-    assert [v["layer"] for v in everything] == list(runtime_module.RUNTIME_LAYERS)
+    assert sorted(evidence_seen) == ["probe", "root"]  # the benchmark above it was never run
+    everything, _ = climb.climb(registry.of_phase(registry.RUNTIME), ctx, stop_at_fail=False)
+    assert [v["layer"] for v in everything] == registry.names(registry.RUNTIME)
 
 
-def test_the_one_call_runtime_ladder_judges_only_the_layers_asked(tmp_path, inv):
-    runtime_module, params = _runtime(_tree(tmp_path, "x99-r9700"), profile_of(inv, "lab-r9700"))
-    verdicts, seen = runtime_module.climb_runtime(params, ["p2p_bandwidth", "nccl_transport"])
+def test_the_runtime_climb_judges_only_the_layers_asked(tmp_path, inv):
+    climb, _ = _climb()
+    ctx = climb.Context(_tree(tmp_path, "x99-r9700"), profile_of(inv, "lab-r9700"))
+    verdicts, seen = climb.climb(["nccl_transport", "p2p_bandwidth"], ctx)
     assert [(v["layer"], v["status"]) for v in verdicts] == [("p2p_bandwidth", "pass"), ("nccl_transport", "pass")]
-    assert sorted(seen) == ["nccl_transport", "probe"]
+    assert sorted(seen) == ["nccl_transport", "probe", "root"]

@@ -11,10 +11,10 @@ import json
 import shutil
 
 import pytest
-from ansible_collections.rigbook.homelab.plugins.module_utils import ansible_glue as ladder_module
+from ansible_collections.rigbook.homelab.plugins.module_utils.collect import runtime_evidence
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence as evidence
 from ansible_collections.rigbook.homelab.plugins.module_utils.judges import peer_layers as R
-from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import climb as runtime_module
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder.climb import message
 
 
 def probe(n=2, api="cuda", can=True, enable="ok", peer=(10.29, 10.29), staged=5.6, bidir=19.7, pattern=True,
@@ -161,7 +161,7 @@ def test_seed004_at_half_the_baseline_fails_with_measured_vs_baseline():
     assert "peer_gbs_0_1 5.15 vs baseline 10.29 (0.50x), below 0.80x" in v["why"]
     assert "bidir_gbs_0_1 9.85 vs baseline 19.70 (0.50x)" in v["why"]
     assert "known-good run" in v["remedy"]
-    assert "fail" in ladder_module.message(v) and "5.15" in ladder_module.message(v)
+    assert "fail" in message(v) and "5.15" in message(v)
 
 
 def test_slightly_below_baseline_warns():
@@ -305,18 +305,18 @@ def test_collect_probe_picks_the_vendor_recording(tmp_path, fixtures):
     commands = tmp_path.joinpath("var", "lib", "rigbook", "commands")
     commands.mkdir(parents=True)
     shutil.copy(fixtures / "probe" / "h200-cuda-probe.json", commands / "cuda-probe.json")
-    data = runtime_module.collect_probe(str(tmp_path), H200)
+    data = runtime_evidence.collect_probe(str(tmp_path), H200)
     assert data["api"] == "cuda" and data["source"].startswith("recorded")
-    unknown_vendor = runtime_module.collect_probe(str(tmp_path), {})
+    unknown_vendor = runtime_evidence.collect_probe(str(tmp_path), {})
     assert unknown_vendor["api"] == "cuda"
-    amd = runtime_module.collect_probe(str(tmp_path), R9700)
+    amd = runtime_evidence.collect_probe(str(tmp_path), R9700)
     assert amd["available"] is False and "hip-probe.json" in amd["error"]
 
 
 def test_ipc_legacy_follows_the_rocm_pin():
-    assert runtime_module.ipc_legacy_of({"pins": {"rocm": {"hsa_env": {"HSA_ENABLE_IPC_MODE_LEGACY": "0"}}}}) is False
-    assert runtime_module.ipc_legacy_of({"pins": {"rocm": {"hsa_env": {"HSA_ENABLE_IPC_MODE_LEGACY": "1"}}}}) is True
-    assert runtime_module.ipc_legacy_of({}) is None
+    assert runtime_evidence.ipc_legacy_of({"pins": {"rocm": {"hsa_env": {"HSA_ENABLE_IPC_MODE_LEGACY": "0"}}}}) is False
+    assert runtime_evidence.ipc_legacy_of({"pins": {"rocm": {"hsa_env": {"HSA_ENABLE_IPC_MODE_LEGACY": "1"}}}}) is True
+    assert runtime_evidence.ipc_legacy_of({}) is None
 
 
 def test_replay_of_the_real_h200_probe(fixtures):
@@ -351,14 +351,15 @@ def test_replay_of_the_real_self_pair_probe(fixtures):
 # ------------------------------------------------------------------ the modules, through real Ansible
 
 
-def test_modules_judge_a_recorded_probe_through_ansible(tmp_path):
-    """peer_access fails on seed 000's recording when P2P is expected; p2p_bandwidth judges the registered evidence."""
+def test_the_ladder_module_judges_a_recorded_probe_through_ansible(tmp_path):
+    """peer_access fails on seed 000's recording when P2P is expected; p2p_bandwidth judges a registered probe
+    result (probe_result) without probing again; an unknown layer fails the task by name."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
-    from rigbook.paths import collections_path
+    from rigbook.paths import link_collection
 
     root = tmp_path / "x99-3080"
     commands = root / "var" / "lib" / "rigbook" / "commands"
@@ -366,25 +367,31 @@ def test_modules_judge_a_recorded_probe_through_ansible(tmp_path):
     (commands / "cuda-probe.json").write_text(json.dumps(seed000()))
     declared = {"gpu": {"vendor": "nvidia", "count": 2, "pcie": {"gen": 3, "width": 16}}, "p2p": {"expected": False}}
     expecting = {**declared, "p2p": {"expected": True}}
+    ladder = "rigbook.homelab.ladder"
     tasks = [
-        {"rigbook.homelab.peer_access": {"root": str(root), "profile": declared}, "register": "declared"},
-        {"rigbook.homelab.p2p_bandwidth": {"evidence": "{{ declared.evidence }}", "profile": declared,
-                                           "baseline": {"host_staged_gbs_0_1": 6.0}}, "register": "bw"},
-        {"debug": {"msg": "RESULT {{ declared.verdict.status }} {{ bw.verdict.status }} "
-                          "{{ bw.verdict.metrics.peer_gbs_0_1 }}"}},
-        {"rigbook.homelab.peer_access": {"root": str(root), "profile": expecting}},
+        {ladder: {"phase": "runtime", "layers": ["peer_access"], "root": str(root), "profile": declared},
+         "register": "declared"},
+        {ladder: {"phase": "runtime", "layers": ["p2p_bandwidth"], "probe_result": "{{ declared.evidence.probe }}",
+                  "profile": declared, "baseline": {"host_staged_gbs_0_1": 6.0}}, "register": "bw"},
+        {"debug": {"msg": "RESULT {{ declared.ladder[0].status }} {{ bw.ladder[0].status }} "
+                          "{{ bw.ladder[0].metrics.peer_gbs_0_1 }}"}},
+        {ladder: {"phase": "static", "layers": ["peer_access"]}, "register": "wrong_phase", "ignore_errors": True},
+        {"debug": {"msg": "WRONG {{ wrong_phase.msg }}"}},
+        {ladder: {"phase": "runtime", "layers": ["peer_access"], "root": str(root), "profile": expecting}},
     ]
     playbook = tmp_path / "play.yml"  # JSON is YAML
     playbook.write_text(json.dumps([{"hosts": "localhost", "gather_facts": False, "tasks": tasks,
                                      "vars": {"ansible_python_interpreter": sys.executable}}]))
     bin_dir = Path(sys.executable).parent
-    env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(collections_path()),
+    env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(link_collection()),
            "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "ANSIBLE_NOCOLOR": "1"}
     proc = subprocess.run([str(bin_dir / "ansible-playbook"), "-i", "localhost,", "-c", "local", "--check",
                            str(playbook)], capture_output=True, text=True, env=env, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out
     assert "RESULT pass pass 6.0" in out
+    assert ("WRONG layers: unknown layer(s) peer_access; the layers of phase static are firmware, pcie_link, "
+            "dma_window, kernel_state, driver_state") in out
     assert "enabling peer access failed with CUDA_ERROR_MAP_FAILED (mapping of buffer object failed)" in out
     assert "failed=1" in out
 
@@ -395,7 +402,7 @@ def test_module_documentation_parses():
 
     import yaml
 
-    for name in ("peer_access", "p2p_bandwidth"):
+    for name in ("ladder",):
         source = Path(__file__).resolve().parents[2] / "plugins" / "modules" / (name + ".py")
         for node in ast.parse(source.read_text()).body:
             if isinstance(node, ast.Assign) and node.targets[0].id in ("DOCUMENTATION", "EXAMPLES", "RETURN"):

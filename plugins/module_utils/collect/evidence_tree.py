@@ -17,6 +17,8 @@ import time
 
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import pci
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence as evidence
+from ansible_collections.rigbook.homelab.plugins.module_utils.probe import cuda as cuda_probe
+from ansible_collections.rigbook.homelab.plugins.module_utils.probe import hip as hip_probe
 
 PCI_ATTRS = (
     "vendor", "device", "class", "subsystem_vendor", "subsystem_device", "resource", "numa_node",
@@ -91,13 +93,7 @@ def _module_options(text):
 
 def _live_probe(vendor):
     """Run the vendor's GPU probe (peer access, copy bandwidth) in a child process."""
-    try:
-        if vendor == "nvidia":
-            from ansible_collections.rigbook.homelab.plugins.module_utils.probe import cuda as probe_mod
-        else:
-            from ansible_collections.rigbook.homelab.plugins.module_utils.probe import hip as probe_mod
-    except ImportError:  # pragma: no cover - direct use outside Ansible
-        probe_mod = __import__("cuda_probe" if vendor == "nvidia" else "hip_probe")
+    probe_mod = cuda_probe if vendor == "nvidia" else hip_probe
     return probe_mod.probe_isolated(), "live " + evidence.PROBES[vendor]
 
 

@@ -319,32 +319,62 @@ def collect_cpu(root):
     }
 
 
-# What each static layer reads (commands such as nvidia-smi only where needed).
-LAYER_PARTS = {
-    "firmware": ("gpus",),
-    "pcie_link": ("gpus",),
-    "dma_window": ("gpus", "kernel"),
-    "kernel_state": ("gpus", "kernel", "cpu", "nvidia_kernel"),
-    "driver_state": ("gpus", "kernel", "nvidia", "amd"),
+# The parts of the static evidence, each (ctx, evidence so far) -> {key: value}; the layer registry
+# (ladder/registry.py) names which parts each layer needs. Commands such as nvidia-smi run only for the parts
+# that need them.
+
+
+def gpus_part(ctx, evidence):
+    gpus, error = collect_gpus(ctx.root)
+    return {"gpus": gpus, "error": error, "uefi": os.path.isdir(path(ctx.root, "sys", "firmware", "efi"))}
+
+
+def kernel_part(ctx, evidence):
+    return {"kernel": collect_kernel(ctx.root)}
+
+
+def cpu_part(ctx, evidence):
+    return {"cpu": collect_cpu(ctx.root)}
+
+
+def _release(ctx, evidence):
+    return (evidence.get("kernel") or collect_kernel(ctx.root)).get("release")
+
+
+def nvidia_kernel_part(ctx, evidence):
+    """The NVIDIA kernel module only (no nvidia-smi run)."""
+    return {"nvidia": collect_nvidia(ctx.root, _release(ctx, evidence), userspace_too=False)}
+
+
+def nvidia_part(ctx, evidence):
+    return {"nvidia": collect_nvidia(ctx.root, _release(ctx, evidence))}
+
+
+def amd_part(ctx, evidence):
+    return {"amd": collect_amd(ctx.root)}
+
+
+PARTS = {
+    "gpus": gpus_part,
+    "kernel": kernel_part,
+    "cpu": cpu_part,
+    "nvidia_kernel": nvidia_kernel_part,
+    "nvidia": nvidia_part,
+    "amd": amd_part,
 }
+
+
+class _Root:
+    def __init__(self, root):
+        self.root = root
+
+
 ALL_PARTS = ("gpus", "kernel", "cpu", "nvidia", "amd")
 
 
 def collect_static(root, parts=ALL_PARTS):
-    """The evidence the static layers judge, as one JSON-able dict (only PARTS are read)."""
-    out = {"root": root}
-    if "gpus" in parts:
-        out["gpus"], out["error"] = collect_gpus(root)
-        out["uefi"] = os.path.isdir(path(root, "sys", "firmware", "efi"))
-    if "kernel" in parts or "nvidia" in parts or "nvidia_kernel" in parts:
-        out["kernel"] = collect_kernel(root)
-    if "cpu" in parts:
-        out["cpu"] = collect_cpu(root)
-    release = (out.get("kernel") or {}).get("release")
-    if "nvidia" in parts:
-        out["nvidia"] = collect_nvidia(root, release)
-    elif "nvidia_kernel" in parts:
-        out["nvidia"] = collect_nvidia(root, release, userspace_too=False)
-    if "amd" in parts:
-        out["amd"] = collect_amd(root)
+    """The static evidence of PARTS as one JSON-able dict (all of it is what a snapshot stores as evidence.json)."""
+    ctx, out = _Root(root), {"root": root}
+    for name in parts:
+        out.update(PARTS[name](ctx, out))
     return out

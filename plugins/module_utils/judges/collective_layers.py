@@ -6,13 +6,10 @@
 from __future__ import annotations
 
 from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import baseline_compare as baseline_mod
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import expectations
 from ansible_collections.rigbook.homelab.plugins.module_utils.ladder.verdict import make
 
 OPS = ("sendrecv", "all_reduce")
-
-
-def _p2p_expected(profile):
-    return bool((profile.get("p2p") or {}).get("expected", (profile.get("gpu") or {}).get("count", 0) >= 2))
 
 
 def judge_collectives(data, profile, baseline_metrics=None, tolerance=None):
@@ -54,12 +51,12 @@ def judge_collectives(data, profile, baseline_metrics=None, tolerance=None):
                     "Wrong collective results mean corruption on the peer path: disable P2P (NCCL_P2P_DISABLE=1) "
                     "until the lower layers and the integrity test (peer_access) pass.", metrics=metrics)
     missing = [op for op in OPS if op not in rows]
-    tol = tolerance or baseline_mod.DEFAULT_TOLERANCE
+    tol = expectations.tolerance(profile, tolerance)
     baseline_metrics = baseline_metrics or {}
     status, texts, ratios = baseline_mod.compare_all(metrics, baseline_metrics, tol)
     expected.update({k: ">= %.2fx of %s" % (tol["fail_below"], v) for k, v in baseline_metrics.items()
                      if k in metrics})
-    path = "P2P" if _p2p_expected(profile) else "the SHM path (P2P declared unavailable)"
+    path = "P2P" if expectations.p2p_expected(profile) else "the SHM path (P2P declared unavailable)"
     if status == "skip":
         why = "; ".join(texts) + "; record one with `provision baseline record`"
         return make(layer, "pass", measured, expected, "no regression check yet: " + why, metrics=metrics)
@@ -76,7 +73,7 @@ def judge_collectives(data, profile, baseline_metrics=None, tolerance=None):
 def judge_nccl_transport(parsed, profile):
     """Every channel via P2P when P2P is expected (a silent SHM fallback fails); SHM when declared unavailable."""
     layer = "nccl_transport"
-    expected_p2p = _p2p_expected(profile)
+    expected_p2p = expectations.p2p_expected(profile)
     want_level = (profile.get("p2p") or {}).get("nccl_p2p_level")
     expected = {"path": "p2p" if expected_p2p else "shm"}
     if (profile.get("gpu") or {}).get("count") == 1:

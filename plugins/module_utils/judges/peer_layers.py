@@ -12,6 +12,7 @@ fails whatever the profile says.
 from __future__ import annotations
 
 from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import baseline_compare as baseline_mod
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import expectations
 from ansible_collections.rigbook.homelab.plugins.module_utils.ladder.verdict import Findings, make
 
 # Usable GB/s per lane after line coding (Gen1/2 8b/10b, Gen3-5 128b/130b, Gen6 FLIT 242/256).
@@ -83,20 +84,10 @@ def link_gbs(gen, width):
 
 
 def p2p_expected(probe, profile):
-    p2p = (profile or {}).get("p2p") or {}
-    if "expected" in p2p:
-        return bool(p2p["expected"])
-    devices = (probe or {}).get("devices")
-    if devices is not None and (probe or {}).get("available"):
-        return len(devices) >= 2
-    return ((profile or {}).get("gpu") or {}).get("count", 0) >= 2
-
-
-def _declared(profile):
-    p2p = profile.get("p2p") or {}
-    if "expected" in p2p:
-        return "P2P is declared unavailable (%s)" % (" ".join(str(p2p.get("reason") or "no reason given").split()))
-    return "P2P is not expected (no rigbook_p2p.expected)"
+    """The one rule (ladder/expectations.py), counting the devices the probe saw when it ran."""
+    probe = probe or {}
+    seen = len(probe["devices"]) if probe.get("available") and probe.get("devices") is not None else None
+    return expectations.p2p_expected(profile, seen)
 
 
 def runtime_metrics(probe):
@@ -194,7 +185,8 @@ def judge_peer_access(probe, profile):
         expected = {"every ordered pair": "can-access yes; enable ok; pattern verified" + (
             "; IPC ok" if probe.get("api") == "hip" else "")}
     else:
-        expected = {"every ordered pair": "pattern verified (peer access itself not required: %s)" % _declared(profile)}
+        expected = {"every ordered pair": "pattern verified (peer access itself not required: %s)"
+                                          % expectations.declared(profile)}
     verdict = _unavailable(layer, probe, profile, expected) or _too_few(layer, probe, profile)
     if verdict:
         return verdict
@@ -249,12 +241,12 @@ def judge_peer_access(probe, profile):
     )
     if works and not found.problems and not found.gaps:
         found.note(
-            "peer access works on every pair although %s" % _declared(profile),
+            "peer access works on every pair although %s" % expectations.declared(profile),
             "If P2P is now possible on this box, set rigbook_p2p.expected true so rigbook holds it to its "
             "baseline; otherwise find out what changed.",
         )
     errors = sorted({str(p.get("enable_peer")) for p in pairs.values() if p.get("enable_peer") not in ENABLE_OK})
-    ok_text = "%s; copies between the GPUs verify through host memory" % _declared(profile)
+    ok_text = "%s; copies between the GPUs verify through host memory" % expectations.declared(profile)
     if errors:
         ok_text += "; enabling peer access gives %s, as expected" % ", ".join(errors)
     return found.verdict(layer, measured, expected, ok_text=ok_text)
@@ -265,10 +257,7 @@ def judge_p2p_bandwidth(probe, profile, baseline_metrics=None, tolerance=None):
     layer = "p2p_bandwidth"
     probe, profile = probe or {}, profile or {}
     baseline_metrics = baseline_metrics or {}
-    tol = dict(baseline_mod.DEFAULT_TOLERANCE)
-    tol.update(RUNTIME_TOLERANCE)
-    tol.update(profile.get("tolerance") or {})
-    tol.update(tolerance or {})
+    tol = expectations.tolerance(profile, tolerance, defaults=RUNTIME_TOLERANCE)
     expected_p2p = p2p_expected(probe, profile)
     pcie = (profile.get("gpu") or {}).get("pcie") or {}
     limit = link_gbs(pcie.get("gen"), pcie.get("width"))
@@ -279,7 +268,7 @@ def judge_p2p_bandwidth(probe, profile, baseline_metrics=None, tolerance=None):
         if limit:
             expected["peer"] += ", >= %d%% of the %s limit %.2f GB/s" % (100 * tol["link_warn_below"], link_name, limit)
     else:
-        expected["path"] = "host-staged (%s)" % _declared(profile)
+        expected["path"] = "host-staged (%s)" % expectations.declared(profile)
     verdict = _unavailable(layer, probe, profile, expected)
     if verdict:
         return verdict
@@ -362,7 +351,7 @@ def judge_p2p_bandwidth(probe, profile, baseline_metrics=None, tolerance=None):
         if limit:
             ok_text += " and within reach of the %s link" % link_name
     else:
-        ok_text = "%s: host-staged copies measured" % _declared(profile)
+        ok_text = "%s: host-staged copies measured" % expectations.declared(profile)
     if not held:
         ok_text += "; no baseline recorded yet (record one with `provision baseline record`)"
     else:

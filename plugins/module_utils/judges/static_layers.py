@@ -9,6 +9,7 @@ evidence is evidence.collect_static(root); profile is {"gpu": rigbook_gpu, "p2p"
 
 from __future__ import annotations
 
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import expectations
 from ansible_collections.rigbook.homelab.plugins.module_utils.ladder.verdict import Findings, make
 
 GIB = 1 << 30
@@ -60,10 +61,8 @@ def _vendor(evidence, profile):
 
 
 def p2p_expected(evidence, profile):
-    p2p = profile.get("p2p") or {}
-    if "expected" in p2p:
-        return bool(p2p["expected"])
-    return len(evidence.get("gpus") or []) >= 2
+    """The one rule (ladder/expectations.py), counting the GPUs found in sysfs."""
+    return expectations.p2p_expected(profile, len(evidence.get("gpus") or []))
 
 
 def _no_gpus(layer, evidence):

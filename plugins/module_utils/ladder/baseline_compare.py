@@ -4,18 +4,12 @@
 """Compare a measured figure with its recorded baseline (pure; standard library only).
 
 Thresholds are data (aznhc/nccl-tests style): below fail_below x baseline is a fail, below
-warn_below x baseline a warning. Defaults: 0.8 and 0.95.
+warn_below x baseline a warning (ladder/expectations.py: one merge, defaults 0.8 and 0.95).
 """
 
 from __future__ import annotations
 
-DEFAULT_TOLERANCE = {"fail_below": 0.8, "warn_below": 0.95}
-
-
-def tolerance_of(profile):
-    tol = dict(DEFAULT_TOLERANCE)
-    tol.update((profile or {}).get("tolerance") or {})
-    return tol
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder.expectations import tolerance as merged_tolerance
 
 
 def compare(name, measured, baseline, tolerance=None):
@@ -23,8 +17,7 @@ def compare(name, measured, baseline, tolerance=None):
 
     A missing measurement is "unknown": a figure that could not be measured never passes.
     """
-    tol = dict(DEFAULT_TOLERANCE)
-    tol.update(tolerance or {})
+    tol = merged_tolerance(override=tolerance)
     if measured is None:
         return "unknown", "%s: not measured" % name
     if baseline is None:

@@ -9,9 +9,9 @@ releases); its pure parts and its calls against a fake library are unit-tested
 (tests/unit/test_hip_probe.py). The first run on an R9700/7900 box should be checked by hand
 against TransferBench before its figures are trusted as a baseline.
 
-Same contract and result as cuda_probe.probe() (the measurement engine is shared), with "api":
-"hip" and, per ordered pair, an inter-process check the write-up's acceptance order asks for
-(seed 004, step 5 "HIP IPC" before TransferBench):
+Same contract and result as probe/cuda.py's probe() (the measurement engine, probe/engine.py, is
+shared), with "api": "hip" and, per ordered pair, an inter-process check the write-up's
+acceptance order asks for (seed 004, step 5 "HIP IPC" before TransferBench):
 
     "ipc": {"ok": true|false|null, "error": ..., "mode": "dma-buf"|"legacy"|"default"}
 
@@ -33,7 +33,7 @@ import os
 import subprocess
 import sys
 
-from ansible_collections.rigbook.homelab.plugins.module_utils.probe import cuda as engine
+from ansible_collections.rigbook.homelab.plugins.module_utils.probe import engine
 
 ProbeError = engine.ProbeError
 DEFAULT_DEADLINE_S = 20.0  # each IPC check starts a Python and initialises HIP (~1-2 s)
@@ -218,7 +218,7 @@ def run_child(argv, env, timeout):
 
 
 class HipBackend:
-    """HIP behind the engine's backend interface (see cuda_probe.CudaBackend)."""
+    """HIP behind the engine's backend interface (see probe/engine.py)."""
 
     api = "hip"
     errors_table = HIP_ERRORS
@@ -416,7 +416,7 @@ class HipBackend:
 
 def probe(size_bytes=engine.DEFAULT_SIZE, reps=engine.DEFAULT_REPS, deadline_s=DEFAULT_DEADLINE_S, pairs=None,
           ipc=True, ipc_legacy=None, library=None):
-    """Probe every GPU pair through HIP; the cuda_probe result shape plus "ipc" per pair. Never raises.
+    """Probe every GPU pair through HIP; the engine's result shape plus "ipc" per pair. Never raises.
 
     IPC_LEGACY sets HSA_ENABLE_IPC_MODE_LEGACY for this process (before HIP loads) and the IPC child.
     """

@@ -18,12 +18,9 @@ import yaml
 
 from rigbook.errors import UserError
 from rigbook.lab import evidence
+from rigbook.paths import link_collection
 
 FAULTS_FILE = Path(__file__).resolve().parent / "faults.yml"
-LAYERS = [
-    "firmware", "pcie_link", "dma_window", "kernel_state", "driver_state",
-    "peer_access", "p2p_bandwidth", "collectives", "nccl_transport", "serving",
-]
 OPS = ("set", "replace", "remove", "copy", "scale", "bar")
 _PLACEHOLDER = re.compile(r"\{(release|upgraded_release|bdf|index|port)\}")
 
@@ -61,7 +58,7 @@ SCHEMA = {
             "additionalProperties": False,
             "required": ["layer", "description", "edits"],
             "properties": {
-                "layer": {"enum": LAYERS},
+                "layer": {"type": "string"},
                 "description": {"type": "string", "minLength": 10},
                 "vendors": {"type": "array", "items": {"enum": ["nvidia", "amd"]}, "minItems": 1},
                 "edits": {"type": "array", "minItems": 1, "items": _EDIT_SCHEMA},
@@ -74,6 +71,14 @@ _NEEDS = {"set": {"content"}, "replace": {"pattern", "with"}, "remove": set(), "
           "scale": {"keys", "factor"}, "bar": set()}
 
 
+def layer_names() -> list:
+    """The ladder's layers in order, from the collection's layer registry (a fault names the layer it fails)."""
+    link_collection()
+    from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import registry
+
+    return registry.names()
+
+
 def validate(data: dict) -> dict:
     """Check a faults document; raise ValueError naming the fault and edit that is wrong."""
     try:
@@ -81,7 +86,11 @@ def validate(data: dict) -> dict:
     except jsonschema.ValidationError as exc:
         where = "/".join(str(p) for p in exc.absolute_path)
         raise ValueError(f"faults: {where}: {exc.message}") from None
+    layers = layer_names()
     for name, fault in data["faults"].items():
+        if fault["layer"] not in layers:
+            raise ValueError(f"faults: {name}/layer: {fault['layer']!r} is no layer of the ladder "
+                             f"({', '.join(layers)})")
         for i, edit in enumerate(fault["edits"]):
             ops = [op for op in OPS if op in edit]
             if len(ops) != 1:

@@ -1,0 +1,134 @@
+# -*- coding: utf-8 -*-
+# Copyright: rigbook developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The P2P ladder's layers, defined once (standard library only).
+
+Each layer: its name, its place in the ladder (the order of LAYERS, lowest first: a higher layer means little
+while a lower one fails), its phase (static: read from sysfs/procfs and commands; runtime: measured through
+the GPU driver), the evidence parts it needs, its judge and the tags that select it. Each evidence part has
+one collector. The ladder modules, replay, the lab's fault table, the p2p_verify role (checked by a test) and
+the benchmarks all read this table; adding a layer is one entry here plus its collector and judge.
+
+A judge here is called as judge(evidence, ctx): EVIDENCE holds every part collected so far (static parts
+at the top level, as collect_static returns them; runtime parts under their own keys), CTX is the climb's
+Context (profile, baseline, tolerance, root, options). The pure judges under judges/ keep their own explicit
+arguments; the small adapters below say what each one reads.
+"""
+
+from __future__ import annotations
+
+from ansible_collections.rigbook.homelab.plugins.module_utils.collect import runtime_evidence, static_evidence
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges import (
+    collective_layers,
+    peer_layers,
+    static_layers,
+)
+
+STATIC = "static"
+RUNTIME = "runtime"
+PHASES = (STATIC, RUNTIME)
+
+
+class Layer:
+    """One rung of the ladder. TAGS are extra tags that select it besides its name."""
+
+    def __init__(self, name, phase, needs, judge, tags=(), summary=""):
+        if phase not in PHASES:
+            raise ValueError("layer %s: unknown phase %r" % (name, phase))
+        self.name = name
+        self.phase = phase
+        self.needs = tuple(needs)
+        self.judge = judge
+        self.tags = (name,) + tuple(tags)
+        self.summary = summary
+
+    def __repr__(self):
+        return "Layer(%s, %s)" % (self.name, self.phase)
+
+
+def _static(judge):
+    """A static judge reads the whole static evidence and the profile."""
+    def run(evidence, ctx):
+        return judge(evidence, ctx.profile)
+    return run
+
+
+def _peer_access(evidence, ctx):
+    return peer_layers.judge_peer_access(evidence.get("probe"), ctx.profile)
+
+
+def _p2p_bandwidth(evidence, ctx):
+    return peer_layers.judge_p2p_bandwidth(evidence.get("probe"), ctx.profile, ctx.baseline, ctx.tolerance)
+
+
+def _collectives(evidence, ctx):
+    return collective_layers.judge_collectives(evidence.get("collectives") or {}, ctx.profile, ctx.baseline,
+                                               ctx.tolerance)
+
+
+def _nccl_transport(evidence, ctx):
+    return collective_layers.judge_nccl_transport(evidence.get("nccl_transport") or {}, ctx.profile)
+
+
+# The collectors, one per evidence part: (ctx, evidence so far) -> {key: value} merged into the evidence.
+PARTS = dict(static_evidence.PARTS)
+PARTS.update({
+    "probe": runtime_evidence.probe_part,
+    "collectives": runtime_evidence.collectives_part,
+    "nccl_transport": runtime_evidence.nccl_transport_part,
+})
+
+LAYERS = [
+    Layer("firmware", STATIC, ("gpus",), _static(static_layers.judge_firmware),
+          summary="UEFI boot, GPU BARs above 4 GiB, VRAM BAR >= VRAM (ReBAR)"),
+    Layer("pcie_link", STATIC, ("gpus",), _static(static_layers.judge_pcie_link),
+          summary="link width and speed per GPU against the profile and LnkCap"),
+    Layer("dma_window", STATIC, ("gpus", "kernel"), _static(static_layers.judge_dma_window),
+          summary="each peer BAR below the GPU's DMA reach"),
+    Layer("kernel_state", STATIC, ("gpus", "kernel", "cpu", "nvidia_kernel"), _static(static_layers.judge_kernel_state),
+          summary="running kernel and cmdline as pinned, P2PDMA config, nvidia-uvm HMM with iommu=pt"),
+    Layer("driver_state", STATIC, ("gpus", "kernel", "nvidia", "amd"), _static(static_layers.judge_driver_state),
+          summary="the loaded module is the pinned build for the running kernel; userspace equal"),
+    Layer("peer_access", RUNTIME, ("probe",), _peer_access,
+          summary="can-access-peer both ways, enabling succeeds, a peer copy of a pattern verifies"),
+    Layer("p2p_bandwidth", RUNTIME, ("probe",), _p2p_bandwidth,
+          summary="peer GB/s each way and both ways vs the host-staged copy, the link and the baseline"),
+    Layer("collectives", RUNTIME, ("collectives",), _collectives,
+          summary="sendrecv and all_reduce bus bandwidth vs the baseline, no wrong results"),
+    Layer("nccl_transport", RUNTIME, ("nccl_transport",), _nccl_transport,
+          summary="the NCCL/RCCL INFO log shows P2P (not a silent SHM fallback)"),
+]
+
+
+def names(phase=None):
+    """Layer names in ladder order, of one PHASE or all."""
+    return [layer.name for layer in LAYERS if phase is None or layer.phase == phase]
+
+
+def get(name):
+    for layer in LAYERS:
+        if layer.name == name:
+            return layer
+    raise KeyError(name)
+
+
+def of_phase(phase):
+    return [layer for layer in LAYERS if layer.phase == phase]
+
+
+def select(phase, requested=None):
+    """(layers of PHASE in ladder order, unknown names) for REQUESTED layer names or tags; None selects every
+    layer of the phase. A name that selects no layer of PHASE is unknown."""
+    if requested is None:
+        return of_phase(phase), []
+    requested = set(str(name) for name in requested)
+    layers = [layer for layer in of_phase(phase) if requested & set(layer.tags)]
+    known = set(tag for layer in of_phase(phase) for tag in layer.tags)
+    return layers, sorted(requested - known)
+
+
+def select_by_run_tags(phase, run_tags):
+    """The layers of PHASE that Ansible's run tags (--tags) name; all of them when the tags name none (a run
+    with no --tags, or tags of roles and plays only). Tags that are no layer's are not an error here."""
+    layers, _ = select(phase, run_tags or [])
+    return layers or of_phase(phase)

@@ -1,0 +1,173 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: rigbook developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+DOCUMENTATION = r"""
+---
+module: ladder
+short_description: Climb the P2P ladder in one module run, lowest layer first, and fail at the first failing layer
+description:
+  - Judges the selected layers in ladder order and stops at the first layer whose verdict is C(fail); the layers
+    above it are neither collected nor judged. The layers, lowest first -
+    static C(firmware), C(pcie_link), C(dma_window), C(kernel_state), C(driver_state) (sysfs, procfs, kernel
+    config, module paths, nvidia-smi);
+    runtime C(peer_access), C(p2p_bandwidth) (one GPU probe through the CUDA driver API or HIP, by ctypes),
+    C(collectives) (nccl-tests / rccl-tests or a bundled torch.distributed benchmark) and C(nccl_transport)
+    (the NCCL INFO log of that run, or the serving unit's journal).
+  - Every layer is defined once, in the collection's layer registry (module_utils/ladder/registry.py).
+  - Under a recorded O(root) the saved outputs are judged (lab hosts, replays) with the same code.
+  - The task fails when a layer fails, with that layer's measured and expected values and remedy in the
+    message; C(warn) and C(unknown) verdicts are reported as warnings.
+  - Only reads and measures (device memory the probe allocates is freed); runs the same in check mode.
+version_added: "1.0.0"
+author:
+  - rigbook developers
+options:
+  phase:
+    description:
+      - V(static) climbs layers 1-5, V(runtime) layers 6-9, V(all) the whole ladder.
+      - The p2p_verify role runs the two phases as two tasks, so a failure names the part of the ladder.
+    type: str
+    choices: [static, runtime, all]
+    default: all
+  layers:
+    description:
+      - The layers to judge (names or tags of layers of O(phase)), judged in ladder order whatever order they
+        are given in. A name that is no layer of the phase fails the task. Omitted - every layer of the phase,
+        or those O(run_tags) names.
+    type: list
+    elements: str
+  run_tags:
+    description:
+      - Ansible's run tags (V(ansible_run_tags)); the layers they name are judged, all when they name none.
+        Tags that are no layer's are ignored. O(layers) wins when given.
+    type: list
+    elements: str
+    default: []
+  root:
+    description: Evidence root; V(/) on a real box, a recorded tree on a lab host or in a replay.
+    type: path
+    default: /
+  profile:
+    description:
+      - "The host profile, C({gpu: rigbook_gpu, p2p: rigbook_p2p, pins: rigbook_pins})."
+    type: dict
+    default: {}
+  baseline:
+    description: Recorded metrics of a known-good run (C(peer_gbs_0_1), C(sendrecv_busbw_gbs), ...).
+    type: dict
+    default: {}
+  tolerance:
+    description: C({fail_below, warn_below}) as fractions of the baseline; C(profile.tolerance) is merged under it.
+    type: dict
+    default: {}
+  probe_bytes:
+    description: Runtime phase. Bytes per probe copy.
+    type: int
+    default: 67108864
+  reps:
+    description: Runtime phase. Timed probe copies per figure.
+    type: int
+    default: 10
+  deadline_s:
+    description: Runtime phase. Soft time budget of the probe (10 s for CUDA, 20 s for HIP when omitted); it is killed 30 s later.
+    type: float
+  ipc_legacy:
+    description:
+      - Runtime phase, AMD only. HSA_ENABLE_IPC_MODE_LEGACY for the probe and its IPC child (true = C(1), false = C(0), DMA-BUF).
+      - Defaults to the value pinned in C(pins.rocm.hsa_env), else the environment's.
+    type: bool
+  probe_result:
+    description: Runtime phase. A probe result already taken; judged instead of probing again.
+    type: dict
+  python:
+    description: Runtime phase. Python with PyTorch (the serving venv) for the bundled collectives benchmark.
+    type: path
+  nccl_tests_dir:
+    description: Runtime phase. Directory holding all_reduce_perf and sendrecv_perf (preferred over the bundled benchmark).
+    type: path
+  collective_bytes:
+    description: Runtime phase. Message size of the collectives benchmark.
+    type: int
+    default: 268435456
+  iters:
+    description: Runtime phase. Timed iterations per collective operation.
+    type: int
+    default: 10
+  env:
+    description: Runtime phase. Extra environment for the benchmark (e.g. NCCL_P2P_LEVEL).
+    type: dict
+    default: {}
+  log:
+    description: Runtime phase. NCCL INFO log text to judge the transport from, instead of the benchmark's.
+    type: str
+  unit:
+    description: Runtime phase. systemd unit whose journal holds the serving engine's NCCL log.
+    type: str
+attributes:
+  check_mode:
+    support: full
+    description: Reads and measures only; runs the same in check mode.
+  diff_mode:
+    support: none
+    description: Nothing to diff.
+"""
+
+EXAMPLES = r"""
+- name: Judge the five static layers
+  rigbook.homelab.ladder:
+    phase: static
+    profile:
+      gpu: "{{ rigbook_gpu }}"
+      p2p: "{{ rigbook_p2p }}"
+      pins: "{{ rigbook_pins }}"
+
+- name: Judge the four runtime layers against the recorded baseline
+  rigbook.homelab.ladder:
+    phase: runtime
+    profile:
+      gpu: "{{ rigbook_gpu }}"
+      p2p: "{{ rigbook_p2p }}"
+      pins: "{{ rigbook_pins }}"
+    baseline: {peer_gbs_0_1: 10.29, sendrecv_busbw_gbs: 9.75}
+    python: /opt/sglang/.venv/bin/python
+    env: {NCCL_P2P_LEVEL: PHB}
+
+- name: Only the PCIe link and the DMA window of a recorded tree
+  rigbook.homelab.ladder:
+    phase: static
+    root: /var/lib/rigbook-lab/evidence
+    layers: [pcie_link, dma_window]
+"""
+
+RETURN = r"""
+ladder:
+  description: The verdicts in ladder order, up to and including the first C(fail).
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    layer: {description: "The layer id, e.g. V(p2p_bandwidth)", type: str}
+    status: {description: "pass, warn, fail, skip or unknown", type: str}
+    measured: {description: What was found., type: raw}
+    expected: {description: What the profile and baseline ask for., type: raw}
+    why: {description: The reason for the status., type: str}
+    remedy: {description: What to do when it is not pass., type: str}
+    metrics: {description: "Figures by name, for the baseline (runtime layers).", type: dict}
+evidence:
+  description: "What was judged, as far as the ladder got: the static evidence (C(gpus), C(kernel), ...) and
+    C(probe), C(collectives), C(nccl_transport)."
+  returned: always
+  type: dict
+"""
+
+from ansible_collections.rigbook.homelab.plugins.module_utils.ansible_glue import run_ladder_module
+
+
+def main():
+    run_ladder_module()
+
+
+if __name__ == "__main__":
+    main()

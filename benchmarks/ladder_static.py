@@ -4,11 +4,9 @@ By default on the lab host lab-r9700 (brings the lab up if it is not; root neede
 another host, e.g. a real GPU box over a local connection. Times, median of RUNS:
   1. `provision verify -i INV --limit HOST --tags <the five static layers>`, the whole command
      (ansible-playbook start, connection, the ladder task, summary);
-  2. the ladder task alone (rigbook.homelab.static_ladder: the five layers in one module run), from
+  2. the ladder task alone (rigbook.homelab.ladder, phase static: the five layers in one module run), from
      ansible-runner's per-task event timestamps of that run;
-  3. for comparison, the five one-layer modules as five tasks (rigbook.homelab.firmware ... driver_state),
-     the way the role ran them before: sum of the five tasks' durations;
-  4. collect + judge in-process (no Ansible): the lab host's recorded tree, or / on this machine otherwise.
+  3. collect + judge in-process (no Ansible, the same climb): the lab host's recorded tree, or / here.
 Run: .venv/bin/python benchmarks/ladder_static.py [RUNS] [--inventory INV --host HOST]
 """
 
@@ -24,23 +22,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-STATIC = ("firmware", "pcie_link", "dma_window", "kernel_state", "driver_state")
 TARGET_S = 3.0
-FIVE_TASKS = """- name: The five static layers, one module per task
-  hosts: HOST
-  gather_facts: false
-  vars:
-    profile:
-      gpu: "{{ rigbook_gpu | default({}) }}"
-      p2p: "{{ rigbook_p2p | default({}) }}"
-      pins: "{{ rigbook_pins | default({}) }}"
-    root: "{{ rigbook_evidence_root | default('/') }}"
-  tasks:
-""" + "".join(f"""    - name: Ladder {layer}
-      rigbook.homelab.{layer}:
-        root: "{{{{ root }}}}"
-        profile: "{{{{ profile }}}}"
-""" for layer in STATIC)
 
 
 def provision(*args):
@@ -72,15 +54,21 @@ def timed_run(*args) -> tuple:
     return wall, task_seconds(Path(summary["run_dir"])), summary
 
 
+def static_layers() -> list:
+    from rigbook.paths import link_collection
+
+    link_collection()
+    from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import registry
+
+    return registry.of_phase(registry.STATIC)
+
+
 def in_process_seconds(inventory: str, host: str) -> tuple:
-    from rigbook.paths import collections_path
+    from ansible_collections.rigbook.homelab.plugins.module_utils.ladder.climb import Context, climb
+
     from rigbook.run import resolve_inventory
     from rigbook.snapshots import profile_of
     from rigbook.validate import validate
-
-    collections_path()
-    from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence as evidence
-    from ansible_collections.rigbook.homelab.plugins.module_utils.judges import static_layers as ladder_static
 
     inv = validate(resolve_inventory(inventory))
     profile = profile_of(inv, host)
@@ -90,9 +78,10 @@ def in_process_seconds(inventory: str, host: str) -> tuple:
         root, where = str(materialize("x99-r9700", Path(tempfile.mkdtemp()) / "t")), "the recorded x99-r9700 tree"
     else:
         root, where = "/", "/ of this machine"
+    layers = static_layers()
     start = time.perf_counter()
     for _ in range(20):
-        ladder_static.judge_all(evidence.collect_static(root), profile)
+        climb(layers, Context(root, profile), stop_at_fail=False)
     return (time.perf_counter() - start) / 20, where
 
 
@@ -110,28 +99,22 @@ def main() -> int:
             return 1
         started_lab = True
     try:
-        one, five = [], []
-        book = Path(tempfile.mkdtemp(prefix="ladder-bench-")) / "five-tasks.yml"
-        book.write_text(FIVE_TASKS.replace("HOST", args.host))
+        one = []
+        static = [layer.name for layer in static_layers()]
         for _ in range(args.runs):
             wall, task, summary = timed_run("verify", "-i", args.inventory, "--limit", args.host,
-                                            "--tags", ",".join(STATIC))
+                                            "--tags", ",".join(static))
             layers = [v["layer"] for v in summary["hosts"][args.host].get("ladder", [])]
-            if layers != list(STATIC):
-                sys.exit(f"expected the five static verdicts, got {layers}: {summary['hosts'][args.host]}")
+            if layers != static:
+                sys.exit(f"expected the static verdicts {static}, got {layers}: {summary['hosts'][args.host]}")
             one.append((wall, task))
-            wall, task, summary = timed_run(str(book), "-i", args.inventory, "--limit", args.host)
-            five.append((wall, task))
         in_process, where = in_process_seconds(args.inventory, args.host)
         wall, task = (statistics.median(x) for x in zip(*one))
-        wall5, task5 = (statistics.median(x) for x in zip(*five))
         print(f"static ladder on {args.host} (inventory {args.inventory}), median of {args.runs} runs:")
         print(f"  whole `provision verify` command: {wall:.2f} s ({wall / TARGET_S:.2f}x of the {TARGET_S:.0f} s "
               "target; includes ansible-playbook start-up)")
         print(f"  the static-ladder task:           {task:.2f} s ({task / TARGET_S:.2f}x of target, "
-              f"{task / 5:.2f} s per layer)")
-        print(f"  five one-layer module tasks:      {task5:.2f} s ({task5 / task:.1f}x the one-task ladder; "
-              f"whole command {wall5:.2f} s)")
+              f"{task / len(static):.2f} s per layer)")
         print(f"  collect + judge in-process:       {in_process * 1000:.1f} ms ({where})")
     finally:
         if started_lab:

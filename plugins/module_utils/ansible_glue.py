@@ -12,9 +12,13 @@ verdicts are reported as warnings. Read-only: check mode runs the same.
 from __future__ import annotations
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.rigbook.homelab.plugins.module_utils.collect.runtime_evidence import OPTION_DEFAULTS
 from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import registry
-from ansible_collections.rigbook.homelab.plugins.module_utils.ladder.climb import Context, climb, message
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder.climb import (
+    OPTION_DEFAULTS,
+    Context,
+    climb,
+    message,
+)
 
 ALL_PHASES = "all"
 ARGUMENT_SPEC = dict(

@@ -7,6 +7,7 @@ import json
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import evidence_tree as snapshot
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence as evidence
 from ansible_collections.rigbook.homelab.plugins.module_utils.judges import static_layers as ladder_static
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import climb, registry
 
 PROFILE = {"gpu": {"vendor": "nvidia", "count": 1, "vram_gib": 141, "pcie": {"gen": 5, "width": 16}},
            "pins": {"nvidia_driver": {"version": "580.159.04"}}}
@@ -28,8 +29,9 @@ def test_collects_the_real_h200(fixtures):
 
 
 def test_judges_the_real_h200(fixtures):
-    ev = evidence.collect_static(str(fixtures / "evidence" / "h200-vm"))
-    verdicts = {v["layer"]: v for v in ladder_static.judge_all(ev, PROFILE)}
+    ctx = climb.Context(str(fixtures / "evidence" / "h200-vm"), PROFILE)
+    climbed, ev = climb.climb(registry.of_phase(registry.STATIC), ctx, stop_at_fail=False)
+    verdicts = {v["layer"]: v for v in climbed}
     assert verdicts["pcie_link"]["status"] == "pass"
     assert verdicts["dma_window"]["status"] == "skip"
     assert verdicts["driver_state"]["status"] == "pass"

@@ -6,6 +6,7 @@ import copy
 
 import pytest
 from ansible_collections.rigbook.homelab.plugins.module_utils.judges import static_layers as L
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import climb, registry
 
 GIB, MIB, TIB = 1 << 30, 1 << 20, 1 << 40
 
@@ -73,8 +74,14 @@ X3080 = {"gpu": {"vendor": "nvidia", "count": 2, "vram_gib": 20, "pcie": {"gen":
                   "nvidia_driver": {"version": "615.71.09", "userspace_version": "615.71.09"}}}
 
 
+def static_climb(evidence, profile, layers=None, stop_at_fail=True):
+    """The static layers of the registry judged on EVIDENCE, through the one climb."""
+    chosen = registry.of_phase(registry.STATIC) if layers is None else layers
+    return climb.climb(chosen, climb.Context("/x", profile), stop_at_fail, evidence=evidence)[0]
+
+
 def statuses(evidence, profile):
-    return {v["layer"]: v["status"] for v in L.judge_all(evidence, profile)}
+    return {v["layer"]: v["status"] for v in static_climb(evidence, profile, stop_at_fail=False)}
 
 
 def test_healthy_r9700_passes_all_five():
@@ -119,7 +126,7 @@ def test_legacy_boot_fails_firmware_when_p2p_expected():
 @pytest.mark.parametrize("layer", ["firmware", "pcie_link", "dma_window"])
 def test_no_gpu_evidence_is_unknown_never_pass(layer):
     ev = {"root": "/x", "error": None, "uefi": True, "gpus": [], "kernel": {}}
-    assert L.JUDGES[layer](ev, R9700)["status"] == "unknown"
+    assert registry.get(layer).judge(ev, climb.Context("/x", R9700))["status"] == "unknown"
 
 
 def test_unreadable_resource_file_is_unknown():
@@ -144,15 +151,15 @@ def test_link_trained_at_x8_fails():
 def test_the_one_call_ladder_stops_at_the_first_failing_layer():
     ev = r9700_evidence()
     ev["gpus"][1]["link"]["current_width"] = 8
-    climbed = L.judge_until_fail(ev, R9700)
+    climbed = static_climb(ev, R9700)
     assert [(v["layer"], v["status"]) for v in climbed] == [("firmware", "pass"), ("pcie_link", "fail")]
-    assert climbed == L.judge_all(ev, R9700)[:2]  # the same judges as the one-layer modules
+    assert climbed == static_climb(ev, R9700, stop_at_fail=False)[:2]
 
 
 def test_the_one_call_ladder_judges_only_the_layers_asked_in_ladder_order():
-    climbed = L.judge_until_fail(r9700_evidence(), R9700, ["driver_state", "dma_window"])
+    climbed = static_climb(r9700_evidence(), R9700, ["driver_state", "dma_window"])
     assert [v["layer"] for v in climbed] == ["dma_window", "driver_state"]
-    assert L.judge_until_fail(r9700_evidence(), R9700, []) == []
+    assert static_climb(r9700_evidence(), R9700, []) == []
 
 
 def test_port_limited_to_gen1_fails():

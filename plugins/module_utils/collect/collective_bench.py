@@ -11,7 +11,6 @@ nccl-log.txt}.
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import re
@@ -61,6 +60,8 @@ def _run(argv, timeout, env=None):
 
 def run_torch_bench(python, size, iters, timeout, env=None):
     """Run the bundled benchmark with PYTHON; returns its JSON dict (available false on any failure)."""
+    import inspect  # here, not at the top: it costs the static ladder's module run 30 ms to import
+
     handle, script = tempfile.mkstemp(prefix="rigbook-torch-bench-", suffix=".py")
     try:
         with os.fdopen(handle, "w") as out:

@@ -4,9 +4,8 @@
 """Evidence of the runtime layers (all I/O; standard library only): the GPU probe, the collectives run, the
 NCCL log. Live under "/", read from the recordings elsewhere (var/lib/rigbook/commands/, docs/evidence.md).
 
-Each collect_* takes (ctx, evidence): ctx.root, ctx.profile and ctx.options (the ladder module's options:
-probe_bytes, reps, deadline_s, ipc_legacy, probe_result, python, nccl_tests_dir, collective_bytes, iters, env,
-log, unit), and what the climb has collected so far.
+Each *_part takes (ctx, evidence): ctx.root, ctx.profile and ctx.options (the ladder module's options,
+ladder/climb.OPTION_DEFAULTS), and what the climb has collected so far.
 """
 
 from __future__ import annotations
@@ -15,22 +14,6 @@ from ansible_collections.rigbook.homelab.plugins.module_utils.collect import col
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence as recorded
 from ansible_collections.rigbook.homelab.plugins.module_utils.probe import cuda as cuda_probe
 from ansible_collections.rigbook.homelab.plugins.module_utils.probe import hip as hip_probe
-
-# The runtime options and their defaults (the runtime ladder module's argument spec adds its types).
-OPTION_DEFAULTS = {
-    "probe_bytes": cuda_probe.DEFAULT_SIZE,
-    "reps": cuda_probe.DEFAULT_REPS,
-    "deadline_s": None,
-    "ipc_legacy": None,
-    "probe_result": None,
-    "python": None,
-    "nccl_tests_dir": None,
-    "collective_bytes": 256 << 20,
-    "iters": 10,
-    "env": {},
-    "log": None,
-    "unit": None,
-}
 
 
 def ipc_legacy_of(profile):

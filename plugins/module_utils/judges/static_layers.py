@@ -485,30 +485,3 @@ def _judge_amd_driver(evidence, profile):
                     "reach and a P2PDMA-allowed path: see the layers below.",
                 )
     return found.verdict(layer, measured, expected, ok_text="amdgpu loaded, ROCm as pinned, KFD P2P links present")
-
-
-JUDGES = {
-    "firmware": judge_firmware,
-    "pcie_link": judge_pcie_link,
-    "dma_window": judge_dma_window,
-    "kernel_state": judge_kernel_state,
-    "driver_state": judge_driver_state,
-}
-
-
-STATIC_LAYERS = ("firmware", "pcie_link", "dma_window", "kernel_state", "driver_state")
-
-
-def judge_all(evidence, profile):
-    """Every static layer in order (the ladder view; a host stops at the first fail in a play)."""
-    return [JUDGES[layer](evidence, profile) for layer in STATIC_LAYERS]
-
-
-def judge_until_fail(evidence, profile, layers=STATIC_LAYERS):
-    """LAYERS judged in ladder order, stopping after the first `fail` (the rungs above it are not reached)."""
-    verdicts = []
-    for layer in [name for name in STATIC_LAYERS if name in layers]:
-        verdicts.append(JUDGES[layer](evidence, profile))
-        if verdicts[-1]["status"] == "fail":
-            break
-    return verdicts

@@ -7,14 +7,30 @@
 
 from __future__ import annotations
 
-from ansible_collections.rigbook.homelab.plugins.module_utils.collect.runtime_evidence import OPTION_DEFAULTS
 from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import expectations, registry
+from ansible_collections.rigbook.homelab.plugins.module_utils.probe import defaults as probe_defaults
+
+# The runtime layers' options (the ladder module's argument spec gives them their types) and their defaults.
+OPTION_DEFAULTS = {
+    "probe_bytes": probe_defaults.DEFAULT_SIZE,
+    "reps": probe_defaults.DEFAULT_REPS,
+    "deadline_s": None,
+    "ipc_legacy": None,
+    "probe_result": None,
+    "python": None,
+    "nccl_tests_dir": None,
+    "collective_bytes": 256 << 20,
+    "iters": 10,
+    "env": {},
+    "log": None,
+    "unit": None,
+}
 
 
 class Context:
     """What a climb judges against and where it reads: the profile ({gpu, p2p, pins} of the inventory), the
     host's baseline metrics, the tolerance (merged once, ladder/expectations.py), the evidence root, and the
-    runtime options (collect/runtime_evidence.OPTION_DEFAULTS, overridden by OPTIONS)."""
+    runtime options (OPTION_DEFAULTS, overridden by OPTIONS)."""
 
     def __init__(self, root="/", profile=None, baseline=None, tolerance=None, options=None):
         self.root = root or "/"
@@ -33,12 +49,17 @@ def collect(parts, ctx, evidence, collected):
             collected.add(part)
 
 
-def climb(layers, ctx, stop_at_fail=True):
+def climb(layers, ctx, stop_at_fail=True, evidence=None):
     """(verdicts, evidence) of LAYERS (Layer entries or names) in ladder order, stopping after the first fail
     unless not STOP_AT_FAIL (a replay shows every layer). Each layer's evidence is collected just before it is
-    judged, so a climb that stops early reads and runs nothing for the layers above."""
+    judged, so a climb that stops early reads and runs nothing for the layers above. EVIDENCE given (a saved
+    evidence dict) is judged as it is: nothing is collected."""
     wanted = set(layer if isinstance(layer, str) else layer.name for layer in layers)
-    evidence, collected, verdicts = {"root": ctx.root}, set(), []
+    verdicts = []
+    if evidence is None:
+        evidence, collected = {"root": ctx.root}, set()
+    else:
+        collected = set(registry.PARTS)
     for layer in registry.LAYERS:
         if layer.name not in wanted:
             continue

@@ -17,7 +17,7 @@ arguments; the small adapters below say what each one reads.
 
 from __future__ import annotations
 
-from ansible_collections.rigbook.homelab.plugins.module_utils.collect import runtime_evidence, static_evidence
+from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence
 from ansible_collections.rigbook.homelab.plugins.module_utils.judges import (
     collective_layers,
     peer_layers,
@@ -70,12 +70,23 @@ def _nccl_transport(evidence, ctx):
     return collective_layers.judge_nccl_transport(evidence.get("nccl_transport") or {}, ctx.profile)
 
 
+def _runtime(name):
+    """A runtime collector of collect/runtime_evidence.py, loaded on first use: a static climb's module run
+    never imports the probe or the benchmark code."""
+    def collect(ctx, evidence):
+        from ansible_collections.rigbook.homelab.plugins.module_utils.collect import runtime_evidence
+
+        return getattr(runtime_evidence, name)(ctx, evidence)
+    collect.__name__ = name
+    return collect
+
+
 # The collectors, one per evidence part: (ctx, evidence so far) -> {key: value} merged into the evidence.
 PARTS = dict(static_evidence.PARTS)
 PARTS.update({
-    "probe": runtime_evidence.probe_part,
-    "collectives": runtime_evidence.collectives_part,
-    "nccl_transport": runtime_evidence.nccl_transport_part,
+    "probe": _runtime("probe_part"),
+    "collectives": _runtime("collectives_part"),
+    "nccl_transport": _runtime("nccl_transport_part"),
 })
 
 LAYERS = [

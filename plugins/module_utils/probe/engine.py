@@ -73,9 +73,12 @@ import select
 import signal
 import time
 
-DEFAULT_SIZE = 64 << 20
-DEFAULT_REPS = 10
-DEFAULT_DEADLINE_S = 10.0
+from ansible_collections.rigbook.homelab.plugins.module_utils.probe.defaults import (  # noqa: F401 (re-exported)
+    DEFAULT_DEADLINE_S,
+    DEFAULT_REPS,
+    DEFAULT_SIZE,
+)
+
 PATTERN_PERIOD = 4093  # prime, so a copy misplaced by whole pages cannot match
 PROBE_VERSION = 1
 ALREADY_ENABLED = 704  # CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED and hipErrorPeerAccessAlreadyEnabled

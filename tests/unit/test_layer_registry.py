@@ -1,0 +1,146 @@
+"""The layer registry is the one place a layer is defined: the role, the module, replay and the lab's faults follow it.
+
+A dummy layer added through the registry alone (one Layer entry and the collector of its evidence part) is
+judged by the climb, selected by its tags, accepted by the ladder module's layer selection and the lab's fault
+table, and replayed from a recorded tree by `provision verify --replay`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from ansible_collections.rigbook.homelab.plugins.module_utils import ansible_glue
+from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import climb, registry
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder.verdict import make
+
+from rigbook import snapshots
+from rigbook.lab import faults
+
+H200 = {"gpu": {"vendor": "nvidia", "count": 1, "vram_gib": 141, "pcie": {"gen": 5, "width": 16}},
+        "pins": {"nvidia_driver": {"version": "580.159.04"}}}
+ROLE = Path(__file__).resolve().parents[2] / "roles" / "p2p_verify"
+
+
+def test_the_role_tags_each_task_with_the_layers_of_its_phase():
+    tasks = yaml.safe_load((ROLE / "tasks" / "main.yml").read_text())
+    by_phase = {task["rigbook.homelab.ladder"]["phase"]: task for task in tasks}
+    assert set(by_phase) == set(registry.PHASES)
+    for phase, task in by_phase.items():
+        assert task["tags"] == registry.names(phase), phase
+        assert task["rigbook.homelab.ladder"]["run_tags"] == "{{ ansible_run_tags }}"
+
+
+def test_the_role_docs_list_the_layers_in_ladder_order():
+    spec = yaml.safe_load((ROLE / "meta" / "argument_specs.yml").read_text())["argument_specs"]["main"]
+    assert ", ".join(registry.names()[:-1]) + " and " + registry.names()[-1] in spec["description"][0]
+    readme = (ROLE / "README.md").read_text()
+    rows = [line.split("|")[2].strip() for line in readme.splitlines() if line.startswith("| ") and
+            line.split("|")[1].strip().isdigit()]
+    assert rows == registry.names()
+
+
+def test_every_part_a_layer_needs_has_one_collector_and_every_layer_a_judge():
+    for layer in registry.LAYERS:
+        assert layer.needs and all(part in registry.PARTS for part in layer.needs), layer
+        assert callable(layer.judge) and layer.tags[0] == layer.name
+    assert len(set(registry.names())) == len(registry.LAYERS)
+
+
+def test_selection_by_name_tag_and_run_tags():
+    static = registry.of_phase(registry.STATIC)
+    assert registry.select(registry.STATIC, None) == (static, [])
+    layers, unknown = registry.select(registry.STATIC, ["kernel_state", "pcie_link", "no_such"])
+    assert [layer.name for layer in layers] == ["pcie_link", "kernel_state"] and unknown == ["no_such"]
+    # a layer of the other phase is unknown to this phase's selection
+    assert registry.select(registry.STATIC, ["peer_access"]) == ([], ["peer_access"])
+    # run tags: role and play tags are not layers and select every layer of the phase
+    assert registry.select_by_run_tags(registry.STATIC, ["kernel", "all"]) == static
+    assert [layer.name for layer in registry.select_by_run_tags(registry.RUNTIME, ["collectives", "kernel"])] == \
+        ["collectives"]
+
+
+# ------------------------------------------------------------------ a dummy layer, through the registry alone
+
+DUMMY_FILE = ("var", "lib", "rigbook", "commands", "dummy-gauge.txt")
+
+
+def _dummy_part(ctx, evidence):
+    """The dummy layer's collector: a number recorded in the tree (None when missing)."""
+    text = static_evidence.pci.read_text(static_evidence.path(ctx.root, *DUMMY_FILE))
+    return {"dummy": {"gauge": float(text) if text else None}}
+
+
+def _dummy_judge(evidence, ctx):
+    gauge = evidence["dummy"]["gauge"]
+    if gauge is None:
+        return make("dummy_gauge", "unknown", None, ">= 1", "no gauge recorded")
+    status = "pass" if gauge >= 1 else "fail"
+    return make("dummy_gauge", status, gauge, ">= 1", f"gauge {gauge:.1f}", "" if status == "pass" else "raise it")
+
+
+@pytest.fixture
+def dummy(monkeypatch):
+    """Layer 'dummy_gauge' between p2p_bandwidth and collectives, tagged 'gauges'."""
+    layer = registry.Layer("dummy_gauge", registry.RUNTIME, ("dummy",), _dummy_judge, tags=("gauges",))
+    at = registry.names().index("collectives")
+    monkeypatch.setattr(registry, "LAYERS", registry.LAYERS[:at] + [layer] + registry.LAYERS[at:])
+    monkeypatch.setitem(registry.PARTS, "dummy", _dummy_part)
+    return layer
+
+
+def _tree(tmp_path, gauge):
+    tree = tmp_path / "h1" / "tree"
+    tree.joinpath(*DUMMY_FILE[:-1]).mkdir(parents=True, exist_ok=True)
+    tree.joinpath(*DUMMY_FILE).write_text(gauge)
+    return tree
+
+
+def test_a_dummy_layer_is_judged_in_its_place_and_stops_the_climb(dummy, tmp_path):
+    ctx = climb.Context(str(_tree(tmp_path, "0.5")), {"gpu": {"vendor": "nvidia", "count": 1}})
+    verdicts, evidence = climb.climb(registry.of_phase(registry.RUNTIME), ctx)
+    assert [v["layer"] for v in verdicts] == ["peer_access", "p2p_bandwidth", "dummy_gauge"]
+    assert verdicts[-1]["status"] == "fail" and evidence["dummy"] == {"gauge": 0.5}
+    assert "collectives" not in evidence  # nothing above the failing layer was collected
+
+
+def test_a_dummy_layer_is_selected_by_its_name_and_tags(dummy):
+    assert registry.select(registry.RUNTIME, ["gauges"]) == ([dummy], [])
+    assert registry.select_by_run_tags(registry.RUNTIME, ["dummy_gauge"]) == [dummy]
+    assert "dummy_gauge" in registry.names(registry.RUNTIME) and "dummy_gauge" not in registry.names(registry.STATIC)
+
+    class Module:
+        params = {"phase": "all", "layers": ["gauges", "pcie_link"], "run_tags": []}
+
+        def fail_json(self, **kwargs):
+            raise AssertionError(kwargs)
+
+    assert [layer.name for layer in ansible_glue.selected_layers(Module())] == ["pcie_link", "dummy_gauge"]
+
+
+def test_a_dummy_layer_is_accepted_by_the_lab_fault_table(dummy):
+    edit = {"scope": "tree", "set": "/".join(DUMMY_FILE), "content": "0.1\n"}
+    doc = {"faults": {"gauge-low": {"layer": "dummy_gauge", "description": "the dummy gauge reads low",
+                                    "edits": [edit]}}}
+    assert faults.validate(doc) is doc
+    with pytest.raises(ValueError, match="no layer of the ladder"):
+        faults.validate({"faults": {"x": {**doc["faults"]["gauge-low"], "layer": "no_such_layer"}}})
+
+
+def test_a_dummy_layer_is_replayed_from_a_recorded_tree(dummy, tmp_path, capsys, fixtures):
+    """The real H200 capture (tests/fixtures/evidence/h200-vm) plus the dummy gauge's recording."""
+    shutil.copytree(fixtures / "evidence" / "h200-vm", tmp_path / "h1" / "tree", symlinks=True)
+    _tree(tmp_path, "2.0")
+    (tmp_path / "h1" / "profile.json").write_text(json.dumps(H200))
+    assert snapshots.replay(str(tmp_path), as_json=True) == 0
+    ladder = json.loads(capsys.readouterr().out)["hosts"]["h1"]["ladder"]
+    assert [v["layer"] for v in ladder] == registry.names()
+    gauge = next(v for v in ladder if v["layer"] == "dummy_gauge")
+    assert gauge["status"] == "pass" and gauge["measured"] == 2.0
+    _tree(tmp_path, "0.2")
+    assert snapshots.replay(str(tmp_path), as_json=True) == 1  # a failing dummy layer fails the replay
+    capsys.readouterr()

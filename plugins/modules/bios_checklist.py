@@ -19,21 +19,11 @@ description:
 version_added: "1.0.0"
 author:
   - rigbook developers
-options:
-  root:
-    description: Evidence root; V(/) on a real box, a recorded tree on a lab host.
-    type: path
-    default: /
-  profile:
-    description:
-      - "The host profile, C({gpu: rigbook_gpu, p2p: rigbook_p2p, pins: rigbook_pins})."
-    type: dict
-    default: {}
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
+options: {}
+extends_documentation_fragment:
+  - rigbook.homelab.evidence_root
+  - rigbook.homelab.evidence_root.profile
+  - rigbook.homelab.attributes.read_only
 """
 
 EXAMPLES = r"""

@@ -32,11 +32,8 @@ options:
     type: list
     elements: str
     default: []
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
+extends_documentation_fragment:
+  - rigbook.homelab.attributes.read_only
 """
 
 EXAMPLES = r"""

@@ -46,11 +46,8 @@ options:
     description: V(false) only reads the installed versions (before installing); V(true) checks them and compiles.
     type: bool
     default: true
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
+extends_documentation_fragment:
+  - rigbook.homelab.attributes.read_only
 """
 
 EXAMPLES = r"""

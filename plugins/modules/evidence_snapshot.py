@@ -17,10 +17,6 @@ version_added: "1.0.0"
 author:
   - rigbook developers
 options:
-  root:
-    description: Evidence root; V(/) on a real box, a recorded tree on a lab host.
-    type: path
-    default: /
   dest:
     description: Directory for the archive; a new temporary directory when omitted.
     type: path
@@ -28,11 +24,9 @@ options:
     description: Free text stored in the tree's CAPTURED file.
     type: str
     default: rigbook snapshot
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
+extends_documentation_fragment:
+  - rigbook.homelab.evidence_root
+  - rigbook.homelab.attributes.read_only
 """
 
 EXAMPLES = r"""

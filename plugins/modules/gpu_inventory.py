@@ -18,10 +18,6 @@ version_added: "1.0.0"
 author:
   - rigbook developers
 options:
-  root:
-    description: Evidence root; V(/) on a real box, a recorded tree on a lab host.
-    type: path
-    default: /
   expected_count:
     description: How many GPUs the inventory says the host has.
     type: int
@@ -29,11 +25,9 @@ options:
     description: Only count GPUs of this vendor.
     type: str
     choices: [nvidia, amd]
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
+extends_documentation_fragment:
+  - rigbook.homelab.evidence_root
+  - rigbook.homelab.attributes.read_only
 """
 
 EXAMPLES = r"""

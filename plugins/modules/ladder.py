@@ -45,15 +45,6 @@ options:
     type: list
     elements: str
     default: []
-  root:
-    description: Evidence root; V(/) on a real box, a recorded tree on a lab host or in a replay.
-    type: path
-    default: /
-  profile:
-    description:
-      - "The host profile, C({gpu: rigbook_gpu, p2p: rigbook_p2p, pins: rigbook_pins})."
-    type: dict
-    default: {}
   baseline:
     description: Recorded metrics of a known-good run (C(peer_gbs_0_1), C(sendrecv_busbw_gbs), ...).
     type: dict
@@ -105,13 +96,10 @@ options:
   unit:
     description: Runtime phase. systemd unit whose journal holds the serving engine's NCCL log.
     type: str
-attributes:
-  check_mode:
-    support: full
-    description: Reads and measures only; runs the same in check mode.
-  diff_mode:
-    support: none
-    description: Nothing to diff.
+extends_documentation_fragment:
+  - rigbook.homelab.evidence_root
+  - rigbook.homelab.evidence_root.profile
+  - rigbook.homelab.attributes.read_only
 """
 
 EXAMPLES = r"""

@@ -12,7 +12,7 @@ import sys
 from typing import Callable, Dict
 
 from rigbook.errors import UserError
-from rigbook.paths import collections_path
+from rigbook.paths import link_collection
 
 _MODULE_UTILS = "ansible_collections.rigbook.homelab.plugins.module_utils.parse."
 
@@ -29,7 +29,7 @@ _PARSERS = {
 
 def _loader(module: str, func: str) -> Callable[[str], dict]:
     def run(text: str) -> dict:
-        collections_path()
+        link_collection()
         return getattr(importlib.import_module(_MODULE_UTILS + module), func)(text)
 
     run.__name__ = "parse_" + module

@@ -1,4 +1,4 @@
-"""Where things live: the collection root (this checkout), the state directory, run folders."""
+"""Where things live: the collection root, the state directory, run folders."""
 
 from __future__ import annotations
 
@@ -10,19 +10,33 @@ from rigbook.errors import UserError
 
 COLLECTION_NAMESPACE = "rigbook"
 COLLECTION_NAME = "homelab"
+# Where a built wheel carries the collection: rigbook/collection/ beside this file (setup.py's build_py copies it).
+PACKAGED_COLLECTION = Path(__file__).resolve().parent / "collection"
+# Where an editable install (pip install -e .) finds it: the checkout, two levels above src/rigbook/.
+CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+def _is_collection(candidate: Path) -> bool:
+    return (candidate / "galaxy.yml").is_file() and (candidate / "playbooks").is_dir()
 
 
 def collection_root() -> Path:
-    """The directory holding galaxy.yml, playbooks/, roles/, plugins/ and inventory/."""
+    """The directory holding galaxy.yml, meta/, playbooks/, roles/, plugins/ and inventory/.
+
+    In order: RIGBOOK_COLLECTION_ROOT (an error when it holds no collection), the copy an installed wheel carries
+    (rigbook/collection/), the checkout of an editable install."""
     override = os.environ.get("RIGBOOK_COLLECTION_ROOT")
-    candidates = [Path(override)] if override else []
-    candidates.append(Path(__file__).resolve().parents[2])
-    for candidate in candidates:
-        if (candidate / "galaxy.yml").is_file() and (candidate / "playbooks").is_dir():
+    if override:
+        if _is_collection(Path(override)):
+            return Path(override)
+        raise UserError(f"RIGBOOK_COLLECTION_ROOT={override} holds no rigbook collection (galaxy.yml, playbooks/)")
+    for candidate in (PACKAGED_COLLECTION, CHECKOUT):
+        if _is_collection(candidate):
             return candidate
     raise UserError(
-        "cannot find the rigbook collection (galaxy.yml, playbooks/): install rigbook from its "
-        "checkout with `pip install -e .`, or set RIGBOOK_COLLECTION_ROOT to the checkout"
+        f"cannot find the rigbook collection (galaxy.yml, playbooks/) in {PACKAGED_COLLECTION} or {CHECKOUT}: "
+        "reinstall rigbook (`pip install .` or, from a checkout, `pip install -e .`), or set "
+        "RIGBOOK_COLLECTION_ROOT to a directory holding the collection"
     )
 
 
@@ -39,10 +53,11 @@ def runs_dir() -> Path:
     return state_dir() / "runs"
 
 
-def collections_path() -> Path:
-    """A directory Ansible can use as a collections path, with rigbook.homelab linked to the checkout.
-
-    Also put on sys.path so the controller imports the same module_utils code that the targets run.
+def link_collection() -> Path:
+    """Link rigbook.homelab to collection_root() under <state>/collections/ansible_collections/ (a symlink, made or
+    repointed here), put that directory on sys.path, and return it: a collections path for Ansible
+    (ANSIBLE_COLLECTIONS_PATH), and `import ansible_collections.rigbook.homelab...` for the controller, which so
+    runs the same module_utils code that the targets run.
     """
     root = collection_root()
     base = state_dir() / "collections"

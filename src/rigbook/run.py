@@ -108,7 +108,7 @@ def ansible_env(mitogen: bool = True) -> dict:
     """Environment for ansible-playbook: rigbook's speed defaults, the collection, and our venv first.
 
     With MITOGEN (the default) the mitogen strategy is used when mitogen_strategy() finds it usable."""
-    collections = paths.collections_path()
+    collections = paths.link_collection()
     state = paths.state_dir().resolve()
     bin_dir = str(Path(sys.executable).parent)
     env = {

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-import difflib
-import json
+import importlib.util
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 
 from rigbook import inventory as inventory_mod
+from rigbook import paths
 from rigbook.errors import UserError
 
 PREFIX = "rigbook_"
+# Both inside the collection (paths.collection_root()), shared with the preflight role's validate_profile task.
+SCHEMA_FILE = "meta/profile.schema.json"
+SHARED_MODULE = "plugins/plugin_utils/profile_schema.py"
 
 
 @dataclass(frozen=True)
@@ -36,124 +38,46 @@ class InventoryInvalid(UserError):
         )
 
 
-@lru_cache(maxsize=1)
+def _shared():
+    """plugins/plugin_utils/profile_schema.py of the collection: the schema file and the wording, one copy for the
+    CLI and the preflight role's validate_profile task. Loaded by path: no collection link, no sys.path change."""
+    return _load_shared(str(paths.collection_root() / SHARED_MODULE))
+
+
+@lru_cache(maxsize=4)
+def _load_shared(location: str):
+    if not Path(location).is_file():
+        raise UserError(f"the collection has no {SHARED_MODULE} ({location}): reinstall rigbook")
+    spec = importlib.util.spec_from_file_location("rigbook_profile_schema", location)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def schema_file() -> Path:
+    return paths.collection_root() / SCHEMA_FILE
+
+
 def schema() -> dict:
-    text = resources.files("rigbook").joinpath("schema/profile.schema.json").read_text()
-    return json.loads(text)
-
-
-@lru_cache(maxsize=1)
-def _validator():
-    import jsonschema
-
-    return jsonschema.Draft202012Validator(schema())
-
-
-def _key_path(error) -> str:
-    parts = []
-    for part in error.absolute_path:
-        parts.append(f"[{part}]" if isinstance(part, int) else ("." if parts else "") + str(part))
-    return "".join(parts)
-
-
-def _show(value) -> str:
-    text = json.dumps(value, default=str)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _schema_at(error) -> dict:
-    return error.schema if isinstance(error.schema, dict) else {}
-
-
-def _describe(error):
-    """(key path, message) for one jsonschema error, in words a user can act on."""
-    path = _key_path(error)
-    kind = error.validator
-    value = error.instance
-    sub = _schema_at(error)
-    if "propertyNames" in error.absolute_schema_path:
-        return [(path, f"bad key {_show(value)}: names must match {error.validator_value}")]
-    if kind == "additionalProperties":
-        allowed = sorted(sub.get("properties", {}))
-        unknown = sorted(set(value) - set(allowed))
-        problems = []
-        for key in unknown:
-            hint = difflib.get_close_matches(key, allowed, n=1)
-            did = f"; did you mean {hint[0]!r}?" if hint else ""
-            full = f"{path}.{key}" if path else key
-            what = "variable" if not path else "key"
-            problems.append((full, f"unknown {what} {key!r} (allowed: {', '.join(allowed)}){did}"))
-        return problems
-    if kind == "required":
-        missing = [k for k in error.validator_value if k not in (value or {})]
-        return [(path, f"missing required key {k!r}") for k in missing]
-    if kind == "enum":
-        allowed = ", ".join(_show(v) for v in error.validator_value)
-        return [(path, f"bad value {_show(value)}: allowed values are {allowed}")]
-    if kind == "const":
-        return [(path, f"bad value {_show(value)}: must be {_show(error.validator_value)}")]
-    if kind == "type":
-        wanted = error.validator_value
-        wanted = " or ".join(wanted) if isinstance(wanted, list) else wanted
-        return [(path, f"bad value {_show(value)} ({type(value).__name__}): must be {_article(wanted)}")]
-    if kind == "pattern":
-        return [(path, f"bad value {_show(value)}: must match {error.validator_value}")]
-    bounds = {
-        "minimum": "at least",
-        "maximum": "at most",
-        "exclusiveMinimum": "greater than",
-        "exclusiveMaximum": "less than",
-        "minLength": "a string of length at least",
-        "minItems": "a list of at least",
-    }
-    if kind in bounds:
-        return [(path, f"bad value {_show(value)}: must be {bounds[kind]} {error.validator_value}")]
-    if kind in ("oneOf", "anyOf"):
-        options = [sorted(o.get("required", [])) for o in error.validator_value if isinstance(o, dict)]
-        if all(options):
-            names = " or ".join("+".join(o) for o in options)
-            which = "exactly one of" if kind == "oneOf" else "at least one of"
-            return [(path, f"needs {which}: {names}")]
-    return [(path, error.message)]
-
-
-def _article(word: str) -> str:
-    return ("an " if word[:1] in "aeiou" else "a ") + word
+    return _shared().load_schema(str(schema_file()))
 
 
 def _source_problems(source) -> list:
-    own = {k: v for k, v in source.variables.items() if str(k).startswith(PREFIX)}
-    problems = []
-    for error in sorted(_validator().iter_errors(own), key=lambda e: list(map(str, e.absolute_path))):
-        for key_path, message in _describe(error):
-            problems.append(Problem(source.file, source.owner, key_path or "(variables)", message))
-    return problems
+    shared = _shared()
+    try:
+        found = shared.schema_problems(source.variables, str(schema_file()))
+    except shared.SchemaUnavailable as exc:
+        raise UserError(str(exc)) from None
+    return [Problem(source.file, source.owner, key_path, message) for key_path, message in found]
 
 
 def _host_problems(inv, host: str) -> list:
     """Checks that need the merged view of one host (a combination of keys from several files)."""
-    merged = inv.host_vars(host)
-    gpu = merged.get("rigbook_gpu") or {}
-    pins = merged.get("rigbook_pins") or {}
-    p2p = merged.get("rigbook_p2p") or {}
     problems = []
-
-    def add(key: str, key_path: str, message: str):
+    for key, key_path, message in _shared().combination_problems(inv.host_vars(host)):
         source = inv.provenance(host, key)
         file = source.file if source else inv.path
         problems.append(Problem(file, f"host {host}", key_path, message))
-
-    vendor = gpu.get("vendor") if isinstance(gpu, dict) else None
-    if not isinstance(pins, dict) or not isinstance(p2p, dict):
-        return problems
-    wrong_vendor = {"nvidia": ("rocm", "rccl"), "amd": ("nvidia_driver", "cuda_toolchain")}
-    for pin in wrong_vendor.get(vendor, ()):
-        if pin in pins:
-            add("rigbook_pins", f"rigbook_pins.{pin}", f"pinned for a box whose rigbook_gpu.vendor is {vendor}")
-    if p2p.get("expected") is True and isinstance(gpu.get("count"), int) and gpu["count"] < 2:
-        add("rigbook_p2p", "rigbook_p2p.expected", f"true, but rigbook_gpu.count is {gpu['count']} (P2P needs 2 GPUs)")
-    if p2p and not gpu:
-        add("rigbook_p2p", "rigbook_p2p", "set, but the host has no rigbook_gpu profile")
     return problems
 
 

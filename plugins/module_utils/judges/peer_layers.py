@@ -176,6 +176,23 @@ def _ordered(n):
     return [(i, j) for i in range(n) for j in range(n) if i != j]
 
 
+def _pairs(probe):
+    return {(p["src"], p["dst"]): p for p in probe.get("pairs") or []}
+
+
+def _probed_pairs(probe, pairs, count, found):
+    """(label, pair) of every ordered GPU pair in PAIRS (the probe's, by (src, dst)); the probe's errors and the
+    pairs it did not reach are gaps of FOUND."""
+    for error in probe.get("errors") or []:
+        found.gap("probe: %s" % error)
+    for i, j in _ordered(count):
+        label = "GPU%d->GPU%d" % (i, j)
+        if (i, j) in pairs:
+            yield label, pairs[(i, j)]
+        else:
+            found.gap("%s: not probed" % label)
+
+
 def judge_peer_access(probe, profile):
     """Peer access both ways on every pair: can-access, enabling it, and a verified pattern copy (+ IPC on AMD)."""
     layer = "peer_access"
@@ -195,17 +212,10 @@ def judge_peer_access(probe, profile):
         return make(layer, "skip", measured={"gpus": len(devices), "gpu0": devices[0].get("name") if devices else None},
                     expected=None, why="one GPU: no peer to access")
     api = probe.get("api") or "cuda"
-    pairs = {(p["src"], p["dst"]): p for p in probe.get("pairs") or []}
+    pairs = _pairs(probe)
     found = Findings()
     measured = {}
-    for error in probe.get("errors") or []:
-        found.gap("probe: %s" % error)
-    for i, j in _ordered(len(devices)):
-        label = "GPU%d->GPU%d" % (i, j)
-        pair = pairs.get((i, j))
-        if pair is None:
-            found.gap("%s: not probed" % label)
-            continue
+    for label, pair in _probed_pairs(probe, pairs, len(devices), found):
         measured[label] = _describe_access(pair)
         for key, what in (("pattern_ok", "peer copy"), ("staged_pattern_ok", "host-staged copy")):
             if pair.get(key) is False:
@@ -294,15 +304,8 @@ def judge_p2p_bandwidth(probe, profile, baseline_metrics=None, tolerance=None):
             out = make(layer, "skip", measured, expected, "; ".join([why] + texts))
         out["metrics"] = metrics
         return out
-    pairs = {(p["src"], p["dst"]): p for p in probe.get("pairs") or []}
-    for error in probe.get("errors") or []:
-        found.gap("probe: %s" % error)
-    for i, j in _ordered(len(devices)):
-        label = "GPU%d->GPU%d" % (i, j)
-        pair = pairs.get((i, j))
-        if pair is None:
-            found.gap("%s: not probed" % label)
-            continue
+    pairs = _pairs(probe)
+    for label, pair in _probed_pairs(probe, pairs, len(devices), found):
         peer, staged = pair.get("peer_gbs"), pair.get("host_staged_gbs")
         text = "peer %s, host-staged %s" % (_gbs(peer), _gbs(staged))
         if peer is not None and staged:

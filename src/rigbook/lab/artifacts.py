@@ -31,10 +31,11 @@ def lab_pins() -> dict:
 
 
 def _packer():
-    """tests/artifacts/pack.py of the checkout (the stand-ins live with the tests that use them)."""
+    """tests/artifacts/pack.py of the collection root: the checkout, or the copy a wheel carries (setup.py ships
+    tests/artifacts/ for this; the stand-ins live with the tests that use them)."""
     script = paths.collection_root() / "tests" / "artifacts" / "pack.py"
     if not script.is_file():
-        raise LabFailure(f"the driver stand-ins are missing ({script}): the lab needs rigbook's checkout")
+        raise LabFailure(f"the driver stand-ins are missing ({script}): reinstall rigbook, or use its checkout")
     spec = importlib.util.spec_from_file_location("rigbook_lab_pack", script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -1,0 +1,166 @@
+# -*- coding: utf-8 -*-
+# Copyright: rigbook developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The rigbook_* host profile: its JSON Schema (meta/profile.schema.json) and its problems in words a user can act on.
+
+Controller side only (needs the Python package jsonschema). One copy serves both checks, so they agree on what is
+valid and say it the same way:
+- `provision validate` (and every `provision` run): rigbook.validate loads this file from the collection root and
+  checks each inventory file's variables, naming the file and group or host;
+- the preflight role's first task (action rigbook.homelab.validate_profile): each host's merged variables, for
+  users who run ansible-playbook without the CLI.
+
+Every problem is a key path (rigbook_gpu.pcie.width, rigbook_pins.kernel.debs[0].sha256) and a message with the
+bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import sys
+
+PREFIX = "rigbook_"
+SCHEMA_FILE = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))), "meta", "profile.schema.json"
+)
+
+_CACHE = {}
+
+
+class SchemaUnavailable(Exception):
+    """The check cannot run: jsonschema is missing or the schema file cannot be read."""
+
+
+def load_schema(path=None):
+    path = path or SCHEMA_FILE
+    if path not in _CACHE:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                _CACHE[path] = json.load(handle)
+        except (OSError, ValueError) as exc:
+            raise SchemaUnavailable("cannot read the rigbook profile schema %s: %s" % (path, exc)) from None
+    return _CACHE[path]
+
+
+def validator(path=None):
+    key = ("validator", path or SCHEMA_FILE)
+    if key not in _CACHE:
+        try:
+            import jsonschema
+        except ImportError:
+            raise SchemaUnavailable(
+                "checking the rigbook_* profile needs the Python package jsonschema (>= 4.18) on the controller: "
+                "install it into the Python that runs Ansible (%s -m pip install jsonschema)" % sys.executable
+            ) from None
+        _CACHE[key] = jsonschema.Draft202012Validator(load_schema(path))
+    return _CACHE[key]
+
+
+def key_path(error):
+    parts = []
+    for part in error.absolute_path:
+        parts.append("[%s]" % part if isinstance(part, int) else ("." if parts else "") + str(part))
+    return "".join(parts)
+
+
+def show(value):
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _article(word):
+    return ("an " if word[:1] in "aeiou" else "a ") + word
+
+
+def describe(error):
+    """[(key path, message)] for one jsonschema error."""
+    path = key_path(error)
+    kind = error.validator
+    value = error.instance
+    sub = error.schema if isinstance(error.schema, dict) else {}
+    if "propertyNames" in error.absolute_schema_path:
+        return [(path, "bad key %s: names must match %s" % (show(value), error.validator_value))]
+    if kind == "additionalProperties":
+        allowed = sorted(sub.get("properties", {}))
+        unknown = sorted(set(value) - set(allowed))
+        problems = []
+        for key in unknown:
+            hint = difflib.get_close_matches(key, allowed, n=1)
+            did = "; did you mean %r?" % hint[0] if hint else ""
+            full = "%s.%s" % (path, key) if path else key
+            what = "variable" if not path else "key"
+            problems.append((full, "unknown %s %r (allowed: %s)%s" % (what, key, ", ".join(allowed), did)))
+        return problems
+    if kind == "required":
+        missing = [k for k in error.validator_value if k not in (value or {})]
+        return [(path, "missing required key %r" % k) for k in missing]
+    if kind == "enum":
+        allowed = ", ".join(show(v) for v in error.validator_value)
+        return [(path, "bad value %s: allowed values are %s" % (show(value), allowed))]
+    if kind == "const":
+        return [(path, "bad value %s: must be %s" % (show(value), show(error.validator_value)))]
+    if kind == "type":
+        wanted = error.validator_value
+        wanted = " or ".join(wanted) if isinstance(wanted, list) else wanted
+        return [(path, "bad value %s (%s): must be %s" % (show(value), type(value).__name__, _article(wanted)))]
+    if kind == "pattern":
+        return [(path, "bad value %s: must match %s" % (show(value), error.validator_value))]
+    bounds = {
+        "minimum": "at least",
+        "maximum": "at most",
+        "exclusiveMinimum": "greater than",
+        "exclusiveMaximum": "less than",
+        "minLength": "a string of length at least",
+        "minItems": "a list of at least",
+    }
+    if kind in bounds:
+        return [(path, "bad value %s: must be %s %s" % (show(value), bounds[kind], error.validator_value))]
+    if kind in ("oneOf", "anyOf"):
+        options = [sorted(o.get("required", [])) for o in error.validator_value if isinstance(o, dict)]
+        if all(options):
+            names = " or ".join("+".join(o) for o in options)
+            which = "exactly one of" if kind == "oneOf" else "at least one of"
+            return [(path, "needs %s: %s" % (which, names))]
+    return [(path, error.message)]
+
+
+def schema_problems(variables, path=None):
+    """[(key path, message)] for the rigbook_* names in VARIABLES (other names are not looked at)."""
+    own = {k: v for k, v in variables.items() if str(k).startswith(PREFIX)}
+    problems = []
+    for error in sorted(validator(path).iter_errors(own), key=lambda e: list(map(str, e.absolute_path))):
+        for where, message in describe(error):
+            problems.append((where or "(variables)", message))
+    return problems
+
+
+def combination_problems(merged):
+    """[(variable, key path, message)]: checks that need one host's merged view (keys from several files)."""
+    gpu = merged.get("rigbook_gpu") or {}
+    pins = merged.get("rigbook_pins") or {}
+    p2p = merged.get("rigbook_p2p") or {}
+    problems = []
+    vendor = gpu.get("vendor") if isinstance(gpu, dict) else None
+    if not isinstance(pins, dict) or not isinstance(p2p, dict):
+        return problems
+    wrong_vendor = {"nvidia": ("rocm", "rccl"), "amd": ("nvidia_driver", "cuda_toolchain")}
+    for pin in wrong_vendor.get(vendor, ()):
+        if pin in pins:
+            problems.append(("rigbook_pins", "rigbook_pins.%s" % pin,
+                             "pinned for a box whose rigbook_gpu.vendor is %s" % vendor))
+    if p2p.get("expected") is True and isinstance(gpu.get("count"), int) and gpu["count"] < 2:
+        problems.append(("rigbook_p2p", "rigbook_p2p.expected",
+                         "true, but rigbook_gpu.count is %s (P2P needs 2 GPUs)" % gpu["count"]))
+    if p2p and not gpu:
+        problems.append(("rigbook_p2p", "rigbook_p2p", "set, but the host has no rigbook_gpu profile"))
+    return problems
+
+
+def host_problems(merged, path=None):
+    """[(key path, message)] for one host's merged variables: the schema first; the combinations when it passes."""
+    problems = schema_problems(merged, path)
+    if not problems:
+        problems = [(where, message) for _, where, message in combination_problems(merged)]
+    return problems

@@ -1,23 +1,31 @@
-"""Shared test setup: an isolated state directory and the collection on the import path."""
+"""Shared test setup: an isolated state directory, the collection on the import path, tests/ on sys.path.
+
+Helpers shared by several test modules live in tests/helpers.py (`import helpers`); fixtures in the conftest.py
+files. No test module imports another.
+"""
 
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+TESTS = str(REPO / "tests")
+if TESTS not in sys.path:  # `import helpers` in any import mode (pytest's default prepend mode adds it too)
+    sys.path.insert(0, TESTS)
 
 # The whole test session gets its own state directory, so runs, links and lab state never
 # touch the user's ~/.local/state/rigbook.
 _SESSION_STATE = os.environ.get("RIGBOOK_TEST_STATE_DIR") or tempfile.mkdtemp(prefix="rigbook-test-state-")
 os.environ["RIGBOOK_STATE_DIR"] = _SESSION_STATE
 
-from rigbook.paths import collections_path  # noqa: E402
+from rigbook.paths import link_collection  # noqa: E402
 
-collections_path()  # puts ansible_collections.rigbook.homelab on sys.path
+link_collection()  # puts ansible_collections.rigbook.homelab on sys.path
 
 
 @pytest.fixture

@@ -189,17 +189,9 @@ def _dispatch(argv: list) -> int:
 
 
 def main(argv: list | None = None) -> int:
-    from rigbook.errors import UserError
+    from rigbook.errors import guarded
 
-    argv = sys.argv[1:] if argv is None else list(argv)
-    try:
-        return _dispatch(argv)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    return guarded(_dispatch, sys.argv[1:] if argv is None else list(argv))
 
 
 if __name__ == "__main__":

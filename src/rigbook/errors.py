@@ -1,7 +1,29 @@
 """Errors meant for people: the CLI prints them on one line and exits with their code."""
 
+from __future__ import annotations
 
-class UserError(Exception):
+import sys
+
+
+class Reported(Exception):
+    """An error printed on one line without a traceback; the process exits with exit_code."""
+
+    exit_code = 1
+
+
+class UserError(Reported):
     """Bad input (usage, inventory, missing file): printed without a traceback, exit 2."""
 
     exit_code = 2
+
+
+def guarded(command, argv: list) -> int:
+    """COMMAND(argv)'s exit code; a Reported error is printed on one line, Ctrl-C exits 130."""
+    try:
+        return command(argv)
+    except Reported as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -72,3 +72,17 @@ def link_collection() -> Path:
     if str(base) not in sys.path:
         sys.path.insert(0, str(base))
     return base
+
+
+def load_collection_file(relative: str, name: str):
+    """The Python file RELATIVE of the collection root, loaded as module NAME by path (no collection link, no
+    sys.path change); UserError when the collection lacks it."""
+    import importlib.util
+
+    location = collection_root() / relative
+    if not location.is_file():
+        raise UserError(f"the collection has no {relative} ({location}): reinstall rigbook, or use its checkout")
+    spec = importlib.util.spec_from_file_location(name, location)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -41,17 +40,12 @@ class InventoryInvalid(UserError):
 def _shared():
     """plugins/plugin_utils/profile_schema.py of the collection: the schema file and the wording, one copy for the
     CLI and the preflight role's validate_profile task. Loaded by path: no collection link, no sys.path change."""
-    return _load_shared(str(paths.collection_root() / SHARED_MODULE))
+    return _load_shared(str(paths.collection_root()))
 
 
 @lru_cache(maxsize=4)
-def _load_shared(location: str):
-    if not Path(location).is_file():
-        raise UserError(f"the collection has no {SHARED_MODULE} ({location}): reinstall rigbook")
-    spec = importlib.util.spec_from_file_location("rigbook_profile_schema", location)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _load_shared(root: str):
+    return paths.load_collection_file(SHARED_MODULE, "rigbook_profile_schema")
 
 
 def schema_file() -> Path:

@@ -11,7 +11,6 @@ site.yml finds there, offline:
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -33,13 +32,7 @@ def lab_pins() -> dict:
 def _packer():
     """tests/artifacts/pack.py of the collection root: the checkout, or the copy a wheel carries (setup.py ships
     tests/artifacts/ for this; the stand-ins live with the tests that use them)."""
-    script = paths.collection_root() / "tests" / "artifacts" / "pack.py"
-    if not script.is_file():
-        raise LabFailure(f"the driver stand-ins are missing ({script}): reinstall rigbook, or use its checkout")
-    spec = importlib.util.spec_from_file_location("rigbook_lab_pack", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return paths.load_collection_file("tests/artifacts/pack.py", "rigbook_lab_pack")
 
 
 def source_dir() -> Path:

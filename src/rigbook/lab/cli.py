@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
-from rigbook.errors import UserError
-from rigbook.lab.system import LabFailure
+from rigbook.errors import UserError, guarded
 
 USAGE_EXAMPLES = """\
 examples:
@@ -68,14 +66,4 @@ def run(argv: list) -> int:
 
 
 def main(argv: list) -> int:
-    try:
-        return run(list(argv))
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except LabFailure as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    return guarded(run, list(argv))

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rigbook.errors import UserError
+from rigbook.errors import Reported, UserError
 
 # command -> Debian package that provides it
 TOOLS = {
@@ -21,7 +21,7 @@ TOOLS = {
 }
 
 
-class LabFailure(Exception):
+class LabFailure(Reported):
     """Something went wrong while doing the work (not bad input): printed on one line, exit 1."""
 
     exit_code = 1

@@ -45,19 +45,18 @@ ARGUMENT_SPEC = dict(
 
 
 def selected_layers(module):
-    """The `layers` option checked against the registry (the task fails naming unknown ones), else the layers
-    that --tags names (run_tags), else every layer of the phase."""
+    """The `layers` option checked against the registry (the task fails naming a name that is no layer of any
+    phase), else the layers that --tags names (run_tags), else every layer of the phase. Layers of the other
+    phase in `layers` are left to the other phase's task."""
     params = module.params
     phases = registry.PHASES if params["phase"] == ALL_PHASES else [params["phase"]]
     if params["layers"] is None:
         return [layer for phase in phases for layer in registry.select_by_run_tags(phase, params["run_tags"])]
-    picked = [registry.select(phase, params["layers"]) for phase in phases]
-    unknown = set.intersection(*(set(names) for _, names in picked))
+    _, unknown = registry.select(None, params["layers"])
     if unknown:
-        module.fail_json(msg="layers: unknown layer(s) %s; the layers%s are %s"
-                         % (", ".join(sorted(unknown)), "" if len(phases) > 1 else " of phase " + phases[0],
-                            ", ".join(name for phase in phases for name in registry.names(phase))))
-    return [layer for layers, _ in picked for layer in layers]
+        module.fail_json(msg="layers: unknown layer(s) %s; the layers are %s"
+                         % (", ".join(unknown), ", ".join(registry.names())))
+    return [layer for phase in phases for layer in registry.select(phase, params["layers"])[0]]
 
 
 def context_of(params):

@@ -37,11 +37,8 @@ options:
     description: Download directory for O(url) artifacts.
     type: path
     default: /var/cache/rigbook/artifacts
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
+extends_documentation_fragment:
+  - rigbook.homelab.attributes.fetches
 """
 
 EXAMPLES = r"""
@@ -63,22 +60,19 @@ paths:
   elements: str
 """
 
-import hashlib
 import os
+import re
 import shutil
 import tempfile
+from http.client import HTTPException
 from urllib.parse import urlparse
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.urls import ConnectionError as UrlConnectionError
 from ansible.module_utils.urls import open_url
+from ansible_collections.rigbook.homelab.plugins.module_utils.file_digest import sha256_of
 
-
-def sha256_of(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+SCHEMES = ("https", "http", "file")
 
 
 def ensure(module, url, path, want, dest_dir):
@@ -107,14 +101,18 @@ def ensure(module, url, path, want, dest_dir):
                 with open(urlparse(url).path, "rb") as src:
                     shutil.copyfileobj(src, out)
             else:
-                shutil.copyfileobj(open_url(url, timeout=60), out)
+                response = open_url(url, timeout=60)
+                try:
+                    shutil.copyfileobj(response, out)
+                finally:
+                    response.close()
         found = sha256_of(tmp)
         if found != want:
             module.fail_json(msg="refused artifact %s: sha256 %s, pinned %s (download discarded)" % (url, found, want),
                              sha256=found, path=dest)
         os.chmod(tmp, 0o644)
         os.rename(tmp, dest)
-    except OSError as exc:
+    except (OSError, ValueError, HTTPException, UrlConnectionError) as exc:
         module.fail_json(msg="could not fetch %s: %s" % (url, exc), path=dest)
     finally:
         if os.path.exists(tmp):
@@ -142,6 +140,11 @@ def main():
     for item in items:
         if not item.get("sha256") or bool(item.get("url")) == bool(item.get("path")):
             module.fail_json(msg="an artifact needs a sha256 and exactly one of url or path: %s" % item)
+        if not isinstance(item["sha256"], str) or not re.match(r"^[0-9a-fA-F]{64}$", item["sha256"]):
+            module.fail_json(msg="sha256 of %s must be 64 hex digits, not %r" % (item.get("url") or item.get("path"),
+                                                                                   item["sha256"]))
+        if item.get("url") and urlparse(item["url"]).scheme not in SCHEMES:
+            module.fail_json(msg="unsupported URL %s: use https://, http:// or file://" % item["url"])
         one, path = ensure(module, item.get("url"), item.get("path"), item["sha256"], p["dest_dir"])
         changed = changed or one
         paths.append(path)

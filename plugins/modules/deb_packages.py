@@ -10,8 +10,8 @@ DOCUMENTATION = r"""
 module: deb_packages
 short_description: Install, hold or purge Debian packages in one call, without python3-apt
 description:
-  - Installs the named packages (and local .deb files) that are missing, with apt-get and no recommends;
-    marks them held against upgrades (O(hold)); or purges them (O(state=absent)).
+  - Installs the named packages that are missing and the local .deb files whose exact version is not installed,
+    with apt-get and no recommends; marks them held against upgrades (O(hold)); or purges them (O(state=absent)).
   - Reads the package state with dpkg-query, so it needs no python3-apt and works in check mode on a fresh host.
   - Runs C(apt-get update) only when an install fails for lack of a current package index.
   - Supports check mode and diff mode (the package list before and after).
@@ -25,7 +25,8 @@ options:
     elements: str
     default: []
   debs:
-    description: Local .deb files to install (their package names are read from the files).
+    description: Local .deb files to install when the version each holds is not the installed one (their package
+      names and versions are read from the files).
     type: list
     elements: path
     default: []
@@ -38,11 +39,8 @@ options:
     description: Hold the packages (apt-mark hold) so upgrades leave them alone.
     type: bool
     default: false
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
+extends_documentation_fragment:
+  - rigbook.homelab.attributes.changes
 """
 
 EXAMPLES = r"""
@@ -96,11 +94,14 @@ def installed_versions(module, names):
     return out
 
 
-def deb_name(module, path):
-    rc, out, err = module.run_command(["dpkg-deb", "-f", path, "Package"], environ_update=ENV)
-    if rc != 0:
-        module.fail_json(msg="%s is not a readable .deb: %s" % (path, err.strip()))
-    return out.strip()
+def deb_fields(module, path):
+    """(package name, version) a .deb file holds."""
+    rc, out, err = module.run_command(["dpkg-deb", "--show", "--showformat=${Package}\t${Version}\n", path],
+                                      environ_update=ENV)
+    parts = out.strip().split("\t")
+    if rc != 0 or len(parts) != 2 or not all(parts):
+        module.fail_json(msg="%s is not a readable .deb: %s" % (path, (err or out).strip()))
+    return parts[0], parts[1]
 
 
 def run(module, argv, what):
@@ -124,7 +125,10 @@ def main():
     for deb in p["debs"]:
         if not os.path.isfile(deb):
             module.fail_json(msg="local .deb %s does not exist" % deb)
-    debs = dict((deb_name(module, d), d) for d in p["debs"])
+    debs, deb_versions = {}, {}
+    for deb in p["debs"]:
+        package, version = deb_fields(module, deb)
+        debs[package], deb_versions[package] = deb, version
     names = list(dict.fromkeys(list(p["name"]) + list(debs)))
     before = installed_versions(module, names)
     result = dict(changed=False, installed=[], removed=[], held=[])
@@ -133,11 +137,15 @@ def main():
         if result["removed"] and not module.check_mode:
             run(module, APT + ["purge"] + result["removed"], "apt-get purge")
     else:
-        missing = [n for n in names if before[n] is None]
+        # a pinned .deb counts as missing while another version of its package is installed
+        missing = [n for n in names if before[n] is None or deb_versions.get(n, before[n]) != before[n]]
         result["installed"] = missing
         if missing and not module.check_mode:
             targets = [debs.get(n, n) for n in missing]
-            argv = APT + ["install", "--no-install-recommends"] + targets
+            argv = APT + ["install", "--no-install-recommends"]
+            if any(before[n] is not None for n in missing):  # the pinned version replaces another (held) one
+                argv += ["--allow-downgrades", "--allow-change-held-packages"]
+            argv += targets
             rc, out, err = module.run_command(argv, environ_update=ENV)
             if rc != 0:  # a stale index (404, unknown package): refresh once and retry
                 run(module, ["apt-get", "-q", "update"], "apt-get update")
@@ -148,16 +156,23 @@ def main():
             result["held"] = [n for n in names if n not in held]
             if result["held"] and not module.check_mode:
                 run(module, ["apt-mark", "hold"] + result["held"], "apt-mark hold")
-    after = before if module.check_mode else installed_versions(module, names)
+    mutated = result["installed"] or result["removed"]
+    after = before if module.check_mode or not mutated else installed_versions(module, names)
     result["versions"] = after
     result["changed"] = bool(result["installed"] or result["removed"] or result["held"])
     if module._diff and result["changed"]:
         def text(state, extra):
             return "".join("%s %s\n" % (n, state.get(n) or "(not installed)") for n in names) + extra
+
+        def planned(n):
+            if n in result["removed"]:
+                return None
+            if n in result["installed"]:
+                return " ".join(v for v in (deb_versions.get(n), "(to install)") if v)
+            return before[n]
         result["diff"] = dict(
             before=text(before, ""),
-            after=text(dict((n, None if n in result["removed"] else (before[n] or "(to install)")) for n in names),
-                       "".join("hold %s\n" % n for n in result["held"])),
+            after=text(dict((n, planned(n)) for n in names), "".join("hold %s\n" % n for n in result["held"])),
             before_header="packages", after_header="packages")
     module.exit_json(**result)
 

@@ -16,7 +16,8 @@ description:
   - Afterwards C(modinfo -k <kernel> -n <module>) must resolve each of O(modules) to the DKMS build (C(updates/dkms));
     stock copies that shadow it are deleted and C(depmod) re-run, and the task fails when the DKMS build still loses.
   - Reads both C(dkms status) formats (dkms 2 C(name, version, kernel, arch) and dkms 3 C(name/version, kernel, arch)).
-  - Supports check mode and diff mode.
+  - Supports check mode and diff mode. In check mode a missing O(src), C(dkms) or kernel headers (which earlier
+    tasks would have installed) are reported as changes to come, not as failures.
 version_added: "1.0.0"
 author:
   - rigbook developers
@@ -45,11 +46,8 @@ options:
     description: Module names that must resolve to the DKMS build (default O(name)).
     type: list
     elements: str
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
+extends_documentation_fragment:
+  - rigbook.homelab.attributes.changes
 """
 
 EXAMPLES = r"""
@@ -82,6 +80,10 @@ modinfo:
   description: "Kernel -> module -> the file C(modinfo -k <kernel> -n <module>) resolves to."
   returned: always
   type: dict
+unpacked:
+  description: Whether O(src) was (or in check mode would be) unpacked anew into C(/usr/src/<name>-<version>).
+  returned: always
+  type: bool
 status:
   description: The parsed dkms status of O(name) after the call.
   returned: always
@@ -89,16 +91,20 @@ status:
   elements: dict
 """
 
-import hashlib
 import os
+import posixpath
 import re
 import shutil
 import tarfile
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.rigbook.homelab.plugins.module_utils.file_digest import sha256_of
 
 STAMP = ".rigbook-source-sha256"
+# Where sources are unpacked and where kernel headers live (module-level so unit tests can point them elsewhere).
+SRC_ROOT = "/usr/src"
+MODULES_ROOT = "/lib/modules"
 
 
 def parse_status(text):
@@ -110,14 +116,6 @@ def parse_status(text):
             rows.append(dict(name=m.group(1), version=m.group(2), kernel=m.group(3), arch=m.group(4),
                              state=m.group(5)))
     return rows
-
-
-def sha256_of(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 class Dkms(object):
@@ -139,30 +137,51 @@ class Dkms(object):
         return out.strip() if rc == 0 else None
 
 
-def unpack(module, src, dest, sha):
-    """Unpack SRC (tarball with one top directory, or a directory) into DEST, replacing it."""
-    tmp = tempfile.mkdtemp(prefix=".rigbook-", dir=os.path.dirname(dest))
-    try:
-        if os.path.isdir(src):
-            top = src
-        else:
+def _unsafe(member):
+    """What in a tarball member points outside the unpack directory: its name, or the target of a link (None: all
+    inside; a symlink may point up as long as it stays in the tree)."""
+    if member.name.startswith("/") or ".." in member.name.split("/"):
+        return member.name
+    if member.issym() or member.islnk():
+        base = posixpath.dirname(member.name) if member.issym() else ""
+        target = posixpath.normpath(posixpath.join(base, member.linkname))
+        if member.linkname.startswith("/") or target == ".." or target.startswith("../"):
+            return member.linkname
+    return None
+
+
+def extract(module, src, tmp):
+    """The source tree of SRC (a tarball with one top directory, or a directory), checked to hold dkms.conf.
+
+    A tarball is unpacked into TMP. Fails the module, before anything on the host was changed, when SRC is not a
+    readable tarball, holds an unsafe path, or has no dkms.conf at its top level."""
+    if os.path.isdir(src):
+        top = src
+    else:
+        try:
             with tarfile.open(src) as tar:
                 for member in tar.getmembers():
-                    if member.name.startswith("/") or ".." in member.name.split("/"):
-                        module.fail_json(msg="%s: unsafe path %s in the tarball" % (src, member.name))
+                    bad = _unsafe(member)
+                    if bad is not None:
+                        module.fail_json(msg="%s: unsafe path %s in the tarball" % (src, bad))
                 tar.extractall(tmp)
-            entries = os.listdir(tmp)
-            top = os.path.join(tmp, entries[0]) if len(entries) == 1 and os.path.isdir(
-                os.path.join(tmp, entries[0])) else tmp
-        if not os.path.isfile(os.path.join(top, "dkms.conf")):
-            module.fail_json(msg="%s has no dkms.conf at its top level" % src)
-        if os.path.exists(dest):
-            shutil.rmtree(dest)
-        shutil.copytree(top, dest, symlinks=True)
-        with open(os.path.join(dest, STAMP), "w") as handle:
-            handle.write(sha + "\n")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        except (tarfile.TarError, EOFError, OSError) as exc:
+            module.fail_json(msg="cannot unpack %s: %s" % (src, exc))
+        entries = os.listdir(tmp)
+        top = os.path.join(tmp, entries[0]) if len(entries) == 1 and os.path.isdir(
+            os.path.join(tmp, entries[0])) else tmp
+    if not os.path.isfile(os.path.join(top, "dkms.conf")):
+        module.fail_json(msg="%s has no dkms.conf at its top level" % src)
+    return top
+
+
+def install_tree(top, dest, sha):
+    """Copy the source tree TOP to DEST (replacing it) and stamp it with SHA."""
+    if os.path.exists(dest):
+        shutil.rmtree(dest)
+    shutil.copytree(top, dest, symlinks=True)
+    with open(os.path.join(dest, STAMP), "w") as handle:
+        handle.write(sha + "\n")
 
 
 def main():
@@ -190,29 +209,34 @@ def main():
         sha = sha256_of(src)
         if not p["sha256"] or sha != p["sha256"].lower():
             module.fail_json(msg="refused %s: its sha256 is %s, pinned %s; nothing was installed"
-                             % (src, sha, p["sha256"]), sha256=sha)
+                             % (src, sha, p["sha256"] or "(no sha256 given)"), sha256=sha)
     if not module.get_bin_path("dkms"):
         if check:
             module.exit_json(changed=True, built=list(p["kernels"]), removed=[], shadowing_removed=[], modinfo={},
                              status=[], msg="dkms is not installed yet (check mode)")
         module.fail_json(msg="dkms is not installed")
     dkms = Dkms(module)
-    dest = "/usr/src/%s-%s" % (name, version)
+    dest = os.path.join(SRC_ROOT, "%s-%s" % (name, version))
     stamp = os.path.join(dest, STAMP)
     have = None
     if os.path.isfile(stamp):
         with open(stamp) as handle:
             have = handle.read().strip()
     result = dict(changed=False, built=[], removed=[], shadowing_removed=[], modinfo={}, unpacked=False)
-    before = dkms.status(name)
+    notes = []
+    initial = before = dkms.status(name)
     if have != sha:
         result["unpacked"] = True
         if not check:
-            rows = [r for r in before if r["version"] == version]
-            if rows:  # same version, other source: drop the old build first
-                dkms.run(["dkms", "remove", "%s/%s" % (name, version), "--all"], "dkms remove")
-            unpack(module, src, dest, sha)
-            before = dkms.status(name)
+            tmp = tempfile.mkdtemp(prefix=".rigbook-", dir=SRC_ROOT)
+            try:
+                top = extract(module, src, tmp)  # checked before the old build is touched
+                if any(r["version"] == version for r in before):  # same version, other source: drop the old build
+                    dkms.run(["dkms", "remove", "%s/%s" % (name, version), "--all"], "dkms remove")
+                    before = dkms.status(name)
+                install_tree(top, dest, sha)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
     for other in sorted(set(r["version"] for r in before if r["version"] != version)):
         result["removed"].append("%s/%s" % (name, other))
         if not check:
@@ -227,9 +251,12 @@ def main():
     for kernel in p["kernels"]:
         if kernel in installed:
             continue
-        if not os.path.isdir("/lib/modules/%s/build" % kernel):
-            module.fail_json(msg="cannot build %s/%s for %s: its headers are not installed (/lib/modules/%s/build)"
-                             % (name, version, kernel, kernel))
+        if not os.path.isdir(os.path.join(MODULES_ROOT, kernel, "build")):
+            if not check:
+                module.fail_json(msg="cannot build %s/%s for %s: its headers are not installed (%s)"
+                                 % (name, version, kernel, os.path.join(MODULES_ROOT, kernel, "build")))
+            # in check mode the task that installs the headers did not run
+            notes.append("the headers of %s are not installed yet (check mode)" % kernel)
         result["built"].append(kernel)
         if not check:
             dkms.run(["dkms", "install", "%s/%s" % (name, version), "-k", kernel, "--force"],
@@ -238,10 +265,17 @@ def main():
         result["modinfo"][kernel] = {}
         for mod in p["modules"] or [name]:
             path = dkms.modinfo(kernel, mod)
-            if path is not None and "/updates/dkms/" not in path and not check:
+            stock = path is not None and path.startswith("/") and "/updates/dkms/" not in path
+            if stock and check and kernel not in result["built"]:
+                result["shadowing_removed"].append(path)  # what a real run would delete
+            elif stock and not check:
                 # a stock copy wins over the DKMS build: delete it (the fork must win) and re-index
                 result["shadowing_removed"].append(path)
-                os.remove(path)
+                try:
+                    os.remove(path)
+                except OSError as exc:
+                    module.fail_json(msg="cannot remove %s, which shadows the DKMS build of %s/%s for %s: %s"
+                                     % (path, name, version, kernel, exc), **result)
                 dkms.run(["depmod", "-a", kernel], "depmod -a %s" % kernel)
                 path = dkms.modinfo(kernel, mod)
             result["modinfo"][kernel][mod] = path
@@ -251,9 +285,11 @@ def main():
     touched = now is None or result["built"] or result["removed"] or result["shadowing_removed"]
     result["status"] = dkms.status(name) if touched and not check else now
     result["changed"] = bool(result["built"] or result["removed"] or result["shadowing_removed"] or result["unpacked"])
+    if notes:
+        result["msg"] = "; ".join(notes)
     if module._diff and result["changed"]:
         result["diff"] = dict(
-            before="".join("%s/%s %s: %s\n" % (r["name"], r["version"], r["kernel"], r["state"]) for r in before),
+            before="".join("%s/%s %s: %s\n" % (r["name"], r["version"], r["kernel"], r["state"]) for r in initial),
             after="".join("%s/%s %s: installed\n" % (name, version, k) for k in p["kernels"]),
             before_header="dkms status", after_header="dkms status")
     module.exit_json(**result)

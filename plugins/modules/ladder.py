@@ -33,9 +33,9 @@ options:
     default: all
   layers:
     description:
-      - The layers to judge (names or tags of layers of O(phase)), judged in ladder order whatever order they
-        are given in. A name that is no layer of the phase fails the task. Omitted - every layer of the phase,
-        or those O(run_tags) names.
+      - The layers to judge (layer names or tags), judged in ladder order whatever order they are given in; those
+        of the other phase are left to it. A name that is no layer fails the task. Omitted - every layer of
+        the phase, or those O(run_tags) names.
     type: list
     elements: str
   run_tags:

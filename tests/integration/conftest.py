@@ -1,10 +1,53 @@
-"""Shared by the lab tests: the offline artifacts site.yml needs on a lab host (a cached step)."""
+"""The one lab of the test session, and the offline artifacts site.yml needs on a lab host (a cached step).
+
+`lab up` runs once per session (fixture `lab`) and `lab down` at its end, followed by the check that nothing of the
+lab is left running, mounted or in the cgroup tree. test_lab.py, test_roles_nvidia.py and test_ladder_lab.py share
+it. What a test needs of the lab is the fixture it asks for, and that also orders the tests (file order within
+each step; see pytest_collection_modifyitems):
+
+1. `fresh_lab`: the hosts as `lab up` made them - nothing converged, nothing rebooted (the `lab up` checks, the
+   `--check --diff` of a fresh host, then test_roles_nvidia.py converging lab-3080 itself and counting reboots).
+2. `lab`: any running lab.
+3. `converged_lab`: site.yml has converged both hosts (run once, its result kept for the tests).
+4. `lab_last`: the test takes the lab down itself, after every other test that uses it.
+5. `no_lab`: no lab may be running (takes the session's lab down first if it is still up).
+"""
 
 from __future__ import annotations
 
 import pytest
+from helpers import leftovers, provision
 
-from rigbook.lab import artifacts
+from rigbook.lab import artifacts, state
+
+# The step of each fixture, the most particular first: fresh_lab, converged_lab and lab_last all ask for `lab`.
+STEPS = (("no_lab", 5), ("lab_last", 4), ("converged_lab", 3), ("fresh_lab", 1), ("lab", 2))
+
+
+def _step(item) -> int | None:
+    """The step of the lab fixture ITEM asks for (None: it does not use the lab)."""
+    names = getattr(item, "fixturenames", ())
+    return next((step for name, step in STEPS if name in names), None)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items):
+    """Run the tests that use the lab together, where the first of them stood, in step order (file order within
+    a step); every other test keeps its place."""
+    places = [i for i, item in enumerate(items) if _step(item) is not None]
+    if not places:
+        return
+    ordered = [items[i] for i in sorted(places, key=lambda i: (_step(items[i]), i))]
+    rest = [item for i, item in enumerate(items) if _step(item) is None]
+    items[:] = rest[:places[0]] + ordered + rest[places[0]:]
+
+
+def take_down():
+    """`lab down` if this session's lab is up (a test may have taken it down already); then nothing may be left."""
+    if state.state_file().exists():
+        down = provision("lab", "down")
+        assert down.returncode == 0, down.stdout + down.stderr
+    assert leftovers() == []
 
 
 @pytest.fixture(scope="session")
@@ -16,3 +59,45 @@ def lab_artifacts():
     """
     artifacts.prepare()
     return artifacts.lab_pins()
+
+
+@pytest.fixture(scope="session")
+def lab():
+    """`provision lab up` once for the session (lab-3080 and lab-r9700); yields what it printed.
+
+    At the end of the session: `lab down` (unless a test took the lab down already), then nothing of the lab
+    may be left.
+    """
+    assert not leftovers(), leftovers()
+    proc = provision("lab", "up", timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    yield proc.stdout
+    take_down()
+
+
+@pytest.fixture(scope="session")
+def fresh_lab(lab):
+    """The lab before any test converged or rebooted a host: tests asking for it run first."""
+    return lab
+
+
+@pytest.fixture(scope="session")
+def converged_lab(lab, lab_artifacts):
+    """The README's main job: `site.yml -i lab` on both hosts (lab-3080 gets its pinned kernel, the driver build
+    and the CUDA toolchain, and reboots once, unless test_roles_nvidia.py converged it already); run once, its
+    completed `provision` process kept for the tests."""
+    proc = provision("site.yml", "-i", "lab", "--json", timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+@pytest.fixture
+def lab_last(lab):
+    """The lab, for a test that takes it down: it runs after every other test that uses the lab."""
+    return lab
+
+
+@pytest.fixture
+def no_lab():
+    """No lab running in this session's state directory: takes the session's lab down first if it is still up."""
+    take_down()

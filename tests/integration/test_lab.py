@@ -2,65 +2,29 @@
 
 Needs root (containers, mounts). The first run builds the cached rootfs with debootstrap (about a
 minute, kept in /var/cache/rigbook/lab-rootfs or RIGBOOK_LAB_CACHE); later runs boot from it.
-The tests run in file order against one lab brought up by the module fixture.
+The tests share the session's one lab (tests/integration/conftest.py), ordered by what they ask of it: the
+`lab up` checks on the fresh lab, then the running lab, the converged lab, `lab down`, and last the tests that
+need no lab running.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import ansible_runner
-import pytest
 import yaml
+from helpers import LAB_MARKS, REPO, leftovers, provision
 
 from rigbook.lab import cli as lab_cli
 from rigbook.lab import machine, state, tracking
-from rigbook.lab.system import LabFailure, mounts_under
+from rigbook.lab.system import LabFailure
 from rigbook.run import ansible_env
 
-pytestmark = [
-    pytest.mark.lab,
-    pytest.mark.skipif(os.geteuid() != 0, reason="lab hosts need root (systemd-nspawn, mounts)"),
-]
-REPO = Path(__file__).resolve().parents[2]
+pytestmark = LAB_MARKS
 LAB_INVENTORY = REPO / "inventory" / "lab"
-
-
-def provision(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "rigbook", *args], capture_output=True, text=True,
-                          timeout=timeout, env=dict(os.environ))
-
-
-def leftovers() -> list:
-    """Anything of this state directory's lab still running, mounted or in the cgroup tree."""
-    lab_dir = str(state.lab_dir())
-    group = f"/rigbook-lab-{state.lab_id()}/"
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cgroups = (entry / "cgroup").read_text()
-            args = (entry / "cmdline").read_bytes().decode(errors="replace").replace("\0", " ")
-            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                continue  # exited, waiting for PID 1 to reap it: not running
-        except (OSError, IndexError):
-            continue
-        if group in cgroups or (lab_dir in args and ("supervisor" in args or "nspawn" in args)):
-            found.append(f"process {entry.name}: {args[:120]}")
-    found += [f"mount {m}" for m in mounts_under(state.lab_dir())]
-    for base in tracking.CGROUP_MOUNTS:
-        group = Path(base) / f"rigbook-lab-{state.lab_id()}"
-        if group.exists():
-            found.append(f"cgroup {group}")
-    loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
-    found += [f"loop {line}" for line in loops.splitlines() if lab_dir in line]
-    return found
 
 
 def play(tmp_path: Path, tasks: list, hosts: str, inventory: Path = LAB_INVENTORY, name="play"):
@@ -88,18 +52,8 @@ def read_evidence(tmp_path, host: str, rel: str, name: str) -> str:
     return base64.b64decode(results[host]["read"]["content"]).decode()
 
 
-@pytest.fixture(scope="module")
-def lab_up():
-    assert not leftovers(), leftovers()
-    proc = provision("lab", "up", timeout=900)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    yield proc.stdout
-    if state.state_file().exists():
-        provision("lab", "down")
-
-
-def test_up_boots_two_real_systemd_hosts(lab_up):
-    assert "lab-3080: up on 127.0.11.1:2222" in lab_up and "lab-r9700: up on 127.0.11.2:2222" in lab_up
+def test_up_boots_two_real_systemd_hosts(fresh_lab):
+    assert "lab-3080: up on 127.0.11.1:2222" in fresh_lab and "lab-r9700: up on 127.0.11.2:2222" in fresh_lab
     lab = state.load()
     assert [h.name for h in lab.hosts] == ["lab-3080", "lab-r9700"]
     known = (state.ssh_dir() / "known_hosts").read_text().splitlines()
@@ -118,7 +72,7 @@ def test_up_boots_two_real_systemd_hosts(lab_up):
     assert status.stdout.count("running") == 2
 
 
-def test_wrong_host_key_is_refused(lab_up, tmp_path):
+def test_wrong_host_key_is_refused(lab, tmp_path):
     """Host key checking is on: a known_hosts that names another key makes SSH fail."""
     host = state.load().host("lab-3080")
     fake = tmp_path / "known_hosts"
@@ -130,7 +84,7 @@ def test_wrong_host_key_is_refused(lab_up, tmp_path):
     assert out.returncode != 0 and "HOST IDENTIFICATION HAS CHANGED" in out.stderr
 
 
-def test_bad_input_while_up(lab_up):
+def test_bad_input_while_up(lab):
     again = provision("lab", "up")
     assert again.returncode == 2
     assert "the lab is already up (lab-3080, lab-r9700 running)" in again.stderr
@@ -145,8 +99,8 @@ def test_bad_input_while_up(lab_up):
     assert all(tracking.is_running(h) for h in state.load().hosts)
 
 
-def test_site_yml_runs_on_both(lab_up, lab_artifacts):
-    proc = provision("site.yml", "-i", "lab", "--json")
+def test_site_yml_runs_on_both(converged_lab):
+    proc = converged_lab  # `provision site.yml -i lab --json`, run once for the tests that need a converged lab
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads(proc.stdout)
     for name in ("lab-3080", "lab-r9700"):
@@ -154,7 +108,7 @@ def test_site_yml_runs_on_both(lab_up, lab_artifacts):
         assert host["failed"] == 0 and host["unreachable"] == 0 and host["ok"] >= 3, host
 
 
-def test_reboot_through_ansible_comes_back_with_a_new_boot_id(lab_up, tmp_path):
+def test_reboot_through_ansible_comes_back_with_a_new_boot_id(lab, tmp_path):
     boot_id = {"name": "boot id", "ansible.builtin.command": "cat /proc/sys/kernel/random/boot_id",
                "changed_when": False}
     tasks = [boot_id, {"name": "reboot", "ansible.builtin.reboot": {"reboot_timeout": 120}, "become": True},
@@ -172,7 +126,7 @@ def test_reboot_through_ansible_comes_back_with_a_new_boot_id(lab_up, tmp_path):
     assert (state.load().host("lab-r9700").dir / "boots").read_text().strip() == "1"
 
 
-def test_break_and_heal_change_what_the_evidence_reads(lab_up, tmp_path):
+def test_break_and_heal_change_what_the_evidence_reads(lab, tmp_path):
     resource = "sys/bus/pci/devices/0000:03:00.0/resource"
     pristine = read_evidence(tmp_path, "lab-r9700", resource, "r0")
     assert pristine.splitlines()[0].startswith("0x0000003800000000")
@@ -200,7 +154,7 @@ def test_break_and_heal_change_what_the_evidence_reads(lab_up, tmp_path):
     assert provision("site.yml", "-i", "lab", "--json").returncode == 0
 
 
-def test_down_leaves_nothing_running(lab_up):
+def test_down_leaves_nothing_running(lab_last):
     rootfs = state.load().rootfs
     proc = provision("lab", "down")
     assert proc.returncode == 0, proc.stderr
@@ -210,7 +164,7 @@ def test_down_leaves_nothing_running(lab_up):
     assert "not up" in provision("lab", "status").stdout
 
 
-def test_port_taken_is_refused_and_nothing_starts():
+def test_port_taken_is_refused_and_nothing_starts(no_lab):
     listener = socket.socket()
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.11.2", state.SSH_PORT))
@@ -224,7 +178,7 @@ def test_port_taken_is_refused_and_nothing_starts():
     assert not state.state_file().exists() and leftovers() == []
 
 
-def test_failed_boot_rolls_everything_back(monkeypatch, capsys):
+def test_failed_boot_rolls_everything_back(no_lab, monkeypatch, capsys):
     """A host that never answers (simulated by failing the readiness wait) leaves nothing behind."""
 
     def never_ready(hosts, timeout=0):
@@ -238,7 +192,7 @@ def test_failed_boot_rolls_everything_back(monkeypatch, capsys):
     assert leftovers() == [] and not state.state_file().exists()
 
 
-def test_more_hosts_get_their_own_inventory(tmp_path):
+def test_more_hosts_get_their_own_inventory(no_lab, tmp_path):
     proc = provision("lab", "up", "--hosts", "3", "--profile", "x99-r9700", "x99-3080")
     try:
         assert proc.returncode == 0, proc.stdout + proc.stderr

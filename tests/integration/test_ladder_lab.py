@@ -1,35 +1,26 @@
 """The P2P ladder end to end: `provision verify -i lab` over real SSH against the lab's simulated rigs.
 
-The lab is converged by site.yml first. Healthy profiles, baseline recording, the 3080 box with P2P flipped
-to expected, and every fault of src/rigbook/lab/faults.yml broken on a host, verified, and healed (heal runs
-the lab's boot hook again, so the healed tree shows the kernel the host booted). Needs root (the lab).
+The session's lab (tests/integration/conftest.py), converged by site.yml first (fixture `converged_lab`).
+Healthy profiles, baseline recording, the 3080 box with P2P flipped to expected, and every fault of
+src/rigbook/lab/faults.yml broken on a host, verified, and healed (heal runs the lab's boot hook again, so the
+healed tree shows the kernel the host booted). Needs root (the lab).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
+from helpers import LAB_MARKS, provision
 
 from rigbook.lab import evidence, faults
 
-pytestmark = [
-    pytest.mark.lab,
-    pytest.mark.skipif(os.geteuid() != 0, reason="lab hosts need root (systemd-nspawn, mounts)"),
-]
+pytestmark = LAB_MARKS
 HOSTS = {"x99-r9700": "lab-r9700", "x99-3080": "lab-3080"}
 # Faults each host already has (`lab break` refuses them) or that are firmware faults on the box that
 # declares P2P unavailable (a warning there, covered by tests/unit/test_lab_ladder.py).
 SKIP = {("bar1-256m", "lab-3080"), ("rebar-off", "lab-3080"), ("nccl-shm-fallback", "lab-3080"),
         ("busbw-half", "lab-3080"), ("csm-boot", "lab-3080")}
-
-
-def provision(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "rigbook", *args], capture_output=True, text=True,
-                          timeout=timeout, env=dict(os.environ))
 
 
 def verify(*args):
@@ -46,21 +37,7 @@ def fault_cases():
                 yield name, host
 
 
-@pytest.fixture(scope="module")
-def lab(lab_artifacts):
-    """The README's main job: `lab up`, then `site.yml -i lab` (the 3080 twin gets its pinned kernel, the
-    driver build and the CUDA toolchain, and reboots once). The ladder tests judge the converged lab."""
-    proc = provision("lab", "up", timeout=900)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    try:
-        proc = provision("site.yml", "-i", "lab", "--json", timeout=1800)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        yield
-    finally:
-        provision("lab", "down")
-
-
-def test_healthy_lab_passes_and_the_3080_warns_on_bar1(lab):
+def test_healthy_lab_passes_and_the_3080_warns_on_bar1(converged_lab):
     code, hosts = verify()
     assert code == 0, hosts
     r9700 = {v["layer"]: v["status"] for v in hosts["lab-r9700"]["ladder"]}
@@ -72,13 +49,13 @@ def test_healthy_lab_passes_and_the_3080_warns_on_bar1(lab):
     assert {v["layer"]: v["status"] for v in x3080[1:]}["nccl_transport"] == "pass"
 
 
-def test_tags_judge_only_the_layers_named(lab):
+def test_tags_judge_only_the_layers_named(converged_lab):
     code, hosts = verify("--limit", "lab-r9700", "--tags", "pcie_link,peer_access")
     assert code == 0, hosts
     assert [v["layer"] for v in hosts["lab-r9700"]["ladder"]] == ["pcie_link", "peer_access"]
 
 
-def test_3080_with_p2p_expected_fails_at_firmware_with_the_bios_remedy(lab):
+def test_3080_with_p2p_expected_fails_at_firmware_with_the_bios_remedy(converged_lab):
     code, hosts = verify("--limit", "lab-3080", "-e", json.dumps({"rigbook_p2p": {"expected": True}}))
     assert code == 1
     host = hosts["lab-3080"]
@@ -90,7 +67,7 @@ def test_3080_with_p2p_expected_fails_at_firmware_with_the_bios_remedy(lab):
     assert "measured" in host["failures"][0]["msg"] and "expected" in host["failures"][0]["msg"]
 
 
-def test_baseline_record_then_compare(lab):
+def test_baseline_record_then_compare(converged_lab):
     proc = provision("baseline", "record", "-i", "lab", "--json")
     assert proc.returncode == 0, proc.stderr
     hosts = json.loads(proc.stdout)["hosts"]
@@ -104,7 +81,7 @@ def test_baseline_record_then_compare(lab):
 
 
 @pytest.mark.parametrize("fault,host", list(fault_cases()))
-def test_fault_fails_the_play_at_its_layer(lab, fault, host):
+def test_fault_fails_the_play_at_its_layer(converged_lab, fault, host):
     layer = faults.get_fault(fault)["layer"]
     broke = provision("lab", "break", host, fault)
     assert broke.returncode == 0, broke.stderr

@@ -16,16 +16,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import yaml
-
-
-def provision(*args, env=None, timeout=180):
-    return subprocess.run(
-        [sys.executable, "-m", "rigbook", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
+from helpers import provision, provision_argv
 
 
 def simulated_sysfs(root: Path, gpus: list) -> Path:
@@ -49,6 +40,14 @@ def local_inventory(tmp_path: Path, host_vars: dict) -> Path:
     vars_ = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable, **host_vars}
     (inv / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": {"localhost": vars_}}}))
     return inv
+
+
+def amd_pair_inventory(tmp_path: Path) -> Path:
+    """localhost with a simulated tree of two R9700s (no EFI, no BARs: the ladder stops at firmware)."""
+    evidence = simulated_sysfs(tmp_path / "evidence", [("0x1002", "0x7551"), ("0x1002", "0x7551")])
+    return local_inventory(
+        tmp_path, {"rigbook_evidence_root": str(evidence), "rigbook_gpu": {"vendor": "amd", "count": 2}}
+    )
 
 
 def test_site_json_summary_on_localhost(repo):
@@ -102,10 +101,7 @@ def test_gpu_count_mismatch_fails_the_host(tmp_path):
 
 
 def test_gpu_count_match_passes_preflight_and_reaches_the_ladder(tmp_path):
-    evidence = simulated_sysfs(tmp_path / "evidence", [("0x1002", "0x7551"), ("0x1002", "0x7551")])
-    inv = local_inventory(
-        tmp_path, {"rigbook_evidence_root": str(evidence), "rigbook_gpu": {"vendor": "amd", "count": 2}}
-    )
+    inv = amd_pair_inventory(tmp_path)
     proc = provision("site.yml", "-i", str(inv), "--json")
     host = json.loads(proc.stdout)["hosts"]["localhost"]
     # preflight passes; the bare simulated tree has no EFI and no BARs, so the ladder stops at firmware
@@ -147,7 +143,7 @@ def test_ctrl_c_stops_ansible_cleanly(tmp_path):
         f"    - name: Sleep\n      ansible.builtin.command: bash -c 'exec -a {marker} sleep 120'\n"
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rigbook", str(book), "-i", "localhost"],
+        provision_argv(book, "-i", "localhost"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -174,10 +170,7 @@ def test_runs_lists_recent_runs():
 def test_facts_are_cached_between_runs_in_the_state_dir(tmp_path):
     """Smart gathering only pays off when the fact cache outlives the run (ansible-runner would move it into
     each run's artifact folder): the second run finds the facts and gathers nothing."""
-    evidence = simulated_sysfs(tmp_path / "evidence", [("0x1002", "0x7551"), ("0x1002", "0x7551")])
-    inv = local_inventory(
-        tmp_path, {"rigbook_evidence_root": str(evidence), "rigbook_gpu": {"vendor": "amd", "count": 2}}
-    )
+    inv = amd_pair_inventory(tmp_path)
     state = {"RIGBOOK_STATE_DIR": str(tmp_path / "state")}
     first = provision("site.yml", "-i", str(inv), "--json", "--skip-tags", "ladder", env=state)
     assert first.returncode == 0, first.stderr
@@ -193,13 +186,10 @@ def test_facts_are_cached_between_runs_in_the_state_dir(tmp_path):
 
 
 def test_an_unknown_layer_is_named_not_a_traceback(tmp_path):
-    evidence = simulated_sysfs(tmp_path / "evidence", [("0x1002", "0x7551"), ("0x1002", "0x7551")])
-    inv = local_inventory(
-        tmp_path, {"rigbook_evidence_root": str(evidence), "rigbook_gpu": {"vendor": "amd", "count": 2}}
-    )
-    proc = provision("verify", "-i", str(inv), "--json", "-e", '{"p2p_verify_static_layers": ["pcie_link", "bogus"]}')
+    inv = amd_pair_inventory(tmp_path)
+    proc = provision("verify", "-i", str(inv), "--json", "-e", '{"p2p_verify_layers": ["pcie_link", "bogus"]}')
     assert proc.returncode == 1, proc.stderr
     host = json.loads(proc.stdout)["hosts"]["localhost"]
     msg = host["failures"][0]["msg"]
-    assert "unknown static layer(s) bogus" in msg and "firmware, pcie_link" in msg
+    assert "unknown layer(s) bogus" in msg and "firmware, pcie_link" in msg
     assert "Traceback" not in proc.stdout + proc.stderr

@@ -6,43 +6,28 @@ kernel headers; a stand-in .run with the installer's flags), packed into /var/ca
 lab mounts read-only on each host. The CUDA wheels are the real pinned ones, downloaded once into
 /var/cache/rigbook/artifacts/wheels/ (a cached step; later runs install offline from there). Kernel packages come
 through the lab's shared apt cache (/var/cache/rigbook/lab-apt-archives), so they are fetched once per machine.
-Tests run in file order against one lab (the lab_up fixture of test_lab.py).
+Tests run in file order against the session's lab while it is fresh (fixture `fresh_lab`).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
+from helpers import LAB_MARKS, REPO, provision
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import test_lab  # noqa: E402
+from rigbook.lab import machine, state
 
-from rigbook.lab import machine, state  # noqa: E402
-
-lab_up = test_lab.lab_up  # the one lab fixture (module scope): brought up here after test_lab.py took its down
-provision = test_lab.provision
-
-pytestmark = [
-    pytest.mark.lab,
-    pytest.mark.skipif(os.geteuid() != 0, reason="lab hosts need root (systemd-nspawn, mounts)"),
-    pytest.mark.usefixtures("lab_up"),
-]
-REPO = Path(__file__).resolve().parents[2]
+# The session's lab (tests/integration/conftest.py) while it is fresh: these tests run right after the `lab up`
+# checks, before anything else converges or reboots a host, and converge lab-3080 themselves.
+pytestmark = [*LAB_MARKS, pytest.mark.usefixtures("fresh_lab")]
 PINS = yaml.safe_load((REPO / "inventory/lab/group_vars/x99_3080.yml").read_text())["rigbook_pins"]
 WHEEL_DIR = Path(PINS["cuda_toolchain"]["wheel_dir"])
 UPGRADE_KERNEL = "6.1.0-50-amd64"
-
-
-@pytest.fixture(scope="module")
-def artifacts(lab_artifacts):
-    return lab_artifacts
 
 
 def host():
@@ -76,7 +61,7 @@ def boots() -> int:
     return int((host().dir / "boots").read_text())
 
 
-def test_check_diff_on_a_fresh_host_changes_nothing(artifacts):
+def test_check_diff_on_a_fresh_host_changes_nothing(lab_artifacts):
     before = host_state()
     proc, summary, changed, _ = site("--check", "--diff")
     # Every role runs in check mode; the ladder then judges the host as it really is (nothing was installed,
@@ -94,7 +79,7 @@ def test_check_diff_on_a_fresh_host_changes_nothing(artifacts):
     assert boots() == 1
 
 
-def test_bad_artifact_sha256_is_refused_before_anything_is_installed(artifacts, tmp_path):
+def test_bad_artifact_sha256_is_refused_before_anything_is_installed(lab_artifacts, tmp_path):
     before = host_state()
     pins = json.loads(json.dumps(PINS))
     pins["nvidia_driver"]["source"]["sha256"] = "0" * 64
@@ -107,7 +92,7 @@ def test_bad_artifact_sha256_is_refused_before_anything_is_installed(artifacts, 
     assert changed == [] and host_state() == before
 
 
-def test_mismatched_cuda_pins_fail_naming_both_versions(artifacts, tmp_path):
+def test_mismatched_cuda_pins_fail_naming_both_versions(lab_artifacts, tmp_path):
     pins = json.loads(json.dumps(PINS))
     pins["cuda_toolchain"]["versions"] = {"nvidia-nvvm": "13.1.80"}
     extra = tmp_path / "mismatch.yml"
@@ -118,7 +103,7 @@ def test_mismatched_cuda_pins_fail_naming_both_versions(artifacts, tmp_path):
     assert "nvidia-cuda-nvcc 13.0.88" in out and "nvidia-nvvm 13.1.80" in out, out[-3000:]
 
 
-def test_converge_then_rerun_changes_nothing(artifacts):
+def test_converge_then_rerun_changes_nothing(lab_artifacts):
     proc, summary, changed, first = site()
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Reboot once into the new kernel, driver and boot target" in changed
@@ -142,7 +127,7 @@ def test_converge_then_rerun_changes_nothing(artifacts):
     print(f"converge {first:.1f} s, converged re-run {again:.1f} s")
 
 
-def test_kernel_upgrade_builds_for_it_and_reboots_once(artifacts):
+def test_kernel_upgrade_builds_for_it_and_reboots_once(lab_artifacts):
     on_host(f"DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
             f"linux-image-{UPGRADE_KERNEL} linux-headers-{UPGRADE_KERNEL}")
     before = boots()

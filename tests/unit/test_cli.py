@@ -2,19 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
+from helpers import provision
 
 from rigbook.errors import UserError
 from rigbook.run import resolve_inventory, resolve_playbook
-
-
-def provision(*args, timeout=60):
-    return subprocess.run(
-        [sys.executable, "-m", "rigbook", *args], capture_output=True, text=True, timeout=timeout
-    )
 
 
 def test_names_resolve_to_the_collection(repo):
@@ -74,13 +66,7 @@ def test_validate_homelab_exits_0():
     assert "valid (2 hosts; groups: x99_3080, x99_r9700)" in proc.stdout
 
 
-def test_runs_with_no_history(tmp_path, monkeypatch):
-    proc = subprocess.run(
-        [sys.executable, "-m", "rigbook", "runs"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**__import__("os").environ, "RIGBOOK_STATE_DIR": str(tmp_path)},
-    )
+def test_runs_with_no_history(tmp_path):
+    proc = provision("runs", env={"RIGBOOK_STATE_DIR": str(tmp_path)})
     assert proc.returncode == 0
     assert "no runs yet" in proc.stdout

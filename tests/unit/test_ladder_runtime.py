@@ -375,8 +375,9 @@ def test_the_ladder_module_judges_a_recorded_probe_through_ansible(tmp_path):
                   "profile": declared, "baseline": {"host_staged_gbs_0_1": 6.0}}, "register": "bw"},
         {"debug": {"msg": "RESULT {{ declared.ladder[0].status }} {{ bw.ladder[0].status }} "
                           "{{ bw.ladder[0].metrics.peer_gbs_0_1 }}"}},
-        {ladder: {"phase": "static", "layers": ["peer_access"]}, "register": "wrong_phase", "ignore_errors": True},
-        {"debug": {"msg": "WRONG {{ wrong_phase.msg }}"}},
+        {ladder: {"phase": "static", "layers": ["peer_access"]}, "register": "other_phase"},
+        {ladder: {"phase": "static", "layers": ["pcie_link", "bogus"]}, "register": "wrong", "ignore_errors": True},
+        {"debug": {"msg": "OTHER {{ other_phase.ladder | length }}; WRONG {{ wrong.msg }}"}},
         {ladder: {"phase": "runtime", "layers": ["peer_access"], "root": str(root), "profile": expecting}},
     ]
     playbook = tmp_path / "play.yml"  # JSON is YAML
@@ -390,8 +391,8 @@ def test_the_ladder_module_judges_a_recorded_probe_through_ansible(tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out
     assert "RESULT pass pass 6.0" in out
-    assert ("WRONG layers: unknown layer(s) peer_access; the layers of phase static are firmware, pcie_link, "
-            "dma_window, kernel_state, driver_state") in out
+    assert ("OTHER 0; WRONG layers: unknown layer(s) bogus; the layers are firmware, pcie_link, dma_window, "
+            "kernel_state, driver_state, peer_access, p2p_bandwidth, collectives, nccl_transport") in out
     assert "enabling peer access failed with CUDA_ERROR_MAP_FAILED (mapping of buffer object failed)" in out
     assert "failed=1" in out
 

@@ -58,6 +58,7 @@ def test_selection_by_name_tag_and_run_tags():
     assert [layer.name for layer in layers] == ["pcie_link", "kernel_state"] and unknown == ["no_such"]
     # a layer of the other phase is unknown to this phase's selection
     assert registry.select(registry.STATIC, ["peer_access"]) == ([], ["peer_access"])
+    assert registry.select(None, ["peer_access", "bogus"]) == ([registry.get("peer_access")], ["bogus"])
     # run tags: role and play tags are not layers and select every layer of the phase
     assert registry.select_by_run_tags(registry.STATIC, ["kernel", "all"]) == static
     assert [layer.name for layer in registry.select_by_run_tags(registry.RUNTIME, ["collectives", "kernel"])] == \

@@ -7,7 +7,7 @@ import json
 import sys
 
 import pytest
-from test_parse_lspci import FIXTURES
+from helpers import FIXTURES
 
 from rigbook import parse_cmd
 from rigbook.errors import UserError

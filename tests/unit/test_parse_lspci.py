@@ -3,57 +3,22 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
-import yaml
 from ansible_collections.rigbook.homelab.plugins.module_utils.parse import lspci as parse_lspci
 from ansible_collections.rigbook.homelab.plugins.module_utils.parse import text as parse_text
+from helpers import cases, check, expected, fixture_names, read
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "parse"
 KIND = "lspci"
 
 
-def lookup(result, path: str):
-    """Resolve 'a.b[2].c' (trailing '#' = length) against a parsed result."""
-    want_len = path.endswith("#")
-    if want_len:
-        path = path[:-1]
-    value = result
-    for part in re.findall(r"[^.\[\]]+|\[\d+\]", path):
-        if part.startswith("["):
-            value = value[int(part[1:-1])]
-        else:
-            value = value[part]
-    return len(value) if want_len else value
-
-
-def cases(kind: str):
-    expected = yaml.safe_load((FIXTURES / kind / "expected.yml").read_text())
-    return [(name, facts) for name, facts in expected.items()]
-
-
-def read(kind: str, name: str) -> str:
-    return (FIXTURES / kind / (name + ".txt")).read_text(encoding="utf-8")
-
-
-def check(parse, kind, name, facts):
-    result = parse(read(kind, name))
-    for path, want in facts.items():
-        got = lookup(result, path)
-        assert got == want, f"{name}: {path} = {got!r}, expected {want!r}"
-        if isinstance(want, (int, float)) and not isinstance(want, bool):
-            assert isinstance(got, (int, float)) and not isinstance(got, bool), path
-
-
-@pytest.mark.parametrize("name,facts", cases(KIND), ids=[c[0] for c in cases(KIND)])
+@pytest.mark.parametrize("name,facts", cases(KIND))
 def test_fixture(name, facts):
     check(parse_lspci.parse, KIND, name, facts)
 
 
 def test_every_fixture_has_expectations():
-    names = {p.stem for p in (FIXTURES / KIND).glob("*.txt")}
-    assert names == {n for n, _ in cases(KIND)}
+    assert fixture_names(KIND) == set(expected(KIND))
 
 
 def test_crlf_ansi_and_tabs_do_not_change_the_result():

@@ -4,23 +4,22 @@ from __future__ import annotations
 
 import pytest
 from ansible_collections.rigbook.homelab.plugins.module_utils.parse import nccl as parse_nccl
-from test_parse_lspci import FIXTURES, cases, check, read
+from helpers import cases, check, expected, fixture_names, read
 
 
-@pytest.mark.parametrize("name,facts", cases("nccl-tests"), ids=[c[0] for c in cases("nccl-tests")])
+@pytest.mark.parametrize("name,facts", cases("nccl-tests"))
 def test_tests_fixture(name, facts):
     check(parse_nccl.parse_tests, "nccl-tests", name, facts)
 
 
-@pytest.mark.parametrize("name,facts", cases("nccl-log"), ids=[c[0] for c in cases("nccl-log")])
+@pytest.mark.parametrize("name,facts", cases("nccl-log"))
 def test_log_fixture(name, facts):
     check(parse_nccl.parse_log, "nccl-log", name, facts)
 
 
 @pytest.mark.parametrize("kind", ["nccl-tests", "nccl-log"])
 def test_every_fixture_has_expectations(kind):
-    names = {p.stem for p in (FIXTURES / kind).glob("*.txt")}
-    assert names == {n for n, _ in cases(kind)}
+    assert fixture_names(kind) == set(expected(kind))
 
 
 def test_out_of_bounds_failed_line():

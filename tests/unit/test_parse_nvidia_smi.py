@@ -4,23 +4,22 @@ from __future__ import annotations
 
 import pytest
 from ansible_collections.rigbook.homelab.plugins.module_utils.parse import nvidia_smi as parse_nvidia_smi
-from test_parse_lspci import FIXTURES, cases, check, read
+from helpers import cases, check, expected, fixture_names, read
 
 
-@pytest.mark.parametrize("name,facts", cases("nvidia-smi-q"), ids=[c[0] for c in cases("nvidia-smi-q")])
+@pytest.mark.parametrize("name,facts", cases("nvidia-smi-q"))
 def test_q_fixture(name, facts):
     check(parse_nvidia_smi.parse_q, "nvidia-smi-q", name, facts)
 
 
-@pytest.mark.parametrize("name,facts", cases("nvidia-smi-topo"), ids=[c[0] for c in cases("nvidia-smi-topo")])
+@pytest.mark.parametrize("name,facts", cases("nvidia-smi-topo"))
 def test_topo_fixture(name, facts):
     check(parse_nvidia_smi.parse_topo, "nvidia-smi-topo", name, facts)
 
 
 @pytest.mark.parametrize("kind", ["nvidia-smi-q", "nvidia-smi-topo"])
 def test_every_fixture_has_expectations(kind):
-    names = {p.stem for p in (FIXTURES / kind).glob("*.txt")}
-    assert names == {n for n, _ in cases(kind)}
+    assert fixture_names(kind) == set(expected(kind))
 
 
 def test_q_crlf_and_ansi():

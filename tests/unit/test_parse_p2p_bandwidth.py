@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import pytest
 from ansible_collections.rigbook.homelab.plugins.module_utils.parse import p2p_bandwidth as parse_p2p_bandwidth
-from test_parse_lspci import FIXTURES, cases, check, read
+from helpers import cases, check, expected, fixture_names, read
 
 KIND = "p2p-bandwidth"
 
 
-@pytest.mark.parametrize("name,facts", cases(KIND), ids=[c[0] for c in cases(KIND)])
+@pytest.mark.parametrize("name,facts", cases(KIND))
 def test_fixture(name, facts):
     check(parse_p2p_bandwidth.parse, KIND, name, facts)
 
 
 def test_every_fixture_has_expectations():
-    names = {p.stem for p in (FIXTURES / KIND).glob("*.txt")}
-    assert names == {n for n, _ in cases(KIND)}
+    assert fixture_names(KIND) == set(expected(KIND))
 
 
 def test_crlf_ansi():

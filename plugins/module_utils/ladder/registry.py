@@ -124,12 +124,13 @@ def get(name):
 
 
 def of_phase(phase):
-    return [layer for layer in LAYERS if layer.phase == phase]
+    """The layers of PHASE in ladder order; every layer when PHASE is None."""
+    return [layer for layer in LAYERS if phase is None or layer.phase == phase]
 
 
 def select(phase, requested=None):
     """(layers of PHASE in ladder order, unknown names) for REQUESTED layer names or tags; None selects every
-    layer of the phase. A name that selects no layer of PHASE is unknown."""
+    layer of the phase. A name that selects no layer of PHASE (of any phase when PHASE is None) is unknown."""
     if requested is None:
         return of_phase(phase), []
     requested = set(str(name) for name in requested)

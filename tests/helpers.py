@@ -1,0 +1,223 @@
+"""Helpers shared by the tests: import them as `helpers` (tests/conftest.py puts tests/ on sys.path).
+
+- `provision()`: the `provision` command as a subprocess (`python -m rigbook`).
+- Parse fixtures: `FIXTURES`, `expected()`, `cases()`, `fixture_names()`, `read()`, `check()`.
+- The lab: `LAB_MARKS` (root only, marker `lab`) and `leftovers()`.
+- Ansible module glue run in-process: `run_module()` with a table of expected commands (`ok()`, `fail()`),
+  in the style of community.general's module tests.
+
+No test module imports another test module; what two of them share lives here or in a conftest.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures" / "parse"
+
+
+# --- the provision command ------------------------------------------------------------------------------------
+
+def provision_argv(*args) -> list:
+    return [sys.executable, "-m", "rigbook", *map(str, args)]
+
+
+def provision(*args, env=None, timeout=600) -> subprocess.CompletedProcess:
+    """Run `provision ARGS` (as `python -m rigbook`) with this environment plus ENV; capture text output."""
+    return subprocess.run(provision_argv(*args), capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+# --- parse fixtures (tests/fixtures/parse/KIND/NAME.txt and KIND/expected.yml) --------------------------------
+
+def expected(kind: str) -> dict:
+    """NAME -> {path: value} facts each fixture of KIND must parse to."""
+    return yaml.safe_load((FIXTURES / kind / "expected.yml").read_text())
+
+
+def cases(kind: str) -> list:
+    """The fixtures of KIND as pytest params (name, facts), each with its name as id."""
+    return [pytest.param(name, facts, id=name) for name, facts in expected(kind).items()]
+
+
+def fixture_names(kind: str) -> set:
+    return {p.stem for p in (FIXTURES / kind).glob("*.txt")}
+
+
+def read(kind: str, name: str) -> str:
+    return (FIXTURES / kind / (name + ".txt")).read_text(encoding="utf-8")
+
+
+def lookup(result, path: str):
+    """Resolve 'a.b[2].c' (trailing '#' = length) against a parsed result."""
+    want_len = path.endswith("#")
+    if want_len:
+        path = path[:-1]
+    value = result
+    for part in re.findall(r"[^.\[\]]+|\[\d+\]", path):
+        if part.startswith("["):
+            value = value[int(part[1:-1])]
+        else:
+            value = value[part]
+    return len(value) if want_len else value
+
+
+def check(parse, kind, name, facts):
+    """PARSE the fixture KIND/NAME and compare every fact; numbers must come back as numbers."""
+    result = parse(read(kind, name))
+    for path, want in facts.items():
+        got = lookup(result, path)
+        assert got == want, f"{name}: {path} = {got!r}, expected {want!r}"
+        if isinstance(want, (int, float)) and not isinstance(want, bool):
+            assert isinstance(got, (int, float)) and not isinstance(got, bool), path
+
+
+# --- the lab ---------------------------------------------------------------------------------------------------
+
+LAB_MARKS = [
+    pytest.mark.lab,
+    pytest.mark.skipif(os.geteuid() != 0, reason="lab hosts need root (systemd-nspawn, mounts)"),
+]
+
+
+def leftovers() -> list:
+    """Anything of this state directory's lab still running, mounted or in the cgroup tree."""
+    from rigbook.lab import state, tracking
+    from rigbook.lab.system import mounts_under
+
+    lab_dir = str(state.lab_dir())
+    group = f"/rigbook-lab-{state.lab_id()}/"
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cgroups = (entry / "cgroup").read_text()
+            args = (entry / "cmdline").read_bytes().decode(errors="replace").replace("\0", " ")
+            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue  # exited, waiting for PID 1 to reap it: not running
+        except (OSError, IndexError):
+            continue
+        if group in cgroups or (lab_dir in args and ("supervisor" in args or "nspawn" in args)):
+            found.append(f"process {entry.name}: {args[:120]}")
+    found += [f"mount {m}" for m in mounts_under(state.lab_dir())]
+    for base in tracking.CGROUP_MOUNTS:
+        cgroup = Path(base) / f"rigbook-lab-{state.lab_id()}"
+        if cgroup.exists():
+            found.append(f"cgroup {cgroup}")
+    loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
+    found += [f"loop {line}" for line in loops.splitlines() if lab_dir in line]
+    return found
+
+
+# --- Ansible modules in-process (community.general style) -----------------------------------------------------
+
+class AnsibleExitJson(Exception):
+    """exit_json was called: args[0] is the result."""
+
+
+class AnsibleFailJson(Exception):
+    """fail_json was called: args[0] is the result."""
+
+
+def ok(out: str = "", err: str = "") -> tuple:
+    """A command's (rc, stdout, stderr) that succeeded."""
+    return 0, out, err
+
+
+def fail(code: int, err: str = "", out: str = "") -> tuple:
+    """A command's (rc, stdout, stderr) that failed with CODE."""
+    return code, out, err
+
+
+@dataclass
+class ModuleRun:
+    result: dict
+    failed: bool
+    commands: list = field(default_factory=list)  # every argv run_command got, in order
+    environs: list = field(default_factory=list)  # the environ_update of each, in order
+
+    @property
+    def msg(self) -> str:
+        return self.result.get("msg", "")
+
+
+@contextmanager
+def _module_args(args: dict):
+    try:
+        from ansible.module_utils.testing import patch_module_args
+    except ImportError:  # ansible-core before 2.19: the _ANSIBLE_ARGS pattern
+        from ansible.module_utils import basic
+        from ansible.module_utils.common.text.converters import to_bytes
+
+        with mock.patch.object(basic, "_ANSIBLE_ARGS", to_bytes(json.dumps({"ANSIBLE_MODULE_ARGS": args}))):
+            yield
+        return
+    with patch_module_args(args):
+        yield
+
+
+def run_module(module, args: dict, commands=(), *, check_mode=False, diff=False, bins=None) -> ModuleRun:
+    """Run MODULE.main() in-process with ARGS; every command it runs must be the next row of COMMANDS.
+
+    COMMANDS is a table of (exact argv, (rc, stdout, stderr)) in the order the module must run them; an
+    unexpected or out-of-order command fails the test at once, and a row left over fails it afterwards.
+    BINS maps a program name to what AnsibleModule.get_bin_path returns (default /usr/bin/NAME; None: missing).
+    exit_json and fail_json raise; anything else the module raises propagates (a traceback is a test failure).
+    """
+    from ansible.module_utils import basic
+
+    table = [(list(argv), answer) for argv, answer in commands]
+    run = ModuleRun(result={}, failed=False)
+
+    def run_command(self, argv, *unused, environ_update=None, **kwargs):
+        argv = argv.split() if isinstance(argv, str) else [str(a) for a in argv]
+        run.commands.append(argv)
+        run.environs.append(environ_update)
+        assert table, f"unexpected command {argv} (every expected command already ran: {run.commands[:-1]})"
+        want, answer = table.pop(0)
+        assert argv == want, f"command {len(run.commands)}: ran {argv}, expected {want}"
+        return answer
+
+    def get_bin_path(self, arg, required=False, opt_dirs=None):
+        path = (bins or {}).get(arg, "/usr/bin/" + arg)
+        if path is None and required:
+            self.fail_json(msg=f"Failed to find required executable {arg}")
+        return path
+
+    def exit_json(self, **kwargs):
+        kwargs.setdefault("changed", False)
+        raise AnsibleExitJson(kwargs)
+
+    def fail_json(self, msg, **kwargs):
+        kwargs.update(failed=True, msg=msg)
+        raise AnsibleFailJson(kwargs)
+
+    internal = {"_ansible_check_mode": check_mode, "_ansible_diff": diff}
+    with ExitStack() as stack:
+        stack.enter_context(_module_args({**args, **internal}))
+        for name, fake in (("run_command", run_command), ("get_bin_path", get_bin_path), ("exit_json", exit_json),
+                           ("fail_json", fail_json), ("_log_invocation", lambda self: None)):
+            stack.enter_context(mock.patch.object(basic.AnsibleModule, name, fake))
+        try:
+            module.main()
+        except AnsibleExitJson as done:
+            run.result = done.args[0]
+        except AnsibleFailJson as done:
+            run.result, run.failed = done.args[0], True
+        else:
+            raise AssertionError("main() returned without exit_json or fail_json")
+    assert not table, f"expected commands that did not run: {[argv for argv, _ in table]}"
+    return run

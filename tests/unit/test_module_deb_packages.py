@@ -1,0 +1,214 @@
+"""deb_packages' glue, in-process: faked dpkg-query/apt-get/apt-mark/dpkg-deb outputs, the exact commands in
+order, `changed`, the result and the messages."""
+
+from __future__ import annotations
+
+import pytest
+from ansible_collections.rigbook.homelab.plugins.modules import deb_packages
+from helpers import fail, ok, run_module
+
+IMAGE, HEADERS = "linux-image-6.1.0-47-amd64", "linux-headers-6.1.0-47-amd64"
+NAMES = [IMAGE, HEADERS]
+APT = ["apt-get", "-y", "-q", "-o", "Dpkg::Options::=--force-confdef", "-o", "Dpkg::Options::=--force-confold"]
+INSTALL = APT + ["install", "--no-install-recommends"]
+SHOWHOLD = ["apt-mark", "showhold"]
+UPDATE = ["apt-get", "-q", "update"]
+ENV = {"DEBIAN_FRONTEND": "noninteractive", "LC_ALL": "C"}
+
+
+def query(*names):
+    return ["dpkg-query", "-W", "-f=${Package}\t${db:Status-Abbrev}\t${Version}\n", *names]
+
+
+def dpkg(*rows, missing=()):
+    """dpkg-query's answer: ROWS of (package, status, version) known to dpkg; MISSING unknown to it (rc 1)."""
+    out = "".join(f"{name}\t{status}\t{version}\n" for name, status, version in rows)
+    err = "".join(f"dpkg-query: no packages found matching {name}\n" for name in missing)
+    return (1 if missing else 0), out, err
+
+
+BOTH = dpkg((IMAGE, "hi ", "6.1.176-1"), (HEADERS, "hi ", "6.1.176-1"))
+VERSIONS = {IMAGE: "6.1.176-1", HEADERS: "6.1.176-1"}
+
+
+def test_converged_and_held_is_two_read_only_commands():
+    run = run_module(deb_packages, {"name": NAMES, "hold": True},
+                     [(query(*NAMES), BOTH), (SHOWHOLD, ok(f"{HEADERS}\n{IMAGE}\n"))])
+    assert not run.failed, run.msg
+    assert run.commands == [query(*NAMES), SHOWHOLD]
+    assert all(env == ENV for env in run.environs)
+    assert run.result == {"changed": False, "installed": [], "removed": [], "held": [], "versions": VERSIONS}
+
+
+def test_converged_without_hold_is_one_command():
+    run = run_module(deb_packages, {"name": NAMES}, [(query(*NAMES), BOTH)])
+    assert not run.failed and run.result["changed"] is False and run.commands == [query(*NAMES)]
+
+
+def test_a_missing_package_is_installed_and_both_held():
+    run = run_module(deb_packages, {"name": NAMES, "hold": True}, [
+        (query(*NAMES), dpkg((IMAGE, "ii ", "6.1.176-1"), missing=[HEADERS])),
+        (INSTALL + [HEADERS], ok("Setting up linux-headers-6.1.0-47-amd64 (6.1.176-1) ...\n")),
+        (SHOWHOLD, ok()),
+        (["apt-mark", "hold", IMAGE, HEADERS], ok()),
+        (query(*NAMES), BOTH),
+    ])
+    assert not run.failed, run.msg
+    assert run.result == {"changed": True, "installed": [HEADERS], "removed": [], "held": [IMAGE, HEADERS],
+                          "versions": VERSIONS}
+
+
+def test_a_removed_package_with_config_files_left_counts_as_missing():
+    run = run_module(deb_packages, {"name": [IMAGE]}, [
+        (query(IMAGE), dpkg((IMAGE, "rc ", "6.1.170-1"))),
+        (INSTALL + [IMAGE], ok()),
+        (query(IMAGE), dpkg((IMAGE, "ii ", "6.1.176-1"))),
+    ])
+    assert not run.failed and run.result["installed"] == [IMAGE]
+
+
+def test_a_stale_index_is_refreshed_once_and_the_install_retried():
+    run = run_module(deb_packages, {"name": [HEADERS]}, [
+        (query(HEADERS), dpkg(missing=[HEADERS])),
+        (INSTALL + [HEADERS], fail(100, f"E: Unable to locate package {HEADERS}\n")),
+        (UPDATE, ok()),
+        (INSTALL + [HEADERS], ok()),
+        (query(HEADERS), dpkg((HEADERS, "ii ", "6.1.176-1"))),
+    ])
+    assert not run.failed, run.msg
+    assert run.result["changed"] is True and run.result["versions"] == {HEADERS: "6.1.176-1"}
+
+
+def test_check_mode_runs_only_the_queries_and_diffs_the_plan():
+    run = run_module(deb_packages, {"name": NAMES, "hold": True},
+                     [(query(*NAMES), dpkg((IMAGE, "ii ", "6.1.170-1"), missing=[HEADERS])), (SHOWHOLD, ok())],
+                     check_mode=True, diff=True)
+    assert not run.failed, run.msg
+    assert run.commands == [query(*NAMES), SHOWHOLD]
+    assert run.result["changed"] is True
+    assert run.result["installed"] == [HEADERS] and run.result["held"] == [IMAGE, HEADERS]
+    assert run.result["versions"] == {IMAGE: "6.1.170-1", HEADERS: None}
+    assert run.result["diff"] == {
+        "before": f"{IMAGE} 6.1.170-1\n{HEADERS} (not installed)\n",
+        "after": f"{IMAGE} 6.1.170-1\n{HEADERS} (to install)\nhold {IMAGE}\nhold {HEADERS}\n",
+        "before_header": "packages", "after_header": "packages"}
+
+
+def test_absent_purges_what_is_installed():
+    stock = ["nvidia-kernel-dkms", "nvidia-open-kernel-dkms"]
+    run = run_module(deb_packages, {"name": stock, "state": "absent"}, [
+        (query(*stock), dpkg(("nvidia-kernel-dkms", "ii ", "535.216.01-1"), ("nvidia-open-kernel-dkms", "un ", ""))),
+        (APT + ["purge", "nvidia-kernel-dkms"], ok()),
+        (query(*stock), dpkg(("nvidia-kernel-dkms", "pn ", ""), ("nvidia-open-kernel-dkms", "un ", ""))),
+    ])
+    assert not run.failed, run.msg
+    assert run.result["changed"] is True and run.result["removed"] == ["nvidia-kernel-dkms"]
+    assert run.result["versions"] == dict.fromkeys(stock)
+
+
+def test_absent_when_nothing_is_installed_is_one_command():
+    run = run_module(deb_packages, {"name": ["nvidia-kernel-dkms"], "state": "absent"},
+                     [(query("nvidia-kernel-dkms"), dpkg(missing=["nvidia-kernel-dkms"]))])
+    assert not run.failed and run.result["changed"] is False and len(run.commands) == 1
+
+
+def test_check_mode_absent_purges_nothing():
+    run = run_module(deb_packages, {"name": ["nvidia-kernel-dkms"], "state": "absent"},
+                     [(query("nvidia-kernel-dkms"), dpkg(("nvidia-kernel-dkms", "ii ", "535.216.01-1")))],
+                     check_mode=True)
+    assert not run.failed and run.result["changed"] is True and run.result["removed"] == ["nvidia-kernel-dkms"]
+
+
+# --- local .deb files ----------------------------------------------------------------------------------------
+
+@pytest.fixture
+def deb(tmp_path):
+    path = tmp_path / f"{IMAGE}_6.1.176-1_amd64.deb"
+    path.write_bytes(b"!<arch>\n")  # what dpkg-deb reads from it is faked
+    return str(path)
+
+
+def show(path):
+    return ["dpkg-deb", "--show", "--showformat=${Package}\t${Version}\n", path]
+
+
+def test_a_deb_whose_version_is_installed_is_left_alone(deb):
+    run = run_module(deb_packages, {"debs": [deb]},
+                     [(show(deb), ok(f"{IMAGE}\t6.1.176-1\n")), (query(IMAGE), dpkg((IMAGE, "ii ", "6.1.176-1")))])
+    assert not run.failed and run.result["changed"] is False
+
+
+def test_a_deb_is_installed_by_path(deb):
+    run = run_module(deb_packages, {"debs": [deb]}, [
+        (show(deb), ok(f"{IMAGE}\t6.1.176-1\n")),
+        (query(IMAGE), dpkg(missing=[IMAGE])),
+        (INSTALL + [deb], ok()),
+        (query(IMAGE), dpkg((IMAGE, "ii ", "6.1.176-1"))),
+    ])
+    assert not run.failed and run.result["installed"] == [IMAGE]
+
+
+def test_a_pinned_deb_replaces_another_installed_version(deb):
+    """The pin is the .deb's version: the same package at another version (held, from apt) is replaced."""
+    run = run_module(deb_packages, {"debs": [deb], "hold": True}, [
+        (show(deb), ok(f"{IMAGE}\t6.1.176-1\n")),
+        (query(IMAGE), dpkg((IMAGE, "hi ", "6.1.170-1"))),
+        (INSTALL + ["--allow-downgrades", "--allow-change-held-packages", deb], ok()),
+        (SHOWHOLD, ok(f"{IMAGE}\n")),
+        (query(IMAGE), dpkg((IMAGE, "hi ", "6.1.176-1"))),
+    ], diff=True)
+    assert not run.failed, run.msg
+    assert run.result["changed"] is True and run.result["installed"] == [IMAGE] and run.result["held"] == []
+    assert run.result["versions"] == {IMAGE: "6.1.176-1"}
+    assert run.result["diff"]["after"] == f"{IMAGE} 6.1.176-1 (to install)\n"
+
+
+# --- failures and bad input ----------------------------------------------------------------------------------
+
+def test_a_failing_install_names_apt_and_its_error():
+    err = f"E: Package '{HEADERS}' has no installation candidate\n"
+    run = run_module(deb_packages, {"name": [HEADERS]}, [
+        (query(HEADERS), dpkg(missing=[HEADERS])),
+        (INSTALL + [HEADERS], fail(100, err)),
+        (UPDATE, ok()),
+        (INSTALL + [HEADERS], fail(100, err)),
+    ])
+    assert run.failed
+    assert run.msg == f"apt-get install failed (rc 100): {err.strip()}"
+    assert run.result["cmd"] == INSTALL + [HEADERS]
+
+
+def test_a_failing_update_is_named():
+    run = run_module(deb_packages, {"name": [HEADERS]}, [
+        (query(HEADERS), dpkg(missing=[HEADERS])),
+        (INSTALL + [HEADERS], fail(100, "E: Failed to fetch ...\n")),
+        (UPDATE, fail(100, "E: The repository 'http://deb.debian.org/debian bookworm Release' no longer has a "
+                           "Release file.\n")),
+    ])
+    assert run.failed and run.msg.startswith("apt-get update failed (rc 100): E: The repository")
+
+
+def test_a_failing_hold_is_named():
+    run = run_module(deb_packages, {"name": [IMAGE], "hold": True}, [
+        (query(IMAGE), dpkg((IMAGE, "ii ", "6.1.176-1"))),
+        (SHOWHOLD, ok()),
+        (["apt-mark", "hold", IMAGE], fail(1, "E: Can't select installed nor candidate version\n")),
+    ])
+    assert run.failed and run.msg == "apt-mark hold failed (rc 1): E: Can't select installed nor candidate version"
+
+
+def test_an_unknown_state_is_refused_before_any_command():
+    run = run_module(deb_packages, {"name": [IMAGE], "state": "latest"}, [])
+    assert run.failed and run.commands == []
+    assert run.msg == "value of state must be one of: present, absent, got: latest"
+
+
+def test_a_missing_deb_is_refused(tmp_path):
+    run = run_module(deb_packages, {"debs": [str(tmp_path / "nope.deb")]}, [])
+    assert run.failed and run.msg == f"local .deb {tmp_path / 'nope.deb'} does not exist" and run.commands == []
+
+
+def test_an_unreadable_deb_is_refused(deb):
+    err = f"dpkg-deb: error: '{deb}' is not a Debian format archive\n"
+    run = run_module(deb_packages, {"debs": [deb]}, [(show(deb), fail(2, err))])
+    assert run.failed and run.msg == f"{deb} is not a readable .deb: {err.strip()}"

@@ -1,0 +1,368 @@
+"""dkms_module's glue, in-process: faked dkms/modinfo/depmod outputs, the exact commands in order, the result.
+
+The source tree (/usr/src) and the kernel headers (/lib/modules/<kernel>/build) are directories under tmp_path
+(dkms_module.SRC_ROOT and MODULES_ROOT point there); the source tarball is a real file with its real sha256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import tarfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from ansible_collections.rigbook.homelab.plugins.modules import dkms_module
+from helpers import fail, ok, run_module
+
+K = "6.1.0-47-amd64"
+K2 = "6.1.0-50-amd64"
+PKG = "nvidia/615.71.09"
+STATUS = ["dkms", "status", "-m", "nvidia"]
+ADD = ["dkms", "add", PKG]
+REMOVE = ["dkms", "remove", PKG, "--all"]
+DKMS_KO = f"/lib/modules/{K}/updates/dkms/nvidia.ko"
+
+
+def install(kernel):
+    return ["dkms", "install", PKG, "-k", kernel, "--force"]
+
+
+def modinfo(kernel, name="nvidia"):
+    return ["modinfo", "-k", kernel, "-n", name]
+
+
+def installed(*kernels, version="615.71.09"):
+    """`dkms status` (dkms 3 format) with nvidia/VERSION installed for KERNELS."""
+    return ok("".join(f"nvidia/{version}, {k}, x86_64: installed\n" for k in kernels))
+
+
+def tarball(path: Path, files: dict, links: dict = None) -> Path:
+    """A .tar.gz at PATH holding FILES (name -> text) and symlinks LINKS (name -> target)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w:gz") as tar:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        for name, target in (links or {}).items():
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            tar.addfile(info)
+    return path
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+FORK = {"nvidia-615.71.09/dkms.conf": 'PACKAGE_NAME="nvidia"\nPACKAGE_VERSION="615.71.09"\n',
+        "nvidia-615.71.09/nvidia.c": "/* stand-in */\n"}
+
+
+@pytest.fixture
+def host(tmp_path, monkeypatch):
+    """/usr/src, /lib/modules/K/build and the fork's tarball, all under tmp_path."""
+    src_root = tmp_path / "usr" / "src"
+    src_root.mkdir(parents=True)
+    modules = tmp_path / "lib" / "modules"
+    (modules / K / "build").mkdir(parents=True)
+    monkeypatch.setattr(dkms_module, "SRC_ROOT", str(src_root))
+    monkeypatch.setattr(dkms_module, "MODULES_ROOT", str(modules))
+    src = tarball(tmp_path / "artifacts" / "nvidia-fork-615.71.09.tar.gz", FORK)
+    return SimpleNamespace(tmp=tmp_path, src_root=src_root, modules=modules, src=src, sha=sha256(src),
+                           dest=src_root / "nvidia-615.71.09")
+
+
+def args(host, **over):
+    return {"name": "nvidia", "version": "615.71.09", "src": str(host.src), "sha256": host.sha, "kernels": [K],
+            **over}
+
+
+def unpacked(host, sha=None):
+    """The source already in /usr/src, stamped with the tarball's sha256 (what an earlier run left)."""
+    host.dest.mkdir()
+    (host.dest / "dkms.conf").write_text(FORK["nvidia-615.71.09/dkms.conf"])
+    (host.dest / dkms_module.STAMP).write_text((sha or host.sha) + "\n")
+
+
+def stock_module(host, kernel=K, rel="kernel/drivers/video/nvidia.ko") -> Path:
+    path = host.modules / kernel / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("stock")
+    return path
+
+
+def pinned(host, path):
+    """Point the fixture's tarball at PATH (a file with its real sha256)."""
+    host.src, host.sha = path, sha256(path)
+
+
+def no_leftover_temp_dirs(host):
+    return [p.name for p in host.src_root.iterdir() if p.name.startswith(".rigbook-")] == []
+
+
+# --- converged -----------------------------------------------------------------------------------------------
+
+def test_converged_is_two_read_only_commands_and_no_change(host):
+    unpacked(host)
+    run = run_module(dkms_module, args(host), [(STATUS, installed(K)), (modinfo(K), ok(DKMS_KO + "\n"))])
+    assert not run.failed, run.msg
+    assert run.commands == [STATUS, modinfo(K)]
+    assert all(env == {"LC_ALL": "C"} for env in run.environs)
+    assert run.result["changed"] is False and run.result["unpacked"] is False
+    assert run.result["built"] == [] and run.result["removed"] == [] and run.result["shadowing_removed"] == []
+    assert run.result["modinfo"] == {K: {"nvidia": DKMS_KO}}
+    assert run.result["status"] == [dict(name="nvidia", version="615.71.09", kernel=K, arch="x86_64",
+                                         state="installed")]
+
+
+def test_converged_with_dkms_2_status_format(host):
+    unpacked(host)
+    run = run_module(dkms_module, args(host), [(STATUS, ok(f"nvidia, 615.71.09, {K}, x86_64: installed\n")),
+                                               (modinfo(K), ok(DKMS_KO + "\n"))])
+    assert not run.failed and run.result["changed"] is False
+
+
+# --- changes -------------------------------------------------------------------------------------------------
+
+def test_fresh_host_unpacks_adds_and_installs(host):
+    run = run_module(dkms_module, args(host), [
+        (STATUS, ok()),
+        (ADD, ok(f"Creating symlink /var/lib/dkms/{PKG}/source -> /usr/src/nvidia-615.71.09\n")),
+        (install(K), ok()),
+        (modinfo(K), ok(DKMS_KO + "\n")),
+        (STATUS, installed(K)),
+    ])
+    assert not run.failed, run.msg
+    assert run.result["changed"] is True and run.result["unpacked"] is True
+    assert run.result["built"] == [K] and run.result["removed"] == []
+    assert run.result["status"][0]["state"] == "installed"
+    assert (host.dest / "dkms.conf").read_text().startswith('PACKAGE_NAME="nvidia"')
+    assert (host.dest / "nvidia.c").is_file()
+    assert (host.dest / dkms_module.STAMP).read_text() == host.sha + "\n"
+    assert no_leftover_temp_dirs(host)
+
+
+def test_a_symlink_inside_the_tree_is_kept(host):
+    pinned(host, tarball(host.tmp / "artifacts" / "links.tar.gz", {**FORK, "nvidia-615.71.09/common/Kbuild": "x"},
+                         links={"nvidia-615.71.09/kernel-open/Kbuild": "../common/Kbuild"}))
+    run = run_module(dkms_module, args(host), [
+        (STATUS, ok()), (ADD, ok()), (install(K), ok()), (modinfo(K), ok(DKMS_KO)), (STATUS, installed(K))])
+    assert not run.failed, run.msg
+    assert (host.dest / "kernel-open" / "Kbuild").is_symlink()
+    assert (host.dest / "kernel-open" / "Kbuild").read_text() == "x"
+
+
+def test_a_source_directory_is_copied(host):
+    tree = host.tmp / "checkout"
+    tree.mkdir()
+    (tree / "dkms.conf").write_text("PACKAGE_NAME=nvidia\n")
+    run = run_module(dkms_module, args(host, src=str(tree), sha256=None), [
+        (STATUS, ok()), (ADD, ok()), (install(K), ok()), (modinfo(K), ok(DKMS_KO)), (STATUS, installed(K))])
+    assert not run.failed, run.msg
+    assert (host.dest / dkms_module.STAMP).read_text() == "directory\n"
+
+
+def test_other_versions_are_removed_and_a_new_kernel_is_built(host):
+    unpacked(host)
+    (host.modules / K2 / "build").mkdir(parents=True)
+    run = run_module(dkms_module, args(host, kernels=[K, K2]), [
+        (STATUS, ok(f"nvidia/610.1.1, {K}, x86_64: installed\nnvidia/615.71.09, {K}, x86_64: installed\n")),
+        (["dkms", "remove", "nvidia/610.1.1", "--all"], ok()),
+        (STATUS, installed(K)),
+        (install(K2), ok()),
+        (modinfo(K), ok(DKMS_KO)),
+        (modinfo(K2), ok(f"/lib/modules/{K2}/updates/dkms/nvidia.ko")),
+        (STATUS, installed(K, K2)),
+    ])
+    assert not run.failed, run.msg
+    assert run.result["changed"] is True and run.result["unpacked"] is False
+    assert run.result["removed"] == ["nvidia/610.1.1"] and run.result["built"] == [K2]
+    assert [r["kernel"] for r in run.result["status"]] == [K, K2]
+
+
+def test_a_new_source_of_the_same_version_replaces_the_build(host):
+    unpacked(host, sha="0" * 64)
+    run = run_module(dkms_module, args(host), [
+        (STATUS, installed(K)),
+        (REMOVE, ok()),
+        (STATUS, ok()),
+        (ADD, ok()),
+        (install(K), ok()),
+        (modinfo(K), ok(DKMS_KO)),
+        (STATUS, installed(K)),
+    ], diff=True)
+    assert not run.failed, run.msg
+    assert run.result["changed"] is True and run.result["unpacked"] is True and run.result["built"] == [K]
+    assert (host.dest / dkms_module.STAMP).read_text() == host.sha + "\n"
+    # the diff starts from the build the call found, not from the tree after the old build was removed
+    assert run.result["diff"]["before"] == f"nvidia/615.71.09 {K}: installed\n"
+    assert run.result["diff"]["after"] == f"nvidia/615.71.09 {K}: installed\n"
+
+
+def test_a_stock_module_that_shadows_the_build_is_deleted(host):
+    unpacked(host)
+    stock = stock_module(host)
+    run = run_module(dkms_module, args(host), [
+        (STATUS, installed(K)),
+        (modinfo(K), ok(f"{stock}\n")),
+        (["depmod", "-a", K], ok()),
+        (modinfo(K), ok(DKMS_KO)),
+        (STATUS, installed(K)),
+    ])
+    assert not run.failed, run.msg
+    assert run.result["changed"] is True and run.result["shadowing_removed"] == [str(stock)]
+    assert not stock.exists()
+    assert run.result["modinfo"] == {K: {"nvidia": DKMS_KO}}
+
+
+def test_each_named_module_must_resolve_to_the_build(host):
+    unpacked(host)
+    run = run_module(dkms_module, args(host, modules=["nvidia", "nvidia-uvm"]), [
+        (STATUS, installed(K)),
+        (modinfo(K), ok(DKMS_KO)),
+        (modinfo(K, "nvidia-uvm"), ok(f"/lib/modules/{K}/updates/dkms/nvidia-uvm.ko")),
+    ])
+    assert not run.failed and run.result["changed"] is False
+    assert set(run.result["modinfo"][K]) == {"nvidia", "nvidia-uvm"}
+
+
+# --- check mode ----------------------------------------------------------------------------------------------
+
+def read_only(commands):
+    return all(argv[:2] == ["dkms", "status"] or argv[0] == "modinfo" for argv in commands)
+
+
+def test_check_mode_on_a_fresh_host_runs_nothing_that_changes_it(host):
+    not_found = fail(1, "modinfo: ERROR: Module nvidia not found.\n")
+    run = run_module(dkms_module, args(host), [(STATUS, ok()), (modinfo(K), not_found)], check_mode=True, diff=True)
+    assert not run.failed, run.msg
+    assert read_only(run.commands)
+    assert run.result["changed"] is True and run.result["unpacked"] is True and run.result["built"] == [K]
+    assert run.result["modinfo"] == {K: {"nvidia": None}}
+    assert run.result["diff"]["after"] == f"nvidia/615.71.09 {K}: installed\n"
+    assert not host.dest.exists() and no_leftover_temp_dirs(host)
+
+
+def test_check_mode_reports_a_shadowing_stock_module_it_would_delete(host):
+    unpacked(host)
+    stock = stock_module(host)
+    run = run_module(dkms_module, args(host), [(STATUS, installed(K)), (modinfo(K), ok(f"{stock}\n"))],
+                     check_mode=True)
+    assert not run.failed, run.msg
+    assert read_only(run.commands)
+    assert run.result["changed"] is True and run.result["shadowing_removed"] == [str(stock)]
+    assert stock.exists()
+
+
+def test_check_mode_before_the_headers_are_installed_reports_the_build(host):
+    run = run_module(dkms_module, args(host, kernels=[K2]), [(STATUS, ok()), (modinfo(K2), fail(1))],
+                     check_mode=True)
+    assert not run.failed, run.msg
+    assert run.result["changed"] is True and run.result["built"] == [K2]
+    assert run.result["msg"] == f"the headers of {K2} are not installed yet (check mode)"
+
+
+@pytest.mark.parametrize("missing", ["src", "dkms"])
+def test_check_mode_before_the_source_or_dkms_is_there(host, missing):
+    src = str(host.tmp / "not-fetched.tar.gz") if missing == "src" else str(host.src)
+    run = run_module(dkms_module, args(host, src=src), [], check_mode=True, bins={"dkms": None})
+    assert not run.failed and run.commands == []
+    assert run.result["changed"] is True and run.result["built"] == [K]
+    assert "(check mode)" in run.msg
+
+
+# --- failures ------------------------------------------------------------------------------------------------
+
+def test_a_failing_build_names_the_command_and_dkms_output(host):
+    unpacked(host)
+    err = (f"Error! Bad return status for module build on kernel: {K} (x86_64)\n"
+           "Consult /var/lib/dkms/nvidia/615.71.09/build/make.log for more information.\n")
+    run = run_module(dkms_module, args(host), [(STATUS, ok("nvidia/615.71.09: added\n")), (install(K), fail(10, err))])
+    assert run.failed
+    assert run.msg == f"dkms install {PKG} -k {K} failed (rc 10): {err.strip()}"
+    assert run.result["cmd"] == install(K)
+
+
+def test_a_build_that_still_loses_to_a_stock_module_fails(host):
+    unpacked(host)
+    stock = stock_module(host)
+    extra = f"/lib/modules/{K}/extra/nvidia.ko"
+    run = run_module(dkms_module, args(host), [
+        (STATUS, installed(K)), (modinfo(K), ok(str(stock))), (["depmod", "-a", K], ok()), (modinfo(K), ok(extra))])
+    assert run.failed
+    assert run.msg == f"after installing {PKG} for {K}, modinfo -n nvidia resolves to {extra}, not the DKMS build"
+    assert run.result["shadowing_removed"] == [str(stock)]
+
+
+def test_a_builtin_module_is_a_clear_failure(host):
+    unpacked(host)
+    run = run_module(dkms_module, args(host), [(STATUS, installed(K)), (modinfo(K), ok("(builtin)\n"))])
+    assert run.failed and "resolves to (builtin), not the DKMS build" in run.msg
+
+
+# --- bad input -----------------------------------------------------------------------------------------------
+
+def test_a_sha256_mismatch_is_refused_before_any_command(host):
+    run = run_module(dkms_module, args(host, sha256="0" * 64), [])
+    assert run.failed and run.commands == []
+    assert run.msg == f"refused {host.src}: its sha256 is {host.sha}, pinned {'0' * 64}; nothing was installed"
+    assert not host.dest.exists()
+
+
+def test_a_tarball_without_a_pin_is_refused(host):
+    run = run_module(dkms_module, args(host, sha256=None), [])
+    assert run.failed and run.msg.endswith("pinned (no sha256 given); nothing was installed")
+
+
+def test_missing_source_and_missing_arguments(host):
+    run = run_module(dkms_module, args(host, src=str(host.tmp / "nope.tar.gz")), [])
+    assert run.failed and run.msg == f"DKMS source {host.tmp / 'nope.tar.gz'} does not exist"
+    bad = args(host)
+    del bad["kernels"]
+    run = run_module(dkms_module, bad, [])
+    assert run.failed and run.msg == "missing required arguments: kernels"
+
+
+def test_no_dkms_is_a_clear_failure(host):
+    run = run_module(dkms_module, args(host), [], bins={"dkms": None})
+    assert run.failed and run.msg == "dkms is not installed" and run.commands == []
+
+
+def test_missing_headers_fail_naming_the_kernel(host):
+    unpacked(host)
+    run = run_module(dkms_module, args(host, kernels=[K2]), [(STATUS, installed(K))])
+    assert run.failed
+    assert run.msg == (f"cannot build {PKG} for {K2}: its headers are not installed "
+                       f"({host.modules / K2 / 'build'})")
+
+
+@pytest.mark.parametrize("kind,message", [
+    ("not-a-tarball", "cannot unpack {src}: "),
+    ("no-dkms-conf", "{src} has no dkms.conf at its top level"),
+    ("dotdot", "{src}: unsafe path nvidia-615.71.09/../../evil in the tarball"),
+    ("symlink-out", "{src}: unsafe path /etc/shadow in the tarball"),
+    ("symlink-up-and-out", "{src}: unsafe path ../../etc in the tarball"),
+], ids=["not-a-tarball", "no-dkms-conf", "dotdot", "symlink-out", "symlink-up-and-out"])
+def test_a_bad_tarball_fails_before_the_old_build_is_touched(host, kind, message):
+    unpacked(host, sha="0" * 64)  # an older source of the same version is built and installed
+    path = host.tmp / "artifacts" / f"{kind}.tar.gz"
+    if kind == "not-a-tarball":
+        path.write_text("<html>404</html>\n")
+    elif kind == "no-dkms-conf":
+        tarball(path, {"nvidia-615.71.09/nvidia.c": ""})
+    elif kind == "dotdot":
+        tarball(path, {**FORK, "nvidia-615.71.09/../../evil": "x"})
+    elif kind == "symlink-out":
+        tarball(path, FORK, links={"nvidia-615.71.09/shadow": "/etc/shadow"})
+    else:
+        tarball(path, FORK, links={"nvidia-615.71.09/etc": "../../etc"})
+    pinned(host, path)
+    run = run_module(dkms_module, args(host), [(STATUS, installed(K))])
+    assert run.failed and run.msg.startswith(message.format(src=path)), run.msg
+    assert run.commands == [STATUS]  # no `dkms remove` of the working build
+    assert (host.dest / dkms_module.STAMP).read_text() == "0" * 64 + "\n"
+    assert no_leftover_temp_dirs(host) and not (host.tmp / "evil").exists()

@@ -73,7 +73,7 @@ def in_process_seconds(inventory: str, host: str) -> tuple:
     inv = validate(resolve_inventory(inventory))
     profile = profile_of(inv, host)
     if inventory == "lab":
-        from rigbook.lab.evidence import materialize
+        from rigbook.lab.hardware_trees import materialize
 
         root, where = str(materialize("x99-r9700", Path(tempfile.mkdtemp()) / "t")), "the recorded x99-r9700 tree"
     else:

@@ -13,7 +13,7 @@ import json
 import pytest
 from helpers import LAB_MARKS, provision
 
-from rigbook.lab import evidence, faults
+from rigbook.lab import faults, hardware_trees
 
 pytestmark = LAB_MARKS
 HOSTS = {"x99-r9700": "lab-r9700", "x99-3080": "lab-3080"}
@@ -33,7 +33,7 @@ def fault_cases():
     for name in faults.fault_names():
         vendors = faults.get_fault(name).get("vendors")
         for profile, host in HOSTS.items():
-            if (not vendors or evidence.load_profile(profile)["vendor"] in vendors) and (name, host) not in SKIP:
+            if (not vendors or hardware_trees.load_profile(profile)["vendor"] in vendors) and (name, host) not in SKIP:
                 yield name, host
 
 

@@ -13,15 +13,15 @@ from ansible_collections.rigbook.homelab.plugins.module_utils.parse import nccl 
 from ansible_collections.rigbook.homelab.plugins.module_utils.parse import nvidia_smi as parse_nvidia_smi
 
 from rigbook.errors import UserError
-from rigbook.lab import evidence, faults
+from rigbook.lab import faults, hardware_trees
 
 REQUIRED = ["bar1-256m", "rebar-off", "link-x8", "link-gen1", "iommu-flags-lost", "kernel-upgraded-module-missing",
             "dma-window-above-44bit", "nccl-shm-fallback", "busbw-half"]
 
 
 def broken(tmp_path: Path, profile_name: str, *names: str) -> Path:
-    tree = evidence.materialize(profile_name, tmp_path / profile_name)
-    profile = evidence.load_profile(profile_name)
+    tree = hardware_trees.materialize(profile_name, tmp_path / profile_name)
+    profile = hardware_trees.load_profile(profile_name)
     for name in names:
         changes = faults.plan(name, tree, profile)
         assert changes, f"{name} changed nothing on {profile_name}"
@@ -50,10 +50,10 @@ def test_shipped_faults_validate_and_include_the_required_ones():
 @pytest.mark.parametrize("name", sorted(yaml.safe_load(faults.FAULTS_FILE.read_text())["faults"]))
 def test_every_fault_changes_some_profile(name, tmp_path):
     changed = []
-    for profile_name in evidence.profile_names():
-        tree = evidence.materialize(profile_name, tmp_path / profile_name)
+    for profile_name in hardware_trees.profile_names():
+        tree = hardware_trees.materialize(profile_name, tmp_path / profile_name)
         try:
-            if faults.plan(name, tree, evidence.load_profile(profile_name)):
+            if faults.plan(name, tree, hardware_trees.load_profile(profile_name)):
                 changed.append(profile_name)
         except UserError:  # not for this vendor
             pass
@@ -73,8 +73,8 @@ def test_rebar_off_keeps_the_address_and_shrinks_the_bar(tmp_path):
 
 
 def test_faults_already_true_of_the_3080_change_nothing(tmp_path):
-    tree = evidence.materialize("x99-3080", tmp_path / "t")
-    profile = evidence.load_profile("x99-3080")
+    tree = hardware_trees.materialize("x99-3080", tmp_path / "t")
+    profile = hardware_trees.load_profile("x99-3080")
     for name in ("bar1-256m", "rebar-off", "nccl-shm-fallback", "busbw-half"):
         assert faults.plan(name, tree, profile) == [], name
 
@@ -101,7 +101,7 @@ def test_link_gen1_on_nvidia_smi(tmp_path):
 
 
 def test_iommu_flags_lost(tmp_path):
-    for name in evidence.profile_names():
+    for name in hardware_trees.profile_names():
         words = read(broken(tmp_path / name, name, "iommu-flags-lost"), "proc/cmdline").split()
         assert not [w for w in words if "iommu" in w], words
         assert "ro" in words
@@ -121,9 +121,9 @@ def test_kernel_upgraded_module_missing(tmp_path):
 
 
 def test_nvidia_only_fault_on_amd_is_refused(tmp_path):
-    tree = evidence.materialize("x99-r9700", tmp_path / "t")
+    tree = hardware_trees.materialize("x99-r9700", tmp_path / "t")
     with pytest.raises(UserError, match="is for nvidia GPUs; profile x99-r9700 has amd"):
-        faults.plan("kernel-upgraded-module-missing", tree, evidence.load_profile("x99-r9700"))
+        faults.plan("kernel-upgraded-module-missing", tree, hardware_trees.load_profile("x99-r9700"))
 
 
 def test_dma_window_above_44bit(tmp_path):
@@ -159,16 +159,16 @@ def test_p2p_bandwidth_half_scales_only_copy_figures(tmp_path):
 
 def test_faults_stack_and_a_fresh_tree_heals(tmp_path):
     tree = broken(tmp_path, "x99-r9700", "dma-window-above-44bit", "iommu-flags-lost", "busbw-half")
-    pristine = evidence.materialize("x99-r9700", tmp_path / "pristine")
+    pristine = hardware_trees.materialize("x99-r9700", tmp_path / "pristine")
     assert read(tree, "proc/cmdline") != read(pristine, "proc/cmdline")
     cmp = filecmp.dircmp(tree, pristine)
     assert cmp.diff_files or cmp.subdirs
 
 
 def test_plan_writes_nothing(tmp_path):
-    tree = evidence.materialize("x99-r9700", tmp_path / "t")
+    tree = hardware_trees.materialize("x99-r9700", tmp_path / "t")
     before = read(tree, "proc/cmdline")
-    assert faults.plan("iommu-flags-lost", tree, evidence.load_profile("x99-r9700"))
+    assert faults.plan("iommu-flags-lost", tree, hardware_trees.load_profile("x99-r9700"))
     assert read(tree, "proc/cmdline") == before
 
 

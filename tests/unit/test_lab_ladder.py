@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from rigbook.baselines import metrics_of
-from rigbook.lab import evidence, faults
+from rigbook.lab import faults, hardware_trees
 from rigbook.paths import link_collection
 from rigbook.snapshots import judge_tree, profile_of
 from rigbook.validate import validate
@@ -28,7 +28,7 @@ def _cases():
     for name in faults.fault_names():
         fault = faults.get_fault(name)
         for profile in HOSTS:
-            vendor = evidence.load_profile(profile)["vendor"]
+            vendor = hardware_trees.load_profile(profile)["vendor"]
             if fault.get("vendors") and vendor not in fault["vendors"]:
                 continue
             yield name, profile
@@ -44,12 +44,12 @@ def _booted(tree, release):
 
 
 def _tree(tmp_path, profile, fault=None):
-    tree = evidence.materialize(profile, tmp_path / f"{profile}-{fault or 'healthy'}")
+    tree = hardware_trees.materialize(profile, tmp_path / f"{profile}-{fault or 'healthy'}")
     pinned = PINNED_KERNEL.get(profile)
     if pinned:
         _booted(tree, pinned)
     if fault:
-        changes = faults.plan(fault, tree, evidence.load_profile(profile))
+        changes = faults.plan(fault, tree, hardware_trees.load_profile(profile))
         if not changes:
             return None
         faults.apply(changes)
@@ -62,7 +62,7 @@ def inv():
 
 
 def test_unprovisioned_3080_twin_fails_at_kernel_state(tmp_path, inv):
-    tree = evidence.materialize("x99-3080", tmp_path / "fresh")
+    tree = hardware_trees.materialize("x99-3080", tmp_path / "fresh")
     kernel = [v for v in judge_tree(str(tree), profile_of(inv, "lab-3080")) if v["layer"] == "kernel_state"][0]
     assert kernel["status"] == "fail" and f"pinned {PINNED_KERNEL['x99-3080']}" in kernel["why"]
 

@@ -15,7 +15,7 @@ from ansible_collections.rigbook.homelab.plugins.module_utils.judges import stat
 from ansible_collections.rigbook.homelab.plugins.modules import dkms_module
 
 from rigbook import run
-from rigbook.lab import evidence as lab_evidence
+from rigbook.lab import hardware_trees
 from rigbook.validate import InventoryInvalid, validate
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,7 +45,7 @@ def test_dkms_status_both_formats(line, row):
 
 
 def test_bios_checklist_of_the_x99_3080_box(tmp_path):
-    root = lab_evidence.materialize("x99-3080", tmp_path / "t")
+    root = hardware_trees.materialize("x99-3080", tmp_path / "t")
     profile = {"gpu": {"vendor": "nvidia", "vram_gib": 20, "count": 2}, "p2p": {"expected": False, "reason": "x"}}
     found = evidence.collect_static(str(root), ("gpus",))
     items = {i["item"]: i["done"] for i in bios_checklist.checklist(found, profile)}

@@ -25,8 +25,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parser() -> argparse.ArgumentParser:
-    from rigbook.lab.evidence import profile_names
     from rigbook.lab.faults import fault_names
+    from rigbook.lab.hardware_trees import profile_names
 
     p = _Parser(prog="provision lab", description="Local simulated rigs: systemd-nspawn containers over SSH "
                 "on 127.0.0.0/8 with recorded GPU hardware trees.", epilog=USAGE_EXAMPLES,

@@ -17,7 +17,7 @@ import jsonschema
 import yaml
 
 from rigbook.errors import UserError
-from rigbook.lab import evidence
+from rigbook.lab import hardware_trees
 from rigbook.paths import link_collection
 
 FAULTS_FILE = Path(__file__).resolve().parent / "faults.yml"
@@ -103,7 +103,7 @@ def validate(data: dict) -> dict:
             if "pattern" in edit or "keys" in edit:
                 re.compile(edit.get("pattern") or edit["keys"])
             if "size" in edit:
-                evidence.parse_size(edit["size"])
+                hardware_trees.parse_size(edit["size"])
     return data
 
 
@@ -147,12 +147,12 @@ def _targets(edit: dict, profile: dict) -> list:
         return [("", ctx)]
     wanted = edit.get("gpus", "all")
     out = []
-    for index, gpu in enumerate(evidence.gpus(profile)):
+    for index, gpu in enumerate(hardware_trees.gpus(profile)):
         if wanted != "all" and index not in wanted and gpu["bdf"] not in wanted:
             continue
         gctx = dict(ctx, bdf=gpu["bdf"], index=index, port=gpu["port"], gpu=gpu)
         if scope == "gpus":
-            out.append((evidence.device_dir(gpu) + "/", gctx))
+            out.append((hardware_trees.device_dir(gpu) + "/", gctx))
         else:
             out.append((f"sys/devices/pci0000:00/{gpu['port']}/", gctx))
     return out
@@ -197,7 +197,7 @@ def _bar(text: str, edit: dict, gctx: dict) -> str:
     index = gpu["vram_bar"] if edit["bar"] == "vram" else edit["bar"]
     lines = text.splitlines()
     start, end, flags = (int(x, 16) for x in lines[index].split())
-    size = end - start + 1 if edit.get("size", "keep") == "keep" else evidence.parse_size(edit["size"])
+    size = end - start + 1 if edit.get("size", "keep") == "keep" else hardware_trees.parse_size(edit["size"])
     if "base" in edit:
         start = edit["base"] + edit.get("stride", 0) * gctx["index"]
     lines[index] = f"0x{start:016x} 0x{start + size - 1:016x} 0x{flags:016x}"

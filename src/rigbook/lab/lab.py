@@ -7,7 +7,7 @@ import subprocess
 import time
 
 from rigbook.errors import UserError
-from rigbook.lab import artifacts, evidence, faults, inventory, machine, rootfs, state, system, tracking
+from rigbook.lab import artifacts, faults, hardware_trees, inventory, machine, rootfs, state, system, tracking
 from rigbook.lab.state import Host, Lab
 from rigbook.lab.system import LabFailure, progress
 
@@ -162,7 +162,7 @@ def break_(name: str, fault: str) -> int:
         lab, host = _host_for_edit(name, "break")
         if fault in host.faults:
             raise UserError(f"{host.name} already has fault {fault!r}: `provision lab heal {host.name}` first")
-        profile = evidence.load_profile(host.profile)
+        profile = hardware_trees.load_profile(host.profile)
         changes = faults.plan(fault, host.evidence, profile)
         if not changes:
             raise UserError(f"fault {fault!r} changes nothing on {host.name}: profile {host.profile} already has "
@@ -193,7 +193,7 @@ def heal(name: str) -> int:
         old = host.evidence.with_name(".evidence.old")
         for d in (fresh, old):
             shutil.rmtree(d, ignore_errors=True)
-        evidence.materialize(host.profile, fresh)
+        hardware_trees.materialize(host.profile, fresh)
         host.evidence.rename(old)
         fresh.rename(host.evidence)
         shutil.rmtree(old)

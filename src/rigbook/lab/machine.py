@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 
 from rigbook.errors import UserError
-from rigbook.lab import evidence, state
+from rigbook.lab import hardware_trees, state
 from rigbook.lab.state import Host
 from rigbook.lab.system import LabFailure, progress, python, remove_tree, run, unmount_under
 from rigbook.lab.tracking import (
@@ -120,7 +120,7 @@ def configure(host: Host, client_pubkey: str) -> str:
     os.chown(home, *owner)
     _put(root, f"home/{state.USER}/.ssh/authorized_keys", client_pubkey, 0o600, owner)
     remove_tree(host.evidence)
-    evidence.materialize(host.profile, host.evidence)
+    hardware_trees.materialize(host.profile, host.evidence)
     install_boot_hook(root)
     return " ".join(pub.split()[:2])
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from rigbook import paths
 from rigbook.errors import UserError
-from rigbook.lab import evidence
+from rigbook.lab import hardware_trees
 
 SSH_PORT = 2222
 MAX_PER_PROFILE = 8
@@ -85,7 +85,7 @@ def plan_hosts(count: int | None, profiles: list | None) -> list:
     """The hosts `lab up` will make, checked: known profiles, a sane count."""
     names = list(profiles or DEFAULT_PROFILES)
     for name in names:
-        evidence.load_profile(name)  # UserError for an unknown profile
+        hardware_trees.load_profile(name)  # UserError for an unknown profile
     if count is None:
         count = len(names)
     if count < 1:
@@ -96,7 +96,7 @@ def plan_hosts(count: int | None, profiles: list | None) -> list:
         raise UserError(f"--hosts {count} is fewer than the {len(names)} profiles given")
     hosts, seen = [], {}
     for i in range(count):
-        profile = evidence.load_profile(names[i % len(names)])
+        profile = hardware_trees.load_profile(names[i % len(names)])
         meta = profile["host"]
         k = seen[profile["name"]] = seen.get(profile["name"], 0) + 1
         if k > MAX_PER_PROFILE:

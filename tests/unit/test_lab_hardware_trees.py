@@ -12,12 +12,12 @@ from ansible_collections.rigbook.homelab.plugins.module_utils.parse import nccl 
 from ansible_collections.rigbook.homelab.plugins.module_utils.parse import nvidia_smi as parse_nvidia_smi
 
 from rigbook.errors import UserError
-from rigbook.lab import evidence
+from rigbook.lab import hardware_trees
 
 
-@pytest.fixture(params=evidence.profile_names())
+@pytest.fixture(params=hardware_trees.profile_names())
 def tree(request, tmp_path) -> Path:
-    return evidence.materialize(request.param, tmp_path / request.param)
+    return hardware_trees.materialize(request.param, tmp_path / request.param)
 
 
 def resources(tree: Path, bdf: str) -> list:
@@ -26,7 +26,7 @@ def resources(tree: Path, bdf: str) -> list:
 
 
 def test_both_seed_profiles_ship():
-    assert {"x99-3080", "x99-r9700"} <= set(evidence.profile_names())
+    assert {"x99-3080", "x99-r9700"} <= set(hardware_trees.profile_names())
 
 
 def test_layout_nested_dirs_and_relative_symlinks(tree):
@@ -67,7 +67,7 @@ def test_the_ladders_gpu_listing_reads_it(tree):
 
 
 def test_x99_3080_facts(tmp_path):
-    tree = evidence.materialize("x99-3080", tmp_path / "t")
+    tree = hardware_trees.materialize("x99-3080", tmp_path / "t")
     for bdf in ("0000:03:00.0", "0000:04:00.0"):
         assert (tree / f"sys/bus/pci/devices/{bdf}/vendor").read_text() == "0x10de\n"
         start, end, _ = resources(tree, bdf)[1]  # NVIDIA VRAM window = BAR1
@@ -93,7 +93,7 @@ def test_x99_3080_facts(tmp_path):
 
 
 def test_x99_r9700_facts(tmp_path):
-    tree = evidence.materialize("x99-r9700", tmp_path / "t")
+    tree = hardware_trees.materialize("x99-r9700", tmp_path / "t")
     assert (tree / "sys/bus/pci/devices/0000:00:00.0/device").read_text() == "0x6f00\n"
     for bdf in ("0000:03:00.0", "0000:04:00.0"):
         assert (tree / f"sys/bus/pci/devices/{bdf}/device").read_text() == "0x7551\n"
@@ -118,8 +118,8 @@ def test_x99_r9700_facts(tmp_path):
 
 
 def test_profiles_say_they_are_reconstructions():
-    for name in evidence.profile_names():
-        text = (evidence.PROFILES_DIR / f"{name}.yml").read_text()
+    for name in hardware_trees.profile_names():
+        text = (hardware_trees.PROFILES_DIR / f"{name}.yml").read_text()
         assert "RECONSTRUCTED" in text and "guess" in text
 
 
@@ -127,19 +127,19 @@ def test_refuses_to_write_over_a_tree(tmp_path):
     (tmp_path / "t").mkdir()
     (tmp_path / "t" / "keep").write_text("x")
     with pytest.raises(UserError, match="not empty"):
-        evidence.materialize("x99-3080", tmp_path / "t")
+        hardware_trees.materialize("x99-3080", tmp_path / "t")
 
 
 def test_unknown_profile(tmp_path):
     with pytest.raises(UserError, match=r"unknown profile 'x99-9090' \(known: x99-3080, x99-r9700\)"):
-        evidence.materialize("x99-9090", tmp_path / "t")
+        hardware_trees.materialize("x99-9090", tmp_path / "t")
     assert not (tmp_path / "t").exists()
 
 
 def test_parse_size():
-    assert evidence.parse_size("256M") == 256 << 20
-    assert evidence.parse_size("32G") == 32 << 30
-    assert evidence.parse_size("512K") == 512 << 10
-    assert evidence.parse_size(128) == 128
+    assert hardware_trees.parse_size("256M") == 256 << 20
+    assert hardware_trees.parse_size("32G") == 32 << 30
+    assert hardware_trees.parse_size("512K") == 512 << 10
+    assert hardware_trees.parse_size(128) == 128
     with pytest.raises(ValueError):
-        evidence.parse_size("lots")
+        hardware_trees.parse_size("lots")

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Benchmark a converged re-run of site.yml on one lab host, three ways in the same run.
 
-Run as root from the checkout:  .venv/bin/python benchmarks/converged_rerun.py [--runs 1] [--mitogen 0.3.54]
+Run as root from the checkout:
+  .venv/bin/python benchmarks/converged_rerun.py [--runs 1] [--mitogen 0.3.54] [--profile x99-r9700]
+      [--modes rigbook,mitogen]
 
 1. stock Ansible settings: no pipelining, no ControlPersist (ControlMaster=no), no fact cache;
 2. rigbook's defaults (src/rigbook/run.py ansible_env(mitogen=False)): pipelining, ControlPersist, smart
@@ -9,10 +11,12 @@ Run as root from the checkout:  .venv/bin/python benchmarks/converged_rerun.py [
 3. rigbook's defaults plus the mitogen strategy (mitogen_linear), mitogen installed into a cached
    --target directory (/var/cache/rigbook/mitogen-<version>; pip fetches it once).
 
-It brings up one lab host (x99-3080) in a temporary state directory, converges it once with site.yml (timed,
-not part of the comparison; needs the artifacts of tests/artifacts/pack.py and the CUDA wheel directory, see
-docs/lab.md), then times each mode's re-run (which must report changed=0) and prints seconds, seconds per task
-and the ratios. Targets (issue 6): <= 0.1 s/task with mitogen, < 0.35 s/task without.
+It brings up one lab host of --profile (x99-3080: the NVIDIA play; x99-r9700: the AMD play) in a temporary
+state directory, converges it once with site.yml (timed, not part of the comparison; the lab's artifacts are
+prepared as `lab up` does, see docs/lab.md), then times each mode's re-run (which must report changed=0) and
+prints seconds, seconds per task, each role's seconds (from the runner's task events), and the executor floor:
+the same number of ansible.builtin.ping tasks in one play, run the same way. Targets: <= 0.1 s/task with
+mitogen, < 0.35 s/task without (issue 6); the AMD roles' re-run within 1.3x the floor (issue 12).
 """
 
 from __future__ import annotations
@@ -61,8 +65,8 @@ def mode_env(mode: str) -> dict:
     return env
 
 
-def play(mode: str, inventory: str, playbook: Path) -> tuple:
-    """(seconds, return code, tasks run on the host, changed) of one run of PLAYBOOK on lab-3080 in MODE."""
+def play(mode: str, inventory: str, playbook: Path, host: str) -> tuple:
+    """(seconds, return code, tasks run on the host, changed, {role: seconds}) of one run of PLAYBOOK on HOST."""
     import ansible_runner
 
     env = mode_env(mode)
@@ -70,74 +74,101 @@ def play(mode: str, inventory: str, playbook: Path) -> tuple:
         started = time.monotonic()
         # a fact cache plugin named in full keeps ansible-runner from moving the cache into the run folder
         runner = ansible_runner.run(private_data_dir=private, playbook=str(playbook), inventory=inventory,
-                                    limit="lab-3080", envvars=env, quiet=True,
+                                    limit=host, envvars=env, quiet=True,
                                     fact_cache_type=env.get("ANSIBLE_CACHE_PLUGIN", "jsonfile"))
         elapsed = time.monotonic() - started
-        tasks = sum(1 for e in runner.events if e.get("event") in ("runner_on_ok", "runner_on_skipped",
-                                                                     "runner_on_failed"))
+        done = [e for e in runner.events if e.get("event") in ("runner_on_ok", "runner_on_skipped",
+                                                                "runner_on_failed")]
         if runner.rc != 0:
             print(runner.stdout.read()[-2000:])
-        return elapsed, runner.rc, tasks, (runner.stats or {}).get("changed", {}).get("lab-3080", 0)
+        return (elapsed, runner.rc, len(done), (runner.stats or {}).get("changed", {}).get(host, 0),
+                role_seconds(done))
 
 
-def floor(mode: str, inventory: str, count: int = 21) -> float:
-    """Seconds per task of the executor itself in MODE: a play of COUNT ansible.builtin.ping tasks minus a
-    play of one, per extra task (one module run per task, nothing else on the host)."""
-    seconds = []
-    for n in (1, count):
-        book = Path(tempfile.mkdtemp(prefix="bench-floor-")) / "ping.yml"
-        book.write_text("- hosts: all\n  gather_facts: false\n  tasks:\n" + "    - ansible.builtin.ping:\n" * n)
-        elapsed, rc, _, _ = play(mode, inventory, book)
-        if rc != 0:
-            sys.exit(f"{mode}: ping play failed (rc {rc})")
-        seconds.append(elapsed)
-    return (seconds[1] - seconds[0]) / (count - 1)
+def role_seconds(events: list) -> dict:
+    """Seconds per role (tasks outside a role under "(play)") from the task events' start and end stamps."""
+    from datetime import datetime
+
+    out = {}
+    for event in events:
+        data = event.get("event_data") or {}
+        if not data.get("start") or not data.get("end"):
+            continue
+        seconds = (datetime.fromisoformat(data["end"]) - datetime.fromisoformat(data["start"])).total_seconds()
+        role = (data.get("role") or "(play)").split(".")[-1]
+        out[role] = out.get(role, 0.0) + seconds
+    return out
 
 
-def rerun(mode: str, inventory: str) -> tuple:
-    """(seconds, tasks run on the host, changed) of one site.yml run in MODE."""
-    elapsed, rc, tasks, changed = play(mode, inventory, REPO / "playbooks" / "site.yml")
+def ping_play(mode: str, inventory: str, host: str, count: int) -> float:
+    """Seconds of one play of COUNT ansible.builtin.ping tasks on HOST in MODE (one module run per task)."""
+    book = Path(tempfile.mkdtemp(prefix="bench-floor-")) / "ping.yml"
+    book.write_text("- hosts: all\n  gather_facts: false\n  tasks:\n" + "    - ansible.builtin.ping:\n" * count)
+    elapsed, rc, _, _, _ = play(mode, inventory, book, host)
+    if rc != 0:
+        sys.exit(f"{mode}: ping play failed (rc {rc})")
+    return elapsed
+
+
+def floor(mode: str, inventory: str, host: str, count: int = 21) -> float:
+    """Seconds per task of the executor itself in MODE: a play of COUNT pings minus a play of one, per extra
+    task (one module run per task, nothing else on the host)."""
+    return (ping_play(mode, inventory, host, count) - ping_play(mode, inventory, host, 1)) / (count - 1)
+
+
+def rerun(mode: str, inventory: str, host: str) -> tuple:
+    """(seconds, tasks run on the host, changed, {role: seconds}) of one site.yml run in MODE."""
+    elapsed, rc, tasks, changed, roles = play(mode, inventory, REPO / "playbooks" / "site.yml", host)
     if rc != 0:
         sys.exit(f"{mode}: site.yml failed (rc {rc})")
-    return elapsed, tasks, changed
+    return elapsed, tasks, changed, roles
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=1, help="re-runs per mode (median reported)")
     parser.add_argument("--mitogen", default="0.3.54", help="mitogen version for the third mode")
+    parser.add_argument("--profile", default="x99-3080", help="lab profile of the one host (x99-3080, x99-r9700)")
+    parser.add_argument("--modes", default="stock,rigbook,mitogen", help="comma-separated: stock, rigbook, mitogen")
     args = parser.parse_args()
+    host = "lab-" + args.profile.split("-", 1)[1]
+    modes = [m for m in args.modes.split(",") if m]
     if os.geteuid() != 0:
         sys.exit("run as root (lab hosts)")
     sys.path.insert(0, str(mitogen_dir(args.mitogen)))
     os.environ["RIGBOOK_STATE_DIR"] = tempfile.mkdtemp(prefix="rigbook-bench-rerun-")
-    up = provision("lab", "up", "--hosts", "1", "--profile", "x99-3080")
+    up = provision("lab", "up", "--hosts", "1", "--profile", args.profile)
     if up.returncode != 0:
         sys.exit(up.stderr)
     inventory = str(Path(os.environ["RIGBOOK_STATE_DIR"]) / "lab" / "inventory")
     try:
         started = time.monotonic()
-        converge = provision("site.yml", "-i", inventory, "--limit", "lab-3080")
+        converge = provision("site.yml", "-i", inventory, "--limit", host)
         if converge.returncode != 0:
             sys.exit(f"converge failed: {converge.stdout[-3000:]}")
         print(f"first converge (fresh host, one reboot): {time.monotonic() - started:.1f} s")
         results = {}
-        for mode in ("stock", "rigbook", "mitogen"):
-            runs = [rerun(mode, inventory) for _ in range(args.runs)]
+        for mode in modes:
+            runs = [rerun(mode, inventory, host) for _ in range(args.runs)]
             seconds = statistics.median(r[0] for r in runs)
-            tasks, changed = runs[0][1], max(r[2] for r in runs)
+            tasks, changed, roles = runs[0][1], max(r[2] for r in runs), runs[0][3]
+            same_count = ping_play(mode, inventory, host, tasks)
             results[mode] = (seconds, tasks)
             print(f"{mode:8s} {seconds:7.1f} s  {tasks} tasks  {seconds / tasks:.3f} s/task  changed={changed}  "
-                  f"(executor floor: {floor(mode, inventory):.3f} s per ansible.builtin.ping task)")
-        stock = results["stock"][0]
-        rigbook, mitogen = results["rigbook"][0], results["mitogen"][0]
-        print(f"ratios: stock/rigbook {stock / rigbook:.1f}x, stock/mitogen {stock / mitogen:.1f}x, "
-              f"rigbook/mitogen {rigbook / mitogen:.1f}x")
+                  f"(executor floor: {floor(mode, inventory, host):.3f} s per ansible.builtin.ping task; a play of "
+                  f"{tasks} pings {same_count:.1f} s, so this re-run is {seconds / same_count:.2f}x the floor)")
+            for role, role_s in sorted(roles.items(), key=lambda kv: -kv[1]):
+                print(f"    {role:20s} {role_s:6.2f} s")
+        if {"stock", "rigbook", "mitogen"} <= set(results):
+            stock = results["stock"][0]
+            rigbook, mitogen = results["rigbook"][0], results["mitogen"][0]
+            print(f"ratios: stock/rigbook {stock / rigbook:.1f}x, stock/mitogen {stock / mitogen:.1f}x, "
+                  f"rigbook/mitogen {rigbook / mitogen:.1f}x")
         per_task = {m: s / t for m, (s, t) in results.items()}
-        print(f"targets: mitogen {per_task['mitogen']:.3f} s/task (<= {TARGET_MITOGEN}: "
-              f"{'met' if per_task['mitogen'] <= TARGET_MITOGEN else 'NOT met'}), rigbook defaults "
-              f"{per_task['rigbook']:.3f} s/task (< {TARGET_DEFAULTS}: "
-              f"{'met' if per_task['rigbook'] < TARGET_DEFAULTS else 'NOT met'})")
+        for mode, target in (("mitogen", TARGET_MITOGEN), ("rigbook", TARGET_DEFAULTS)):
+            if mode in per_task:
+                print(f"target {mode}: {per_task[mode]:.3f} s/task against {target} "
+                      f"({'met' if per_task[mode] <= target else 'NOT met'})")
     finally:
         provision("lab", "down")
     return 0

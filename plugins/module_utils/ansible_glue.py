@@ -39,6 +39,8 @@ ARGUMENT_SPEC = dict(
     collective_bytes=dict(type="int", default=OPTION_DEFAULTS["collective_bytes"]),
     iters=dict(type="int", default=OPTION_DEFAULTS["iters"]),
     env=dict(type="dict", default={}),
+    env_file=dict(type="path"),
+    ab=dict(type="bool", default=False),
     log=dict(type="str"),
     unit=dict(type="str"),
 )

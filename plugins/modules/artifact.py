@@ -30,7 +30,8 @@ options:
     description: Expected SHA-256 (hex) of O(url) or O(path).
     type: str
   artifacts:
-    description: Several artifacts at once (each C({url or path, sha256})); the first mismatch fails the task.
+    description: Several artifacts at once (each C({url or path, sha256}), optionally with its own C(dest_dir));
+      the first mismatch fails the task.
     type: list
     elements: dict
   dest_dir:
@@ -145,7 +146,8 @@ def main():
                                                                                    item["sha256"]))
         if item.get("url") and urlparse(item["url"]).scheme not in SCHEMES:
             module.fail_json(msg="unsupported URL %s: use https://, http:// or file://" % item["url"])
-        one, path = ensure(module, item.get("url"), item.get("path"), item["sha256"], p["dest_dir"])
+        one, path = ensure(module, item.get("url"), item.get("path"), item["sha256"],
+                           item.get("dest_dir") or p["dest_dir"])
         changed = changed or one
         paths.append(path)
     module.exit_json(changed=changed, path=paths[0] if paths else None, paths=paths)

@@ -77,6 +77,8 @@ options:
     type: path
   nccl_tests_dir:
     description: Runtime phase. Directory holding all_reduce_perf and sendrecv_perf (preferred over the bundled benchmark).
+      When both are there they run whatever O(root) is, with the evidence root in RIGBOOK_EVIDENCE_ROOT and
+      NCCL_DEBUG=INFO; the nccl_transport layer then reads that run's log (a lab host runs its built stand-ins).
     type: path
   collective_bytes:
     description: Runtime phase. Message size of the collectives benchmark.
@@ -87,9 +89,19 @@ options:
     type: int
     default: 10
   env:
-    description: Runtime phase. Extra environment for the benchmark (e.g. NCCL_P2P_LEVEL).
+    description: Runtime phase. Extra environment for the benchmark (e.g. NCCL_P2P_LEVEL); not used for the tests of
+      O(nccl_tests_dir) when O(env_file) is given.
     type: dict
     default: {}
+  env_file:
+    description: Runtime phase. The GPU environment file (KEY=VALUE lines, e.g. /etc/rigbook/gpu.env) the tests of
+      O(nccl_tests_dir) run with, alone, as the serving unit does (so what is verified is what serves).
+    type: path
+  ab:
+    description: Runtime phase. With the tests of O(nccl_tests_dir), run sendrecv once more with NCCL_P2P_DISABLE=1
+      and judge the gain (below 1.1x fails the collectives layer on a box that expects P2P).
+    type: bool
+    default: false
   log:
     description: Runtime phase. NCCL INFO log text to judge the transport from, instead of the benchmark's.
     type: str

@@ -123,6 +123,9 @@ def describe(error):
             names = " or ".join("+".join(o) for o in options)
             which = "exactly one of" if kind == "oneOf" else "at least one of"
             return [(path, "needs %s: %s" % (which, names))]
+    if kind == "not" and isinstance(error.validator_value, dict) and error.validator_value.get("required"):
+        keys = error.validator_value["required"]
+        return [(path, "set only one of %s, not both" % " or ".join(keys))]
     return [(path, error.message)]
 
 

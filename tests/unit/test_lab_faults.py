@@ -47,11 +47,28 @@ def test_shipped_faults_validate_and_include_the_required_ones():
         assert fault["layer"] in faults.layer_names(), name
 
 
+GPU_ENV = "# BEGIN amd_rocm\nHSA_ENABLE_IPC_MODE_LEGACY=0\nNCCL_P2P_LEVEL=PHB\n# END amd_rocm\n"
+
+
+def host(tmp_path: Path, profile_name: str) -> Path:
+    """A host root as the roles leave it (the GPU environment file, an RCCL prefix with its current link) holding
+    the profile's evidence tree where a lab host has it; returns the tree."""
+    root = tmp_path / f"{profile_name}-root"
+    (root / "etc/rigbook").mkdir(parents=True)
+    (root / "etc/rigbook/gpu.env").write_text(GPU_ENV)
+    lib = root / "opt/rigbook/rccl/2.27.7-abc/lib"
+    lib.mkdir(parents=True)
+    (lib / "librccl.so.1.0").write_bytes(b"patched build\n")
+    (lib / "librccl.so").symlink_to("librccl.so.1.0")
+    (root / "opt/rigbook/rccl/current").symlink_to("2.27.7-abc")
+    return hardware_trees.materialize(profile_name, root / faults.EVIDENCE_ROOT)
+
+
 @pytest.mark.parametrize("name", sorted(yaml.safe_load(faults.FAULTS_FILE.read_text())["faults"]))
 def test_every_fault_changes_some_profile(name, tmp_path):
     changed = []
     for profile_name in hardware_trees.profile_names():
-        tree = hardware_trees.materialize(profile_name, tmp_path / profile_name)
+        tree = host(tmp_path, profile_name)
         try:
             if faults.plan(name, tree, hardware_trees.load_profile(profile_name)):
                 changed.append(profile_name)
@@ -205,3 +222,67 @@ def test_bad_fault_documents_are_rejected(mutate, message):
 
 def test_good_document_validates():
     assert faults.validate(copy.deepcopy(GOOD))
+
+
+def test_host_faults_change_nothing_without_the_roles_files(tmp_path):
+    profile = hardware_trees.load_profile("x99-r9700")
+    bare = hardware_trees.materialize("x99-r9700", tmp_path / "r" / faults.EVIDENCE_ROOT)
+    assert faults.host_root_of(bare) == tmp_path / "r"
+    assert faults.plan("p2p-level-unset", bare, profile) == []
+    assert faults.plan("rccl-unpatched", bare, profile) == []
+    elsewhere = hardware_trees.materialize("x99-r9700", tmp_path / "t")
+    assert faults.host_root_of(elsewhere) is None and faults.plan("p2p-level-unset", elsewhere, profile) == []
+
+
+def test_p2p_level_unset_edits_the_env_file_and_restore_heals_it(tmp_path):
+    tree = host(tmp_path, "x99-r9700")
+    root = faults.host_root_of(tree)
+    changes = faults.plan("p2p-level-unset", tree, hardware_trees.load_profile("x99-r9700"))
+    assert [c.path for c in changes] == [root / "etc/rigbook/gpu.env"]
+    assert (root / "etc/rigbook/gpu.env").read_text() == GPU_ENV  # planning writes nothing
+    faults.apply(changes, backup_dir=tmp_path / "backups")
+    assert "NCCL_P2P_LEVEL" not in (root / "etc/rigbook/gpu.env").read_text()
+    assert "HSA_ENABLE_IPC_MODE_LEGACY=0" in (root / "etc/rigbook/gpu.env").read_text()
+    assert faults.restore(tmp_path / "backups", root) == [root / "etc/rigbook/gpu.env"]
+    assert (root / "etc/rigbook/gpu.env").read_text() == GPU_ENV and not (tmp_path / "backups").exists()
+
+
+def test_rccl_unpatched_runs_its_script_in_the_host_after_saving_the_library(tmp_path):
+    tree = host(tmp_path, "x99-r9700")
+    root = faults.host_root_of(tree)
+    changes = faults.plan("rccl-unpatched", tree, hardware_trees.load_profile("x99-r9700"))
+    assert len(changes) == 1 and changes[0].run and "readlink -f /opt/rigbook/rccl/current" in changes[0].run
+    with pytest.raises(UserError, match="no runner"):
+        faults.apply(changes)
+    ran = []
+
+    def runner(script):  # what the script does inside the host, done here on the fake root
+        ran.append(script)
+        (root / "opt/rigbook/rccl/2.27.7-abc/lib/librccl.so.1.0").write_bytes(b"stock build\n")
+
+    faults.apply(changes, runner=runner, backup_dir=tmp_path / "backups")
+    assert ran == [changes[0].run]
+    assert (root / "opt/rigbook/rccl/current/lib/librccl.so").read_bytes() == b"stock build\n"
+    faults.restore(tmp_path / "backups", root)
+    assert (root / "opt/rigbook/rccl/current/lib/librccl.so").read_bytes() == b"patched build\n"
+    assert (root / "opt/rigbook/rccl/current/lib/librccl.so").is_symlink()  # written through the link
+
+
+def test_a_file_a_fault_creates_is_removed_by_restore(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    change = faults.Change(root / "etc/x.conf", "new\n", root)
+    faults.apply([change], backup_dir=tmp_path / "b")
+    assert (root / "etc/x.conf").read_text() == "new\n"
+    faults.restore(tmp_path / "b", root)
+    assert not (root / "etc/x.conf").exists()
+
+
+def test_run_needs_host_scope():
+    data = copy.deepcopy(GOOD)
+    data["faults"]["x"]["edits"] = [{"run": "true", "needs": "etc/x"}]
+    with pytest.raises(ValueError, match="run works with scope: host only"):
+        faults.validate(data)
+    data["faults"]["x"]["edits"] = [{"scope": "host", "run": "true"}]
+    with pytest.raises(ValueError, match="run needs needs"):
+        faults.validate(data)

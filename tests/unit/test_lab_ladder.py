@@ -15,9 +15,11 @@ from rigbook.snapshots import judge_tree, profile_of
 from rigbook.validate import validate
 
 HOSTS = {"x99-r9700": "lab-r9700", "x99-3080": "lab-3080"}
-# The lab pins a Debian kernel for the 3080 twin (the seed box ran Ubuntu's): its recorded tree shows the
-# seed's kernel until site.yml has installed and "booted" the pinned one.
-PINNED_KERNEL = {"x99-3080": validate("inventory/lab").host_vars("lab-3080")["rigbook_pins"]["kernel"]["release"]}
+# The lab pins Debian kernels (the 3080 twin's from apt, the R9700 twin's as a .deb set standing in for the
+# seed's custom kernel): the recorded trees show the seeds' kernels until site.yml has installed and "booted"
+# the pinned one.
+PINNED_KERNEL = {profile: validate("inventory/lab").host_vars(host)["rigbook_pins"]["kernel"]["release"]
+                 for profile, host in (("x99-3080", "lab-3080"), ("x99-r9700", "lab-r9700"))}
 NEEDS_BASELINE = {"busbw-half", "p2p-bandwidth-half"}
 # The X99 TF box already has these (BAR1 256 MiB, SHM path, no collective figures published).
 ALREADY_TRUE = {("bar1-256m", "x99-3080"), ("rebar-off", "x99-3080"), ("nccl-shm-fallback", "x99-3080"),
@@ -27,6 +29,8 @@ ALREADY_TRUE = {("bar1-256m", "x99-3080"), ("rebar-off", "x99-3080"), ("nccl-shm
 def _cases():
     for name in faults.fault_names():
         fault = faults.get_fault(name)
+        if any(edit.get("scope") == "host" for edit in fault["edits"]):
+            continue  # host files of what the roles built: test_ladder_rccl_tests.py here, test_rccl_lab.py on the lab
         for profile in HOSTS:
             vendor = hardware_trees.load_profile(profile)["vendor"]
             if fault.get("vendors") and vendor not in fault["vendors"]:
@@ -65,6 +69,25 @@ def test_unprovisioned_3080_twin_fails_at_kernel_state(tmp_path, inv):
     tree = hardware_trees.materialize("x99-3080", tmp_path / "fresh")
     kernel = [v for v in judge_tree(str(tree), profile_of(inv, "lab-3080")) if v["layer"] == "kernel_state"][0]
     assert kernel["status"] == "fail" and f"pinned {PINNED_KERNEL['x99-3080']}" in kernel["why"]
+
+
+def test_unprovisioned_r9700_twin_fails_at_kernel_state(tmp_path, inv):
+    tree = hardware_trees.materialize("x99-r9700", tmp_path / "fresh")
+    kernel = [v for v in judge_tree(str(tree), profile_of(inv, "lab-r9700")) if v["layer"] == "kernel_state"][0]
+    assert kernel["status"] == "fail", kernel
+    assert "running kernel 6.8.12-r9700-p2p-dma44, pinned 6.1.0-47-amd64" in kernel["why"], kernel
+
+
+def test_r9700_twin_on_another_kernel_fails_at_kernel_state_on_its_config(tmp_path, inv):
+    """A kernel other than the pinned stand-in gets its own config (here one without P2PDMA, like Debian's):
+    the recorded custom config is only under the pinned stand-in's release."""
+    tree = hardware_trees.materialize("x99-r9700", tmp_path / "other")
+    (tree / "proc/sys/kernel/osrelease").write_text("6.1.0-50-amd64\n")
+    (tree / "boot/config-6.1.0-50-amd64").write_text("# CONFIG_PCI_P2PDMA is not set\nCONFIG_HSA_AMD=y\n")
+    kernel = [v for v in judge_tree(str(tree), profile_of(inv, "lab-r9700")) if v["layer"] == "kernel_state"][0]
+    assert kernel["status"] == "fail", kernel
+    assert "running kernel 6.1.0-50-amd64, pinned 6.1.0-47-amd64" in kernel["why"], kernel
+    assert "CONFIG_PCI_P2PDMA=n CONFIG_HSA_AMD_P2P=missing" in str(kernel["measured"]), kernel
 
 
 def test_healthy_profiles(tmp_path, inv):

@@ -94,6 +94,24 @@ INVALID = [
     ("rocm-pinned-on-nvidia-box", G3080, _set("rigbook_pins.rocm", {"version": "7.2"}),
      "rigbook_pins.rocm", "vendor is nvidia"),
     ("p2p-expected-with-one-gpu", G9700, _set("rigbook_gpu.count", 1), "rigbook_p2p.expected", "P2P needs 2 GPUs"),
+    ("rocm-repo-without-key-sha", G9700,
+     _set("rigbook_pins.rocm.repo", {"url": "https://repo.example.invalid/rocm/apt/7.1", "suite": "noble",
+                                     "key_url": "https://repo.example.invalid/rocm/rocm.gpg.key"}),
+     "rigbook_pins.rocm.repo", "missing required key 'key_sha256'"),
+    ("rocm-repo-key-short-sha", G9700,
+     _set("rigbook_pins.rocm.repo", {"url": "file:///srv/rocm", "suite": "noble", "key_url": "file:///srv/k.asc",
+                                     "key_sha256": "abc"}), "rigbook_pins.rocm.repo.key_sha256", "must match"),
+    ("rocm-repo-and-debs", G9700,
+     _set("rigbook_pins.rocm", {"version": "7.1.0", "debs": [{"path": "/srv/rocm-core.deb", "sha256": "0" * 64}],
+                                "repo": {"url": "file:///srv/rocm", "suite": "noble", "key_url": "file:///srv/k",
+                                         "key_sha256": "0" * 64}}),
+     "rigbook_pins.rocm", "set only one of repo or debs"),
+    ("rocm-deb-without-sha", G9700, _set("rigbook_pins.rocm.debs", [{"path": "/srv/rocm-core.deb"}]),
+     "rigbook_pins.rocm.debs[0]", "missing required key 'sha256'"),
+    ("rocm-dkms-string", G9700, _set("rigbook_pins.rocm.dkms", "no"), "rigbook_pins.rocm.dkms", "boolean"),
+    ("rocm-package-bad-name", G9700, _set("rigbook_pins.rocm.packages", ["ROCm Core"]),
+     "rigbook_pins.rocm.packages[0]", "must match"),
+    ("rocm-typo", G9700, _set("rigbook_pins.rocm.dkm", True), "rigbook_pins.rocm.dkm", "did you mean 'dkms'"),
 ]
 
 
@@ -109,6 +127,22 @@ def test_invalid_inventory_names_file_owner_and_key(tmp_path, case, rel, mutate,
     assert any(words in line for line in matching), matching
     file_part = matching[0].split(":", 1)[0]
     assert Path(file_part).name == Path(rel).name
+
+
+def test_a_rocm_repository_pin_and_an_offline_one_are_valid(tmp_path):
+    inv = _copy(tmp_path)
+    repo = {"url": "https://repo.example.invalid/rocm/apt/7.1", "suite": "noble", "components": ["main"],
+            "key_url": "https://repo.example.invalid/rocm/rocm.gpg.key", "key_sha256": "a" * 64}
+    _edit(inv, G9700, _set("rigbook_pins.rocm", {"version": "7.1.0", "repo": repo, "dkms": False,
+                                                 "packages": ["rocm-core", "rocminfo"], "version_glob": "*.70100-*"}))
+    validate(inv)
+    debs = [{"path": "/srv/r.deb", "sha256": "b" * 64}]
+    _edit(inv, G9700, _set("rigbook_pins.rocm", {"version": "7.1.0", "debs": debs}))
+    validate(inv)
+
+
+def test_lab_inventory_is_valid():
+    validate(Path(__file__).resolve().parents[2] / "inventory" / "lab")
 
 
 def test_homelab_is_valid():

@@ -77,8 +77,89 @@ def run_torch_bench(python, size, iters, timeout, env=None):
         return {"available": False, "error": "the benchmark printed no JSON: %s" % text[-300:]}
 
 
+def read_env_file(path):
+    """(KEY -> value, error) of a KEY=VALUE environment file (the GPU environment file: comments, blank lines and
+    an `export ` prefix allowed, one level of quotes stripped)."""
+    try:
+        with open(path) as handle:
+            text = handle.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        return {}, "cannot read %s: %s" % (path, exc)
+    env = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("export "):
+            line = line[len("export "):].strip()
+        key, sep, value = line.partition("=")
+        if not sep or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key.strip()):
+            continue
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        env[key.strip()] = value
+    return env, None
+
+
+def _built_tests(nccl_tests_dir):
+    """{op: binary} of the rccl-tests / nccl-tests programs in NCCL_TESTS_DIR (None when any is missing there)."""
+    if not nccl_tests_dir:
+        return None
+    binaries = {op: os.path.join(nccl_tests_dir, name) for op, name in NCCL_TESTS.items()}
+    if all(os.path.isfile(b) and os.access(b, os.X_OK) for b in binaries.values()):
+        return binaries
+    return None
+
+
+def run_tests(binaries, root, size, iters, gpus, timeout, env, env_file=None, ab=False):
+    """Run the built tests once per op with NCCL_DEBUG=INFO (and the GPU environment file when given, alone: it is
+    what the serving unit reads); with AB, sendrecv once more with NCCL_P2P_DISABLE=1. The evidence root is passed
+    as RIGBOOK_EVIDENCE_ROOT (real tests ignore it; the lab's stand-ins read their recorded figures there)."""
+    run_env = {}
+    data = {"source": "rccl-tests/nccl-tests in %s" % os.path.dirname(binaries["sendrecv"]), "results": []}
+    if env_file:
+        file_env, error = read_env_file(env_file)
+        data["env_file"] = env_file
+        data["env_file_error"] = error
+        data["env_file_keys"] = sorted(file_env)
+        run_env.update(file_env)
+    else:
+        run_env.update(env or {})
+    run_env["NCCL_DEBUG"] = "INFO"
+    run_env["RIGBOOK_EVIDENCE_ROOT"] = root or "/"
+    errors, logs = [], []
+    argv_tail = ["-b", str(size), "-e", str(size), "-g", str(gpus), "-n", str(iters)]
+    for op, binary in binaries.items():
+        text, error = _run([binary] + argv_tail, timeout, run_env)
+        row = _rows_from_nccl_tests(op, text) if text else None
+        if row:
+            data["results"].append(row)
+            logs.append(text)
+        else:
+            errors.append(error or "%s printed no result row" % binary)
+    if ab and not errors:
+        text, error = _run([binaries["sendrecv"]] + argv_tail, timeout, dict(run_env, NCCL_P2P_DISABLE="1"))
+        row = _rows_from_nccl_tests("sendrecv", text) if text else None
+        with_p2p = [r for r in data["results"] if r["op"] == "sendrecv"]
+        if row and with_p2p and row.get("busbw_gbs") and with_p2p[0].get("busbw_gbs") is not None:
+            data["ab"] = {"op": "sendrecv", "busbw_gbs": with_p2p[0]["busbw_gbs"],
+                          "p2p_disabled_busbw_gbs": row["busbw_gbs"],
+                          "gain": round(with_p2p[0]["busbw_gbs"] / row["busbw_gbs"], 3)}
+        else:
+            data["ab"] = {"error": error or "the NCCL_P2P_DISABLE=1 run printed no result row"}
+    log = "\n".join(logs)
+    levels = P2P_LEVEL_RE.findall(log)
+    data.update(available=bool(data["results"]), error="; ".join(errors) or None, nccl_log=log,
+                p2p_level=levels[-1] if levels else None)
+    return data
+
+
 def collect_collectives(root, python=None, nccl_tests_dir=None, size=256 << 20, iters=10, gpus=2, timeout=300,
-                        env=None):  # fmt: skip
+                        env=None, env_file=None, ab=False):  # fmt: skip
+    built = _built_tests(nccl_tests_dir)
+    if built:  # the tests named by nccl_tests_dir run on any root (a lab host runs its built stand-ins)
+        return run_tests(built, root, size, iters, gpus, timeout, env, env_file, ab)
     if not evidence.is_live(root):
         text = _recorded(root, "collectives.json")
         if text is not None:

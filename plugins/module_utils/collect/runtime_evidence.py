@@ -69,13 +69,19 @@ def collectives_part(ctx, evidence):
     gpus = (ctx.profile.get("gpu") or {}).get("count") or 2
     return {"collectives": collective_bench.collect_collectives(
         ctx.root, opts.get("python"), opts.get("nccl_tests_dir"), opts.get("collective_bytes") or (256 << 20),
-        opts.get("iters") or 10, gpus=gpus, env=_env(ctx))}
+        opts.get("iters") or 10, gpus=gpus, env=_env(ctx), env_file=opts.get("env_file"), ab=bool(opts.get("ab")))}
 
 
 def nccl_transport_part(ctx, evidence):
     """{"nccl_transport": ...}: the NCCL INFO log given, else the collectives run's, else recorded / journal."""
     opts = ctx.options
-    log = opts.get("log") or (evidence.get("collectives") or {}).get("nccl_log")
+    run = evidence.get("collectives") or {}
+    if not opts.get("log") and run.get("nccl_log") and run.get("source", "").startswith("rccl-tests"):
+        parsed = collective_bench.transport_evidence(run["nccl_log"], "the log of the collectives run (%s)"
+                                                     % run["source"])
+        parsed.update(from_tests_run=True, env_file=run.get("env_file"))
+        return {"nccl_transport": parsed}
+    log = opts.get("log") or run.get("nccl_log")
     text, source = collective_bench.collect_nccl_log(ctx.root, log, opts.get("unit"), opts.get("python"),
                                                      env=_env(ctx))
     return {"nccl_transport": collective_bench.transport_evidence(text, source)}

@@ -10,6 +10,26 @@ from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import expe
 from ansible_collections.rigbook.homelab.plugins.module_utils.ladder.verdict import make
 
 OPS = ("sendrecv", "all_reduce")
+AB_MIN_GAIN = 1.1  # P2P allowed vs NCCL_P2P_DISABLE=1: below this on a box that expects P2P, P2P was not used
+
+
+def shm_remedy(level, want, env_file=None):
+    """What to do when RCCL/NCCL chose SHM although P2P is expected, from the P2P level the run's log shows (LEVEL)
+    and the one the profile pins (WANT): a missing level is the GPU environment file's (amd_rocm role), a level
+    that was set and ignored is an unpatched RCCL (rccl role)."""
+    where = env_file or "the serving environment"
+    if want and not level:
+        return ("NCCL_P2P_LEVEL was not set for the run (%s lacks it; the profile pins %s): re-run the amd_rocm role, "
+                "which writes NCCL_P2P_LEVEL from rigbook_p2p.nccl_p2p_level into the GPU environment file; then "
+                "check the lower layers (peer_access, kernel_state after an upgrade)." % (where, want))
+    if level:
+        return ("NCCL_P2P_LEVEL=%s was set and the library still chose SHM: the installed RCCL lacks the P2P-level "
+                "patch (RCCL 2.27.7 lets the Intel default override the user's level): re-run the rccl role, which "
+                "builds (or switches back to) the patched prefix; then check the lower layers (peer_access, "
+                "kernel_state after an upgrade)." % level)
+    return ("Check the lower layers first (peer_access, kernel_state after an upgrade); set NCCL_P2P_LEVEL=%s in the "
+            "GPU environment file (amd_rocm role); for RCCL 2.27.7 on Intel hosts the P2P-level patch is needed as "
+            "well (rccl role)." % (want or "PHB"))
 
 
 def judge_collectives(data, profile, baseline_metrics=None, tolerance=None):
@@ -50,7 +70,25 @@ def judge_collectives(data, profile, baseline_metrics=None, tolerance=None):
         return make(layer, "fail", measured, expected, why,
                     "Wrong collective results mean corruption on the peer path: disable P2P (NCCL_P2P_DISABLE=1) "
                     "until the lower layers and the integrity test (peer_access) pass.", metrics=metrics)
+    ab = data.get("ab")
+    if ab:
+        if ab.get("gain") is not None:
+            measured["p2p_gain"] = "%.2fx (sendrecv busbw %s GB/s vs %s GB/s with NCCL_P2P_DISABLE=1)" % (
+                ab["gain"], ab.get("busbw_gbs"), ab.get("p2p_disabled_busbw_gbs"))
+        else:
+            measured["p2p_gain"] = "not measured: %s" % ab.get("error")
+        if expectations.p2p_expected(profile) and ab.get("gain") is not None and ab["gain"] < AB_MIN_GAIN:
+            expected["p2p_gain"] = ">= %.1fx" % AB_MIN_GAIN
+            want = (profile.get("p2p") or {}).get("nccl_p2p_level")
+            return make(layer, "fail", measured, expected,
+                        "P2P gain %.2fx over NCCL_P2P_DISABLE=1, below %.1fx: the collectives did not use P2P"
+                        % (ab["gain"], AB_MIN_GAIN), shm_remedy(data.get("p2p_level"), want, data.get("env_file")),
+                        metrics=metrics)
     missing = [op for op in OPS if op not in rows]
+    if missing and data.get("error"):
+        return make(layer, "unknown", measured, expected, "%s not measured: %s" % (", ".join(missing), data["error"]),
+                    "Run the failing program by hand with NCCL_DEBUG=INFO and the GPU environment file.",
+                    metrics=metrics)
     tol = expectations.tolerance(profile, tolerance)
     baseline_metrics = baseline_metrics or {}
     status, texts, ratios = baseline_mod.compare_all(metrics, baseline_metrics, tol)
@@ -119,6 +157,8 @@ def judge_nccl_transport(parsed, profile):
         remedy = ("Check the lower layers first (peer_access, kernel_state after an upgrade); set NCCL_P2P_LEVEL=%s "
                   "in the serving unit's environment; for RCCL 2.27.7 on Intel hosts the P2P-level patch is needed "
                   "as well." % (want_level or "PHB"))
+        if problems and expected_p2p and parsed.get("from_tests_run"):
+            remedy = shm_remedy(parsed.get("p2p_level"), want_level, parsed.get("env_file"))
     if problems:
         return make(layer, "fail", measured, expected, "; ".join(problems + notes), remedy)
     if notes:

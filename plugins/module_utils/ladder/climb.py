@@ -22,6 +22,8 @@ OPTION_DEFAULTS = {
     "collective_bytes": 256 << 20,
     "iters": 10,
     "env": {},
+    "env_file": None,
+    "ab": False,
     "log": None,
     "unit": None,
 }

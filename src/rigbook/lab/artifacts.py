@@ -5,23 +5,30 @@ site.yml finds there, offline:
 - the driver stand-ins (TEST ARTIFACTS from tests/artifacts/, not a driver), packed byte for byte so their
   sha256 equal the lab pins;
 - the pinned CUDA wheels, downloaded once with pip into the pinned wheel directory (a cached step: later
-  runs find them and download nothing).
+  runs find them and download nothing);
+- for the AMD host (inventory/lab/group_vars/x99_r9700.yml): the real Debian kernel .deb set that stands in for
+  the custom P2P kernel, fetched once through this machine's apt sources (`apt-get download`, or copied from the
+  lab's shared apt cache) and checked against the pinned sha256; and the local signed ROCm apt repository of
+  TEST STAND-IN packages (tests/artifacts/rocm_repo.py), rebuilt only when its builder changed.
 """
 
 from __future__ import annotations
 
 import hashlib
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import yaml
 
 from rigbook import paths
-from rigbook.lab.machine import ARTIFACTS_DIR, shared_dirs
+from rigbook.lab.machine import APT_CACHE_DIR, ARTIFACTS_DIR, shared_dirs
 from rigbook.lab.system import LabFailure, progress
 
 PINNED_GROUP = "inventory/lab/group_vars/x99_3080.yml"
+AMD_GROUP = "inventory/lab/group_vars/x99_r9700.yml"
 EXTRA_WHEELS = ["nvidia-cuda-runtime"]  # the runtime the compile-and-link check links against
 
 
@@ -86,8 +93,89 @@ def download_wheels(pins: dict) -> None:
     progress(f"artifacts: {len(specs)} wheels downloaded")
 
 
+def amd_pins() -> dict:
+    return yaml.safe_load((paths.collection_root() / AMD_GROUP).read_text())["rigbook_pins"]
+
+
+def _apt_cache() -> Path:
+    return next(src for src, target, _ in shared_dirs() if target == "/var/cache/apt/archives") or APT_CACHE_DIR
+
+
+def fetch_kernel_debs(pins: dict) -> None:
+    """The pinned kernel .deb set (real Debian packages standing in for the custom kernel), once per machine."""
+    debs = (pins.get("kernel") or {}).get("debs") or []
+    missing = [d for d in debs if not (_on_this_machine(d["path"]).is_file()
+                                       and _sha256(_on_this_machine(d["path"])) == d["sha256"])]
+    if not missing:
+        if debs:
+            progress("artifacts: kernel .debs present, sha256 as pinned")
+        return
+    for deb in missing:
+        target = _on_this_machine(deb["path"])
+        target.parent.mkdir(parents=True, exist_ok=True)
+        cached = _apt_cache() / target.name
+        if cached.is_file() and _sha256(cached) == deb["sha256"]:
+            shutil.copyfile(cached, target)
+            continue
+        name, version = target.name.split("_")[:2]
+        spec = f"{name}={version.replace('%3a', ':')}"
+        progress(f"artifacts: downloading {spec} through this machine's apt sources (once per machine) ...")
+        with tempfile.TemporaryDirectory(dir=target.parent) as work:
+            Path(work).chmod(0o755)
+            proc = subprocess.run(["apt-get", "download", "-q", spec], cwd=work, capture_output=True, text=True,
+                                  timeout=1800)
+            got = list(Path(work).glob("*.deb"))
+            if proc.returncode != 0 or len(got) != 1:
+                tail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or ["no output"]
+                raise LabFailure(f"artifacts: apt-get download {spec} failed: {tail[0]} (is it still in the "
+                                 f"apt sources? {AMD_GROUP} pins it)")
+            shutil.move(str(got[0]), target)
+    for deb in debs:
+        got = _sha256(_on_this_machine(deb["path"]))
+        if got != deb["sha256"]:
+            raise LabFailure(f"artifacts: {deb['path']} has sha256 {got}, but {AMD_GROUP} pins {deb['sha256']}")
+    progress(f"artifacts: {len(missing)} kernel .debs fetched, sha256 as pinned")
+
+
+def build_rocm_repo(pins: dict) -> None:
+    """The local signed ROCm apt repository of TEST STAND-INS, served file:// through the artifact mount."""
+    repo = (pins.get("rocm") or {}).get("repo")
+    if not repo:
+        return
+    builder = paths.load_collection_file("tests/artifacts/rocm_repo.py", "rigbook_lab_rocm_repo")
+    built = builder.build(source_dir())
+    key = source_dir() / Path(repo["key_url"][len("file://"):]).relative_to(ARTIFACTS_DIR)
+    got = _sha256(key) if key.is_file() else None
+    if got != repo["key_sha256"]:
+        raise LabFailure(f"artifacts: the stand-in ROCm repository's key {key} has sha256 {got}, "
+                         f"but {AMD_GROUP} pins {repo['key_sha256']}")
+    progress(f"artifacts: ROCm stand-in apt repository ready in {built}")
+
+
+def pack_rccl_standins(pins: dict) -> None:
+    """The RCCL and rccl-tests TEST STAND-INS (tests/artifacts/rccl_standin.py), checked against the pins."""
+    rccl = pins.get("rccl") or {}
+    wanted = {s["path"]: s["sha256"] for s in (rccl.get("source"), (rccl.get("tests") or {}).get("source"))
+              if s and "path" in s}
+    if not wanted:
+        return
+    if all(_on_this_machine(p).is_file() and _sha256(_on_this_machine(p)) == s for p, s in wanted.items()):
+        progress("artifacts: RCCL stand-ins present, sha256 as pinned")
+        return
+    paths.load_collection_file("tests/artifacts/rccl_standin.py", "rigbook_lab_rccl_standin").pack(source_dir())
+    for host_path, digest in wanted.items():
+        got = _sha256(_on_this_machine(host_path))
+        if got != digest:
+            raise LabFailure(f"artifacts: {host_path} packed with sha256 {got}, but {AMD_GROUP} pins {digest}")
+    progress(f"artifacts: packed the RCCL stand-ins into {source_dir()}")
+
+
 def prepare() -> None:
     """Everything site.yml needs offline on the lab hosts; idempotent."""
     pins = lab_pins()
     pack_standins(pins)
     download_wheels(pins)
+    amd = amd_pins()
+    fetch_kernel_debs(amd)
+    build_rocm_repo(amd)
+    pack_rccl_standins(amd)

@@ -2,6 +2,12 @@
 
 Planning reads every file a fault touches and computes the new contents first; nothing is
 written until the whole plan is known, so a fault either applies completely or not at all.
+
+Most faults edit the host's evidence tree. `scope: host` edits act on the host's own files instead (the GPU
+environment file, the RCCL prefix), relative to its root: file edits as above, and `run: SCRIPT`, a shell script run
+inside the running host (by the runner `apply` gets; `lab break` runs it over SSH as root) when the host has the
+file `needs:` names. Every host file a fault changes (and each `backup:` file of a script) is saved first into a
+backup directory, which `restore` (`lab heal`) writes back.
 """
 
 from __future__ import annotations
@@ -21,7 +27,9 @@ from rigbook.lab import hardware_trees
 from rigbook.paths import link_collection
 
 FAULTS_FILE = Path(__file__).resolve().parent / "faults.yml"
-OPS = ("set", "replace", "remove", "copy", "scale", "bar")
+OPS = ("set", "replace", "remove", "copy", "scale", "bar", "run")
+EVIDENCE_ROOT = "var/lib/rigbook-lab/evidence"  # where a host's tree sits inside its root (state.EVIDENCE_ROOT)
+ABSENT = ".rigbook-absent"  # a backup marker: the file did not exist before the fault
 _PLACEHOLDER = re.compile(r"\{(release|upgraded_release|bdf|index|port)\}")
 
 _EDIT_SCHEMA = {
@@ -29,10 +37,12 @@ _EDIT_SCHEMA = {
     "additionalProperties": False,
     "minProperties": 1,
     "properties": {
-        "scope": {"enum": ["tree", "gpus", "ports"]},
+        "scope": {"enum": ["tree", "gpus", "ports", "host"]},
         "gpus": {"oneOf": [{"const": "all"}, {"type": "array", "minItems": 1,
                                                "items": {"type": ["integer", "string"]}}]},
         **{op: {"type": "string", "minLength": 1} for op in OPS if op != "bar"},
+        "needs": {"type": "string", "minLength": 1},
+        "backup": {"type": "array", "items": {"type": "string", "minLength": 1}},
         "bar": {"oneOf": [{"const": "vram"}, {"type": "integer", "minimum": 0, "maximum": 5}]},
         "content": {"type": "string"},
         "pattern": {"type": "string", "minLength": 1},
@@ -68,7 +78,7 @@ SCHEMA = {
 }
 # What each operation needs besides its own key.
 _NEEDS = {"set": {"content"}, "replace": {"pattern", "with"}, "remove": set(), "copy": {"to"},
-          "scale": {"keys", "factor"}, "bar": set()}
+          "scale": {"keys", "factor"}, "bar": set(), "run": {"needs"}}
 
 
 def layer_names() -> list:
@@ -100,6 +110,8 @@ def validate(data: dict) -> dict:
                 raise ValueError(f"faults: {name}/edits/{i}: {ops[0]} needs {', '.join(sorted(missing))}")
             if ops[0] == "bar" and edit.get("scope") != "gpus":
                 raise ValueError(f"faults: {name}/edits/{i}: bar works with scope: gpus only")
+            if ops[0] == "run" and edit.get("scope") != "host":
+                raise ValueError(f"faults: {name}/edits/{i}: run works with scope: host only")
             if "pattern" in edit or "keys" in edit:
                 re.compile(edit.get("pattern") or edit["keys"])
             if "size" in edit:
@@ -131,6 +143,9 @@ def get_fault(name: str) -> dict:
 class Change:
     path: Path
     content: str | None  # None: remove
+    host_root: Path | None = None  # set for a host file (backed up before it is changed)
+    run: str | None = None  # a script to run inside the host (PATH is then the host root)
+    backup: tuple = ()  # host-relative files a script changes (backed up before it runs)
 
 
 def _fill(text: str, ctx: dict) -> str:
@@ -143,7 +158,7 @@ def _targets(edit: dict, profile: dict) -> list:
     ctx = {"release": kernel["release"], "upgraded_release": kernel.get("upgraded_release", kernel["release"]),
            "bdf": "", "index": "", "port": ""}
     scope = edit.get("scope", "tree")
-    if scope == "tree":
+    if scope in ("tree", "host"):
         return [("", ctx)]
     wanted = edit.get("gpus", "all")
     out = []
@@ -228,28 +243,89 @@ def _plan_edit(view: _View, edit: dict, profile: dict) -> None:
             view.put(rel, _bar(text, edit, ctx))
 
 
-def plan(fault_name: str, tree: Path, profile: dict) -> list:
-    """The changes FAULT_NAME makes to TREE (a host's evidence root); [] when it changes nothing."""
+def host_root_of(tree: Path) -> Path | None:
+    """The host root a lab host's evidence tree sits in (None for a tree elsewhere: no host files to edit)."""
+    tree = Path(tree)
+    parts = EVIDENCE_ROOT.split("/")
+    return tree.parents[len(parts) - 1] if tree.parts[-len(parts):] == tuple(parts) else None
+
+
+def plan(fault_name: str, tree: Path, profile: dict, host_root: Path | None = None) -> list:
+    """The changes FAULT_NAME makes to TREE (a host's evidence root) and to the host's files (HOST_ROOT, default the
+    root TREE sits in); [] when it changes nothing."""
     fault = get_fault(fault_name)
     vendors = fault.get("vendors")
     if vendors and profile["vendor"] not in vendors:
         raise UserError(
             f"fault {fault_name!r} is for {'/'.join(vendors)} GPUs; profile {profile['name']} has {profile['vendor']}"
         )
+    host_root = Path(host_root) if host_root else host_root_of(tree)
     view = _View(Path(tree))
+    host_view = _View(host_root) if host_root else None
+    runs = []
     for edit in fault["edits"]:
-        _plan_edit(view, edit, profile)
+        if edit.get("scope") != "host":
+            _plan_edit(view, edit, profile)
+        elif host_view is None:
+            continue
+        elif "run" in edit:
+            if (host_root / edit["needs"]).exists():
+                runs.append(Change(host_root, None, host_root, edit["run"], tuple(edit.get("backup") or ())))
+        else:
+            _plan_edit(host_view, edit, profile)
     changes = []
-    for path, content in view.changes.items():
-        current = path.read_text(encoding="utf-8") if path.is_file() else None
-        if content != current or (content is None and path.exists()):
-            changes.append(Change(path, content))
-    return changes
+    for v, root in ((view, None), (host_view, host_root)):
+        for path, content in (v.changes.items() if v else ()):
+            current = path.read_text(encoding="utf-8") if path.is_file() else None
+            if content != current or (content is None and path.exists()):
+                changes.append(Change(path, content, root))
+    return changes + runs
 
 
-def apply(changes: list) -> None:
+def _save(host_root: Path, path: Path, backup_dir: Path) -> None:
+    """Keep PATH's content (or that it was absent) under BACKUP_DIR, once: the state before the first fault."""
+    rel = path.relative_to(host_root)
+    saved, absent = backup_dir / rel, backup_dir / (str(rel) + ABSENT)
+    if saved.exists() or absent.exists():
+        return
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_file():
+        shutil.copyfile(path, saved)  # follows links: the file a link names is what is restored
+    else:
+        absent.write_text("")
+
+
+def restore(backup_dir: Path, host_root: Path) -> list:
+    """Write back every host file saved under BACKUP_DIR (remove those that were absent); the paths restored."""
+    done = []
+    if not backup_dir.is_dir():
+        return done
+    for saved in sorted(p for p in backup_dir.rglob("*") if p.is_file()):
+        rel = saved.relative_to(backup_dir)
+        if rel.name.endswith(ABSENT):
+            target = host_root / str(rel)[:-len(ABSENT)]
+            if target.is_file() or target.is_symlink():
+                target.unlink()
+        else:
+            target = host_root / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(saved, target)
+        done.append(target)
+    shutil.rmtree(backup_dir)
+    return done
+
+
+def apply(changes: list, runner=None, backup_dir: Path | None = None) -> None:
+    """Write CHANGES; host files are saved into BACKUP_DIR first; scripts run through RUNNER(script)."""
     for change in changes:
-        if change.content is None:
+        if change.host_root is not None and backup_dir is not None:
+            for path in ([change.host_root / rel for rel in change.backup] if change.run else [change.path]):
+                _save(change.host_root, path, backup_dir)
+        if change.run is not None:
+            if runner is None:
+                raise UserError("this fault runs a script inside the host: no runner given")
+            runner(change.run)
+        elif change.content is None:
             if change.path.is_dir() and not change.path.is_symlink():
                 shutil.rmtree(change.path)
             elif change.path.exists() or change.path.is_symlink():

@@ -150,6 +150,12 @@ def _kernel(root: Path, profile: dict) -> None:
     _write(root, "proc/cmdline", " ".join(kernel["cmdline"].split()) + "\n")
     _write(root, "proc/sys/kernel/osrelease", release + "\n")
     _write(root, f"boot/config-{release}", "".join(line + "\n" for line in kernel["config"]))
+    # A real kernel that stands in for the recorded custom one in the lab (its .debs installed by the kernel role):
+    # the tree keeps the custom kernel's recorded config under the stand-in's release, and the lab's boot hook
+    # never overwrites a config the tree already has (docs/lab.md).
+    for standin in kernel.get("standin_releases") or []:
+        header = f"# RECONSTRUCTED: the P2P config of {release}, recorded for its lab stand-in {standin}\n"
+        _write(root, f"boot/config-{standin}", header + "".join(line + "\n" for line in kernel["config"]))
     for module in profile.get("modules", []):
         base = f"sys/module/{module['name']}"
         _write(root, f"{base}/initstate", "live\n")

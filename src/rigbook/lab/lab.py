@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 import time
+from pathlib import Path
 
 from rigbook.errors import UserError
 from rigbook.lab import artifacts, faults, hardware_trees, inventory, machine, rootfs, state, system, tracking
@@ -167,13 +169,27 @@ def break_(name: str, fault: str) -> int:
         if not changes:
             raise UserError(f"fault {fault!r} changes nothing on {host.name}: profile {host.profile} already has "
                             "it, or records nothing it edits")
-        faults.apply(changes)
+        faults.apply(changes, runner=lambda script: _run_in_host(host, script), backup_dir=_fault_backups(host))
         host.faults.append(fault)
         state.save(lab)
     layer = faults.get_fault(fault)["layer"]
     progress(f"{host.name}: broke layer {layer} with {fault} ({len(changes)} paths changed): "
              f"{faults.describe(fault, profile)}")
     return 0
+
+
+def _fault_backups(host) -> Path:
+    """Where `lab break` keeps the host files a fault changes (outside the host), for `lab heal`."""
+    return host.dir / "fault-backups"
+
+
+def _run_in_host(host, script: str) -> None:
+    """A fault's script, as root inside the running host (over its SSH, as Ansible reaches it)."""
+    proc = subprocess.run(machine.ssh_command(host, "sudo -n sh -c " + shlex.quote(script)), capture_output=True,
+                          text=True, timeout=600)
+    if proc.returncode != 0:
+        raise LabFailure(f"{host.name}: the fault's script failed (rc {proc.returncode}): "
+                         f"{(proc.stderr or proc.stdout).strip()[-400:]}")
 
 
 def _record_booted_kernel(host) -> None:
@@ -197,6 +213,7 @@ def heal(name: str) -> int:
         host.evidence.rename(old)
         fresh.rename(host.evidence)
         shutil.rmtree(old)
+        faults.restore(_fault_backups(host), host.root)
         _record_booted_kernel(host)
         healed, host.faults = host.faults, []
         state.save(lab)

@@ -156,7 +156,8 @@ printf '%s
 mkdir -p "$ev/lib/modules" "$ev/boot"
 # the booted kernel's modules are the host's real ones (DKMS builds land there)
 [ -e "$ev/lib/modules/$pick" ] || ln -s "/lib/modules/$pick" "$ev/lib/modules/$pick"
-[ -e "/boot/config-$pick" ] && cp "/boot/config-$pick" "$ev/boot/config-$pick"
+# a config the recorded tree already has for this release stays (a stand-in kernel keeps the recorded one)
+[ -e "/boot/config-$pick" ] && [ ! -e "$ev/boot/config-$pick" ] && cp "/boot/config-$pick" "$ev/boot/config-$pick"
 echo "rigbook lab: booted kernel $pick (evidence tree updated)"
 """
 BOOT_UNIT = """[Unit]

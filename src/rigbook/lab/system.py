@@ -18,6 +18,8 @@ TOOLS = {
     "ssh-keygen": "openssh-client",
     "mount": "mount",
     "chroot": "coreutils",
+    "apt-ftparchive": "apt-utils",  # the ROCm stand-in repository (src/rigbook/lab/artifacts.py)
+    "gpg": "gpg",
 }
 
 

@@ -1,0 +1,538 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: rigbook developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+
+
+DOCUMENTATION = r"""
+---
+module: source_build
+short_description: Build pinned CMake sources with a checked patch set into a prefix named by version and patch set
+description:
+  - Checks the whole state in one run, before anything is built or installed. Every component's source (a tarball
+    whose sha256 must equal its pin, or a directory checked out at a pinned commit, named by O(components[].source_id))
+    and every patch (its sha256) are verified first; a mismatch is refused and nothing is touched.
+  - The install prefix is C(<prefix_root>/<version>-<patch set hash>) (C(<version>-stock) without patches), so builds
+    of two versions or two patch sets coexist. A build stamp (C(.rigbook-build.json) in the prefix) records what was
+    built (sources, patches, CMake arguments) and the sha256 of O(check_files); when it matches and those files are
+    unchanged nothing is rebuilt and nothing is reported changed. The O(link) symlink in O(prefix_root) is switched
+    to the prefix only after a successful build (switching back to an older build is a link change, no rebuild).
+  - When a build is needed, each component is unpacked (or copied) into a fresh tree under O(build_root) and each of
+    its patches is tried with C(patch --dry-run) first (in check mode too); a patch that no longer applies (a
+    version bump) fails naming the patch and the files it could not patch, before anything is built. Then C(cmake)
+    configures, builds and installs each component in order into the prefix (C({prefix}) in O(components[].cmake_args)
+    names it, so a later component builds against an earlier one). Build output goes to O(log) as it happens
+    (C(tail -f) it; run the task with C(async) for long builds).
+  - Supports check mode and diff mode. In check mode a source not on the host yet is reported as a change to come.
+version_added: "1.0.0"
+author:
+  - rigbook developers
+options:
+  name:
+    description: What is built (messages, stamp, default log name).
+    type: str
+    required: true
+  version:
+    description: The version of what is built (the first part of the prefix name).
+    type: str
+    required: true
+  prefix_root:
+    description: Directory holding the prefixes and the O(link) symlink.
+    type: path
+    required: true
+  link:
+    description: Name of the symlink in O(prefix_root) pointing at the prefix of this build; empty for none.
+    type: str
+    default: current
+  components:
+    description: What to build, in order, into the one prefix.
+    type: list
+    elements: dict
+    required: true
+    suboptions:
+      name:
+        description: Component name.
+        type: str
+        required: true
+      src:
+        description: Source tarball (one top directory) or source directory on the host.
+        type: path
+        required: true
+      sha256:
+        description: SHA-256 of O(components[].src) when it is a tarball (required then).
+        type: str
+      source_id:
+        description: What identifies a directory O(components[].src) (its pinned commit).
+        type: str
+      subdir:
+        description: The directory inside the source tree holding the top CMakeLists.txt (e.g. C(projects/rccl)).
+        type: str
+        default: ""
+      patches:
+        description: Patches applied in order inside O(components[].subdir), each a file with its pinned sha256.
+        type: list
+        elements: dict
+        default: []
+        suboptions:
+          path:
+            description: The patch file on the host; with O(components[].patch_dir), only its file name counts.
+            type: path
+          name:
+            description: The patch's file name in O(components[].patch_dir) (instead of O(components[].patches[].path)).
+            type: str
+          sha256:
+            description: Its SHA-256.
+            type: str
+            required: true
+          strip:
+            description: C(patch -p) level.
+            type: int
+            default: 1
+      patch_dir:
+        description: The directory on the host holding the patches (each named by its O(components[].patches[].path)
+          or O(components[].patches[].name) file name).
+        type: path
+      cmake_args:
+        description: Extra C(cmake) configure arguments; C({prefix}) is replaced by the install prefix.
+        type: list
+        elements: str
+        default: []
+  check_files:
+    description: Files under the prefix that must exist after the install; their sha256 is stamped and checked on
+      every run (a file changed since the build means it is rebuilt).
+    type: list
+    elements: str
+    default: []
+  build_root:
+    description: Where build trees are made (removed after a successful build).
+    type: path
+    default: /var/cache/rigbook/build
+  jobs:
+    description: Parallel build jobs (default the CPU count).
+    type: int
+  log:
+    description: Build log, appended as the build runs (default C(<prefix_root>/.<name>-build.log)).
+    type: path
+extends_documentation_fragment:
+  - rigbook.homelab.attributes.changes
+"""
+
+EXAMPLES = r"""
+- name: Build RCCL with the P2P-level patch, and rccl-tests against it
+  rigbook.homelab.source_build:
+    name: rccl
+    version: 2.27.7
+    prefix_root: /opt/rigbook/rccl
+    components:
+      - name: rccl
+        src: /var/cache/rigbook/artifacts/rccl-2.27.7.tar.gz
+        sha256: "{{ rigbook_pins.rccl.source.sha256 }}"
+        patches:
+          - {path: /var/lib/rigbook/rccl/patches/p2p-level-user-last.patch, sha256: "{{ patch_sha256 }}"}
+        cmake_args: [-DAMDGPU_TARGETS=gfx1201, -DGPU_TARGETS=gfx1201]
+      - name: rccl-tests
+        src: /var/cache/rigbook/artifacts/rccl-tests.tar.gz
+        sha256: "{{ rigbook_pins.rccl.tests.source.sha256 }}"
+        cmake_args: ["-DNCCL_HOME={prefix}"]
+    check_files: [lib/librccl.so, bin/sendrecv_perf, bin/all_reduce_perf]
+"""
+
+RETURN = r"""
+prefix:
+  description: The install prefix of this build.
+  returned: always
+  type: str
+  sample: /opt/rigbook/rccl/2.27.7-1a2b3c4d5e6f
+patch_set:
+  description: The patch set hash in the prefix name (C(stock) without patches).
+  returned: always
+  type: str
+built:
+  description: Whether the components were (or in check mode would be) built and installed by this call.
+  returned: always
+  type: bool
+reasons:
+  description: Why a build is needed (empty when the stamp matches).
+  returned: always
+  type: list
+  elements: str
+link_changed:
+  description: Whether the O(link) symlink was (or would be) switched to the prefix.
+  returned: always
+  type: bool
+patches_checked:
+  description: The patches tried with C(patch --dry-run) by this call (empty when no build was needed).
+  returned: always
+  type: list
+  elements: str
+progress:
+  description: The build's steps with their seconds.
+  returned: always
+  type: list
+  elements: str
+stamp:
+  description: The build stamp after the call.
+  returned: always
+  type: dict
+"""
+
+import hashlib
+import json
+import os
+import posixpath
+import re
+import shutil
+import tarfile
+import tempfile
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.rigbook.homelab.plugins.module_utils.file_digest import sha256_of
+
+STAMP = ".rigbook-build.json"
+_SHA = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _unsafe(member):
+    """What in a tarball member points outside the unpack directory (None: all inside)."""
+    if member.name.startswith("/") or ".." in member.name.split("/"):
+        return member.name
+    if member.issym() or member.islnk():
+        base = posixpath.dirname(member.name) if member.issym() else ""
+        target = posixpath.normpath(posixpath.join(base, member.linkname))
+        if member.linkname.startswith("/") or target == ".." or target.startswith("../"):
+            return member.linkname
+    return None
+
+
+class Build(object):
+    def __init__(self, module):
+        self.module = module
+        self.p = module.params
+        self.progress = []
+        self.log = self.p["log"] or os.path.join(self.p["prefix_root"], ".%s-build.log" % self.p["name"])
+
+    def fail(self, msg, **extra):
+        self.module.fail_json(msg=msg, progress=self.progress, **extra)
+
+    # --- what is wanted ---------------------------------------------------------------------------------------
+
+    def verify_inputs(self):
+        """sha256 of every source tarball and patch against its pin (nothing is touched before this passes).
+
+        Returns the list of sources not on the host yet (allowed in check mode only)."""
+        missing = []
+        for comp in self.p["components"]:
+            src = comp["src"]
+            if not os.path.exists(src):
+                if self.module.check_mode:
+                    missing.append(src)
+                    continue
+                self.fail("%s: source %s does not exist" % (comp["name"], src))
+            if os.path.isfile(src):
+                pin = (comp.get("sha256") or "").lower()
+                got = sha256_of(src)
+                if got != pin:
+                    self.fail("refused %s (%s): its sha256 is %s, pinned %s; nothing was built or installed"
+                              % (src, comp["name"], got, pin or "(no sha256 given)"), sha256=got)
+            elif not comp.get("source_id"):
+                self.fail("%s: source directory %s needs a source_id (the pinned commit it is checked out at)"
+                          % (comp["name"], src))
+            for patch in comp["patches"]:
+                pin = (patch.get("sha256") or "").lower()
+                if not _SHA.match(pin):
+                    self.fail("patch %s: sha256 %r is not 64 hex digits" % (patch["path"], patch.get("sha256")))
+                if not os.path.isfile(patch["path"]):
+                    if self.module.check_mode:
+                        missing.append(patch["path"])
+                        continue
+                    self.fail("patch %s (%s) does not exist" % (patch["path"], comp["name"]))
+                got = sha256_of(patch["path"])
+                if got != pin:
+                    self.fail("refused patch %s (%s): its sha256 is %s, pinned %s; nothing was built or installed"
+                              % (patch["path"], comp["name"], got, pin), sha256=got)
+        return missing
+
+    def patch_set(self):
+        shas = ["%s:%s" % (c["name"], p["sha256"].lower()) for c in self.p["components"] for p in c["patches"]]
+        if not shas:
+            return "stock"
+        return hashlib.sha256("\n".join(shas).encode()).hexdigest()[:12]
+
+    def identity(self, prefix):
+        comps = []
+        for comp in self.p["components"]:
+            comps.append(dict(
+                name=comp["name"],
+                source=(comp.get("sha256") or "").lower() if comp.get("sha256") else "dir:%s" % comp.get("source_id"),
+                subdir=comp.get("subdir") or "",
+                patches=["%s -p%d %s" % (os.path.basename(p["path"]), p["strip"], p["sha256"].lower())
+                         for p in comp["patches"]],
+                cmake_args=[a.replace("{prefix}", prefix) for a in comp["cmake_args"]]))
+        return dict(name=self.p["name"], version=self.p["version"], prefix=prefix, components=comps)
+
+    # --- what is there ----------------------------------------------------------------------------------------
+
+    @staticmethod
+    def read_stamp(prefix):
+        try:
+            with open(os.path.join(prefix, STAMP)) as handle:
+                return json.load(handle)
+        except (OSError, ValueError):
+            return None
+
+    def reasons(self, prefix, wanted, stamp):
+        if stamp is None:
+            return ["no build stamp in %s" % prefix]
+        have = dict((k, v) for k, v in stamp.items() if k != "files")
+        if have != wanted:
+            changed = sorted(k for k in set(have) | set(wanted) if have.get(k) != wanted.get(k))
+            return ["the build stamp differs in %s" % ", ".join(changed)]
+        out = []
+        for rel, digest in sorted((stamp.get("files") or {}).items()):
+            path = os.path.join(prefix, rel)
+            if not os.path.isfile(path):
+                out.append("%s is missing" % path)
+            elif sha256_of(path) != digest:
+                out.append("%s changed since it was built" % path)
+        for rel in self.p["check_files"]:
+            if rel not in (stamp.get("files") or {}):
+                out.append("%s is not in the build stamp" % rel)
+        return out
+
+    # --- doing it ---------------------------------------------------------------------------------------------
+
+    def step(self, what, argv, cwd=None):
+        """Run ARGV with its output appended to the log as it runs; fail naming WHAT with the log's tail."""
+        started = time.time()
+        self.note("%s: %s" % (what, " ".join(argv)))
+        rc, out, err = self.module.run_command(["sh", "-c", 'exec "$@" >>"$0" 2>&1', self.log] + argv, cwd=cwd,
+                                               environ_update={"LC_ALL": "C"})
+        self.progress.append("%s (%.1f s)" % (what, time.time() - started))
+        if rc != 0:
+            self.fail("%s failed (rc %d); the end of %s:\n%s" % (what, rc, self.log, self.log_tail() or err or out))
+
+    def note(self, line):
+        try:
+            with open(self.log, "a") as handle:
+                handle.write("[rigbook %s] %s\n" % (time.strftime("%H:%M:%S"), line))
+        except OSError:
+            pass
+
+    def log_tail(self, chars=3000):
+        try:
+            with open(self.log) as handle:
+                return handle.read()[-chars:]
+        except OSError:
+            return ""
+
+    def unpack(self, comp, dest):
+        """The component's source tree (its subdir) as a fresh copy under DEST."""
+        src = comp["src"]
+        tree = os.path.join(dest, comp["name"])
+        if os.path.isdir(src):
+            shutil.copytree(src, tree, symlinks=True, ignore=shutil.ignore_patterns(".git"))
+        else:
+            os.makedirs(tree)
+            try:
+                with tarfile.open(src) as tar:
+                    for member in tar.getmembers():
+                        bad = _unsafe(member)
+                        if bad is not None:
+                            self.fail("%s: unsafe path %s in the tarball" % (src, bad))
+                    tar.extractall(tree)
+            except (tarfile.TarError, EOFError, OSError) as exc:
+                self.fail("cannot unpack %s: %s" % (src, exc))
+            entries = os.listdir(tree)
+            if len(entries) == 1 and os.path.isdir(os.path.join(tree, entries[0])):
+                tree = os.path.join(tree, entries[0])
+        top = os.path.join(tree, comp["subdir"]) if comp.get("subdir") else tree
+        if not os.path.isfile(os.path.join(top, "CMakeLists.txt")):
+            self.fail("%s: no CMakeLists.txt in %s of %s" % (comp["name"], comp.get("subdir") or "the top", src))
+        return top
+
+    def apply_patches(self, comp, top, dry_run):
+        checked = []
+        for patch in comp["patches"]:
+            argv = ["patch", "-p%d" % patch["strip"], "--forward", "--batch", "-d", top, "-i", patch["path"]]
+            if dry_run:
+                argv.insert(1, "--dry-run")
+            rc, out, err = self.module.run_command(argv, environ_update={"LC_ALL": "C"})
+            name = os.path.basename(patch["path"])
+            if rc != 0:
+                text = (out + err).strip()
+                files = failing_files(text)
+                self.fail("patch %s no longer applies to %s %s (%s): %s%s. Nothing was built; the pinned source "
+                          "changed (a version bump?): update or drop the patch, or pin the source it was made for."
+                          % (name, comp["name"], self.p["version"], comp["src"],
+                             "failed on %s" % ", ".join(files) if files else "patch said",
+                             ": " + text[-600:] if not files else ""),
+                          patch=patch["path"], failing_files=files, patch_output=text[-2000:])
+            checked.append(name)
+            self.progress.append("%s %s: %s" % ("checked" if dry_run else "applied", comp["name"], name))
+        return checked
+
+
+def failing_files(text):
+    """The files GNU patch could not patch, from its output: "checking/patching file X" followed by a FAILED hunk or
+    a reversed (already applied) patch, or "can't find file to patch" followed by the diff header naming it."""
+    files, current, missing = [], None, False
+    for line in text.splitlines():
+        m = re.match(r"^(?:checking|patching) file (.+?)\s*$", line)
+        if m:
+            current, missing = m.group(1).strip("'\""), False
+            continue
+        if "can't find file to patch" in line:
+            missing = True
+            continue
+        header = re.match(r"^\|?(?:---|\+\+\+) (?:[ab]/)?(\S+)", line)
+        if missing and header:
+            if header.group(1) not in files and header.group(1) != "/dev/null":
+                files.append(header.group(1))
+            missing = False
+        elif current and ("FAILED" in line or "Reversed (or previously applied)" in line) and current not in files:
+            files.append(current)
+    return files
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            name=dict(type="str", required=True),
+            version=dict(type="str", required=True),
+            prefix_root=dict(type="path", required=True),
+            link=dict(type="str", default="current"),
+            components=dict(type="list", elements="dict", required=True, options=dict(
+                name=dict(type="str", required=True),
+                src=dict(type="path", required=True),
+                sha256=dict(type="str"),
+                source_id=dict(type="str"),
+                subdir=dict(type="str", default=""),
+                patch_dir=dict(type="path"),
+                patches=dict(type="list", elements="dict", default=[], options=dict(
+                    path=dict(type="path"),
+                    name=dict(type="str"),
+                    sha256=dict(type="str", required=True),
+                    strip=dict(type="int", default=1),
+                )),
+                cmake_args=dict(type="list", elements="str", default=[]),
+            )),
+            check_files=dict(type="list", elements="str", default=[]),
+            build_root=dict(type="path", default="/var/cache/rigbook/build"),
+            jobs=dict(type="int"),
+            log=dict(type="path"),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    check = module.check_mode
+    for comp in p["components"]:
+        for patch in comp["patches"]:
+            given = patch.get("path") or patch.get("name")
+            if not given:
+                module.fail_json(msg="%s: every patch needs a path or a name" % comp["name"])
+            if comp.get("patch_dir"):
+                patch["path"] = os.path.join(comp["patch_dir"], os.path.basename(given))
+            elif not patch.get("path"):
+                module.fail_json(msg="%s: patch %s needs a path (or the component's patch_dir)" % (comp["name"], given))
+    b = Build(module)
+    if not p["components"]:
+        module.fail_json(msg="components: nothing to build")
+    if not re.match(r"^[A-Za-z0-9._+-]+$", p["version"]):
+        module.fail_json(msg="version %r: only letters, digits and ._+- (it names the prefix)" % p["version"])
+    missing = b.verify_inputs()
+    patch_set = b.patch_set()
+    prefix = os.path.join(p["prefix_root"], "%s-%s" % (p["version"], patch_set))
+    wanted = b.identity(prefix)
+    stamp = old_stamp = b.read_stamp(prefix)
+    reasons = b.reasons(prefix, wanted, stamp)
+    link_path = os.path.join(p["prefix_root"], p["link"]) if p["link"] else None
+    link_target = os.path.basename(prefix)
+    link_now = os.readlink(link_path) if link_path and os.path.islink(link_path) else None
+    if link_path and os.path.exists(link_path) and not os.path.islink(link_path):
+        module.fail_json(msg="%s exists and is not a symlink: move it away (it would be replaced by a link to %s)"
+                         % (link_path, prefix))
+    link_changed = bool(link_path) and link_now != link_target
+    result = dict(changed=False, prefix=prefix, patch_set=patch_set, built=bool(reasons), reasons=reasons,
+                  link_changed=link_changed, patches_checked=[], progress=b.progress, stamp=stamp or {})
+    if missing:  # check mode only: the tasks before this one did not fetch them
+        result.update(changed=True, built=True, link_changed=bool(link_path),
+                      msg="not on the host yet (check mode): %s" % ", ".join(missing))
+        module.exit_json(**result)
+    if reasons:
+        if not check:
+            for path in (p["build_root"], p["prefix_root"]):
+                if not os.path.isdir(path):
+                    os.makedirs(path, 0o755)
+            with open(b.log, "a") as handle:
+                handle.write("\n")
+            b.note("build %s %s into %s: %s" % (p["name"], p["version"], prefix, "; ".join(reasons)))
+        work = tempfile.mkdtemp(prefix=".rigbook-%s-" % p["name"],
+                                dir=p["build_root"] if os.path.isdir(p["build_root"]) else None)
+        try:
+            tops = []
+            # every patch of every component is tried before anything is built
+            for comp in p["components"]:
+                top = b.unpack(comp, work)
+                result["patches_checked"] += b.apply_patches(comp, top, dry_run=True)
+                tops.append(top)
+            if not check:
+                if os.path.isdir(prefix):  # a stale or partial build of the same name: start clean
+                    shutil.rmtree(prefix)
+                os.makedirs(prefix, 0o755)
+                jobs = str(p["jobs"] or os.cpu_count() or 1)
+                for comp, top in zip(p["components"], tops):
+                    b.apply_patches(comp, top, dry_run=False)
+                    build = os.path.join(work, "build-" + comp["name"])
+                    args = [a.replace("{prefix}", prefix) for a in comp["cmake_args"]]
+                    b.step("configure %s" % comp["name"], ["cmake", "-S", top, "-B", build,
+                                                            "-DCMAKE_INSTALL_PREFIX=" + prefix,
+                                                            "-DCMAKE_BUILD_TYPE=Release"] + args)
+                    b.step("build %s" % comp["name"], ["cmake", "--build", build, "--parallel", jobs])
+                    b.step("install %s" % comp["name"], ["cmake", "--install", build])
+                files = {}
+                for rel in p["check_files"]:
+                    path = os.path.join(prefix, rel)
+                    if not os.path.isfile(path):
+                        module.fail_json(msg="after installing %s %s, %s is missing" % (p["name"], p["version"], path),
+                                         progress=b.progress)
+                    files[rel] = sha256_of(path)
+                stamp = dict(wanted, files=files)  # what was built, not when: a rebuild of the same is equal
+                with open(os.path.join(prefix, STAMP), "w") as handle:
+                    json.dump(stamp, handle, indent=2, sort_keys=True)
+                    handle.write("\n")
+                result["stamp"] = stamp
+                b.note("built %s %s into %s" % (p["name"], p["version"], prefix))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    if link_changed and not check:
+        tmp_link = link_path + ".rigbook-new"
+        if os.path.lexists(tmp_link):
+            os.unlink(tmp_link)
+        os.symlink(link_target, tmp_link)
+        os.rename(tmp_link, link_path)  # atomic: a reader sees the old build or the new one
+    result["changed"] = bool(reasons) or link_changed
+    if module._diff and result["changed"]:
+        before = "%s -> %s\n" % (link_path, link_now) if link_path else ""
+        before += "".join("%s\n" % line for line in (_stamp_lines(old_stamp)))
+        after = "%s -> %s\n" % (link_path, link_target) if link_path else ""
+        after += "".join("%s\n" % line for line in _stamp_lines(wanted))
+        result["diff"] = dict(before=before, after=after, before_header="%s (before)" % prefix,
+                              after_header="%s (after)" % prefix)
+    module.exit_json(**result)
+
+
+def _stamp_lines(stamp):
+    if not stamp:
+        return ["(no build)"]
+    lines = []
+    for comp in stamp.get("components") or []:
+        lines.append("%s: source %s" % (comp["name"], comp["source"]))
+        lines += ["%s: patch %s" % (comp["name"], patch) for patch in comp["patches"]]
+        lines.append("%s: cmake %s" % (comp["name"], " ".join(comp["cmake_args"])))
+    return lines
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""The collectives layer running built rccl-tests (AMD, Deliver 6 of issue 12): the programs of nccl_tests_dir run on
+any evidence root with the GPU environment file alone and NCCL_DEBUG=INFO, the transport layer reads that run's log,
+and with ab the NCCL_P2P_DISABLE=1 run's gain is judged. The programs here are small shell scripts that print
+rccl-tests output from their environment (what they got is what they print)."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+from ansible_collections.rigbook.homelab.plugins.module_utils.collect import collective_bench
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder.climb import Context, climb
+
+from rigbook.lab import hardware_trees
+
+PROFILE = {"gpu": {"vendor": "amd", "count": 2}, "p2p": {"expected": True, "nccl_p2p_level": "PHB"}}
+# A program printing rccl-tests' table: P2P figures when NCCL_P2P_LEVEL=PHB and the "library" is patched
+# ($PATCHED_FLAG exists), SHM figures otherwise or with NCCL_P2P_DISABLE=1; its NCCL INFO lines say which.
+SCRIPT = r"""#!/bin/sh
+[ -n "$RIGBOOK_EVIDENCE_ROOT" ] || { echo "no evidence root" >&2; exit 3; }
+[ "$NCCL_DEBUG" = INFO ] || { echo "NCCL_DEBUG not INFO" >&2; exit 3; }
+echo "$RIGBOOK_EVIDENCE_ROOT $LD_LIBRARY_PATH" >> "$(dirname "$0")/calls"
+bw=6.90; via=SHM/direct/direct; direct=0
+[ -n "$NCCL_P2P_LEVEL" ] && echo "h:1:1 [0] NCCL INFO NCCL_P2P_LEVEL set by environment to $NCCL_P2P_LEVEL"
+if [ "$NCCL_P2P_LEVEL" = PHB ] && [ -e "$(dirname "$0")/patched" ] && [ "$NCCL_P2P_DISABLE" != 1 ]; then
+  bw=%(bw)s; via=P2P/IPC; direct=1
+fi
+echo "h:1:1 [0] NCCL INFO Check P2P Type isAllDirectP2p $direct directMode 0"
+echo "h:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via $via"
+echo "h:1:1 [1] NCCL INFO Channel 00/0 : 1[1] -> 0[0] via $via"
+echo "#  size   count   type   redop   root   time   algbw   busbw #wrong   time   algbw   busbw #wrong"
+echo "   268435456      67108864     float     sum      -1  38904.1    $bw    $bw      0  38904.1    $bw    $bw      0"
+echo "# Out of bounds values : 0 OK"
+"""
+
+
+def make_tests_dir(tmp_path: Path, patched=True, bw="9.75") -> Path:
+    d = tmp_path / "bin"
+    d.mkdir(exist_ok=True)
+    for name in ("sendrecv_perf", "all_reduce_perf"):
+        (d / name).write_text(SCRIPT % {"bw": bw})
+        (d / name).chmod((d / name).stat().st_mode | stat.S_IXUSR)
+    if patched:
+        (d / "patched").write_text("")
+    return d
+
+
+def env_file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "gpu.env"
+    path.write_text(text)
+    return path
+
+
+GOOD_ENV = ("# BEGIN amd_rocm\nHSA_ENABLE_IPC_MODE_LEGACY=0\nNCCL_P2P_LEVEL=PHB\n# END amd_rocm\n"
+            "# BEGIN rccl\nLD_LIBRARY_PATH=/opt/rigbook/rccl/2.27.7-abc/lib\n# END rccl\n")
+
+
+def runtime(tmp_path, tree, tdir, envf, ab=True, env=None):
+    ctx = Context(str(tree), PROFILE, options=dict(nccl_tests_dir=str(tdir), env_file=str(envf) if envf else None,
+                                                   ab=ab, env=env or {}, collective_bytes=256 << 20))
+    return climb(["collectives", "nccl_transport"], ctx)
+
+
+@pytest.fixture
+def tree(tmp_path):
+    return hardware_trees.materialize("x99-r9700", tmp_path / "evidence")
+
+
+def test_read_env_file(tmp_path):
+    env, error = collective_bench.read_env_file(str(env_file(
+        tmp_path, "# c\n\nexport A='1 2'\nB=\"x\"\nnot a line\nC=\n")))
+    assert error is None and env == {"A": "1 2", "B": "x", "C": ""}
+    assert collective_bench.read_env_file(str(tmp_path / "missing"))[1].startswith("cannot read")
+
+
+def test_built_tests_run_under_a_recorded_root_with_the_env_file_and_pass(tmp_path, tree):
+    tdir = make_tests_dir(tmp_path)
+    verdicts, evidence = runtime(tmp_path, tree, tdir, env_file(tmp_path, GOOD_ENV),
+                                 env={"NCCL_P2P_LEVEL": "SYS"})  # ignored: the env file is what serves
+    assert [v["status"] for v in verdicts] == ["pass", "pass"], verdicts
+    coll = evidence["collectives"]
+    assert coll["source"].startswith("rccl-tests") and coll["ab"]["gain"] == round(9.75 / 6.90, 3)
+    assert "1.41x" in verdicts[0]["measured"]["p2p_gain"]
+    assert evidence["nccl_transport"]["from_tests_run"] and evidence["nccl_transport"]["p2p_level"] == "PHB"
+    calls = (tdir / "calls").read_text().splitlines()
+    assert len(calls) == 3 and all(c == f"{tree} /opt/rigbook/rccl/2.27.7-abc/lib" for c in calls)
+
+
+def test_unpatched_library_fails_collectives_naming_the_rccl_role(tmp_path, tree):
+    tdir = make_tests_dir(tmp_path, patched=False)
+    verdicts, _ = runtime(tmp_path, tree, tdir, env_file(tmp_path, GOOD_ENV))
+    assert [v["layer"] for v in verdicts] == ["collectives"] and verdicts[0]["status"] == "fail"
+    assert "P2P gain 1.00x" in verdicts[0]["why"]
+    assert "re-run the rccl role" in verdicts[0]["remedy"] and "NCCL_P2P_LEVEL=PHB was set" in verdicts[0]["remedy"]
+
+
+def test_level_missing_from_the_env_file_fails_naming_the_amd_rocm_role(tmp_path, tree):
+    tdir = make_tests_dir(tmp_path)
+    verdicts, _ = runtime(tmp_path, tree, tdir, env_file(tmp_path, GOOD_ENV.replace("NCCL_P2P_LEVEL=PHB\n", "")))
+    assert verdicts[0]["status"] == "fail" and "re-run the amd_rocm role" in verdicts[0]["remedy"]
+    assert str(tmp_path / "gpu.env") in verdicts[0]["remedy"]
+
+
+def test_without_ab_the_shm_run_fails_at_transport_with_the_run_log(tmp_path, tree):
+    tdir = make_tests_dir(tmp_path, patched=False)
+    verdicts, _ = runtime(tmp_path, tree, tdir, env_file(tmp_path, GOOD_ENV), ab=False)
+    assert [v["status"] for v in verdicts] == ["pass", "fail"]
+    assert "through SHM" in verdicts[1]["why"] and "re-run the rccl role" in verdicts[1]["remedy"]
+
+
+def test_ab_on_a_box_without_p2p_only_reports_the_gain(tmp_path, tree):
+    tdir = make_tests_dir(tmp_path, patched=False)
+    ctx = Context(str(tree), dict(PROFILE, p2p={"expected": False}),
+                  options=dict(nccl_tests_dir=str(tdir), env_file=str(env_file(tmp_path, GOOD_ENV)), ab=True))
+    verdicts, _ = climb(["collectives"], ctx)
+    assert verdicts[0]["status"] == "pass" and "1.00x" in verdicts[0]["measured"]["p2p_gain"]
+
+
+def test_missing_tests_dir_falls_back_to_the_recording(tmp_path, tree):
+    verdicts, evidence = runtime(tmp_path, tree, tmp_path / "nothing", None)
+    assert evidence["collectives"]["source"].startswith("seed 004") and "ab" not in evidence["collectives"]
+    assert [v["status"] for v in verdicts] == ["pass", "pass"]
+
+
+def test_a_failing_program_is_unknown_not_pass(tmp_path, tree):
+    tdir = make_tests_dir(tmp_path)
+    (tdir / "sendrecv_perf").write_text("#!/bin/sh\necho boom >&2\nexit 1\n")
+    verdicts, evidence = runtime(tmp_path, tree, tdir, env_file(tmp_path, GOOD_ENV), ab=True)
+    assert "boom" in evidence["collectives"]["error"] and "ab" not in evidence["collectives"]
+    assert verdicts[0]["status"] in ("warn", "unknown")

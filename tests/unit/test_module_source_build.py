@@ -1,0 +1,267 @@
+"""source_build, in-process: the exact commands in order (faked), then real builds of the RCCL TEST STAND-IN with real
+`patch`, `cmake` and the compiler: the shipped patch applies, a converged re-run runs nothing, a bumped source fails
+before anything is built naming the patch and file, a bad sha256 is refused before anything is touched, two patch
+sets coexist and the link switches between them without a rebuild.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+from unittest import mock
+
+import pytest
+from ansible_collections.rigbook.homelab.plugins.modules import source_build
+from helpers import REPO, AnsibleExitJson, AnsibleFailJson, _module_args, fail, ok, run_module
+
+sys.path.insert(0, str(REPO / "tests" / "artifacts"))
+import rccl_standin  # noqa: E402  (the stand-in packer lives with the stand-ins)
+
+PATCH = REPO / "roles" / "rccl" / "files" / "patches" / "p2p-level-user-last.patch"
+PATCH_SHA = hashlib.sha256(PATCH.read_bytes()).hexdigest()
+TOOLS = all(shutil.which(t) for t in ("cmake", "patch", "c++", "make"))
+needs_tools = pytest.mark.skipif(not TOOLS, reason="needs cmake, patch, make and a C++ compiler")
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def tarballs(tmp_path_factory):
+    dest = tmp_path_factory.mktemp("artifacts")
+    digests = rccl_standin.pack(dest)
+    return {name: (dest / name, digest) for name, digest in digests.items()}
+
+
+def args(tmp_path, tarballs, source=rccl_standin.SOURCE, patches=True, tests=False, **extra):
+    src, digest = tarballs[source]
+    comps = [dict(name="rccl", src=str(src), sha256=digest,
+                  patches=[dict(path=str(PATCH), sha256=PATCH_SHA)] if patches else [],
+                  cmake_args=["-DAMDGPU_TARGETS=gfx1201", "-DGPU_TARGETS=gfx1201"])]
+    files = ["lib/librccl.so"]
+    if tests:
+        tsrc, tdigest = tarballs[rccl_standin.TESTS]
+        comps.append(dict(name="rccl-tests", src=str(tsrc), sha256=tdigest, cmake_args=["-DNCCL_HOME={prefix}"]))
+        files += ["bin/sendrecv_perf", "bin/all_reduce_perf"]
+    return dict(dict(name="rccl", version="2.27.7", prefix_root=str(tmp_path / "opt"), components=comps,
+                     check_files=files, build_root=str(tmp_path / "build"), jobs=2), **extra)
+
+
+def real(module_args, check_mode=False, diff=False):
+    """main() in-process with the real run_command; returns (result, failed, argvs run)."""
+    from ansible.module_utils import basic
+
+    ran = []
+    real_run = basic.AnsibleModule.run_command
+
+    def run_command(self, argv, *a, **kw):
+        ran.append(list(argv))
+        return real_run(self, argv, *a, **kw)
+
+    def exit_json(self, **kw):
+        raise AnsibleExitJson(kw)
+
+    def fail_json(self, msg, **kw):
+        kw.update(failed=True, msg=msg)
+        raise AnsibleFailJson(kw)
+
+    with ExitStack() as stack:
+        stack.enter_context(_module_args({**module_args, "_ansible_check_mode": check_mode, "_ansible_diff": diff}))
+        for name, fake in (("run_command", run_command), ("exit_json", exit_json), ("fail_json", fail_json),
+                           ("_log_invocation", lambda self: None)):
+            stack.enter_context(mock.patch.object(basic.AnsibleModule, name, fake))
+        try:
+            source_build.main()
+        except AnsibleExitJson as done:
+            return done.args[0], False, ran
+        except AnsibleFailJson as done:
+            return done.args[0], True, ran
+    raise AssertionError("main() returned without exit_json or fail_json")
+
+
+# --- exact commands (faked) ----------------------------------------------------------------------------------
+
+def test_fresh_build_runs_dry_run_then_patch_configure_build_install_in_order(tmp_path, tarballs):
+    a = args(tmp_path, tarballs)
+    a["check_files"] = []
+    opt = tmp_path / "opt"
+    prefix = f"{opt}/2.27.7-{hashlib.sha256(f'rccl:{PATCH_SHA}'.encode()).hexdigest()[:12]}"
+    log = f"{opt}/.rccl-build.log"
+
+    # the unpacked tree lives in a temporary directory: pinned here so the exact argv can be written out
+    build_root = tmp_path / "build"
+    build_root.mkdir()
+    with mock.patch.object(source_build.tempfile, "mkdtemp", return_value=str(build_root / "w")):
+        (build_root / "w").mkdir()
+        top = f"{build_root}/w/rccl/rccl-2.27.7"
+        sh = ["sh", "-c", 'exec "$@" >>"$0" 2>&1', log]
+        run = run_module(source_build, a, [
+            (["patch", "--dry-run", "-p1", "--forward", "--batch", "-d", top, "-i", str(PATCH)], ok()),
+            (["patch", "-p1", "--forward", "--batch", "-d", top, "-i", str(PATCH)], ok()),
+            (sh + ["cmake", "-S", top, "-B", f"{build_root}/w/build-rccl", f"-DCMAKE_INSTALL_PREFIX={prefix}",
+                   "-DCMAKE_BUILD_TYPE=Release", "-DAMDGPU_TARGETS=gfx1201", "-DGPU_TARGETS=gfx1201"], ok()),
+            (sh + ["cmake", "--build", f"{build_root}/w/build-rccl", "--parallel", "2"], ok()),
+            (sh + ["cmake", "--install", f"{build_root}/w/build-rccl"], ok()),
+        ], diff=True)
+    assert not run.failed, run.result
+    assert run.result["changed"] and run.result["built"] and run.result["link_changed"]
+    assert run.result["prefix"] == prefix and os.readlink(opt / "current") == Path(prefix).name
+    stamp = json.loads((Path(prefix) / ".rigbook-build.json").read_text())
+    assert stamp["components"][0]["patches"] == [f"p2p-level-user-last.patch -p1 {PATCH_SHA}"]
+    assert "no build" in run.result["diff"]["before"]
+    assert "patch p2p-level-user-last.patch" in run.result["diff"]["after"]
+    assert not (build_root / "w").exists()  # the build tree is removed
+
+
+def test_a_failing_build_step_fails_with_the_log_and_leaves_no_stamp_and_no_link(tmp_path, tarballs):
+    a = args(tmp_path, tarballs, patches=False)
+    opt = tmp_path / "opt"
+    opt.mkdir()
+    (opt / ".rccl-build.log").write_text("c++: fatal error: hipcc not found\n")
+    build_root = tmp_path / "build"
+    (build_root / "w").mkdir(parents=True)
+    top = f"{build_root}/w/rccl/rccl-2.27.7"
+    with mock.patch.object(source_build.tempfile, "mkdtemp", return_value=str(build_root / "w")):
+        run = run_module(source_build, a, [
+            (["sh", "-c", 'exec "$@" >>"$0" 2>&1', f"{opt}/.rccl-build.log", "cmake", "-S", top, "-B",
+              f"{build_root}/w/build-rccl", f"-DCMAKE_INSTALL_PREFIX={opt}/2.27.7-stock", "-DCMAKE_BUILD_TYPE=Release",
+              "-DAMDGPU_TARGETS=gfx1201", "-DGPU_TARGETS=gfx1201"], fail(1)),
+        ])
+    assert run.failed and "configure rccl failed (rc 1)" in run.msg and "hipcc not found" in run.msg
+    assert not (opt / "current").exists() and not (opt / "2.27.7-stock" / ".rigbook-build.json").exists()
+
+
+def test_bad_source_sha256_is_refused_before_any_command(tmp_path, tarballs):
+    a = args(tmp_path, tarballs)
+    a["components"][0]["sha256"] = "0" * 64
+    run = run_module(source_build, a, [])
+    assert run.failed and "refused" in run.msg and "pinned " + "0" * 64 in run.msg and "nothing was built" in run.msg
+    assert not (tmp_path / "opt").exists() and not (tmp_path / "build").exists()
+
+
+def test_bad_patch_sha256_is_refused_naming_the_patch(tmp_path, tarballs):
+    a = args(tmp_path, tarballs)
+    a["components"][0]["patches"][0]["sha256"] = "1" * 64
+    run = run_module(source_build, a, [])
+    assert run.failed and f"refused patch {PATCH}" in run.msg and not (tmp_path / "opt").exists()
+
+
+def test_directory_source_needs_a_source_id(tmp_path, tarballs):
+    a = args(tmp_path, tarballs)
+    a["components"][0].update(src=str(REPO / "tests/artifacts/rccl-standin"), sha256=None)
+    run = run_module(source_build, a, [])
+    assert run.failed and "needs a source_id" in run.msg
+
+
+def test_check_mode_with_the_source_not_fetched_yet_reports_a_change(tmp_path, tarballs):
+    a = args(tmp_path, tarballs)
+    a["components"][0]["src"] = str(tmp_path / "not-here.tar.gz")
+    run = run_module(source_build, a, [], check_mode=True)
+    assert not run.failed and run.result["changed"] and "not on the host yet" in run.msg
+
+
+@pytest.mark.parametrize("text, files", [
+    ("checking file src/graph/paths.cc\nHunk #1 FAILED at 67.\n1 out of 2 hunks FAILED", ["src/graph/paths.cc"]),
+    ("checking file a.c\nchecking file src/x.cc\nReversed (or previously applied) patch detected!  Skipping patch.",
+     ["src/x.cc"]),
+    ("can't find file to patch at input line 3\n|--- a/src/graph/paths.cc\nNo file to patch.  Skipping patch.",
+     ["src/graph/paths.cc"]),
+    ("checking file a.c\n", []),
+])
+def test_failing_files_from_patch_output(text, files):
+    assert source_build.failing_files(text) == files
+
+
+# --- real builds of the stand-in (real patch, cmake, c++) ----------------------------------------------------
+
+@needs_tools
+def test_real_build_then_converged_rerun_runs_nothing(tmp_path, tarballs):
+    a = args(tmp_path, tarballs, tests=True)
+    first, failed, ran = real(a)
+    assert not failed, first.get("msg")
+    assert first["changed"] and first["patches_checked"] == ["p2p-level-user-last.patch"]
+    prefix = Path(first["prefix"])
+    assert (prefix / "lib/librccl.so").is_file() and (prefix / "bin/sendrecv_perf").is_file()
+    assert [argv[0] for argv in ran][:2] == ["patch", "patch"] and ran[0][1] == "--dry-run"
+    assert (tmp_path / "opt/current").resolve() == prefix.resolve()
+    log = (tmp_path / "opt/.rccl-build.log").read_text()
+    assert "[rigbook" in log and "Linking CXX shared library" in log
+    # the patch really is in the built library: P2P with PHB on the Intel box of the lab's evidence tree
+    second, failed, ran = real(a, diff=True)
+    assert not failed and not second["changed"] and ran == [] and second["reasons"] == []
+    assert "diff" not in second
+    # check mode on the converged host: nothing to do either
+    third, failed, ran = real(a, check_mode=True)
+    assert not failed and not third["changed"] and ran == []
+
+
+@needs_tools
+def test_changed_installed_library_is_rebuilt(tmp_path, tarballs):
+    a = args(tmp_path, tarballs)
+    first, failed, _ = real(a)
+    assert not failed, first.get("msg")
+    lib = Path(first["prefix"]) / "lib/librccl.so"
+    lib.resolve().write_bytes(b"not the build\n")
+    again, failed, ran = real(a)
+    assert not failed and again["changed"] and any("changed since it was built" in r for r in again["reasons"])
+    assert lib.resolve().read_bytes().startswith(b"\x7fELF")
+
+
+@needs_tools
+def test_bumped_source_fails_before_building_naming_patch_and_file(tmp_path, tarballs):
+    a = args(tmp_path, tarballs, source=rccl_standin.BUMPED_SOURCE, version="2.27.8")
+    a["version"] = "2.27.8"
+    result, failed, ran = real(a)
+    assert failed
+    assert "patch p2p-level-user-last.patch no longer applies to rccl 2.27.8" in result["msg"]
+    assert "failed on src/graph/paths.cc" in result["msg"] and result["failing_files"] == ["src/graph/paths.cc"]
+    assert [argv[:2] for argv in ran] == [["patch", "--dry-run"]]  # nothing else ran: no cmake, no real patch
+    assert not (tmp_path / "opt").exists() or not any((tmp_path / "opt").glob("2.27.8-*"))
+    # check mode finds the same before anything
+    result, failed, _ = real(a, check_mode=True)
+    assert failed and "no longer applies" in result["msg"]
+
+
+@needs_tools
+def test_two_patch_sets_coexist_and_the_link_switches_back_without_a_rebuild(tmp_path, tarballs):
+    patched, failed, _ = real(args(tmp_path, tarballs))
+    assert not failed, patched.get("msg")
+    stock, failed, _ = real(args(tmp_path, tarballs, patches=False))
+    assert not failed, stock.get("msg")
+    assert stock["prefix"].endswith("2.27.7-stock") and patched["prefix"] != stock["prefix"]
+    assert os.readlink(tmp_path / "opt/current") == "2.27.7-stock"
+    back, failed, ran = real(args(tmp_path, tarballs), diff=True)
+    assert not failed and back["changed"] and back["link_changed"] and not back["built"] and ran == []
+    assert os.readlink(tmp_path / "opt/current") == Path(patched["prefix"]).name
+    assert "2.27.7-stock" in back["diff"]["before"] and Path(patched["prefix"]).name in back["diff"]["after"]
+
+
+@needs_tools
+def test_stand_in_tests_pick_p2p_only_with_the_patch_and_the_level(tmp_path, tarballs):
+    """The built stand-ins against the lab's recorded r9700 tree: seed 004's 'patch + PHB, both are needed'."""
+    import subprocess
+
+    from rigbook.lab import hardware_trees
+
+    tree = hardware_trees.materialize("x99-r9700", tmp_path / "evidence")
+    outputs = {}
+    for patches in (True, False):
+        result, failed, _ = real(args(tmp_path, tarballs, patches=patches, tests=True))
+        assert not failed, result.get("msg")
+        for level in ("PHB", None):
+            env = {"PATH": os.environ["PATH"], "RIGBOOK_EVIDENCE_ROOT": str(tree), "NCCL_DEBUG": "INFO"}
+            if level:
+                env["NCCL_P2P_LEVEL"] = level
+            proc = subprocess.run([f"{result['prefix']}/bin/sendrecv_perf", "-b", "1G", "-e", "1G", "-g", "2"],
+                                  capture_output=True, text=True, env=env, timeout=60)
+            assert proc.returncode == 0, proc.stderr
+            outputs[patches, level] = proc.stdout
+    assert "via P2P/IPC" in outputs[True, "PHB"] and "Avg bus bandwidth    : 9.7500" in outputs[True, "PHB"]
+    for key in ((True, None), (False, "PHB"), (False, None)):
+        assert "via SHM/direct/direct" in outputs[key] and "Avg bus bandwidth    : 6.9000" in outputs[key], key

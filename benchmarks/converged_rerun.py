@@ -86,7 +86,7 @@ def play(mode: str, inventory: str, playbook: Path, host: str) -> tuple:
 
 
 def role_seconds(events: list) -> dict:
-    """Seconds per role (tasks outside a role under "(play)") from the task events' start and end stamps."""
+    """{role: (seconds, tasks)} (tasks outside a role under "(play)") from the task events' start and end stamps."""
     from datetime import datetime
 
     out = {}
@@ -96,7 +96,8 @@ def role_seconds(events: list) -> dict:
             continue
         seconds = (datetime.fromisoformat(data["end"]) - datetime.fromisoformat(data["start"])).total_seconds()
         role = (data.get("role") or "(play)").split(".")[-1]
-        out[role] = out.get(role, 0.0) + seconds
+        total, tasks = out.get(role, (0.0, 0))
+        out[role] = (total + seconds, tasks + 1)
     return out
 
 
@@ -153,12 +154,14 @@ def main() -> int:
             seconds = statistics.median(r[0] for r in runs)
             tasks, changed, roles = runs[0][1], max(r[2] for r in runs), runs[0][3]
             same_count = ping_play(mode, inventory, host, tasks)
+            per_ping = floor(mode, inventory, host)
             results[mode] = (seconds, tasks)
             print(f"{mode:8s} {seconds:7.1f} s  {tasks} tasks  {seconds / tasks:.3f} s/task  changed={changed}  "
-                  f"(executor floor: {floor(mode, inventory, host):.3f} s per ansible.builtin.ping task; a play of "
+                  f"(executor floor: {per_ping:.3f} s per ansible.builtin.ping task; a play of "
                   f"{tasks} pings {same_count:.1f} s, so this re-run is {seconds / same_count:.2f}x the floor)")
-            for role, role_s in sorted(roles.items(), key=lambda kv: -kv[1]):
-                print(f"    {role:20s} {role_s:6.2f} s")
+            print("    role                  seconds  tasks  x floor (tasks x one ping task)")
+            for role, (role_s, role_tasks) in sorted(roles.items(), key=lambda kv: -kv[1][0]):
+                print(f"    {role:20s} {role_s:8.2f} {role_tasks:6d}  {role_s / (role_tasks * per_ping):6.2f}x")
         if {"stock", "rigbook", "mitogen"} <= set(results):
             stock = results["stock"][0]
             rigbook, mitogen = results["rigbook"][0], results["mitogen"][0]

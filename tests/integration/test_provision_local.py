@@ -34,6 +34,10 @@ def simulated_sysfs(root: Path, gpus: list) -> Path:
     return root
 
 
+# The host roles of a simulated AMD pair with no pins (their missing-pin failure is tested once, below).
+HOST_ROLES = "kernel,amd_rocm,rccl"
+
+
 def local_inventory(tmp_path: Path, host_vars: dict) -> Path:
     inv = tmp_path / "inventory"
     inv.mkdir()
@@ -104,13 +108,19 @@ def test_gpu_count_match_passes_preflight_and_reaches_the_ladder(tmp_path):
     inv = amd_pair_inventory(tmp_path)
     proc = provision("site.yml", "-i", str(inv), "--json")
     host = json.loads(proc.stdout)["hosts"]["localhost"]
+    # an AMD host with no pins stops at the kernel role, naming the missing pin
+    assert proc.returncode == 1
+    assert [f["task"] for f in host["failures"]] == ["Check the kernel pin"], host["failures"]
+    assert "rigbook_pins.kernel.release is not set" in host["failures"][0]["msg"]
+    proc = provision("site.yml", "-i", str(inv), "--json", "--skip-tags", HOST_ROLES)
+    host = json.loads(proc.stdout)["hosts"]["localhost"]
     # preflight passes; the bare simulated tree has no EFI and no BARs, so the ladder stops at firmware
     assert proc.returncode == 1
     assert [f["task"] for f in host["failures"]] == [
         "Ladder 1-5: firmware, PCIe link, DMA window, kernel state, driver state"]
     assert [v["layer"] for v in host["ladder"]] == ["firmware"] and "CSM" in host["ladder"][0]["why"]
     assert host["failures"][0]["msg"].startswith("firmware: fail:")
-    proc = provision("site.yml", "-i", str(inv), "--json", "--skip-tags", "ladder")
+    proc = provision("site.yml", "-i", str(inv), "--json", "--skip-tags", f"ladder,{HOST_ROLES}")
     assert proc.returncode == 0, proc.stderr
 
 
@@ -172,11 +182,11 @@ def test_facts_are_cached_between_runs_in_the_state_dir(tmp_path):
     each run's artifact folder): the second run finds the facts and gathers nothing."""
     inv = amd_pair_inventory(tmp_path)
     state = {"RIGBOOK_STATE_DIR": str(tmp_path / "state")}
-    first = provision("site.yml", "-i", str(inv), "--json", "--skip-tags", "ladder", env=state)
+    first = provision("site.yml", "-i", str(inv), "--json", "--skip-tags", f"ladder,{HOST_ROLES}", env=state)
     assert first.returncode == 0, first.stderr
     [cache_file] = (tmp_path / "state" / "facts").glob("*localhost")
     assert "ansible_system" in cache_file.read_text()  # the facts gathered by the first run
-    second = provision("site.yml", "-i", str(inv), "--json", "--skip-tags", "ladder", env=state)
+    second = provision("site.yml", "-i", str(inv), "--json", "--skip-tags", f"ladder,{HOST_ROLES}", env=state)
     assert second.returncode == 0, second.stderr
     run_dir = Path(json.loads(second.stdout)["run_dir"])
     events = [json.loads(p.read_text()) for p in run_dir.glob("artifacts/*/job_events/*.json")]

@@ -81,6 +81,7 @@ def test_bad_sha256_is_refused_before_anything_is_installed(lab_artifacts, tmp_p
 def test_bumped_source_fails_before_building_naming_the_patch_and_file(lab_artifacts, tmp_path):
     bumped = {"path": "/var/cache/rigbook/artifacts/rccl-standin-2.27.8-bumped.tar.gz",
               "sha256": lab_artifacts_sha("rccl-standin-2.27.8-bumped.tar.gz")}
+    log_before = on_host(f"cat {LOG} 2>/dev/null; true")
     proc, changed = play("-e", override(tmp_path, rccl_source=bumped, rccl_version="2.27.8"))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-3000:]
@@ -88,10 +89,11 @@ def test_bumped_source_fails_before_building_naming_the_patch_and_file(lab_artif
     assert "patch p2p-level-user-last.patch no longer applies to rccl 2.27.8" in out, out[-3000:]
     assert "failed on src/graph/paths.cc" in out
     assert on_host(f"ls -d {ROOT}/2.27.8-* 2>/dev/null; true").strip() == ""  # nothing built or installed
-    assert "configure rccl" not in on_host(f"cat {LOG} 2>/dev/null; true")
+    assert on_host(f"cat {LOG} 2>/dev/null; true") == log_before  # no build started
 
 
 def test_build_then_a_rerun_changes_nothing_and_rebuilds_nothing(lab_artifacts):
+    on_host(f"rm -rf {ROOT}")  # as on a fresh host (the session's converged lab may have built it already)
     proc, changed = play()
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Wait for the RCCL build" in changed, changed
@@ -141,3 +143,11 @@ def test_fault_fails_at_collectives_and_rerunning_the_named_role_fixes_it(lab_ar
     finally:
         healed = provision("lab", "heal", HOST)
         assert healed.returncode == 0, healed.stderr
+
+
+def test_an_evidence_fault_the_built_tests_would_overwrite_is_refused(lab_artifacts):
+    assert on_host(f"ls {ROOT}/current/bin/sendrecv_perf").strip()
+    broke = provision("lab", "break", HOST, "nccl-shm-fallback")
+    assert broke.returncode == 2, broke.stdout + broke.stderr
+    assert "would change nothing this host's verify reads" in broke.stderr and "rccl-unpatched" in broke.stderr
+    assert "Traceback" not in broke.stderr

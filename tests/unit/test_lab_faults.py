@@ -156,6 +156,17 @@ def test_nccl_shm_fallback(tmp_path):
     assert log["path"] == "shm" and log["all_direct_p2p"] is False
 
 
+def test_nccl_shm_fallback_is_refused_where_the_built_rccl_tests_write_the_log(tmp_path):
+    profile = hardware_trees.load_profile("x99-r9700")
+    tree = host(tmp_path, "x99-r9700")
+    assert faults.plan("nccl-shm-fallback", tree, profile)  # the prefix holds no rccl-tests yet: the log is recorded
+    bin_dir = tmp_path / "x99-r9700-root/opt/rigbook/rccl/2.27.7-abc/bin"
+    bin_dir.mkdir()
+    (bin_dir / "sendrecv_perf").write_text("")
+    with pytest.raises(UserError, match="would change nothing this host's verify reads: .*rccl-unpatched"):
+        faults.plan("nccl-shm-fallback", tree, profile)
+
+
 def test_busbw_half(tmp_path):
     tree = broken(tmp_path, "x99-r9700", "busbw-half")
     figures = json.loads(read(tree, "var/lib/rigbook/commands/collectives.json"))

@@ -71,6 +71,12 @@ SCHEMA = {
                 "layer": {"type": "string"},
                 "description": {"type": "string", "minLength": 10},
                 "vendors": {"type": "array", "items": {"enum": ["nvidia", "amd"]}, "minItems": 1},
+                # a fault that would change nothing a verify reads on a host that has PATH (relative to its root)
+                "refused_when_host_has": {
+                    "type": "object", "additionalProperties": False, "required": ["path", "because"],
+                    "properties": {"path": {"type": "string", "minLength": 1},
+                                   "because": {"type": "string", "minLength": 10}},
+                },
                 "edits": {"type": "array", "minItems": 1, "items": _EDIT_SCHEMA},
             },
         },
@@ -260,6 +266,9 @@ def plan(fault_name: str, tree: Path, profile: dict, host_root: Path | None = No
             f"fault {fault_name!r} is for {'/'.join(vendors)} GPUs; profile {profile['name']} has {profile['vendor']}"
         )
     host_root = Path(host_root) if host_root else host_root_of(tree)
+    refused = fault.get("refused_when_host_has")
+    if refused and host_root and (host_root / refused["path"]).exists():
+        raise UserError(f"fault {fault_name!r} would change nothing this host's verify reads: {refused['because']}")
     view = _View(Path(tree))
     host_view = _View(host_root) if host_root else None
     runs = []

@@ -221,3 +221,35 @@ def run_module(module, args: dict, commands=(), *, check_mode=False, diff=False,
             raise AssertionError("main() returned without exit_json or fail_json")
     assert not table, f"expected commands that did not run: {[argv for argv, _ in table]}"
     return run
+
+
+def run_module_real(module, args: dict, *, check_mode=False, diff=False):
+    """MODULE.main() in-process with the real run_command; returns (result, failed, argvs run)."""
+    from ansible.module_utils import basic
+
+    ran = []
+    real_run = basic.AnsibleModule.run_command
+
+    def run_command(self, argv, *a, **kw):
+        ran.append(list(argv))
+        return real_run(self, argv, *a, **kw)
+
+    def exit_json(self, **kw):
+        raise AnsibleExitJson(kw)
+
+    def fail_json(self, msg, **kw):
+        kw.update(failed=True, msg=msg)
+        raise AnsibleFailJson(kw)
+
+    with ExitStack() as stack:
+        stack.enter_context(_module_args({**args, "_ansible_check_mode": check_mode, "_ansible_diff": diff}))
+        for name, fake in (("run_command", run_command), ("exit_json", exit_json), ("fail_json", fail_json),
+                           ("_log_invocation", lambda self: None)):
+            stack.enter_context(mock.patch.object(basic.AnsibleModule, name, fake))
+        try:
+            module.main()
+        except AnsibleExitJson as done:
+            return done.args[0], False, ran
+        except AnsibleFailJson as done:
+            return done.args[0], True, ran
+    raise AssertionError("main() returned without exit_json or fail_json")

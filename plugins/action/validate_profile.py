@@ -7,6 +7,8 @@ The preflight role's first task, for users who run ansible-playbook without the 
 every inventory file before any run). Runs on the controller only: no connection, no remote module, the same in
 check mode. Fails with each problem's key path, the bad value and what is allowed, worded as `provision validate`
 words it (both use plugins/plugin_utils/profile_schema.py). Needs the Python package jsonschema on the controller.
+The serve profiles (rigbook_serve) are checked for their traps with what the inventory says about the box, as
+`provision` does: their errors fail the task, their warnings are shown as Ansible warnings and do not.
 
 Not checked: extra variables (-e) and the variables the collection's own plays set or take as extra variables
 (RUNTIME_VARS); `provision validate` does not check those either.
@@ -20,7 +22,7 @@ from ansible_collections.rigbook.homelab.plugins.plugin_utils import profile_sch
 
 # Set by the collection's plays (set_fact) or passed by the CLI as extra variables: not profile variables.
 RUNTIME_VARS = frozenset(("rigbook_reboot_required", "rigbook_reboot_reasons", "rigbook_baselines",
-                          "rigbook_snapshot_dir"))
+                          "rigbook_snapshot_dir", "rigbook_sglang_venv", "rigbook_sglang_version"))
 
 
 def plain(value):
@@ -50,6 +52,11 @@ def check(profile):
     return profile_schema.host_problems(profile)
 
 
+def findings(profile):
+    """(problems, warnings), each [(key path, message)]: check's problems, and the serve profiles' warnings."""
+    return profile_schema.host_findings(profile)
+
+
 def failure_message(host, problems):
     count = len(problems)
     lines = "; ".join("%s: %s" % (where, message) for where, message in problems)
@@ -74,13 +81,15 @@ class ActionModule(ActionBase):
         names = profile_names(task_vars, skip)
         try:
             profile = {name: plain(self._templar.template(task_vars[name])) for name in names}
-            problems = check(profile)
+            problems, warnings = findings(profile)
         except profile_schema.SchemaUnavailable as exc:
             return {**result, "failed": True, "msg": "%s: %s" % (host, exc)}
         except Exception as exc:  # noqa: BLE001 - a template in a profile value that does not render
             return {**result, "failed": True, "msg": "%s: cannot read the rigbook_* profile: %s" % (host, exc)}
         result["checked"] = names
         result["problems"] = [{"key_path": where, "message": message} for where, message in problems]
+        if warnings:
+            result["warnings"] = ["%s: %s: %s" % (host, where, message) for where, message in warnings]
         if problems:
             result["failed"] = True
             result["msg"] = failure_message(host, problems)

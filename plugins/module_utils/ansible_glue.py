@@ -43,6 +43,9 @@ ARGUMENT_SPEC = dict(
     ab=dict(type="bool", default=False),
     log=dict(type="str"),
     unit=dict(type="str"),
+    serve=dict(type="list", elements="dict", default=[]),
+    serve_unit=dict(type="str"),  # None: collect/serving_evidence.DEFAULT_UNIT
+    serving_state=dict(type="path"),  # None: collect/serving_evidence.STATE_FILE
 )
 
 
@@ -61,8 +64,9 @@ def selected_layers(module):
     return [layer for phase in phases for layer in registry.select(phase, params["layers"])[0]]
 
 
-def context_of(params):
+def context_of(params, check_mode=False):
     options = dict((name, params.get(name)) for name in OPTION_DEFAULTS)
+    options["check_mode"] = check_mode
     return Context(params["root"], params["profile"], params.get("baseline"), params.get("tolerance"), options)
 
 
@@ -84,5 +88,5 @@ def run_ladder_module():
     """main() of rigbook.homelab.ladder."""
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     layers = selected_layers(module)
-    verdicts, evidence = climb(layers, context_of(module.params))
+    verdicts, evidence = climb(layers, context_of(module.params, module.check_mode))
     finish_ladder(module, verdicts, evidence)

@@ -14,22 +14,26 @@ description:
     config, module paths, nvidia-smi);
     runtime C(peer_access), C(p2p_bandwidth) (one GPU probe through the CUDA driver API or HIP, by ctypes),
     C(collectives) (nccl-tests / rccl-tests or a bundled torch.distributed benchmark) and C(nccl_transport)
-    (the NCCL INFO log of that run, or the serving unit's journal).
+    (the NCCL INFO log of that run, or the serving unit's journal);
+    serving C(serving) (each serve profile's systemd unit, readiness, C(/v1/models), TTFT and decode tok/s of one
+    chat completion each, and the engine's journal), run after the serve role has started the engine.
   - Every layer is defined once, in the collection's layer registry (module_utils/ladder/registry.py).
   - Under a recorded O(root) the saved outputs are judged (lab hosts, replays) with the same code.
   - The task fails when a layer fails, with that layer's measured and expected values and remedy in the
     message; C(warn) and C(unknown) verdicts are reported as warnings.
-  - Only reads and measures (device memory the probe allocates is freed); runs the same in check mode.
+  - Only reads and measures (device memory the probe allocates is freed); runs the same in check mode. The
+    serving layer keeps the last seen C(NRestarts) per unit in O(serving_state) (not written in check mode).
 version_added: "1.0.0"
 author:
   - rigbook developers
 options:
   phase:
     description:
-      - V(static) climbs layers 1-5, V(runtime) layers 6-9, V(all) the whole ladder.
-      - The p2p_verify role runs the two phases as two tasks, so a failure names the part of the ladder.
+      - V(static) climbs layers 1-5, V(runtime) layers 6-9, V(serving) layer 10, V(all) the whole ladder.
+      - The p2p_verify role runs each phase as its own task, so a failure names the part of the ladder; the
+        serving phase only where C(p2p_verify_phases) names it (after the serve role).
     type: str
-    choices: [static, runtime, all]
+    choices: [static, runtime, serving, all]
     default: all
   layers:
     description:
@@ -108,6 +112,27 @@ options:
   unit:
     description: Runtime phase. systemd unit whose journal holds the serving engine's NCCL log.
     type: str
+  serve:
+    description:
+      - Serving phase. The serve profiles to check, one dict each; keys read - C(name) (required), C(unit)
+        (default from O(serve_unit)), C(bind) (default C(127.0.0.1); C(0.0.0.0) is reached over loopback), C(port)
+        (default 30000), C(served_model_name) (must be listed by C(/v1/models)), C(api_key_file) (its first line is
+        sent as a Bearer token and never returned), C(ready_timeout_s) (default C(startup_timeout_s), else 900),
+        C(tp_size) (1 - no transport between GPUs to check). Other keys are ignored, so C(rigbook_serve) items can
+        be passed as they are.
+      - Under a recorded O(root), C(var/lib/rigbook/commands/serving-NAME.json) holds a profile's measured part and
+        is judged instead; with O(serve) empty there, every recorded profile is judged.
+    type: list
+    elements: dict
+    default: []
+  serve_unit:
+    description: Serving phase. The unit name of a serve profile without C(unit); C({name}) is the profile's name.
+      Omitted - C(rigbook-serve-{name}.service).
+    type: str
+  serving_state:
+    description: Serving phase. JSON file keeping the last seen C(NRestarts) per unit, to tell a crash loop.
+      Omitted - C(/var/lib/rigbook/serving-state.json).
+    type: path
 extends_documentation_fragment:
   - rigbook.homelab.evidence_root
   - rigbook.homelab.evidence_root.profile
@@ -134,6 +159,15 @@ EXAMPLES = r"""
     python: /opt/sglang/.venv/bin/python
     env: {NCCL_P2P_LEVEL: PHB}
 
+- name: Check the serve units after the serve role started them
+  rigbook.homelab.ladder:
+    phase: serving
+    profile:
+      gpu: "{{ rigbook_gpu }}"
+      p2p: "{{ rigbook_p2p }}"
+    serve: "{{ rigbook_serve }}"
+    baseline: {serve_qwen-27b_ttft_s: 0.654, serve_qwen-27b_decode_tok_s: 44.04}
+
 - name: Only the PCIe link and the DMA window of a recorded tree
   rigbook.homelab.ladder:
     phase: static
@@ -157,7 +191,7 @@ ladder:
     metrics: {description: "Figures by name, for the baseline (runtime layers).", type: dict}
 evidence:
   description: "What was judged, as far as the ladder got: the static evidence (C(gpus), C(kernel), ...) and
-    C(probe), C(collectives), C(nccl_transport)."
+    C(probe), C(collectives), C(nccl_transport) and C(serving) (per serve profile, never the API key)."
   returned: always
   type: dict
 """

@@ -177,7 +177,6 @@ stamp:
   type: dict
 """
 
-import hashlib
 import json
 import os
 import posixpath
@@ -188,10 +187,10 @@ import tempfile
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.rigbook.homelab.plugins.module_utils import patch_set
 from ansible_collections.rigbook.homelab.plugins.module_utils.file_digest import sha256_of
 
 STAMP = ".rigbook-build.json"
-_SHA = re.compile(r"^[0-9a-f]{64}$")
 
 
 def _unsafe(member):
@@ -239,26 +238,16 @@ class Build(object):
             elif not comp.get("source_id"):
                 self.fail("%s: source directory %s needs a source_id (the pinned commit it is checked out at)"
                           % (comp["name"], src))
-            for patch in comp["patches"]:
-                pin = (patch.get("sha256") or "").lower()
-                if not _SHA.match(pin):
-                    self.fail("patch %s: sha256 %r is not 64 hex digits" % (patch["path"], patch.get("sha256")))
-                if not os.path.isfile(patch["path"]):
-                    if self.module.check_mode:
-                        missing.append(patch["path"])
-                        continue
-                    self.fail("patch %s (%s) does not exist" % (patch["path"], comp["name"]))
-                got = sha256_of(patch["path"])
-                if got != pin:
-                    self.fail("refused patch %s (%s): its sha256 is %s, pinned %s; nothing was built or installed"
-                              % (patch["path"], comp["name"], got, pin), sha256=got)
+            absent, error, got = patch_set.verify(comp["patches"], self.module.check_mode, comp["name"])
+            missing += absent
+            if error:
+                self.fail(error.replace("nothing was changed", "nothing was built or installed"),
+                          **(dict(sha256=got) if got else {}))
         return missing
 
     def patch_set(self):
-        shas = ["%s:%s" % (c["name"], p["sha256"].lower()) for c in self.p["components"] for p in c["patches"]]
-        if not shas:
-            return "stock"
-        return hashlib.sha256("\n".join(shas).encode()).hexdigest()[:12]
+        return patch_set.set_id(["%s:%s" % (c["name"], p["sha256"].lower())
+                                 for c in self.p["components"] for p in c["patches"]])
 
     def identity(self, prefix):
         comps = []
@@ -353,47 +342,18 @@ class Build(object):
         return top
 
     def apply_patches(self, comp, top, dry_run):
-        checked = []
-        for patch in comp["patches"]:
-            argv = ["patch", "-p%d" % patch["strip"], "--forward", "--batch", "-d", top, "-i", patch["path"]]
-            if dry_run:
-                argv.insert(1, "--dry-run")
-            rc, out, err = self.module.run_command(argv, environ_update={"LC_ALL": "C"})
-            name = os.path.basename(patch["path"])
-            if rc != 0:
-                text = (out + err).strip()
-                files = failing_files(text)
-                self.fail("patch %s no longer applies to %s %s (%s): %s%s. Nothing was built; the pinned source "
-                          "changed (a version bump?): update or drop the patch, or pin the source it was made for."
-                          % (name, comp["name"], self.p["version"], comp["src"],
-                             "failed on %s" % ", ".join(files) if files else "patch said",
-                             ": " + text[-600:] if not files else ""),
-                          patch=patch["path"], failing_files=files, patch_output=text[-2000:])
-            checked.append(name)
+        run = lambda argv: self.module.run_command(argv, environ_update={"LC_ALL": "C"})  # noqa: E731
+        names, _, failure = patch_set.apply(run, comp["patches"], top, dry_run)
+        for name in names:
             self.progress.append("%s %s: %s" % ("checked" if dry_run else "applied", comp["name"], name))
-        return checked
+        if failure:
+            self.fail("%s. Nothing was built." % patch_set.failure_message(
+                failure, "%s %s (%s)" % (comp["name"], self.p["version"], comp["src"])),
+                patch=failure["path"], failing_files=failure["files"], patch_output=failure["text"][-2000:])
+        return names
 
 
-def failing_files(text):
-    """The files GNU patch could not patch, from its output: "checking/patching file X" followed by a FAILED hunk or
-    a reversed (already applied) patch, or "can't find file to patch" followed by the diff header naming it."""
-    files, current, missing = [], None, False
-    for line in text.splitlines():
-        m = re.match(r"^(?:checking|patching) file (.+?)\s*$", line)
-        if m:
-            current, missing = m.group(1).strip("'\""), False
-            continue
-        if "can't find file to patch" in line:
-            missing = True
-            continue
-        header = re.match(r"^\|?(?:---|\+\+\+) (?:[ab]/)?(\S+)", line)
-        if missing and header:
-            if header.group(1) not in files and header.group(1) != "/dev/null":
-                files.append(header.group(1))
-            missing = False
-        elif current and ("FAILED" in line or "Reversed (or previously applied)" in line) and current not in files:
-            files.append(current)
-    return files
+failing_files = patch_set.failing_files
 
 
 def main():
@@ -428,22 +388,17 @@ def main():
     p = module.params
     check = module.check_mode
     for comp in p["components"]:
-        for patch in comp["patches"]:
-            given = patch.get("path") or patch.get("name")
-            if not given:
-                module.fail_json(msg="%s: every patch needs a path or a name" % comp["name"])
-            if comp.get("patch_dir"):
-                patch["path"] = os.path.join(comp["patch_dir"], os.path.basename(given))
-            elif not patch.get("path"):
-                module.fail_json(msg="%s: patch %s needs a path (or the component's patch_dir)" % (comp["name"], given))
+        error = patch_set.resolve_paths(comp["patches"], comp.get("patch_dir"), comp["name"])
+        if error:
+            module.fail_json(msg=error)
     b = Build(module)
     if not p["components"]:
         module.fail_json(msg="components: nothing to build")
     if not re.match(r"^[A-Za-z0-9._+-]+$", p["version"]):
         module.fail_json(msg="version %r: only letters, digits and ._+- (it names the prefix)" % p["version"])
     missing = b.verify_inputs()
-    patch_set = b.patch_set()
-    prefix = os.path.join(p["prefix_root"], "%s-%s" % (p["version"], patch_set))
+    patches_id = b.patch_set()
+    prefix = os.path.join(p["prefix_root"], "%s-%s" % (p["version"], patches_id))
     wanted = b.identity(prefix)
     stamp = old_stamp = b.read_stamp(prefix)
     reasons = b.reasons(prefix, wanted, stamp)
@@ -454,7 +409,7 @@ def main():
         module.fail_json(msg="%s exists and is not a symlink: move it away (it would be replaced by a link to %s)"
                          % (link_path, prefix))
     link_changed = bool(link_path) and link_now != link_target
-    result = dict(changed=False, prefix=prefix, patch_set=patch_set, built=bool(reasons), reasons=reasons,
+    result = dict(changed=False, prefix=prefix, patch_set=patches_id, built=bool(reasons), reasons=reasons,
                   link_changed=link_changed, patches_checked=[], progress=b.progress, stamp=stamp or {})
     if missing:  # check mode only: the tasks before this one did not fetch them
         result.update(changed=True, built=True, link_changed=bool(link_path),

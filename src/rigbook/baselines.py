@@ -51,7 +51,8 @@ def metrics_of(ladder: list) -> dict:
 
 
 def versions_of(ladder: list) -> dict:
-    """Kernel, driver/ROCm and NCCL versions the figures were measured on (from the ladder's own readings)."""
+    """Kernel, driver/ROCm, NCCL and SGLang versions the figures were measured on (from the ladder's own readings;
+    the serving layer's measured values are per serve profile)."""
     by_layer = {v.get("layer"): v.get("measured") or {} for v in ladder}
     out = {}
     for layer, key, name in (("kernel_state", "release", "kernel"), ("driver_state", "module", "nvidia_driver"),
@@ -59,6 +60,11 @@ def versions_of(ladder: list) -> dict:
         value = by_layer.get(layer, {}).get(key) if isinstance(by_layer.get(layer), dict) else None
         if value:
             out[name] = value
+    serving = by_layer.get("serving")
+    engines = sorted({m.get("version") for m in serving.values() if isinstance(m, dict) and m.get("version")}
+                     if isinstance(serving, dict) else [])
+    if engines:
+        out["sglang"] = ", ".join(engines)
     return out
 
 

@@ -24,6 +24,7 @@ _PARSERS = {
     "nccl-tests": ("nccl", "parse_tests"),
     "nccl-log": ("nccl", "parse_log"),
     "p2p-bandwidth": ("p2p_bandwidth", "parse"),
+    "sglang-log": ("sglang_log", "parse"),
 }
 
 

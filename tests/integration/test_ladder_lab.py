@@ -35,6 +35,8 @@ def fault_cases():
     for name in faults.fault_names():
         if any(edit.get("scope") == "host" for edit in faults.get_fault(name)["edits"]):
             continue  # faults of what the AMD roles built (rccl-unpatched, p2p-level-unset): test_rccl_lab.py
+        if faults.get_fault(name).get("restart_units"):
+            continue  # faults of the running engine: test_serving_lab.py
         vendors = faults.get_fault(name).get("vendors")
         for profile, host in HOSTS.items():
             if (not vendors or hardware_trees.load_profile(profile)["vendor"] in vendors) and (name, host) not in SKIP:
@@ -46,7 +48,7 @@ def test_healthy_lab_passes_and_the_3080_warns_on_bar1(converged_lab):
     assert code == 0, hosts
     r9700 = {v["layer"]: v["status"] for v in hosts["lab-r9700"]["ladder"]}
     assert list(r9700) == ["firmware", "pcie_link", "dma_window", "kernel_state", "driver_state", "peer_access",
-                           "p2p_bandwidth", "collectives", "nccl_transport"]
+                           "p2p_bandwidth", "collectives", "nccl_transport", "serving"]
     assert set(r9700.values()) == {"pass"}
     x3080 = hosts["lab-3080"]["ladder"]
     assert x3080[0]["status"] == "warn" and "BAR1 256 MiB" in x3080[0]["why"]

@@ -297,3 +297,10 @@ def test_run_needs_host_scope():
     data["faults"]["x"]["edits"] = [{"scope": "host", "run": "true"}]
     with pytest.raises(ValueError, match="run needs needs"):
         faults.validate(data)
+
+
+def test_engine_faults_restart_the_serve_units_and_others_restart_nothing():
+    assert faults.restart_script(["decode-half"]) == ("systemctl reset-failed 'rigbook-serve-*.service' 2>/dev/null; "
+                                                      "systemctl restart 'rigbook-serve-*.service'")
+    assert faults.restart_script(["serve-shm", "serve-crashloop"]).count("rigbook-serve-*.service") == 2
+    assert faults.restart_script(["bar1-256m", "nccl-shm-fallback"]) is None

@@ -31,6 +31,8 @@ def _cases():
         fault = faults.get_fault(name)
         if any(edit.get("scope") == "host" for edit in fault["edits"]):
             continue  # host files of what the roles built: test_ladder_rccl_tests.py here, test_rccl_lab.py on the lab
+        if fault.get("restart_units"):
+            continue  # read by a running engine (the serve units): tests/integration/test_serving_lab.py
         for profile in HOSTS:
             vendor = hardware_trees.load_profile(profile)["vendor"]
             if fault.get("vendors") and vendor not in fault["vendors"]:
@@ -92,9 +94,11 @@ def test_r9700_twin_on_another_kernel_fails_at_kernel_state_on_its_config(tmp_pa
 
 def test_healthy_profiles(tmp_path, inv):
     r9700 = {v["layer"]: v["status"] for v in judge_tree(_tree(tmp_path, "x99-r9700"), profile_of(inv, "lab-r9700"))}
+    assert r9700.pop("serving") == "skip"  # a hardware tree records no serving part (the serve role's engine)
     assert set(r9700.values()) == {"pass"}, r9700
     x3080 = judge_tree(_tree(tmp_path, "x99-3080"), profile_of(inv, "lab-3080"))
     statuses = {v["layer"]: v["status"] for v in x3080}
+    assert statuses.pop("serving") == "skip"
     assert statuses.pop("firmware") == "warn" and "BAR1 256 MiB" in x3080[0]["why"]
     assert statuses.pop("collectives") == "unknown"  # the write-up published no collective figures
     assert set(statuses.values()) == {"pass"}, statuses

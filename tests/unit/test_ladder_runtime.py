@@ -392,7 +392,7 @@ def test_the_ladder_module_judges_a_recorded_probe_through_ansible(tmp_path):
     assert proc.returncode == 2, out
     assert "RESULT pass pass 6.0" in out
     assert ("OTHER 0; WRONG layers: unknown layer(s) bogus; the layers are firmware, pcie_link, dma_window, "
-            "kernel_state, driver_state, peer_access, p2p_bandwidth, collectives, nccl_transport") in out
+            "kernel_state, driver_state, peer_access, p2p_bandwidth, collectives, nccl_transport, serving") in out
     assert "enabling peer access failed with CUDA_ERROR_MAP_FAILED (mapping of buffer object failed)" in out
     assert "failed=1" in out
 

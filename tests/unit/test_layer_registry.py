@@ -33,6 +33,17 @@ def test_the_role_tags_each_task_with_the_layers_of_its_phase():
     for phase, task in by_phase.items():
         assert task["tags"] == registry.names(phase), phase
         assert task["rigbook.homelab.ladder"]["run_tags"] == "{{ ansible_run_tags }}"
+        assert task["when"] == f"'{phase}' in p2p_verify_phases"  # each phase runs only when named
+
+
+def test_the_role_runs_serving_by_default_only_where_serve_profiles_exist():
+    defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    spec = yaml.safe_load((ROLE / "meta" / "argument_specs.yml").read_text())["argument_specs"]["main"]["options"]
+    # serving joins the default phases only on a host with serve profiles
+    assert defaults["p2p_verify_phases"].replace(" ", "") == (
+        "{{['static','runtime']+(['serving']if(rigbook_serve|default([]))|length>0else[])}}")
+    assert spec["p2p_verify_phases"]["choices"] == list(registry.PHASES)
+    assert registry.names(registry.SERVING) == ["serving"] and registry.names()[-1] == "serving"
 
 
 def test_the_role_docs_list_the_layers_in_ladder_order():

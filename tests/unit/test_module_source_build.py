@@ -11,13 +11,12 @@ import json
 import os
 import shutil
 import sys
-from contextlib import ExitStack
 from pathlib import Path
 from unittest import mock
 
 import pytest
 from ansible_collections.rigbook.homelab.plugins.modules import source_build
-from helpers import REPO, AnsibleExitJson, AnsibleFailJson, _module_args, fail, ok, run_module
+from helpers import REPO, fail, ok, run_module, run_module_real
 
 sys.path.insert(0, str(REPO / "tests" / "artifacts"))
 import rccl_standin  # noqa: E402  (the stand-in packer lives with the stand-ins)
@@ -55,34 +54,7 @@ def args(tmp_path, tarballs, source=rccl_standin.SOURCE, patches=True, tests=Fal
 
 def real(module_args, check_mode=False, diff=False):
     """main() in-process with the real run_command; returns (result, failed, argvs run)."""
-    from ansible.module_utils import basic
-
-    ran = []
-    real_run = basic.AnsibleModule.run_command
-
-    def run_command(self, argv, *a, **kw):
-        ran.append(list(argv))
-        return real_run(self, argv, *a, **kw)
-
-    def exit_json(self, **kw):
-        raise AnsibleExitJson(kw)
-
-    def fail_json(self, msg, **kw):
-        kw.update(failed=True, msg=msg)
-        raise AnsibleFailJson(kw)
-
-    with ExitStack() as stack:
-        stack.enter_context(_module_args({**module_args, "_ansible_check_mode": check_mode, "_ansible_diff": diff}))
-        for name, fake in (("run_command", run_command), ("exit_json", exit_json), ("fail_json", fail_json),
-                           ("_log_invocation", lambda self: None)):
-            stack.enter_context(mock.patch.object(basic.AnsibleModule, name, fake))
-        try:
-            source_build.main()
-        except AnsibleExitJson as done:
-            return done.args[0], False, ran
-        except AnsibleFailJson as done:
-            return done.args[0], True, ran
-    raise AssertionError("main() returned without exit_json or fail_json")
+    return run_module_real(source_build, module_args, check_mode=check_mode, diff=diff)
 
 
 # --- exact commands (faked) ----------------------------------------------------------------------------------

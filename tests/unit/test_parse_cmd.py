@@ -15,7 +15,7 @@ from rigbook.errors import UserError
 
 def test_kinds_cover_the_contract():
     assert set(parse_cmd.KINDS) == {
-        "lspci", "nvidia-smi-q", "nvidia-smi-topo", "nccl-tests", "nccl-log", "p2p-bandwidth",
+        "lspci", "nvidia-smi-q", "nvidia-smi-topo", "nccl-tests", "nccl-log", "p2p-bandwidth", "sglang-log",
     }
 
 
@@ -52,3 +52,24 @@ def test_empty_input_exits_zero_with_empty_results(tmp_path, capsys):
     for kind in parse_cmd.KINDS:
         assert parse_cmd.main(kind, str(empty)) == 0
         json.loads(capsys.readouterr().out)
+
+
+def test_sglang_log_kind(capsys):
+    path = FIXTURES / "sglang" / "rocm_tp2_r9700_mattbucci_qwen36.txt"
+    assert parse_cmd.main("sglang-log", str(path)) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ready"] is True
+    assert out["server_args"]["tp_size"] == 2
+    assert out["load_weight_s"] == 12.03
+
+
+def test_sglang_log_through_provision(tmp_path):
+    from helpers import provision
+
+    log = tmp_path / "journal.txt"
+    text = (FIXTURES / "sglang" / "nvidia_sglang8974_nccl_p2p_ipc.txt").read_text()
+    log.write_text("".join("Dec 03 10:00:00 rig python3[4242]: " + line for line in text.splitlines(True)))
+    result = provision("parse", "sglang-log", log)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["path"] == "p2p" and out["all_direct_p2p"] is True

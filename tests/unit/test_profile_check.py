@@ -61,9 +61,13 @@ BAD = [
     ("artifact-url-and-path", G9700, "rigbook_pins.kernel.debs",
      [{"path": "/a", "url": "https://x.invalid/a", "sha256": "0" * 64}], False, "rigbook_pins.kernel.debs[0]",
      "exactly one of"),
-    ("sglang-neither-version-nor-commit", G9700, "rigbook_pins.sglang", {"repo": "x"}, False, "rigbook_pins.sglang",
-     "at least one of"),
-    ("env-bad-name", G9700, "rigbook_serve.env", {"1BAD": "x"}, False, "rigbook_serve.env", "bad key"),
+    ("sglang-neither-version-nor-repo", G9700, "rigbook_pins.sglang", {"lock": "locks/sglang.txt"}, False,
+     "rigbook_pins.sglang", "exactly one of"),
+    ("env-bad-name", G9700, "rigbook_serve", [{"name": "a", "model_path": "/srv/m", "env": {"1BAD": "x"}}], False,
+     "rigbook_serve[0].env", "bad key"),
+    ("serve-custom-all-reduce-without-p2p", G3080, "rigbook_serve", [{"name": "a", "model_path": "/srv/m",
+                                                                      "tp_size": 2}], False,
+     "rigbook_serve[0].custom_all_reduce", "club-3090 #922"),
     ("tolerance-above-one", "group_vars/all.yml", "rigbook_tolerance", {"fail_below": 1.2}, False,
      "rigbook_tolerance.fail_below", "at most 1"),
     ("evidence-root-relative", "host_vars/rig-3080.yml", "rigbook_evidence_root", "evidence", False,
@@ -136,7 +140,7 @@ def test_failure_message_names_host_key_value_and_what_is_allowed():
 
 def test_runtime_and_extra_variables_are_not_profile_variables():
     variables = {"rigbook_gpu": {}, "rigbook_reboot_required": True, "rigbook_baselines": {}, "rigbook_x": 1,
-                 "ansible_host": "h"}
+                 "ansible_host": "h", "rigbook_sglang_venv": "/opt/rigbook/sglang/v0.5.18"}
     assert validate_profile.profile_names(variables, skip={"rigbook_x"}) == ["rigbook_gpu"]
 
 

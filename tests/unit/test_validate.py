@@ -51,6 +51,18 @@ def _delete(path: str):
     return mutate
 
 
+def _serve(key: str, value=None, delete=False):
+    """Set (or delete) KEY of the first serve profile (rigbook_serve[0])."""
+    def mutate(data):
+        profile = data["rigbook_serve"][0]
+        if delete:
+            del profile[key]
+        else:
+            profile[key] = value
+
+    return mutate
+
+
 G3080 = "group_vars/x99_3080.yml"
 G9700 = "group_vars/x99_r9700.yml"
 
@@ -80,13 +92,19 @@ INVALID = [
     ("artifact-url-and-path", G9700,
      _set("rigbook_pins.kernel.debs", [{"path": "/a", "url": "https://x.invalid/a", "sha256": "0" * 64}]),
      "rigbook_pins.kernel.debs[0]", "exactly one of"),
-    ("sglang-neither-version-nor-commit", G9700, _set("rigbook_pins.sglang", {"repo": "x"}),
-     "rigbook_pins.sglang", "at least one of"),
-    ("mem-fraction-above-one", G3080, _set("rigbook_serve.mem_fraction_static", 1.5),
-     "rigbook_serve.mem_fraction_static", "at most 1"),
-    ("serve-without-model", G3080, _delete("rigbook_serve.model_path"), "rigbook_serve", "'model_path'"),
-    ("env-bad-name", G9700, _set("rigbook_serve.env", {"1BAD": "x"}), "rigbook_serve.env", "bad key"),
-    ("port-out-of-range", G9700, _set("rigbook_serve.port", 70000), "rigbook_serve.port", "at most 65535"),
+    ("sglang-neither-version-nor-repo", G9700, _set("rigbook_pins.sglang", {"lock": "locks/sglang.txt"}),
+     "rigbook_pins.sglang", "exactly one of"),
+    ("sglang-branch-is-not-a-pin", G9700, _set("rigbook_pins.sglang", {"repo": {"url": "https://x.invalid/s",
+                                                                                 "commit": "main"}}),
+     "rigbook_pins.sglang.repo.commit", "must match"),
+    ("mem-fraction-one", G3080, _serve("mem_fraction_static", 1.0),
+     "rigbook_serve[0].mem_fraction_static", "less than 1"),
+    ("serve-without-model", G3080, _serve("model_path", delete=True), "rigbook_serve[0]", "'model_path'"),
+    ("env-bad-name", G9700, _serve("env", {"1BAD": "x"}), "rigbook_serve[0].env", "bad key"),
+    ("port-out-of-range", G9700, _serve("port", 70000), "rigbook_serve[0].port", "at most 65535"),
+    ("serve-as-one-mapping", G9700, _set("rigbook_serve", {"name": "a", "model_path": "/srv/m"}), "rigbook_serve",
+     "must be an array"),
+    ("serve-tp-above-gpu-count", G3080, _serve("tp_size", 4), "rigbook_serve[0].tp_size", "the box has 2 GPUs"),
     ("tolerance-above-one", "group_vars/all.yml", _set("rigbook_tolerance", {"fail_below": 1.2}),
      "rigbook_tolerance.fail_below", "at most 1"),
     ("evidence-root-relative", "host_vars/rig-3080.yml", _set("rigbook_evidence_root", "evidence"),
@@ -155,6 +173,9 @@ def test_homelab_is_valid():
 def test_host_vars_override_group_vars(tmp_path):
     inv = _copy(tmp_path)
     _edit(inv, "host_vars/rig-3080.yml", _set("rigbook_gpu", {"vendor": "nvidia", "count": 1}))
+    with pytest.raises(InventoryInvalid, match=r"host rig-3080: rigbook_serve\[0\].tp_size: 2, but the box has 1 GPU"):
+        validate(inv)  # the group's tp_size 2 profile is judged against the host's own GPU count
+    _edit(inv, "host_vars/rig-3080.yml", _set("rigbook_serve", [{"name": "one-gpu", "model_path": "/srv/models/m"}]))
     loaded = validate(inv)
     assert loaded.host_vars("rig-3080")["rigbook_gpu"]["count"] == 1
     assert loaded.provenance("rig-3080", "rigbook_gpu").file.name == "rig-3080.yml"

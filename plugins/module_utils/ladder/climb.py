@@ -10,7 +10,8 @@ from __future__ import annotations
 from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import expectations, registry
 from ansible_collections.rigbook.homelab.plugins.module_utils.probe import defaults as probe_defaults
 
-# The runtime layers' options (the ladder module's argument spec gives them their types) and their defaults.
+# The runtime and serving layers' options (the ladder module's argument spec gives them their types) and their
+# defaults; check_mode is the module's (the serving layer then records no restart count).
 OPTION_DEFAULTS = {
     "probe_bytes": probe_defaults.DEFAULT_SIZE,
     "reps": probe_defaults.DEFAULT_REPS,
@@ -26,6 +27,10 @@ OPTION_DEFAULTS = {
     "ab": False,
     "log": None,
     "unit": None,
+    "serve": [],
+    "serve_unit": None,
+    "serving_state": None,
+    "check_mode": False,
 }
 
 

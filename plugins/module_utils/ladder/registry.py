@@ -5,9 +5,10 @@
 
 Each layer: its name, its place in the ladder (the order of LAYERS, lowest first: a higher layer means little
 while a lower one fails), its phase (static: read from sysfs/procfs and commands; runtime: measured through
-the GPU driver), the evidence parts it needs, its judge and the tags that select it. Each evidence part has
-one collector. The ladder modules, replay, the lab's fault table, the p2p_verify role (checked by a test) and
-the benchmarks all read this table; adding a layer is one entry here plus its collector and judge.
+the GPU driver; serving: the engine the serve role started, asked over HTTP), the evidence parts it needs, its
+judge and the tags that select it. Each evidence part has one collector. The ladder modules, replay, the lab's
+fault table, the p2p_verify role (checked by a test) and the benchmarks all read this table; adding a layer is
+one entry here plus its collector and judge.
 
 A judge here is called as judge(evidence, ctx): EVIDENCE holds every part collected so far (static parts
 at the top level, as collect_static returns them; runtime parts under their own keys), CTX is the climb's
@@ -21,12 +22,14 @@ from ansible_collections.rigbook.homelab.plugins.module_utils.collect import sta
 from ansible_collections.rigbook.homelab.plugins.module_utils.judges import (
     collective_layers,
     peer_layers,
+    serving_layer,
     static_layers,
 )
 
 STATIC = "static"
 RUNTIME = "runtime"
-PHASES = (STATIC, RUNTIME)
+SERVING = "serving"
+PHASES = (STATIC, RUNTIME, SERVING)
 
 
 class Layer:
@@ -70,9 +73,13 @@ def _nccl_transport(evidence, ctx):
     return collective_layers.judge_nccl_transport(evidence.get("nccl_transport") or {}, ctx.profile)
 
 
+def _serving(evidence, ctx):
+    return serving_layer.judge_serving(evidence.get("serving") or {}, ctx.profile, ctx.baseline, ctx.tolerance)
+
+
 def _runtime(name):
     """A runtime collector of collect/runtime_evidence.py, loaded on first use: a static climb's module run
-    never imports the probe or the benchmark code."""
+    never imports the probe or the benchmark code. (A plain import statement, so that Ansible ships the file.)"""
     def collect(ctx, evidence):
         from ansible_collections.rigbook.homelab.plugins.module_utils.collect import runtime_evidence
 
@@ -81,12 +88,20 @@ def _runtime(name):
     return collect
 
 
+def _serving_part(ctx, evidence):
+    """The serving collector (collect/serving_evidence.py), loaded on first use like the runtime ones."""
+    from ansible_collections.rigbook.homelab.plugins.module_utils.collect import serving_evidence
+
+    return serving_evidence.serving_part(ctx, evidence)
+
+
 # The collectors, one per evidence part: (ctx, evidence so far) -> {key: value} merged into the evidence.
 PARTS = dict(static_evidence.PARTS)
 PARTS.update({
     "probe": _runtime("probe_part"),
     "collectives": _runtime("collectives_part"),
     "nccl_transport": _runtime("nccl_transport_part"),
+    "serving": _serving_part,
 })
 
 LAYERS = [
@@ -108,6 +123,9 @@ LAYERS = [
           summary="sendrecv and all_reduce bus bandwidth vs the baseline, no wrong results"),
     Layer("nccl_transport", RUNTIME, ("nccl_transport",), _nccl_transport,
           summary="the NCCL/RCCL INFO log shows P2P (not a silent SHM fallback)"),
+    Layer("serving", SERVING, ("serving",), _serving,
+          summary="each serve unit active and not crash-looping, ready, serving its model name, TTFT and decode "
+                  "tok/s vs the baseline, the engine's own log on the expected transport"),
 ]
 
 

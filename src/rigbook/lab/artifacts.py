@@ -15,6 +15,7 @@ site.yml finds there, offline:
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 import subprocess
 import sys
@@ -170,6 +171,37 @@ def pack_rccl_standins(pins: dict) -> None:
     progress(f"artifacts: packed the RCCL stand-ins into {source_dir()}")
 
 
+def sglang_artifacts(pins: dict) -> None:
+    """The pinned SGLang wheel in its wheel directory (downloaded once, without dependencies, and checked against
+    the lab's lock) and the engine TEST STAND-IN (tests/artifacts/sglang_standin.py) beside the other artifacts."""
+    sglang = pins.get("sglang") or {}
+    if not sglang:
+        return
+    wheel_dir = _on_this_machine(sglang["wheel_dir"])
+    lock = (paths.collection_root() / "inventory/lab" / sglang["lock"]).read_text()
+    hashes = set(re.findall(r"--hash=sha256:([0-9a-f]{64})", lock))
+    wheels = sorted(wheel_dir.glob(f"sglang-{sglang['version']}-*.whl"))
+    if not wheels:
+        wheel_dir.mkdir(parents=True, exist_ok=True)
+        progress(f"artifacts: downloading sglang=={sglang['version']} (no dependencies) into {wheel_dir} (once) ...")
+        proc = subprocess.run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q",
+                               "--no-deps", "--only-binary=:all:", "-d", str(wheel_dir),
+                               f"sglang=={sglang['version']}"], capture_output=True, text=True, timeout=1800)
+        if proc.returncode != 0:
+            tail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or ["no output"]
+            raise LabFailure(f"artifacts: pip download sglang failed: {tail[0]}")
+        wheels = sorted(wheel_dir.glob(f"sglang-{sglang['version']}-*.whl"))
+    for wheel in wheels:
+        if _sha256(wheel) not in hashes:
+            raise LabFailure(f"artifacts: {wheel} has sha256 {_sha256(wheel)}, not one the lab's lock "
+                             f"inventory/lab/{sglang['lock']} pins")
+    standin = paths.collection_root() / "tests/artifacts/sglang_standin.py"
+    target = source_dir() / "sglang-standin.py"
+    if not target.is_file() or target.read_bytes() != standin.read_bytes():
+        shutil.copyfile(standin, target)
+    progress(f"artifacts: sglang {sglang['version']} wheel (sha256 as locked) and the engine stand-in present")
+
+
 def prepare() -> None:
     """Everything site.yml needs offline on the lab hosts; idempotent."""
     pins = lab_pins()
@@ -179,3 +211,4 @@ def prepare() -> None:
     fetch_kernel_debs(amd)
     build_rocm_repo(amd)
     pack_rccl_standins(amd)
+    sglang_artifacts(pins)

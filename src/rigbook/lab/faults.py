@@ -71,6 +71,10 @@ SCHEMA = {
                 "layer": {"type": "string"},
                 "description": {"type": "string", "minLength": 10},
                 "vendors": {"type": "array", "items": {"enum": ["nvidia", "amd"]}, "minItems": 1},
+                # systemd units (patterns) restarted after the fault is applied and after `lab heal`: a program
+                # that reads its recorded behaviour once, at start (the lab's engine stand-in)
+                "restart_units": {"type": "array", "minItems": 1,
+                                  "items": {"type": "string", "pattern": "^[A-Za-z0-9@._*-]+$"}},
                 # a fault that would change nothing a verify reads on a host that has PATH (relative to its root)
                 "refused_when_host_has": {
                     "type": "object", "additionalProperties": False, "required": ["path", "because"],
@@ -342,6 +346,16 @@ def apply(changes: list, runner=None, backup_dir: Path | None = None) -> None:
         else:
             change.path.parent.mkdir(parents=True, exist_ok=True)
             change.path.write_text(change.content, encoding="utf-8")
+
+
+def restart_script(fault_names) -> str | None:
+    """The shell script that restarts the units FAULT_NAMES name in restart_units (None: none to restart); units of
+    a pattern that matches no loaded unit are skipped."""
+    units = sorted({u for name in fault_names for u in get_fault(name).get("restart_units") or ()})
+    if not units:
+        return None
+    quoted = " ".join(f"'{u}'" for u in units)
+    return f"systemctl reset-failed {quoted} 2>/dev/null; systemctl restart {quoted}"
 
 
 def describe(fault_name: str, profile: dict) -> str:

@@ -172,6 +172,9 @@ def break_(name: str, fault: str) -> int:
         faults.apply(changes, runner=lambda script: _run_in_host(host, script), backup_dir=_fault_backups(host))
         host.faults.append(fault)
         state.save(lab)
+        restart = faults.restart_script([fault])
+        if restart:
+            _run_in_host(host, restart)
     layer = faults.get_fault(fault)["layer"]
     progress(f"{host.name}: broke layer {layer} with {fault} ({len(changes)} paths changed): "
              f"{faults.describe(fault, profile)}")
@@ -217,6 +220,9 @@ def heal(name: str) -> int:
         _record_booted_kernel(host)
         healed, host.faults = host.faults, []
         state.save(lab)
+        restart = faults.restart_script(healed)
+        if restart:
+            _run_in_host(host, restart)
     progress(f"{host.name}: evidence tree restored to profile {host.profile}"
              + (f" (removed: {', '.join(healed)})" if healed else " (it had no faults)"))
     return 0

@@ -119,6 +119,10 @@ def configure(host: Host, client_pubkey: str) -> str:
     home.mkdir(mode=0o700, exist_ok=True)
     os.chown(home, *owner)
     _put(root, f"home/{state.USER}/.ssh/authorized_keys", client_pubkey, 0o600, owner)
+    # The model a serve profile names (user data, not provisioned): for the lab's engine TEST STAND-IN only a
+    # config.json, as SGLang checks the model directory holds one.
+    _put(root, f"{STANDIN_MODEL}/config.json", json.dumps({"architectures": ["StandinForCausalLM"],
+                                                            "rigbook_lab": "TEST STAND-IN model, no weights"}) + "\n")
     remove_tree(host.evidence)
     hardware_trees.materialize(host.profile, host.evidence)
     install_boot_hook(root)
@@ -129,6 +133,7 @@ def configure(host: Host, client_pubkey: str) -> str:
 # - the offline artifact directory (driver tarballs, installers, pip wheels), read-only, same path inside;
 # - one apt download cache for all hosts, so kernel images and headers are fetched once per machine.
 ARTIFACTS_DIR = Path("/var/cache/rigbook/artifacts")
+STANDIN_MODEL = "srv/models/standin-model"
 APT_CACHE_DIR = Path("/var/cache/rigbook/lab-apt-archives")
 
 

@@ -1,0 +1,265 @@
+# -*- coding: utf-8 -*-
+# Copyright: rigbook developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Pure judge of the serving layer (layer 10): each serve profile's unit, readiness, API and figures.
+
+data is the `serving` evidence part (collect/serving_evidence.py): {"profiles": [one dict per serve profile],
+"error": str|None}. profile is {"gpu": rigbook_gpu, "p2p": rigbook_p2p, "pins": ...}. No I/O here.
+
+A profile fails when its unit is not active or restarted more often than at the last run (crash-looping), is
+not ready within its timeout, /v1/models lacks the served name, a completion returns no token, the engine's
+log shows errors or a transport other than the expected one (P2P expected: `via P2P` and isAllDirectP2p 1,
+seed 004's rule), or TTFT rises / decode tok/s falls against the baseline beyond the tolerance (the same
+fail_below / warn_below as every layer; for TTFT, lower is better, so it fails above baseline / fail_below).
+"""
+
+from __future__ import annotations
+
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import baseline_compare as baseline_mod
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import expectations
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder.verdict import Findings, make
+
+LAYER = "serving"
+MAX_ERRORS_SHOWN = 3
+SEED_004_RULE = ("seed 004's rule: SGLang's log must show `isAllDirectP2p 1` and `via P2P/IPC`, not SHM "
+                 "(SHM cost it 23-27% TTFT and 31-37% long-context prefill)")
+
+
+def metric_names(name):
+    """(TTFT metric, decode metric) of serve profile NAME, as the baseline records them."""
+    return "serve_%s_ttft_s" % name, "serve_%s_decode_tok_s" % name
+
+
+def compare_lower_is_better(name, measured, baseline, tolerance):
+    """(status, text) for a figure where less is better (TTFT): the ratio baseline / measured is held to the
+    same fail_below / warn_below as a throughput, so 0.8 means "fails above 1.25x the baseline"."""
+    if measured is None:
+        return "unknown", "%s: not measured" % name
+    if baseline is None:
+        return "skip", "%s %.3f (no baseline recorded)" % (name, measured)
+    if baseline <= 0 or measured <= 0:
+        return "unknown", "%s: %.3f vs baseline %.3f is not comparable" % (name, measured, baseline)
+    ratio = float(measured) / float(baseline)
+    text = "%s %.3f vs baseline %.3f (%.2fx)" % (name, measured, baseline, ratio)
+    if ratio > 1.0 / tolerance["fail_below"]:
+        return "fail", text + ", above %.2fx" % (1.0 / tolerance["fail_below"])
+    if ratio > 1.0 / tolerance["warn_below"]:
+        return "warn", text + ", above %.2fx" % (1.0 / tolerance["warn_below"])
+    return "pass", text
+
+
+def _unit_remedy(item):
+    unit = item.get("unit") or "the serve unit"
+    return ("Read `journalctl -u %s -b` for why the engine stopped (OOM in warm-up: mem_fraction_static 0.88 on "
+            "a box with a desktop, seed 000; a missing model path; a crashed scheduler), fix the serve profile, "
+            "then re-run the serve role." % unit)
+
+
+def _check_unit(item, found, measured):
+    """True when the unit is active (the HTTP checks mean something); records restarts."""
+    name, state = item["name"], item.get("unit_state")
+    if state is None:
+        found.gap("%s: no systemd unit given, its state is not checked" % name)
+        return True
+    if not state.get("available"):
+        found.gap("%s: the state of %s is unknown (%s)" % (name, item.get("unit"), state.get("error")))
+        return True
+    measured["unit"] = "%s/%s" % (state.get("active_state"), state.get("sub_state"))
+    measured["n_restarts"] = state.get("n_restarts")
+    if state.get("active_state") != "active":
+        found.problem("%s: unit %s is %s (%s), not active" % (name, item.get("unit"), state.get("active_state"),
+                                                               state.get("sub_state")), _unit_remedy(item))
+        return False
+    _check_restarts(item, state.get("n_restarts"), found)
+    return True
+
+
+def _check_restarts(item, n_restarts, found):
+    """More automatic restarts than at the last run is a crash loop; restarts with no earlier count a note."""
+    previous = item.get("previous_restarts")
+    if n_restarts is None:
+        return
+    if previous is None and n_restarts > 0:
+        found.note("%s: %s restarted %d time(s) since it was started (no count from an earlier run)"
+                   % (item["name"], item.get("unit"), n_restarts), _unit_remedy(item))
+    elif previous is not None and n_restarts > previous:
+        found.problem("%s: %s is crash-looping: NRestarts %d, %d at the last run"
+                      % (item["name"], item.get("unit"), n_restarts, previous), _unit_remedy(item))
+
+
+def _check_ready(item, found, measured):
+    ready = item.get("ready") or {}
+    measured["ready_s"] = ready.get("waited_s")
+    if ready.get("ready"):
+        return True
+    found.problem("%s: not ready within %ss on %s (/health_generate: %s)"
+                  % (item["name"], item.get("ready_timeout_s"), item.get("address"),
+                     ready.get("last") or ready.get("error") or "no answer"),
+                  "Loading weights and capturing CUDA graphs can take minutes on a cold page cache: read `journalctl "
+                  "-u %s -b` (\"The server is fired up and ready to roll!\" marks the end); raise the profile's "
+                  "startup_timeout_s if it was still loading, else fix what the log shows and re-run the serve role."
+                  % (item.get("unit") or "the serve unit"))
+    return False
+
+
+def _check_models(item, found, measured):
+    models = item.get("models") or {}
+    ids = models.get("ids")
+    measured["served"] = ids
+    want = item.get("served_model_name")
+    if ids is None:
+        remedy = "Check the API key file (the unit's --api-key) and the port the profile names."
+        found.problem("%s: GET /v1/models failed: %s" % (item["name"], models.get("error")), remedy)
+    elif want and want not in ids:
+        found.problem("%s: /v1/models lists %s, not %s" % (item["name"], ", ".join(ids) or "nothing", want),
+                      "The engine serves another name: set served_model_name in the serve profile (the unit's "
+                      "--served-model-name) and re-run the serve role.")
+
+
+def _check_tokens(item, found, measured):
+    stream, decode = item.get("stream") or {}, item.get("decode") or {}
+    measured["ttft_s"] = stream.get("ttft_s")
+    measured["per_chunk_tok_s"] = stream.get("per_chunk_tok_s")
+    measured["decode_tok_s"] = decode.get("decode_tok_s")
+    remedy = "Send the same request by hand (curl /v1/chat/completions) and read `journalctl -u %s -b`." % (
+        item.get("unit") or "the serve unit")
+    if stream.get("ttft_s") is None:
+        found.problem("%s: the streaming chat completion returned no token (%s)"
+                      % (item["name"], stream.get("error") or "no non-empty delta"), remedy)
+    if not decode.get("completion_tokens"):
+        found.problem("%s: the chat completion returned no tokens (%s)"
+                      % (item["name"], decode.get("error") or "usage.completion_tokens 0"), remedy)
+
+
+def _transport_remedy(item):
+    return ("Check the nccl_transport layer first (`provision verify --tags nccl_transport`), then the serve "
+            "profile's env: NCCL_P2P_LEVEL (PHB on X99), on AMD HSA_ENABLE_IPC_MODE_LEGACY=0 and the patched RCCL "
+            "(rccl role); re-run the serve role and read `journalctl -u %s -b | grep -E 'isAllDirectP2p|via'`."
+            % (item.get("unit") or "the serve unit"))
+
+
+def _transport_matters(item, profile):
+    gpus = (profile.get("gpu") or {}).get("count")
+    return item.get("tp_size") != 1 and gpus != 1
+
+
+def _check_transport(item, log, profile, found):
+    """P2P expected: the log must say P2P and not isAllDirectP2p 0; declared unavailable: SHM is the path."""
+    name, path = item["name"], log.get("path")
+    if not _transport_matters(item, profile):
+        return
+    if expectations.p2p_expected(profile):
+        if path == "shm":
+            found.problem("%s: the engine's NCCL log shows SHM, not P2P: %s" % (name, SEED_004_RULE),
+                          _transport_remedy(item))
+        elif path == "p2p" and log.get("all_direct_p2p") is False:
+            found.problem("%s: the engine's NCCL log shows isAllDirectP2p 0: %s" % (name, SEED_004_RULE),
+                          _transport_remedy(item))
+        elif path is None and (item.get("tp_size") or 0) > 1:
+            found.note("%s: the engine's log shows no NCCL channel lines, the transport is unconfirmed (set "
+                       "NCCL_DEBUG=INFO in the serve profile's env)" % name)
+    elif path == "p2p":
+        found.note("%s: the engine uses P2P although %s" % (name, expectations.declared(profile)))
+
+
+def _check_log(item, profile, found, measured):
+    log = item.get("log")
+    journal = item.get("journal") or {}
+    if log is None:
+        if item.get("unit"):
+            found.gap("%s: the engine's log was not read (%s)" % (item["name"], journal.get("error") or "no journal"))
+        return
+    measured["path"] = log.get("path")
+    measured["all_direct_p2p"] = log.get("all_direct_p2p")
+    measured["version"] = log.get("version")
+    _check_transport(item, log, profile, found)
+    errors = log.get("errors") or []
+    if errors:
+        shown = "; ".join(str(e).strip()[:200] for e in errors[:MAX_ERRORS_SHOWN])
+        found.problem("%s: the engine's log shows %d error line(s): %s" % (item["name"], len(errors), shown),
+                      _unit_remedy(item))
+    if log.get("api_key_logged"):
+        found.note("%s: the API key appears in the engine's log (server_args); anyone who reads the journal has it"
+                   % item["name"], "Rotate the key (api_key_file) and keep the journal root-only.")
+
+
+def _check_figures(item, found, metrics, expected, baseline, tol, texts):
+    """TTFT (lower is better) and decode tok/s against the baseline; both recorded as metrics."""
+    ttft_name, decode_name = metric_names(item["name"])
+    ttft = (item.get("stream") or {}).get("ttft_s")
+    decode = (item.get("decode") or {}).get("decode_tok_s")
+    metrics[ttft_name] = None if ttft is None else round(ttft, 4)
+    metrics[decode_name] = None if decode is None else round(decode, 3)
+    results = [compare_lower_is_better(ttft_name, ttft, baseline.get(ttft_name), tol),
+               baseline_mod.compare(decode_name, decode, baseline.get(decode_name), tol)]
+    if baseline.get(ttft_name):
+        expected["ttft_s"] = "<= %.3f (%.2fx baseline %.3f)" % (baseline[ttft_name] / tol["fail_below"],
+                                                                1.0 / tol["fail_below"], baseline[ttft_name])
+    if baseline.get(decode_name):
+        expected["decode_tok_s"] = ">= %.2f (%.2fx baseline %.2f)" % (baseline[decode_name] * tol["fail_below"],
+                                                                      tol["fail_below"], baseline[decode_name])
+    remedy = ("The engine got slower than its baseline: check the lower layers (nccl_transport: a silent SHM "
+              "fallback after an upgrade; p2p_bandwidth), then what changed in the serve profile or the engine "
+              "version (`provision baseline show`).")
+    for status, text in results:
+        texts.append("%s: %s" % (item["name"], text))
+        if status == "fail":
+            found.problem("%s: %s" % (item["name"], text), remedy)
+        elif status == "warn":
+            found.note("%s: %s" % (item["name"], text), remedy)
+
+
+def _expected_of(item, profile):
+    expected = {"unit": "active, no more restarts than at the last run", "ready_within_s": item.get("ready_timeout_s")}
+    if item.get("served_model_name"):
+        expected["served"] = item["served_model_name"]
+    if _transport_matters(item, profile):
+        expected["path"] = "p2p (isAllDirectP2p 1)" if expectations.p2p_expected(profile) else "shm"
+    return expected
+
+
+def judge_profile(item, profile, baseline, tol, found, texts):
+    """(measured, expected, metrics) of one serve profile; its findings go into FOUND, figure texts to TEXTS."""
+    measured = {"source": item.get("source"), "unit": None}
+    expected = _expected_of(item, profile)
+    metrics = {}
+    if item.get("available") is False:
+        found.gap("%s: %s" % (item.get("name"), item.get("error") or "nothing measured"))
+        return measured, expected, metrics
+    if not _check_unit(item, found, measured) or not _check_ready(item, found, measured):
+        _check_log(item, profile, found, measured)
+        return measured, expected, metrics
+    _check_models(item, found, measured)
+    _check_tokens(item, found, measured)
+    _check_log(item, profile, found, measured)
+    _check_figures(item, found, metrics, expected, baseline, tol, texts)
+    return measured, expected, metrics
+
+
+def judge_serving(data, profile, baseline_metrics=None, tolerance=None):
+    """The serving layer's verdict over every serve profile; its metrics are each profile's TTFT and decode
+    tok/s (recorded by `provision baseline record`)."""
+    profile = profile or {}
+    data = data or {}
+    if data.get("error"):
+        return make(LAYER, "fail", measured=None, expected="a valid serve option", why=data["error"],
+                    remedy="Fix the serve profiles (rigbook_serve) the serving phase was given.")
+    items = data.get("profiles") or []
+    if not items:
+        return make(LAYER, "skip", measured=None, expected=None,
+                    why="no serve profile to check (the serving phase runs after the serve role, with rigbook_serve)")
+    tol = expectations.tolerance(profile, tolerance)
+    baseline = baseline_metrics or {}
+    found, texts = Findings(), []
+    measured, expected, metrics = {}, {}, {}
+    for item in items:
+        name = item.get("name") or "?"
+        measured[name], expected[name], item_metrics = judge_profile(item, profile, baseline, tol, found, texts)
+        metrics.update(item_metrics)
+    ok_text = "; ".join(texts) or "every serve profile answers"
+    if texts and not any(baseline.get(name) for name in metrics):
+        ok_text += "; record a baseline with `provision baseline record`"
+    verdict = found.verdict(LAYER, measured, expected, ok_text=ok_text)
+    if metrics:
+        verdict["metrics"] = metrics
+    return verdict

@@ -1,0 +1,348 @@
+# -*- coding: utf-8 -*-
+# Copyright: rigbook developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""A serve profile (one item of rigbook_serve) as data: the engine's command line, and the traps it must avoid.
+
+Pure; standard library only; no imports from the collection, so the controller can load this file by path.
+
+- engine_argv(profile, engine): the engine's argv in SGLang's flag spelling, deterministic (a unit file built
+  from it is stable), never with the API key (api_key_args gives the reference to the unit's environment).
+- check(profile, host, index) / check_all(profiles, host): (errors, warnings), lists of "key path: why". HOST is
+  what is known about the box: gpu_count, vendor, p2p_expected (inventory: rigbook_gpu, rigbook_p2p), and, only
+  on the box itself, default_target, display_manager_enabled, model_path_exists, draft_model_path_exists. A key
+  is absent when it is not known, and its checks are skipped.
+
+The profile is assumed to have passed meta/profile.schema.json; a value of the wrong type is skipped, never a
+traceback.
+"""
+
+from __future__ import annotations
+
+DEFAULT_PORT = 30000
+DEFAULT_BIND = "127.0.0.1"
+DEFAULT_STARTUP_TIMEOUT_S = 900
+# Seed 000: a desktop holds ~80 MB of GPU0; 0.90 OOMs in warm-up, 0.88 works.
+DESKTOP_SAFE_MEM_FRACTION = 0.88
+# The variable of the unit's root-only EnvironmentFile that holds the key (the serve role writes it).
+API_KEY_ENV = "RIGBOOK_SERVE_API_KEY"
+DISABLE_CUSTOM_ALL_REDUCE = "--disable-custom-all-reduce"
+# Algorithms that draft with a separate model; NEXTN (a model's own MTP head) and NGRAM need none.
+NEEDS_DRAFT_MODEL = frozenset(("EAGLE", "EAGLE3", "STANDALONE", "DFLASH"))
+LOOPBACK_BINDS = frozenset(("127.0.0.1", "localhost", "::1"))
+
+# (profile field, engine flag), in argv order.
+FIELD_FLAGS = (
+    ("model_path", "--model-path"),
+    ("served_model_name", "--served-model-name"),
+    ("tp_size", "--tp-size"),
+    ("mem_fraction_static", "--mem-fraction-static"),
+    ("context_length", "--context-length"),
+    ("max_total_tokens", "--max-total-tokens"),
+)
+SPECULATIVE_FLAGS = (
+    ("algorithm", "--speculative-algorithm"),
+    ("draft_model_path", "--speculative-draft-model-path"),
+    ("num_steps", "--speculative-num-steps"),
+    ("eagle_topk", "--speculative-eagle-topk"),
+    ("num_draft_tokens", "--speculative-num-draft-tokens"),
+    ("draft_kv_cache_dtype", "--speculative-draft-kv-cache-dtype"),
+)
+
+
+def _owned_flags():
+    """{engine flag (and its aliases): the profile field that sets it} for extra_args."""
+    owned = {flag: field for field, flag in FIELD_FLAGS}
+    owned.update({flag: "speculative.%s" % field for field, flag in SPECULATIVE_FLAGS})
+    owned.update({
+        "--model": "model_path",
+        "--tp": "tp_size",
+        "--tensor-parallel-size": "tp_size",
+        "--speculative-algo": "speculative.algorithm",
+        "--speculative-draft": "speculative.draft_model_path",
+        "--speculative-draft-model": "speculative.draft_model_path",
+        DISABLE_CUSTOM_ALL_REDUCE: "custom_all_reduce",
+        "--host": "bind",
+        "--port": "port",
+        "--api-key": "api_key_file",
+    })
+    return owned
+
+
+OWNED_FLAGS = _owned_flags()
+
+
+# --- the command line ---------------------------------------------------------------------------------------------
+
+def _text(value):
+    """A flag value as the engine reads it: 0.88 -> "0.88", 2 -> "2"."""
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def _flag_pairs(values, table):
+    argv = []
+    for field, flag in table:
+        if values.get(field) is not None:
+            argv += [flag, _text(values[field])]
+    return argv
+
+
+def engine_argv(profile, engine):
+    """ENGINE (the command prefix, e.g. [venv/bin/python, -m, sglang.launch_server]) + the profile's flags: the
+    fields in FIELD_FLAGS order, the speculative ones, --disable-custom-all-reduce when custom_all_reduce is false,
+    --host and --port (defaults 127.0.0.1, 30000), then extra_args as given. Never the API key (api_key_args).
+
+    Raises ValueError naming the problem for a profile without model_path or an engine that is not a list of str."""
+    if not isinstance(profile, dict) or not isinstance(profile.get("model_path"), str) or not profile["model_path"]:
+        raise ValueError("a serve profile needs model_path (a mapping with model_path: /srv/models/...)")
+    if not isinstance(engine, (list, tuple)) or not engine or not all(isinstance(p, str) for p in engine):
+        raise ValueError("the engine command must be a non-empty list of strings, got %r" % (engine,))
+    argv = list(engine) + _flag_pairs(profile, FIELD_FLAGS)
+    speculative = profile.get("speculative")
+    if isinstance(speculative, dict):
+        argv += _flag_pairs(speculative, SPECULATIVE_FLAGS)
+    if profile.get("custom_all_reduce") is False:
+        argv.append(DISABLE_CUSTOM_ALL_REDUCE)
+    argv += ["--host", str(profile.get("bind") or DEFAULT_BIND), "--port", _text(profile.get("port") or DEFAULT_PORT)]
+    argv += [str(arg) for arg in profile.get("extra_args") or []]
+    return argv
+
+
+def api_key_args(profile):
+    """["--api-key", "${RIGBOOK_SERVE_API_KEY}"] when the profile has api_key_file, else []: systemd expands the
+    reference from the unit's root-only EnvironmentFile, so the key is never in the unit or the argv on disk."""
+    if isinstance(profile, dict) and profile.get("api_key_file"):
+        return ["--api-key", "${%s}" % API_KEY_ENV]
+    return []
+
+
+def port_of(profile):
+    return profile.get("port") or DEFAULT_PORT
+
+
+# --- the traps ------------------------------------------------------------------------------------------------------
+
+def _int(value):
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _number(value):
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _extra_flags(profile):
+    """[(index, flag)] of the extra_args that are flags (--name or --name=value)."""
+    found = []
+    for index, arg in enumerate(profile.get("extra_args") or []):
+        if isinstance(arg, str) and arg.startswith("--"):
+            found.append((index, arg.split("=", 1)[0]))
+    return found
+
+
+def tp_size(profile):
+    return _int(profile.get("tp_size")) or 1
+
+
+def custom_all_reduce_on(profile):
+    """Whether the engine runs its custom all-reduce kernel: custom_all_reduce when set; absent, the engine's
+    default, which is on for TP=2 over PCIe (SGLang assumes P2P works unless told: research A3), unless
+    --disable-custom-all-reduce is in extra_args. Off at tp_size 1 (nothing to reduce)."""
+    if tp_size(profile) < 2:
+        return False
+    if isinstance(profile.get("custom_all_reduce"), bool):
+        return profile["custom_all_reduce"]
+    return DISABLE_CUSTOM_ALL_REDUCE not in [flag for _, flag in _extra_flags(profile)]
+
+
+def _tp_size_fits(profile, host, where):
+    gpus = _int(host.get("gpu_count"))
+    size = _int(profile.get("tp_size"))
+    if gpus is None or size is None or size <= gpus:
+        return []
+    return [("error", "%s.tp_size" % where,
+             "%d, but the box has %d GPU%s (rigbook_gpu.count): tensor parallelism puts one shard on each GPU, so "
+             "the engine cannot start; set tp_size to at most %d" % (size, gpus, "" if gpus == 1 else "s", gpus))]
+
+
+def _desktop_leaves_room(profile, host, where):
+    fraction = _number(profile.get("mem_fraction_static"))
+    graphical = host.get("default_target") == "graphical.target" or host.get("display_manager_enabled") is True
+    if fraction is None or fraction <= DESKTOP_SAFE_MEM_FRACTION or not graphical:
+        return []
+    desktop = ("the default target is graphical.target" if host.get("default_target") == "graphical.target"
+               else "a display manager is enabled")
+    return [("warning", "%s.mem_fraction_static" % where,
+             "%s while %s: seed 000 - a desktop holds ~80 MB of GPU0, 0.90 ran out of memory in warm-up and 0.88 "
+             "works; set it to 0.88, or run `systemctl set-default multi-user.target` and reboot (stopping gdm on "
+             "a live box panicked the NVIDIA driver and rebooted the machine)" % (_text(fraction), desktop))]
+
+
+def _custom_all_reduce_needs_p2p(profile, host, where):
+    if host.get("p2p_expected") is not False or not custom_all_reduce_on(profile):
+        return []
+    if isinstance(profile.get("custom_all_reduce"), bool):
+        state = "true"
+    else:
+        state = ("not set, so the engine's default applies (custom all-reduce on at tp_size %d over PCIe)"
+                 % tp_size(profile))
+    return [("error", "%s.custom_all_reduce" % where,
+             "%s, but this box has no working GPU P2P (rigbook_p2p.expected is false): the custom all-reduce kernel "
+             "writes through peer mappings; over a broken or patched consumer P2P path it gave wrong results and "
+             "hard resets (noonghunna/club-3090 #922, #1332); set custom_all_reduce: false (NCCL still does the "
+             "all-reduce)" % state)]
+
+
+def _custom_all_reduce_decided(profile, host, where):
+    """NVIDIA, P2P expected, TP>=2, custom_all_reduce not set: the engine turns the kernel on unchecked."""
+    if (host.get("vendor") != "nvidia" or host.get("p2p_expected") is not True or tp_size(profile) < 2
+            or isinstance(profile.get("custom_all_reduce"), bool) or not custom_all_reduce_on(profile)):
+        return []
+    return [("warning", "%s.custom_all_reduce" % where,
+             "not set: the engine turns its custom all-reduce on at tp_size %d over PCIe without checking P2P; on "
+             "patched consumer cards it gave wrong results and hard resets (noonghunna/club-3090 #922, #1332); set "
+             "custom_all_reduce: false, or true once a correctness A/B has passed on this box" % tp_size(profile))]
+
+
+def _ipc_not_legacy(profile, host, where):
+    env = profile.get("env")
+    if host.get("vendor") != "amd" or not isinstance(env, dict):
+        return []
+    if str(env.get("HSA_ENABLE_IPC_MODE_LEGACY", "")).strip() != "1":
+        return []
+    return [("error", "%s.env.HSA_ENABLE_IPC_MODE_LEGACY" % where,
+             "1 on an AMD box: legacy HIP IPC makes RCCL fall back to SHM instead of P2P/IPC (seed 004 serves with "
+             "0 and must see `isAllDirectP2p 1` and `via P2P/IPC` in the engine's log); set it to \"0\"")]
+
+
+def _token_budget_below_context(profile, host, where):
+    total = _int(profile.get("max_total_tokens"))
+    context = _int(profile.get("context_length"))
+    if total is None or context is None or total < context:
+        return []
+    return [("error", "%s.max_total_tokens" % where,
+             "%d is not below context_length %d: seed 000 pinned the pool at the full context (200000/200000) and "
+             "two long prefills at once hit the 'Can not alloc mamba cache' assert, which killed the scheduler; "
+             "185000 under 200000 is stable; set max_total_tokens below context_length" % (total, context))]
+
+
+def _model_on_host(profile, host, where):
+    problems = []
+    if host.get("model_path_exists") is False:
+        problems.append(("error", "%s.model_path" % where,
+                         "%s does not exist on the box: the unit is not (re)started; copy the model there or fix the "
+                         "path" % profile.get("model_path")))
+    speculative = profile.get("speculative")
+    if host.get("draft_model_path_exists") is False and isinstance(speculative, dict):
+        problems.append(("error", "%s.speculative.draft_model_path" % where,
+                         "%s does not exist on the box: the unit is not (re)started; copy the draft model there or "
+                         "fix the path" % speculative.get("draft_model_path")))
+    return problems
+
+
+def _draft_model_when_needed(profile, host, where):
+    speculative = profile.get("speculative")
+    if not isinstance(speculative, dict) or speculative.get("draft_model_path"):
+        return []
+    algorithm = str(speculative.get("algorithm") or "").upper()
+    if algorithm not in NEEDS_DRAFT_MODEL:
+        return []
+    return [("error", "%s.speculative.draft_model_path" % where,
+             "missing: speculative.algorithm %s drafts with a separate model (%s need one; NEXTN uses the model's "
+             "own MTP head, NGRAM none); set speculative.draft_model_path"
+             % (algorithm, ", ".join(sorted(NEEDS_DRAFT_MODEL))))]
+
+
+def _extra_args_not_owned(profile, host, where):
+    problems = []
+    for index, flag in _extra_flags(profile):
+        field = OWNED_FLAGS.get(flag)
+        if field is None:
+            continue
+        if field == "api_key_file":
+            why = ("never put the API key on the command line (ps and the journal show it): set api_key_file to a "
+                   "root-only file holding it")
+        else:
+            why = "the profile field %s sets it; set %s instead of the flag" % (field, field)
+        problems.append(("error", "%s.extra_args[%d]" % (where, index), "%s: %s" % (flag, why)))
+    return problems
+
+
+def _exposed_without_key(profile, host, where):
+    bind = profile.get("bind") or DEFAULT_BIND
+    if bind in LOOPBACK_BINDS or profile.get("api_key_file"):
+        return []
+    return [("warning", "%s.bind" % where,
+             "%s without api_key_file: anyone who reaches this address can use the engine; set api_key_file, or "
+             "bind to 127.0.0.1" % bind)]
+
+
+RULES = (
+    _tp_size_fits,
+    _desktop_leaves_room,
+    _custom_all_reduce_needs_p2p,
+    _custom_all_reduce_decided,
+    _ipc_not_legacy,
+    _token_budget_below_context,
+    _model_on_host,
+    _draft_model_when_needed,
+    _extra_args_not_owned,
+    _exposed_without_key,
+)
+
+
+def _split(findings):
+    errors = ["%s: %s" % (where, why) for kind, where, why in findings if kind == "error"]
+    warnings = ["%s: %s" % (where, why) for kind, where, why in findings if kind == "warning"]
+    return errors, warnings
+
+
+def _findings(profile, host, where):
+    if not isinstance(profile, dict):
+        return [("error", where, "must be a mapping (name, model_path, ...), got %r" % (profile,))]
+    found = []
+    for rule in RULES:
+        found += rule(profile, host, where)
+    return found
+
+
+def check(profile, host=None, index=0):
+    """(errors, warnings) of one serve profile, the item INDEX of rigbook_serve, on a box described by HOST (see
+    the module docstring). Each message starts with the key path, e.g. "rigbook_serve[0].tp_size: ...". A list
+    PROFILE is checked whole (check_all)."""
+    if isinstance(profile, list):
+        return check_all(profile, host)
+    return _split(_findings(profile, host or {}, "rigbook_serve[%d]" % index))
+
+
+def _clashes(profiles, key, value_of, what):
+    """Errors for each profile whose KEY (VALUE_OF it) an earlier profile already has."""
+    findings = []
+    first = {}
+    for index, profile in enumerate(profiles):
+        if not isinstance(profile, dict):
+            continue
+        value = value_of(profile)
+        if value not in first:
+            first[value] = index
+            continue
+        other = first[value]
+        owner = "" if key == "name" else " (%s)" % profiles[other].get("name")
+        findings.append(("error", "rigbook_serve[%d].%s" % (index, key),
+                         "%s is also rigbook_serve[%d]'s %s%s: %s" % (_text(value), other, key, owner, what)))
+    return findings
+
+
+def check_all(profiles, host=None):
+    """(errors, warnings) of the whole rigbook_serve list: each profile (check), then unique names (each is one
+    unit) and unique ports (two engines cannot listen on one port; an absent port is 30000)."""
+    if not isinstance(profiles, list):
+        return ["rigbook_serve: must be a list of serve profiles, got %r" % (profiles,)], []
+    found = []
+    for index, profile in enumerate(profiles):
+        found += _findings(profile, host or {}, "rigbook_serve[%d]" % index)
+    found += _clashes(profiles, "name", lambda p: p.get("name"), "each profile is its own unit; rename one")
+    found += _clashes(profiles, "port", port_of,
+                      "two engines cannot listen on one port (an unset port is %d); give each its own port"
+                      % DEFAULT_PORT)
+    return _split(found)

@@ -1,0 +1,429 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: rigbook developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+DOCUMENTATION = r"""
+---
+module: pinned_venv
+short_description: A venv holding pinned Python packages, with a checked patch set applied to their installed files
+description:
+  - Checks the whole state in one run - the venv's interpreter, the stamp (C(.rigbook-venv.json) in the venv - the
+    requirements, the lock file's sha256, the pip options, the patch set), every expected distribution's installed
+    version (read from its dist-info, no pip call) and pinned commit (its C(direct_url.json)), and the sha256 of
+    every file the patch set changed. When all match nothing runs and nothing is reported changed.
+  - Otherwise the venv is made afresh (a venv that does not match its stamp is removed first - the venv path names
+    the pin, so another pin is another venv and an older one stays usable), the requirements are installed with
+    pip (with O(lock) as a requirements file - pip checks its hashes when it has any), each patch is tried with
+    C(patch --dry-run) in the site-packages directory and then applied, the stamp is written and O(import_check)
+    runs. On any failure the venv made by this call is removed again - nothing half-done is left.
+  - Every patch file is checked against its pinned sha256 before anything is touched. A patch that no longer
+    applies (a version bump) fails naming the patch and the files it could not patch.
+  - Supports check mode (reports what would change and why) and diff mode.
+version_added: "1.0.0"
+author:
+  - rigbook developers
+options:
+  path:
+    description: The venv directory; C({patch_set}) in it is replaced by the patch set hash (so the path names the
+      whole pin).
+    type: path
+    required: true
+  python:
+    description: The interpreter that creates the venv.
+    type: path
+    default: /usr/bin/python3
+  requirements:
+    description: pip requirement specifiers installed into the venv (an exact version, or a VCS URL at a commit).
+    type: list
+    elements: str
+    required: true
+  lock:
+    description: A requirements file on the host pinning every package (C(==), optionally with C(--hash)), installed
+      with C(-r) instead of O(requirements) (it must list them; O(expect) checks what came in) so a second box
+      resolves the same versions. pip checks the hashes when the lock has any.
+    type: path
+  find_links:
+    description: Directories or URLs of wheels (C(--find-links)).
+    type: list
+    elements: str
+    default: []
+  no_index:
+    description: Install only from O(find_links) (offline).
+    type: bool
+    default: false
+  no_deps:
+    description: Install without dependencies (C(--no-deps)).
+    type: bool
+    default: false
+  expect:
+    description: Distribution name to the version that must be installed.
+    type: dict
+    default: {}
+  expect_commit:
+    description: Distribution name to the commit (a prefix of at least 7 hex digits) it must be installed from.
+    type: dict
+    default: {}
+  patches:
+    description: Patches applied in order in the venv's site-packages directory, each a file with its pinned sha256.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      path:
+        description: The patch file on the host; with O(patch_dir) only its file name counts.
+        type: path
+      name:
+        description: The patch's file name in O(patch_dir).
+        type: str
+      sha256:
+        description: Its SHA-256.
+        type: str
+        required: true
+      strip:
+        description: C(patch -p) level.
+        type: int
+        default: 1
+  patch_dir:
+    description: The directory on the host holding the patches.
+    type: path
+  import_check:
+    description: Python code run with the venv's interpreter after a change (e.g. an import that prints the version);
+      empty for none.
+    type: str
+    default: ""
+  environment:
+    description: Extra environment for pip and the import check (e.g. C(CUDA_HOME)).
+    type: dict
+    default: {}
+  env_files:
+    description: Environment files (systemd C(KEY=value) lines) read into the environment of pip and the import
+      check, before O(environment); files that do not exist are skipped.
+    type: list
+    elements: path
+    default: []
+  log:
+    description: The pip log, appended as it runs (default C(<path>.pip.log) beside the venv).
+    type: path
+extends_documentation_fragment:
+  - rigbook.homelab.attributes.changes
+"""
+
+EXAMPLES = r"""
+- name: SGLang 0.5.23 with its lock and one patch
+  rigbook.homelab.pinned_venv:
+    path: /opt/rigbook/sglang/0.5.23-1a2b3c4d5e6f
+    requirements: [sglang==0.5.23]
+    lock: /opt/rigbook/sglang/locks/sglang-0.5.23.txt
+    expect: {sglang: 0.5.23}
+    patch_dir: /var/lib/rigbook/sglang/patches
+    patches:
+      - {name: symm-mem-logits-gather-sm90.patch, sha256: "{{ patch_sha256 }}"}
+    import_check: "import sglang; print(sglang.__version__)"
+"""
+
+RETURN = r"""
+path:
+  description: The venv directory (C({patch_set}) replaced).
+  returned: always
+  type: str
+versions:
+  description: Installed version of each expected distribution (null when absent).
+  returned: always
+  type: dict
+commits:
+  description: The VCS commit each expected distribution was installed from (null for an index or wheel install).
+  returned: always
+  type: dict
+reasons:
+  description: Why the venv is (or would be) made again; empty when it matches.
+  returned: always
+  type: list
+  elements: str
+patches_applied:
+  description: The patches applied by this call.
+  returned: always
+  type: list
+  elements: str
+patch_set:
+  description: The patch set hash (C(stock) without patches).
+  returned: always
+  type: str
+import_output:
+  description: What O(import_check) printed (after a change only).
+  returned: always
+  type: str
+stamp:
+  description: The stamp after the call.
+  returned: always
+  type: dict
+"""
+
+import glob
+import json
+import os
+import re
+import shutil
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.rigbook.homelab.plugins.module_utils import patch_set
+from ansible_collections.rigbook.homelab.plugins.module_utils.file_digest import sha256_of
+
+STAMP = ".rigbook-venv.json"
+
+
+def normalize(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def site_packages(venv):
+    found = sorted(glob.glob(os.path.join(venv, "lib", "python*", "site-packages")))
+    return found[0] if found else None
+
+
+def installed(site):
+    """{normalized name: (version, commit or None)} of the distributions in SITE, read from their dist-info."""
+    out = {}
+    for info in glob.glob(os.path.join(site or "/nonexistent", "*.dist-info")):
+        name = version = None
+        try:
+            with open(os.path.join(info, "METADATA"), encoding="utf-8", errors="replace") as handle:
+                for line in handle:
+                    if line.startswith("Name:"):
+                        name = line.split(":", 1)[1].strip()
+                    elif line.startswith("Version:"):
+                        version = line.split(":", 1)[1].strip()
+                    elif not line.strip():
+                        break
+        except OSError:
+            continue
+        commit = None
+        try:
+            with open(os.path.join(info, "direct_url.json")) as handle:
+                commit = (json.load(handle).get("vcs_info") or {}).get("commit_id")
+        except (OSError, ValueError):
+            pass
+        if name:
+            out[normalize(name)] = (version, commit)
+    return out
+
+
+def read_env_files(paths):
+    """KEY=value lines of the environment files that exist (comments and blank lines skipped, quotes removed)."""
+    env = {}
+    for path in paths:
+        try:
+            with open(path) as handle:
+                lines = handle.read().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            m = re.match(r"^\s*([A-Za-z_][A-Za-z0-9_]*)=(.*)$", line)
+            if m:
+                env[m.group(1)] = m.group(2).strip().strip("'\"")
+    return env
+
+
+def read_stamp(venv):
+    try:
+        with open(os.path.join(venv, STAMP)) as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
+def mismatches(p, dists):
+    """What differs between the expected versions/commits and DISTS."""
+    out = []
+    for name, version in sorted(p["expect"].items()):
+        have = dists.get(normalize(name))
+        if have is None:
+            out.append("%s is not installed" % name)
+        elif have[0] != str(version):
+            out.append("%s is %s, pinned %s" % (name, have[0], version))
+    for name, commit in sorted(p["expect_commit"].items()):
+        have = dists.get(normalize(name))
+        got = (have or (None, None))[1]
+        if not got or not got.startswith(str(commit).lower()):
+            out.append("%s was installed from commit %s, pinned %s" % (name, got or "(none: not a VCS install)", commit))
+    return out
+
+
+def reasons_for(p, venv, wanted, stamp, dists):
+    if not os.path.isfile(os.path.join(venv, "bin", "python")):
+        return ["no venv at %s" % venv]
+    if stamp is None:
+        return ["no stamp in %s" % venv]
+    have = dict((k, v) for k, v in stamp.items() if k in wanted)
+    if have != wanted:
+        return ["the stamp differs in %s" % ", ".join(sorted(k for k in wanted if have.get(k) != wanted[k]))]
+    out = mismatches(p, dists)
+    site = site_packages(venv)
+    for rel, digest in sorted((stamp.get("files") or {}).items()):
+        path = os.path.join(site or venv, rel)
+        if not os.path.isfile(path):
+            out.append("%s is missing" % path)
+        elif sha256_of(path) != digest:
+            out.append("%s changed since it was patched" % path)
+    return out
+
+
+class Venv(object):
+    def __init__(self, module):
+        self.module = module
+        self.p = module.params
+        self.log = self.p["log"] or self.p["path"].rstrip("/") + ".pip.log"
+        self.progress = []
+
+    def note(self, line):
+        try:
+            with open(self.log, "a") as handle:
+                handle.write("[rigbook %s] %s\n" % (time.strftime("%H:%M:%S"), line))
+        except OSError:
+            pass
+
+    def run(self, what, argv, logged=True):
+        started = time.time()
+        env = read_env_files(self.p["env_files"])
+        env.update(self.p["environment"], LC_ALL="C", PIP_DISABLE_PIP_VERSION_CHECK="1")
+        if logged:
+            self.note("%s: %s" % (what, " ".join(argv)))
+            argv = ["sh", "-c", 'exec "$@" >>"$0" 2>&1', self.log] + argv
+        rc, out, err = self.module.run_command(argv, environ_update=env)
+        self.progress.append("%s (%.1f s)" % (what, time.time() - started))
+        return rc, out, err
+
+    def tail(self, chars=2500):
+        try:
+            with open(self.log) as handle:
+                return handle.read()[-chars:]
+        except OSError:
+            return ""
+
+    def pip_argv(self):
+        p = self.p
+        argv = [os.path.join(p["path"], "bin", "python"), "-m", "pip", "install", "--no-input"]
+        argv += ["--no-index"] if p["no_index"] else []
+        argv += ["--no-deps"] if p["no_deps"] else []
+        for link in p["find_links"]:
+            argv += ["--find-links", link]
+        # a lock lists the requirements too (pip's hash-checking mode wants a hash for every one)
+        return argv + (["-r", p["lock"]] if p["lock"] else list(p["requirements"]))
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            path=dict(type="path", required=True),
+            python=dict(type="path", default="/usr/bin/python3"),
+            requirements=dict(type="list", elements="str", required=True),
+            lock=dict(type="path"),
+            find_links=dict(type="list", elements="str", default=[]),
+            no_index=dict(type="bool", default=False),
+            no_deps=dict(type="bool", default=False),
+            expect=dict(type="dict", default={}),
+            expect_commit=dict(type="dict", default={}),
+            patches=dict(type="list", elements="dict", default=[], options=dict(
+                path=dict(type="path"),
+                name=dict(type="str"),
+                sha256=dict(type="str", required=True),
+                strip=dict(type="int", default=1),
+            )),
+            patch_dir=dict(type="path"),
+            import_check=dict(type="str", default=""),
+            environment=dict(type="dict", default={}),
+            env_files=dict(type="list", elements="path", default=[]),
+            log=dict(type="path"),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    if not p["requirements"]:
+        module.fail_json(msg="requirements: nothing to install")
+    for name, commit in p["expect_commit"].items():
+        if not re.match(r"^[0-9a-f]{7,40}$", str(commit).lower()):
+            module.fail_json(msg="expect_commit %s: %r is not a commit (7 to 40 hex digits; a branch is not a pin)"
+                             % (name, commit))
+    owner = ", ".join(p["requirements"])
+    error = patch_set.resolve_paths(p["patches"], p["patch_dir"], owner)
+    missing, error, _ = (None, error, None) if error else patch_set.verify(p["patches"], module.check_mode, owner)
+    if error:
+        module.fail_json(msg=error)
+    if p["lock"] and not os.path.isfile(p["lock"]) and not module.check_mode:
+        module.fail_json(msg="lock file %s does not exist" % p["lock"])
+    lock_sha = sha256_of(p["lock"]) if p["lock"] and os.path.isfile(p["lock"]) else None
+    wanted = dict(requirements=list(p["requirements"]), lock_sha256=lock_sha, no_deps=p["no_deps"],
+                  no_index=p["no_index"], find_links=list(p["find_links"]),
+                  patches=["%s -p%d %s" % (os.path.basename(x["path"]), x["strip"], x["sha256"].lower())
+                           for x in p["patches"]])
+    set_id = patch_set.set_id(["%s:%s" % (os.path.basename(x["path"]), x["sha256"].lower()) for x in p["patches"]])
+    venv = p["path"] = p["path"].replace("{patch_set}", set_id).rstrip("/")
+    stamp = old_stamp = read_stamp(venv)
+    site = site_packages(venv)
+    dists = installed(site)
+    reasons = reasons_for(p, venv, wanted, stamp, dists)
+    result = dict(changed=bool(reasons), path=venv, reasons=reasons, patch_set=set_id, patches_applied=[], import_output="",
+                  stamp=stamp or {})
+    if missing:
+        result["msg"] = "not on the host yet (check mode): %s" % ", ".join(missing)
+    if reasons and not module.check_mode:
+        v = Venv(module)
+        result["progress"] = v.progress
+        made = False
+        try:
+            if os.path.lexists(venv):
+                shutil.rmtree(venv)  # it does not match the pin its path names: start clean
+            os.makedirs(os.path.dirname(venv) or "/", 0o755, exist_ok=True)
+            with open(v.log, "a") as handle:
+                handle.write("\n")
+            v.note("make %s: %s" % (venv, "; ".join(reasons)))
+            made = True
+            rc, out, err = v.run("create the venv", [p["python"], "-m", "venv", venv])
+            if rc != 0:
+                raise RuntimeError("creating the venv with %s failed (rc %d):\n%s" % (p["python"], rc, v.tail()))
+            rc, out, err = v.run("pip install", v.pip_argv())
+            if rc != 0:
+                raise RuntimeError("pip install into %s failed (rc %d); the end of %s:\n%s" % (venv, rc, v.log, v.tail()))
+            site = site_packages(venv)
+            dists = installed(site)
+            wrong = mismatches(p, dists)
+            if wrong:
+                raise RuntimeError("after pip install into %s: %s" % (venv, "; ".join(wrong)))
+            run = lambda argv: module.run_command(argv, environ_update={"LC_ALL": "C"})  # noqa: E731
+            for dry_run in (True, False):
+                names, touched, failure = patch_set.apply(run, p["patches"], site, dry_run)
+                if failure:
+                    result.update(patch=failure["path"], failing_files=failure["files"])
+                    raise RuntimeError("%s. The venv %s was removed again." % (patch_set.failure_message(
+                        failure, "%s in %s" % (", ".join(p["requirements"]), site)), venv))
+            result["patches_applied"] = names
+            if p["import_check"]:
+                rc, out, err = v.run("import check", [os.path.join(venv, "bin", "python"), "-c", p["import_check"]],
+                                     logged=False)
+                if rc != 0:
+                    raise RuntimeError("the import check failed in %s (rc %d): %s" % (venv, rc, (err or out)[-1500:]))
+                result["import_output"] = out.strip()
+            stamp = dict(wanted, patch_set=set_id, files=dict((rel, sha256_of(os.path.join(site, rel)))
+                                                              for rel in touched),
+                         versions=dict((n, dists.get(normalize(n), (None, None))[0]) for n in p["expect"]))
+            with open(os.path.join(venv, STAMP), "w") as handle:
+                json.dump(stamp, handle, indent=2, sort_keys=True)
+                handle.write("\n")
+            result["stamp"] = stamp
+            v.note("made %s" % venv)
+        except (RuntimeError, OSError) as exc:
+            if made:
+                shutil.rmtree(venv, ignore_errors=True)
+            module.fail_json(msg=str(exc), progress=v.progress, **dict((k, result[k]) for k in result
+                                                                        if k in ("patch", "failing_files")))
+    result["versions"] = dict((n, dists.get(normalize(n), (None, None))[0]) for n in p["expect"])
+    result["commits"] = dict((n, dists.get(normalize(n), (None, None))[1]) for n in p["expect"])
+    if module._diff and result["changed"]:
+        result["diff"] = dict(before=json.dumps(dict((k, (old_stamp or {}).get(k)) for k in wanted), indent=1) + "\n",
+                              after=json.dumps(wanted, indent=1) + "\n", before_header=venv, after_header=venv)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

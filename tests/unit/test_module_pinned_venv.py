@@ -1,0 +1,145 @@
+"""pinned_venv, in-process with real commands: a real venv, real pip (offline, from a wheel made here), real
+`patch`. The wheel is a tiny package built by the test (a wheel is a zip with a dist-info); nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+from ansible_collections.rigbook.homelab.plugins.modules import pinned_venv
+from helpers import run_module_real
+
+SOURCE = "def gather(enabled):\n    return enabled\n"
+PATCH = """--- a/demo/core.py
++++ b/demo/core.py
+@@ -1,2 +1,3 @@
+ def gather(enabled):
+-    return enabled
++    # patched: never on this box
++    return False
+"""
+
+
+def make_wheel(dest: Path, version: str, source: str = SOURCE) -> Path:
+    files = {"demo/__init__.py": f"__version__ = {version!r}\n", "demo/core.py": source,
+             f"demo-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: demo\nVersion: {version}\n\n",
+             f"demo-{version}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                                "Tag: py3-none-any\n"}
+    record = []
+    for name, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(text.encode())}")
+    record.append(f"demo-{version}.dist-info/RECORD,,")
+    files[f"demo-{version}.dist-info/RECORD"] = "\n".join(record) + "\n"
+    dest.mkdir(parents=True, exist_ok=True)
+    wheel = dest / f"demo-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for name, text in files.items():
+            zf.writestr(name, text)
+    return wheel
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory):
+    dest = tmp_path_factory.mktemp("wheels")
+    make_wheel(dest, "1.0")
+    make_wheel(dest, "2.0", source="def gather(enabled):\n    return bool(enabled)\n")
+    return dest
+
+
+def venvs_left(tmp_path: Path) -> list:
+    """What is under the venv root besides the pip logs."""
+    return sorted(p.name for p in (tmp_path / "venvs").iterdir() if not p.name.endswith(".pip.log"))
+
+
+def patch_file(tmp_path: Path, text: str = PATCH) -> dict:
+    path = tmp_path / "off.patch"
+    path.write_text(text)
+    return {"path": str(path), "sha256": hashlib.sha256(text.encode()).hexdigest()}
+
+
+def args(tmp_path, wheels, version="1.0", patches=(), **extra):
+    return dict(dict(path=str(tmp_path / "venvs" / f"demo-{version}-{{patch_set}}"),
+                     requirements=[f"demo=={version}"], no_index=True, find_links=[str(wheels)],
+                     expect={"demo": version}, patches=list(patches),
+                     import_check="import demo.core as c; print(c.gather(True))"), **extra)
+
+
+def test_install_patch_then_a_converged_rerun_runs_nothing(tmp_path, wheels):
+    patch = patch_file(tmp_path)
+    a = args(tmp_path, wheels, patches=[patch])
+    result, failed, ran = run_module_real(pinned_venv, a)
+    assert not failed, result
+    venv = Path(result["path"])
+    assert venv.name == "demo-1.0-" + hashlib.sha256(f"off.patch:{patch['sha256']}".encode()).hexdigest()[:12]
+    assert result["changed"] and result["versions"] == {"demo": "1.0"} and result["patches_applied"] == ["off.patch"]
+    assert result["import_output"] == "False"  # the patched code ran
+    assert [argv[:2] for argv in ran if argv[0] == "patch"] == [["patch", "--dry-run"], ["patch", "-p1"]]
+    stamp = json.loads((venv / ".rigbook-venv.json").read_text())
+    assert list(stamp["files"]) == ["demo/core.py"]
+    again, failed, ran = run_module_real(pinned_venv, a)
+    assert not failed and not again["changed"] and again["reasons"] == [] and ran == []  # one check, no command
+
+
+def test_a_hand_edit_of_a_patched_file_is_repaired(tmp_path, wheels):
+    a = args(tmp_path, wheels, patches=[patch_file(tmp_path)])
+    result, _, _ = run_module_real(pinned_venv, a)
+    core = next(Path(result["path"]).glob("lib/python*/site-packages/demo/core.py"))
+    core.write_text(SOURCE)  # e.g. a pip install --force-reinstall by hand
+    check, failed, ran = run_module_real(pinned_venv, a, check_mode=True)
+    assert not failed and check["changed"] and ran == []
+    assert check["reasons"] == [f"{core} changed since it was patched"]
+    fixed, failed, _ = run_module_real(pinned_venv, a)
+    assert not failed and fixed["changed"] and "return False" in core.read_text()
+
+
+def test_a_patch_that_no_longer_applies_names_itself_and_the_file_and_leaves_no_venv(tmp_path, wheels):
+    a = args(tmp_path, wheels, version="2.0", patches=[patch_file(tmp_path)])
+    result, failed, _ = run_module_real(pinned_venv, a)
+    assert failed
+    assert "patch off.patch no longer applies to demo==2.0" in result["msg"], result["msg"]
+    assert "failed on demo/core.py" in result["msg"] and result["failing_files"] == ["demo/core.py"]
+    assert venvs_left(tmp_path) == []  # the venv made by this call was removed (its pip log stays)
+
+
+def test_bad_patch_sha256_is_refused_before_anything_is_made(tmp_path, wheels):
+    patch = dict(patch_file(tmp_path), sha256="0" * 64)
+    result, failed, ran = run_module_real(pinned_venv, args(tmp_path, wheels, patches=[patch]))
+    assert failed and "refused patch" in result["msg"] and "0" * 64 in result["msg"]
+    assert ran == [] and not (tmp_path / "venvs").exists()
+
+
+def test_a_version_pip_cannot_find_fails_with_pips_words_and_leaves_no_venv(tmp_path, wheels):
+    result, failed, _ = run_module_real(pinned_venv, args(tmp_path, wheels, version="3.0"))
+    assert failed and "pip install into" in result["msg"] and "demo==3.0" in result["msg"]
+    assert venvs_left(tmp_path) == []
+
+
+def test_lock_file_is_installed_and_its_change_remakes_the_venv(tmp_path, wheels):
+    lock = tmp_path / "lock.txt"
+    digest = hashlib.sha256((wheels / "demo-1.0-py3-none-any.whl").read_bytes()).hexdigest()
+    lock.write_text(f"demo==1.0 --hash=sha256:{digest}\n")
+    a = args(tmp_path, wheels, lock=str(lock), requirements=[], import_check="")
+    a["requirements"] = ["demo==1.0"]
+    result, failed, _ = run_module_real(pinned_venv, a)
+    assert not failed and result["changed"], result
+    lock.write_text(f"demo==1.0 --hash=sha256:{'1' * 64}\n")  # a lock whose hash the wheel does not match
+    check, failed, _ = run_module_real(pinned_venv, a, check_mode=True)
+    assert check["changed"] and check["reasons"] == ["the stamp differs in lock_sha256"]
+    bad, failed, _ = run_module_real(pinned_venv, a)
+    assert failed and "HASH" in bad["msg"].upper()
+
+
+def test_a_branch_is_not_a_commit(tmp_path, wheels):
+    result, failed, _ = run_module_real(pinned_venv, args(tmp_path, wheels, expect_commit={"demo": "main"}))
+    assert failed and "a branch is not a pin" in result["msg"]
+
+
+def test_a_wheel_install_is_not_the_pinned_commit(tmp_path, wheels):
+    result, failed, _ = run_module_real(pinned_venv, args(tmp_path, wheels, expect_commit={"demo": "4cb5aebfe"}))
+    assert failed and "demo was installed from commit (none: not a VCS install), pinned 4cb5aebfe" in result["msg"]

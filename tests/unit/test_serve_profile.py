@@ -1,0 +1,379 @@
+"""Serve profiles as data (rigbook_serve, plugins/module_utils/serve/profile.py): the engine's argv, and the traps
+the seeds hit, caught before any host is touched (`provision`, exit 2 naming host and key path) or, for what only
+the box knows, by check() with the box's facts. Warnings are printed and do not stop."""
+
+from __future__ import annotations
+
+import io
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+from ansible_collections.rigbook.homelab.plugins.action import validate_profile
+from ansible_collections.rigbook.homelab.plugins.module_utils.serve import profile as serve
+
+from rigbook import paths
+from rigbook.validate import InventoryInvalid, validate
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+G3080 = "group_vars/x99_3080.yml"
+G9700 = "group_vars/x99_r9700.yml"
+ENGINE = ["/opt/rigbook/sglang/bin/python", "-m", "sglang.launch_server"]
+
+# Seed 000 (forum write-up, section 四), its launch command verbatim.
+SEED_000_COMMAND = r"""
+sglang serve --model-path ~/models/Qwen3.8-27B-AWQ --tp-size 2 \
+  --quantization compressed-tensors --kv-cache-dtype fp8_e4m3 \
+  --quantization-param-path scales/qwen38-fp8-kv-scales-per-head.json \
+  --speculative-algorithm DFLASH --speculative-draft-model-path ~/models/Qwen3.8-27B-DFlash2-W4A16 \
+  --speculative-draft-kv-cache-dtype fp8_e4m3 --speculative-num-draft-tokens 8 \
+  --context-length 200000 --max-total-tokens 185000 \
+  --max-running-requests 4 --cuda-graph-max-bs-decode 4 \
+  --mem-fraction-static 0.88 --mamba-ssm-dtype bfloat16 \
+  --mamba-radix-cache-strategy extra_buffer_lazy --disable-custom-all-reduce \
+  --enable-hierarchical-cache --hicache-ratio 2 --hicache-size 15 \
+  --hicache-io-backend direct --hicache-mem-layout page_first_direct \
+  --hicache-write-policy write_through --page-size 64 \
+  --default-chat-template-kwargs '{"reasoning_effort": "medium"}'
+"""
+# Where the homelab inventory puts what the write-up loads relative to its home and working directory (a unit has
+# no shell to expand ~).
+SEED_000_PLACES = (("~/models/", "/srv/models/"), ("scales/", "/srv/models/scales/"))
+
+
+def _copy(tmp_path: Path) -> Path:
+    dest = tmp_path / "inv"
+    shutil.copytree(REPO / "inventory" / "homelab", dest)
+    return dest
+
+
+def _group(inv: Path, rel: str) -> dict:
+    return yaml.safe_load((inv / rel).read_text())
+
+
+def _write(inv: Path, rel: str, data: dict) -> None:
+    (inv / rel).write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def _set_serve(inv: Path, rel: str, change) -> None:
+    """CHANGE(list of serve profiles) edits the group's rigbook_serve in place."""
+    data = _group(inv, rel)
+    change(data["rigbook_serve"])
+    _write(inv, rel, data)
+
+
+def _field(key, value):
+    def change(profiles):
+        profiles[0][key] = value
+
+    return change
+
+
+def _drop(key):
+    def change(profiles):
+        del profiles[0][key]
+
+    return change
+
+
+def _second(**fields):
+    def change(profiles):
+        profiles.append({"name": "second", "model_path": "/srv/models/other", **fields})
+
+    return change
+
+
+def _run_cli(*args, cwd: Path):
+    env = {**os.environ, "RIGBOOK_STATE_DIR": str(cwd / "state")}
+    return subprocess.run([sys.executable, "-m", "rigbook", *args], capture_output=True, text=True, timeout=120,
+                          env=env, cwd=cwd)
+
+
+def _pairs(argv) -> Counter:
+    """The flags of ARGV as (flag, value or None); --flag=value and --flag value read the same."""
+    pairs = []
+    index = 0
+    while index < len(argv):
+        token = argv[index]
+        if "=" in token:
+            pairs.append(tuple(token.split("=", 1)))
+        elif index + 1 < len(argv) and not argv[index + 1].startswith("--"):
+            pairs.append((token, argv[index + 1]))
+            index += 1
+        else:
+            pairs.append((token, None))
+        index += 1
+    return Counter(pairs)
+
+
+# Bad serve profiles the real CLI path refuses before any host is touched: the traps are named per host (judged
+# with its GPU count, vendor and rigbook_p2p.expected), schema problems per file and group.
+# (case id, group file, change to its rigbook_serve, key path named, words expected).
+TRAPS = [
+    ("tp-above-gpu-count", G3080, _field("tp_size", 4), "rigbook_serve[0].tp_size",
+     "4, but the box has 2 GPUs"),
+    ("custom-all-reduce-on-without-p2p", G3080, _field("custom_all_reduce", True),
+     "rigbook_serve[0].custom_all_reduce", "wrong results and hard resets (noonghunna/club-3090 #922, #1332)"),
+    ("custom-all-reduce-engine-default-without-p2p", G3080, _drop("custom_all_reduce"),
+     "rigbook_serve[0].custom_all_reduce", "not set, so the engine's default applies"),
+    ("amd-legacy-ipc", G9700, _field("env", {"HSA_ENABLE_IPC_MODE_LEGACY": "1"}),
+     "rigbook_serve[0].env.HSA_ENABLE_IPC_MODE_LEGACY", "RCCL fall back to SHM"),
+    ("token-pool-at-full-context", G3080, _field("max_total_tokens", 200000), "rigbook_serve[0].max_total_tokens",
+     "'Can not alloc mamba cache'"),
+    ("eagle3-without-draft-model", G9700, _field("speculative", {"algorithm": "EAGLE3", "num_steps": 3}),
+     "rigbook_serve[0].speculative.draft_model_path", "EAGLE3 drafts with a separate model"),
+    ("extra-arg-duplicates-tp-size", G9700, _field("extra_args", ["--tp-size=2"]), "rigbook_serve[0].extra_args[0]",
+     "--tp-size: the profile field tp_size sets it; set tp_size instead"),
+    ("extra-arg-duplicates-speculative", G9700, _field("extra_args", ["--page-size", "64",
+                                                                      "--speculative-num-steps", "2"]),
+     "rigbook_serve[0].extra_args[2]", "set speculative.num_steps instead"),
+    ("api-key-on-the-command-line", G9700, _field("extra_args", ["--api-key", "sk-secret"]),
+     "rigbook_serve[0].extra_args[0]", "never put the API key on the command line"),
+    ("port-clash", G9700, _second(), "rigbook_serve[1].port", "30000 is also rigbook_serve[0]'s port"),
+    ("name-clash", G9700, _second(name="qwen38-27b-awq-mtp", port=30001), "rigbook_serve[1].name",
+     "each profile is its own unit"),
+]
+SCHEMA = [
+    ("mem-fraction-one", G3080, _field("mem_fraction_static", 1), "rigbook_serve[0].mem_fraction_static",
+     "must be less than 1"),
+    ("model-path-under-home", G3080, _field("model_path", "~/models/Qwen3.8-27B-AWQ"), "rigbook_serve[0].model_path",
+     "an absolute path"),
+    ("startup-timeout-too-short", G3080, _field("startup_timeout_s", 30), "rigbook_serve[0].startup_timeout_s",
+     "at least 60"),
+]
+
+
+CASES = [(*case, "host") for case in TRAPS] + [(*case, "group") for case in SCHEMA]
+
+
+@pytest.mark.parametrize("case,rel,change,key_path,words,owner", CASES, ids=[c[0] for c in CASES])
+def test_cli_refuses_bad_profile_before_touching_a_host(tmp_path, case, rel, change, key_path, words, owner):
+    inv = _copy(tmp_path)
+    _set_serve(inv, rel, change)
+    proc = _run_cli("site.yml", "-i", str(inv), "--check", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    named = {"host": "host rig-3080" if rel == G3080 else "host rig-r9700", "group": f"group {Path(rel).stem}"}
+    lines = [line for line in proc.stderr.splitlines() if f": {key_path}: " in line]
+    assert lines, proc.stderr
+    assert any(words in line for line in lines), lines
+    assert any(f"{Path(rel).name}: {named[owner]}: {key_path}: " in line for line in lines), lines
+    assert not (tmp_path / "state" / "runs").exists()  # no run was started
+
+
+def test_more_schema_problems_are_named(tmp_path):
+    inv = _copy(tmp_path)
+    _set_serve(inv, G9700, _field("name", "Qwen"))
+    _set_serve(inv, G9700, _field("speculative", {"num_steps": 3}))
+    _set_serve(inv, G9700, _field("env", {"NCCL_DEBUG": 1}))
+    _set_serve(inv, G9700, _field("api_key_file", "keys/serve"))
+    _set_serve(inv, G9700, _field("bind", "0.0.0.0 "))
+    with pytest.raises(InventoryInvalid) as info:
+        validate(inv)
+    found = {p.key_path: p.message for p in info.value.problems}
+    assert "must match" in found["rigbook_serve[0].name"]
+    assert found["rigbook_serve[0].speculative"] == "missing required key 'algorithm'"
+    assert "must be a string" in found["rigbook_serve[0].env.NCCL_DEBUG"]
+    assert "an absolute path" in found["rigbook_serve[0].api_key_file"]
+    assert "must match" in found["rigbook_serve[0].bind"]
+
+
+def test_warnings_are_printed_and_do_not_stop(tmp_path):
+    inv = _copy(tmp_path)
+    data = _group(inv, G3080)
+    data["rigbook_p2p"] = {"expected": True}  # a 3080 box with working P2P: custom all-reduce must be decided
+    del data["rigbook_serve"][0]["custom_all_reduce"]
+    data["rigbook_serve"][0]["bind"] = "0.0.0.0"
+    _write(inv, G3080, data)
+    proc = _run_cli("validate", "-i", str(inv), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "valid (2 hosts" in proc.stdout
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 2, proc.stderr
+    assert any("host rig-3080: rigbook_serve[0].custom_all_reduce: not set: the engine turns" in w for w in warnings)
+    assert any("host rig-3080: rigbook_serve[0].bind: 0.0.0.0 without api_key_file" in w for w in warnings)
+    stream = io.StringIO()
+    assert set(validate(inv, warn=stream).hosts) == {"rig-3080", "rig-r9700"}
+    assert stream.getvalue().count("warning: ") == 2
+
+
+def test_shipped_inventories_have_no_serve_warnings(capsys):
+    for name in ("homelab", "lab"):
+        validate(REPO / "inventory" / name)
+    assert "warning" not in capsys.readouterr().err
+
+
+# --- what only the box knows ----------------------------------------------------------------------------------------
+
+def _seed(rel: str, root: str = "homelab") -> dict:
+    return yaml.safe_load((REPO / "inventory" / root / rel).read_text())["rigbook_serve"][0]
+
+
+NVIDIA_BOX = {"gpu_count": 2, "vendor": "nvidia", "p2p_expected": False}
+
+
+@pytest.mark.parametrize("facts,warned", [
+    ({"default_target": "graphical.target"}, "the default target is graphical.target"),
+    ({"default_target": "multi-user.target", "display_manager_enabled": True}, "a display manager is enabled"),
+    ({"default_target": "multi-user.target", "display_manager_enabled": False}, None),
+    ({}, None),  # the controller does not know: no guess
+])
+def test_memory_fraction_above_088_on_a_desktop_warns(facts, warned):
+    profile = {**_seed(G3080), "mem_fraction_static": 0.9}
+    errors, warnings = serve.check(profile, {**NVIDIA_BOX, **facts})
+    assert errors == []
+    if warned is None:
+        assert warnings == []
+    else:
+        assert len(warnings) == 1 and warnings[0].startswith("rigbook_serve[0].mem_fraction_static: 0.9 while ")
+        assert warned in warnings[0] and "0.88 works" in warnings[0] and "multi-user.target" in warnings[0]
+        assert "panicked" in warnings[0]
+    assert serve.check(_seed(G3080), {**NVIDIA_BOX, **facts}) == ([], [])  # the seed's 0.88 is fine
+
+
+def test_missing_model_on_the_box_is_an_error():
+    facts = {**NVIDIA_BOX, "model_path_exists": False, "draft_model_path_exists": False}
+    errors, _ = serve.check(_seed(G3080), facts, index=1)
+    assert errors[0] == ("rigbook_serve[1].model_path: /srv/models/Qwen3.8-27B-AWQ does not exist on the box: "
+                         "the unit is not (re)started; copy the model there or fix the path")
+    assert errors[1].startswith("rigbook_serve[1].speculative.draft_model_path: /srv/models/Qwen3.8-27B-DFlash2")
+    assert serve.check(_seed(G3080), {**NVIDIA_BOX, "model_path_exists": True})[0] == []
+
+
+def test_mtp_and_ngram_need_no_draft_model():
+    for algorithm in ("NEXTN", "NGRAM"):
+        profile = {"name": "a", "model_path": "/m", "speculative": {"algorithm": algorithm}}
+        assert serve.check(profile, {}) == ([], [])
+    errors, _ = serve.check({"name": "a", "model_path": "/m", "speculative": {"algorithm": "dflash"}}, {})
+    assert "DFLASH drafts with a separate model" in errors[0]
+
+
+def test_amd_custom_all_reduce_with_p2p_and_legacy_zero_pass():
+    assert serve.check(_seed(G9700), {"gpu_count": 2, "vendor": "amd", "p2p_expected": True}) == ([], [])
+    legacy = {**_seed(G9700), "env": {"HSA_ENABLE_IPC_MODE_LEGACY": "1"}}
+    assert serve.check(legacy, {"vendor": "nvidia"}) == ([], [])  # an NVIDIA box has no HIP IPC
+
+
+def test_bad_input_is_an_error_not_a_traceback():
+    assert serve.check_all({"name": "a"}, {})[0] == ["rigbook_serve: must be a list of serve profiles, got "
+                                                     "{'name': 'a'}"]
+    assert serve.check_all(["x"], {})[0][0].startswith("rigbook_serve[0]: must be a mapping")
+    errors, _ = serve.check({"name": "a", "model_path": "/m", "tp_size": "2", "max_total_tokens": None}, None)
+    assert errors == []  # wrong types are the schema's to name
+    with pytest.raises(ValueError, match="needs model_path"):
+        serve.engine_argv({"name": "a"}, ENGINE)
+    with pytest.raises(ValueError, match="list of strings"):
+        serve.engine_argv(_seed(G3080), "sglang serve")
+
+
+# --- the engine argv ------------------------------------------------------------------------------------------------
+
+def test_seed_000_profile_gives_exactly_seed_000s_flags():
+    seed = shlex.split(SEED_000_COMMAND.replace("\\\n", " "))
+    assert seed[:2] == ["sglang", "serve"]
+    for home, placed in SEED_000_PLACES:
+        seed = [token.replace(home, placed, 1) if token.startswith(home) else token for token in seed]
+    argv = serve.engine_argv(_seed(G3080), ["sglang", "serve"])
+    assert argv[:2] == ["sglang", "serve"]
+    ours = _pairs(argv[2:])
+    # --host/--port are always written; the seed used the engine's defaults (127.0.0.1, 30000).
+    assert ours[("--host", "127.0.0.1")] == 1 and ours[("--port", "30000")] == 1
+    ours -= Counter({("--host", "127.0.0.1"): 1, ("--port", "30000"): 1})
+    assert ours == _pairs(seed[2:])
+
+
+def test_seed_004_profile_argv_and_env():
+    profile = _seed(G9700)
+    argv = serve.engine_argv(profile, ENGINE)
+    assert argv == ENGINE + ["--model-path", "/srv/models/Qwen3.8-27B-AWQ-MTP", "--tp-size", "2",
+                             "--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
+                             "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
+                             "--host", "127.0.0.1", "--port", "30000", "--triton-attention-num-kv-splits=8"]
+    assert profile["env"]["HSA_ENABLE_IPC_MODE_LEGACY"] == "0" and profile["env"]["NCCL_P2P_LEVEL"] == "PHB"
+
+
+def test_argv_is_deterministic_and_in_flag_order():
+    profile = _seed(G3080)
+    shuffled = dict(reversed(list(profile.items())))
+    assert serve.engine_argv(profile, ENGINE) == serve.engine_argv(shuffled, ENGINE)
+    argv = serve.engine_argv(profile, ENGINE)
+    order = [argv.index(flag) for flag in ("--model-path", "--tp-size", "--mem-fraction-static", "--context-length",
+                                           "--max-total-tokens", "--speculative-algorithm",
+                                           "--disable-custom-all-reduce", "--host", "--port",
+                                           "--quantization=compressed-tensors")]
+    assert order == sorted(order)
+    assert argv[-1] == '--default-chat-template-kwargs={"reasoning_effort": "medium"}'
+
+
+@pytest.mark.parametrize("value,flag", [(False, True), (True, False), (None, False)])
+def test_custom_all_reduce_flag(value, flag):
+    profile = {"name": "a", "model_path": "/m", "tp_size": 2}
+    if value is not None:
+        profile["custom_all_reduce"] = value
+    assert ("--disable-custom-all-reduce" in serve.engine_argv(profile, ENGINE)) is flag
+
+
+def test_api_key_never_on_the_command_line():
+    profile = {"name": "a", "model_path": "/m", "api_key_file": "/etc/rigbook/serve/a.key", "bind": "0.0.0.0",
+               "port": 8000, "served_model_name": "qwen"}
+    argv = serve.engine_argv(profile, ENGINE)
+    assert "--api-key" not in argv and not any("a.key" in a for a in argv)
+    assert argv[-4:] == ["--host", "0.0.0.0", "--port", "8000"]
+    assert argv[argv.index("--served-model-name") + 1] == "qwen"
+    assert serve.api_key_args(profile) == ["--api-key", "${RIGBOOK_SERVE_API_KEY}"]
+    assert serve.api_key_args({"name": "a", "model_path": "/m"}) == []
+    assert serve.check(profile, {}) == ([], [])  # exposed, but with a key
+
+
+def test_lab_profiles_point_the_stand_in_at_the_evidence_root():
+    root = yaml.safe_load((REPO / "inventory" / "lab" / "group_vars" / "lab.yml").read_text())["rigbook_evidence_root"]
+    ports = []
+    for rel in (G3080, G9700):
+        profile = _seed(rel, "lab")
+        assert profile["env"]["RIGBOOK_EVIDENCE_ROOT"] == root
+        assert (profile["model_path"], profile["served_model_name"], profile["tp_size"]) == (
+            "/srv/models/standin-model", "standin", 2)
+        ports.append(profile["port"])
+    assert len(set(ports)) == 2  # the lab's hosts share this machine's network: one port each
+    for rel in (G3080, G9700):
+        profile = _seed(rel, "lab")
+        assert (profile["context_length"], profile["max_total_tokens"], profile["startup_timeout_s"]) == (
+            32768, 30000, 60)
+    assert _seed(G3080, "lab")["custom_all_reduce"] is False
+    assert "--disable-custom-all-reduce" in serve.engine_argv(_seed(G3080, "lab"), ENGINE)
+
+
+# --- the preflight action: the same checks, the same words ----------------------------------------------------------
+
+def test_action_findings_match_the_cli():
+    merged = {**yaml.safe_load((REPO / "inventory" / "homelab" / G3080).read_text())}
+    merged["rigbook_serve"][0]["tp_size"] = 3
+    merged["rigbook_serve"][0]["bind"] = "0.0.0.0"
+    problems, warnings = validate_profile.findings(merged)
+    assert [where for where, _ in problems] == ["rigbook_serve[0].tp_size"]
+    assert [where for where, _ in warnings] == ["rigbook_serve[0].bind"]
+    assert validate_profile.check(merged) == problems
+
+
+def test_action_task_fails_on_errors_and_shows_warnings(tmp_path):
+    inv = _copy(tmp_path)
+    _set_serve(inv, G3080, _field("tp_size", 4))
+    _set_serve(inv, G9700, _field("bind", "0.0.0.0"))
+    play = tmp_path / "play.yml"
+    play.write_text("- hosts: all\n  gather_facts: false\n  tasks:\n    - rigbook.homelab.validate_profile:\n")
+    env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(paths.link_collection()), "ANSIBLE_NOCOLOR": "1"}
+    proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inv), str(play), "--check"],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert "rig-3080: the rigbook_* profile is invalid (1 problem" in out
+    assert "rigbook_serve[0].tp_size: 4, but the box has 2 GPUs" in out
+    assert "[WARNING]: rig-r9700: rigbook_serve[0].bind: 0.0.0.0 without api_key_file" in out
+    assert "unreachable=0" in out

@@ -397,7 +397,8 @@ def apply(module, u, plan, stale, secrets, result, account):
     restarts = [item for item in plan if item["restart"]]
     for item in restarts:
         u.run(["systemctl", "reset-failed", item["unit"]], check=False)  # a start limit hit earlier
-        u.run(["systemctl", "restart", "--no-block", item["unit"]])
+        # Type=exec: the restart returns once the engine is exec'd (loading and warm-up are waited for below)
+        u.run(["systemctl", "restart", item["unit"]])
     for item in restarts if p["wait"] else []:
         unit = item["unit"]
         outcome = readiness.wait(item["profile"], item["key"], lambda unit=unit: u.show([unit]).get(unit, {}))

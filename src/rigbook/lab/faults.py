@@ -355,7 +355,10 @@ def restart_script(fault_names) -> str | None:
     if not units:
         return None
     quoted = " ".join(f"'{u}'" for u in units)
-    return f"systemctl reset-failed {quoted} 2>/dev/null; systemctl restart {quoted}"
+    # By the unit files on disk: a glob given to `systemctl restart` only matches units loaded in memory, and a
+    # unit that failed (a crash loop's start limit) is unloaded once reset-failed
+    return (f"units=$(systemctl list-unit-files --no-legend {quoted} | awk '{{print $1}}'); "
+            '[ -z "$units" ] || { systemctl reset-failed $units 2>/dev/null; systemctl restart $units; }')
 
 
 def describe(fault_name: str, profile: dict) -> str:

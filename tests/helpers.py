@@ -253,3 +253,17 @@ def run_module_real(module, args: dict, *, check_mode=False, diff=False):
         except AnsibleFailJson as done:
             return done.args[0], True, ran
     raise AssertionError("main() returned without exit_json or fail_json")
+
+
+def local_playbook(tmp_path, tasks: list, check: bool = True) -> subprocess.CompletedProcess:
+    """ansible-playbook of TASKS on localhost (local connection, this interpreter), the collection linked."""
+    from rigbook.paths import link_collection
+
+    playbook = tmp_path / "play.yml"  # JSON is YAML
+    playbook.write_text(json.dumps([{"hosts": "localhost", "gather_facts": False, "tasks": tasks,
+                                     "vars": {"ansible_python_interpreter": sys.executable}}]))
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(link_collection()),
+           "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "ANSIBLE_NOCOLOR": "1"}
+    argv = [str(bin_dir / "ansible-playbook"), "-i", "localhost,", "-c", "local"] + (["--check"] if check else [])
+    return subprocess.run(argv + [str(playbook)], capture_output=True, text=True, env=env, timeout=300)

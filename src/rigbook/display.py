@@ -150,11 +150,18 @@ def print_ladder(console: Console, host: str, ladder: list) -> None:
                 console.print(f"    what to do: {verdict['remedy']}")
 
 
+def _nested(value) -> str:
+    """A value inside a measured/expected mapping: a mapping of its own as "(k v, ...)", unknowns left out."""
+    if isinstance(value, dict):
+        return "(" + ", ".join(f"{k} {_nested(v)}" for k, v in value.items() if v is not None) + ")"
+    return str(value)
+
+
 def _short(value, limit: int = 70) -> str:
     if value is None:
         return "-"
     if isinstance(value, dict):
-        text = ", ".join(f"{k}={v}" for k, v in value.items())
+        text = ", ".join(f"{k}={_nested(v)}" for k, v in value.items())
     elif isinstance(value, (list, tuple)):
         text = ", ".join(map(str, value))
     else:

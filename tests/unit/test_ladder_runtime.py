@@ -15,6 +15,7 @@ from ansible_collections.rigbook.homelab.plugins.module_utils.collect import run
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence as evidence
 from ansible_collections.rigbook.homelab.plugins.module_utils.judges import peer_layers as R
 from ansible_collections.rigbook.homelab.plugins.module_utils.ladder.climb import message
+from helpers import local_playbook
 
 
 def probe(n=2, api="cuda", can=True, enable="ok", peer=(10.29, 10.29), staged=5.6, bidir=19.7, pattern=True,
@@ -354,12 +355,7 @@ def test_replay_of_the_real_self_pair_probe(fixtures):
 def test_the_ladder_module_judges_a_recorded_probe_through_ansible(tmp_path):
     """peer_access fails on seed 000's recording when P2P is expected; p2p_bandwidth judges a registered probe
     result (probe_result) without probing again; an unknown layer fails the task by name."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    from rigbook.paths import link_collection
 
     root = tmp_path / "x99-3080"
     commands = root / "var" / "lib" / "rigbook" / "commands"
@@ -380,14 +376,7 @@ def test_the_ladder_module_judges_a_recorded_probe_through_ansible(tmp_path):
         {"debug": {"msg": "OTHER {{ other_phase.ladder | length }}; WRONG {{ wrong.msg }}"}},
         {ladder: {"phase": "runtime", "layers": ["peer_access"], "root": str(root), "profile": expecting}},
     ]
-    playbook = tmp_path / "play.yml"  # JSON is YAML
-    playbook.write_text(json.dumps([{"hosts": "localhost", "gather_facts": False, "tasks": tasks,
-                                     "vars": {"ansible_python_interpreter": sys.executable}}]))
-    bin_dir = Path(sys.executable).parent
-    env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(link_collection()),
-           "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "ANSIBLE_NOCOLOR": "1"}
-    proc = subprocess.run([str(bin_dir / "ansible-playbook"), "-i", "localhost,", "-c", "local", "--check",
-                           str(playbook)], capture_output=True, text=True, env=env, timeout=300)
+    proc = local_playbook(tmp_path, tasks)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out
     assert "RESULT pass pass 6.0" in out

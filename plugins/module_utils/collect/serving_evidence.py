@@ -57,8 +57,8 @@ HEALTH_CLIENT_TIMEOUT_S = 30.0  # above SGLANG_HEALTH_CHECK_TIMEOUT (20 s): a sl
 MIN_POLL_GAP_S = 2.0
 MAX_POLL_GAP_S = 15.0
 REQUEST_TIMEOUT_S = 300.0
-STREAM_MAX_TOKENS = 128
-DECODE_MAX_TOKENS = 256
+STREAM_MAX_TOKENS = 32  # TTFT needs the first token; a few chunks show what a per-chunk timer would say
+DECODE_MAX_TOKENS = 256  # long enough that decode time dwarfs TTFT jitter, short enough for every verify
 PROMPT = ("Count from one upwards in English words, one number per line, and do not stop: one, two, three, "
           "four, five, and so on.")
 

@@ -272,9 +272,9 @@ def _exposed_without_key(profile, host, where):
     bind = profile.get("bind") or DEFAULT_BIND
     if bind in LOOPBACK_BINDS or profile.get("api_key_file"):
         return []
-    return [("warning", "%s.bind" % where,
-             "%s without api_key_file: anyone who reaches this address can use the engine; set api_key_file, or "
-             "bind to 127.0.0.1" % bind)]
+    return [("error", "%s.bind" % where,
+             "%s without api_key_file: anyone who reaches this address could use the engine; set api_key_file (a "
+             "0600 file holding the key), or bind to 127.0.0.1" % bind)]
 
 
 RULES = (

@@ -12,6 +12,8 @@ SUBCOMMANDS = {
     "verify": "run the P2P ladder (verify.yml) on hosts, or judge a saved snapshot with --replay",
     "snapshot": "save each host's ladder evidence into one tarball for a bug report or a replay",
     "baseline": "record a known-good run's figures per host (record -i INV), or show them with history (show)",
+    "manifest": "collect each host's manifest (kernels, DKMS, versions, hashes, GPUs) into the run's folder",
+    "diff": "compare two manifests (hosts of the last manifest run, or saved files); exit 1 when a pin differs",
     "parse": "parse a pasted tool output (lspci, nvidia-smi-q, nvidia-smi-topo, nccl-tests, ...) to JSON",
 }
 
@@ -79,13 +81,41 @@ def _sub_parser(name: str) -> argparse.ArgumentParser:
         p.add_argument("hosts", nargs="*", help="show: only these hosts")
         p.add_argument("-i", "--inventory", help="record: homelab, lab or a path")
         p.add_argument("-l", "--limit", help="record: further limit the hosts")
+        p.add_argument("--group", nargs="?", const="*", metavar="GROUP",
+                       help="record: also record the figures as the baseline of the host's groups (or of GROUP "
+                            "only); a host without a baseline of its own is judged against its group's")
         _add_extra_vars(p, "record: extra variables (repeatable)")
         p.add_argument("--json", action="store_true", help="record: one JSON summary on stdout")
         p.add_argument("-v", "--verbose", action="count", default=0)
+    elif name in ("manifest", "diff"):
+        _manifest_args(p, name)
     elif name == "parse":
         p.add_argument("kind", help="lspci, nvidia-smi-q, nvidia-smi-topo, nccl-tests, nccl-log, p2p-bandwidth")
         p.add_argument("file", help="file with the pasted output, - for stdin")
     return p
+
+
+def _manifest_args(p: argparse.ArgumentParser, name: str) -> None:
+    if name == "manifest":
+        p.add_argument("-i", "--inventory", required=True, help="homelab, lab or a path")
+        p.add_argument("-l", "--limit", help="further limit the hosts (Ansible pattern)")
+        p.add_argument("-v", "--verbose", action="count", default=0)
+    else:
+        p.add_argument("a", help="a host of the last manifest run, or a saved manifest file")
+        p.add_argument("b", help="a host of the last manifest run, or a saved manifest file")
+    p.add_argument("--json", action="store_true", help="one JSON summary on stdout")
+
+
+def _manifest_or_diff(name: str, args) -> int:
+    from rigbook import manifests
+
+    if name == "diff":
+        return manifests.diff_command(args.a, args.b, args.json, sys.stdout)
+    from rigbook.run import RunOptions
+
+    opts = RunOptions(playbook=manifests.PLAYBOOK, inventory=args.inventory, limit=args.limit, json=args.json,
+                      verbosity=args.verbose, baseline_mode="off")
+    return manifests.manifest_command(opts, sys.stderr if args.json else sys.stdout)
 
 
 def _validate(args) -> int:
@@ -103,6 +133,8 @@ def _baseline(args) -> int:
     from rigbook.errors import UserError
 
     if args.action == "show":
+        if args.group:
+            raise UserError("provision baseline show: --group is for record (show lists group baselines too)")
         from rigbook.baselines import show
 
         return show(args.hosts, sys.stdout)
@@ -112,7 +144,8 @@ def _baseline(args) -> int:
 
     return run_playbook(
         RunOptions(playbook="verify.yml", inventory=args.inventory, limit=args.limit, json=args.json,
-                   extra_vars=args.extra_vars, verbosity=args.verbose, baseline_mode="record")
+                   extra_vars=args.extra_vars, verbosity=args.verbose, baseline_mode="record",
+                   baseline_group=args.group)
     )
 
 
@@ -166,6 +199,8 @@ def _dispatch(argv: list) -> int:
             return parse_main(args.kind, args.file)
         if name == "baseline":
             return _baseline(args)
+        if name in ("manifest", "diff"):
+            return _manifest_or_diff(name, args)
         return _verify_or_snapshot(name, args)
     args = _playbook_parser().parse_args(argv)
     from rigbook.run import RunOptions, run_playbook

@@ -25,6 +25,7 @@ _PARSERS = {
     "nccl-log": ("nccl", "parse_log"),
     "p2p-bandwidth": ("p2p_bandwidth", "parse"),
     "sglang-log": ("sglang_log", "parse"),
+    "kernel-log": ("kernel_log", "parse"),
 }
 
 

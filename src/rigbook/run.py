@@ -32,6 +32,7 @@ class RunOptions:
     junit: str | None = None
     verbosity: int = 0
     baseline_mode: str = "compare"  # compare (and keep history), record, off
+    baseline_group: str | None = None  # record: also record the hosts' group baselines ("*" all groups, or one)
 
 
 def resolve_playbook(name: str) -> Path:
@@ -165,6 +166,10 @@ def run_playbook(opts: RunOptions) -> int:
     inventory = resolve_inventory(opts.inventory)
     _check_extra_vars(opts.extra_vars)
     inv = validate(inventory)  # before any host is contacted
+    if opts.baseline_mode == "record":
+        from rigbook.baselines import check_group
+
+        check_group(inv, opts.baseline_group)
 
     import ansible_runner
 
@@ -185,12 +190,15 @@ def run_playbook(opts: RunOptions) -> int:
         "exit_code": None,
     }
     runs.save_record(run_dir, record)
-    extra = list(opts.extra_vars)
+    extra = list(opts.extra_vars) + [json.dumps({"rigbook_run_dir": str(run_dir)})]
+    judged = None
     if opts.baseline_mode == "compare":
         from rigbook import baselines
 
         baseline_file = run_dir / "baselines.json"
-        baseline_file.write_text(json.dumps(baselines.extra_vars(sorted(inv.hosts)), indent=2))
+        given = baselines.extra_vars(sorted(inv.hosts), inv)
+        judged = baselines.judged_by(sorted(inv.hosts), given)
+        baseline_file.write_text(json.dumps(given, indent=2))
         extra.append("@" + str(baseline_file))
     opts = RunOptions(**{**opts.__dict__, "extra_vars": extra})
 
@@ -254,11 +262,19 @@ def run_playbook(opts: RunOptions) -> int:
     else:
         code = tracker.exit_code()
     hosts = tracker.summary()
-    _update_baselines(opts, hosts, run_dir, code)
+    _update_baselines(opts, hosts, run_dir, code, inv)
+    if judged is not None:
+        from rigbook import baselines
+
+        baselines.annotate(hosts, judged)
     record.update(exit_code=code, duration_s=round(duration, 2), hosts=hosts, status=runner.status, rc=runner.rc)
     runs.save_record(run_dir, record)
 
     display.print_summary(tracker, console, run_dir)
+    if judged is not None:
+        from rigbook import baselines
+
+        baselines.print_judged({h: judged.get(h, "none") for h in hosts}, progress_stream)
     if opts.junit:
         junit.write(Path(opts.junit), f"rigbook {playbook.name}", hosts, duration)
     if opts.json:
@@ -278,13 +294,16 @@ def run_playbook(opts: RunOptions) -> int:
     return code
 
 
-def _update_baselines(opts: RunOptions, hosts: dict, run_dir: Path, code: int) -> None:
-    """Record (baseline record) or append to the history (every other run that measured figures)."""
+def _update_baselines(opts: RunOptions, hosts: dict, run_dir: Path, code: int, inv=None) -> None:
+    """Record (baseline record, and its group baselines with --group) or append to the history (every other run
+    that measured figures)."""
     if opts.baseline_mode == "off" or code == EXIT_INTERRUPTED:
         return
     from rigbook import baselines
 
-    for host, entry in hosts.items():
+    groups_done = {}
+    for host in baselines.inventory_order(inv, hosts):
+        entry = hosts[host]
         ladder = entry.get("ladder") or []
         if not ladder:
             continue
@@ -294,6 +313,9 @@ def _update_baselines(opts: RunOptions, hosts: dict, run_dir: Path, code: int) -
                 continue
             recorded = baselines.record(host, ladder, str(run_dir))
             entry["baseline"] = "recorded" if recorded else "not recorded: no figures measured"
+            if recorded and opts.baseline_group:
+                entry["group_baseline"] = baselines.record_groups(host, inv, recorded, opts.baseline_group,
+                                                                  groups_done)
         else:
             baselines.append_history(host, ladder, {v["layer"]: v["status"] for v in ladder})
 

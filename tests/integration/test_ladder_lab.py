@@ -93,6 +93,11 @@ def test_fault_fails_the_play_at_its_layer(converged_lab, fault, host):
     assert broke.returncode == 0, broke.stderr
     try:
         code, hosts = verify("--limit", host)
+        if faults.get_fault(fault).get("status") == "warn":  # a warning at its layer, against the last run's counts
+            assert code == 0, hosts
+            statuses = {v["layer"]: v["status"] for v in hosts[host]["ladder"]}
+            assert statuses[layer] == "warn", hosts[host]["ladder"]
+            return
         assert code == 1, hosts
         entry = hosts[host]
         assert [v["layer"] for v in entry["ladder"] if v["status"] == "fail"] == [layer]

@@ -139,3 +139,15 @@ def test_no_archive_urls_in_the_lab_code():
     base = Path(rootfs.__file__).parent
     for path in list(base.rglob("*.py")) + list(base.rglob("*.yml")):
         assert not re.findall(r"\b(?:https?|ftp)://", path.read_text()), path
+
+
+def test_a_generated_inventory_shares_the_profiles_and_the_locks(tmp_path, monkeypatch):
+    from rigbook import validate
+    from rigbook.lab import inventory
+
+    monkeypatch.setenv("RIGBOOK_STATE_DIR", str(tmp_path))
+    written = inventory.write(state.plan_hosts(3, None))
+    assert sorted(p.name for p in written.iterdir()) == ["group_vars", "hosts.yml", "locks"]
+    # rigbook_pins.sglang.lock is relative to the inventory directory: it must resolve in a generated one too
+    lock = validate.validate(written).host_vars("lab-3080")["rigbook_pins"]["sglang"]["lock"]
+    assert (written / lock).is_file()

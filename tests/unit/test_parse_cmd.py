@@ -16,6 +16,7 @@ from rigbook.errors import UserError
 def test_kinds_cover_the_contract():
     assert set(parse_cmd.KINDS) == {
         "lspci", "nvidia-smi-q", "nvidia-smi-topo", "nccl-tests", "nccl-log", "p2p-bandwidth", "sglang-log",
+        "kernel-log",
     }
 
 

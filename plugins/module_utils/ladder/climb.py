@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import expectations, registry
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import error_watch, expectations, registry
 from ansible_collections.rigbook.homelab.plugins.module_utils.probe import defaults as probe_defaults
 
 # The runtime and serving layers' options (the ladder module's argument spec gives them their types) and their
@@ -30,6 +30,7 @@ OPTION_DEFAULTS = {
     "serve": [],
     "serve_unit": None,
     "serving_state": None,
+    "error_state": None,  # the error counters' state file (ladder/error_watch.py); None: none kept
     "check_mode": False,
 }
 
@@ -60,18 +61,27 @@ def climb(layers, ctx, stop_at_fail=True, evidence=None):
     """(verdicts, evidence) of LAYERS (Layer entries or names) in ladder order, stopping after the first fail
     unless not STOP_AT_FAIL (a replay shows every layer). Each layer's evidence is collected just before it is
     judged, so a climb that stops early reads and runs nothing for the layers above. EVIDENCE given (a saved
-    evidence dict) is judged as it is: nothing is collected."""
+    evidence dict) is judged as it is: nothing is collected. Otherwise the runtime layers are watched for
+    hardware errors (AER, Xid, GPU resets, IOMMU faults; ladder/error_watch.py): the layer during which a
+    counter rose gets the fail / warn."""
     wanted = set(layer if isinstance(layer, str) else layer.name for layer in layers)
     verdicts = []
+    replay = evidence is not None
     if evidence is None:
         evidence, collected = {"root": ctx.root}, set()
     else:
         collected = set(registry.PARTS)
+    watch = None
     for layer in registry.LAYERS:
         if layer.name not in wanted:
             continue
+        if layer.phase == registry.RUNTIME and not replay and watch is None:
+            watch = error_watch.ErrorWatch(ctx, registry.ERROR_COUNTERS)
+            watch.start(evidence)
         collect(layer.needs, ctx, evidence, collected)
         verdict = layer.judge(evidence, ctx)
+        if watch is not None and layer.phase == registry.RUNTIME:
+            verdict = watch.after(verdict, evidence)
         verdicts.append(verdict)
         if stop_at_fail and verdict["status"] == "fail":
             break

@@ -71,6 +71,8 @@ SCHEMA = {
                 "layer": {"type": "string"},
                 "description": {"type": "string", "minLength": 10},
                 "vendors": {"type": "array", "items": {"enum": ["nvidia", "amd"]}, "minItems": 1},
+                # the verdict the fault gives at its layer when not fail (a rising correctable count warns)
+                "status": {"enum": ["warn"]},
                 # systemd units (patterns) restarted after the fault is applied and after `lab heal`: a program
                 # that reads its recorded behaviour once, at start (the lab's engine stand-in)
                 "restart_units": {"type": "array", "minItems": 1,

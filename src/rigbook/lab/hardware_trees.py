@@ -122,6 +122,25 @@ def _bind(root: Path, d: str, bdf: str, driver: str) -> None:
     _symlink(root, f"sys/bus/pci/drivers/{driver}/{bdf}", "../../../../" + d[len("sys/"):])
 
 
+# sysfs AER statistics (Documentation/ABI/testing/sysfs-bus-pci-devices-aer_stats), all zero: a healthy boot.
+# The field names are those of drivers/pci/pcie/aer.c (aer_correctable_error_string / aer_uncorrectable_...).
+AER_CORRECTABLE = ("RxErr", "BadTLP", "BadDLLP", "Rollover", "Timeout", "NonFatalErr", "CorrIntErr", "HeaderOF")
+AER_UNCORRECTABLE = ("Undefined", "DLP", "SDES", "TLP", "FCP", "CmpltTO", "CmpltAbrt", "UnxCmplt", "RxOF",
+                     "MalfTLP", "ECRC", "UnsupReq", "ACSViol", "UncorrIntErr", "BlockedTLP", "AtomicOpBlocked",
+                     "TLPBlockedErr", "PoisonTLPBlocked")
+
+
+def _aer(root: Path, d: str, root_port: bool) -> None:
+    """Zero AER counters of a PCIe function; the aer_rootport_total_err_* files on root ports only."""
+    for name, fields, total in (("aer_dev_correctable", AER_CORRECTABLE, "TOTAL_ERR_COR"),
+                                ("aer_dev_nonfatal", AER_UNCORRECTABLE, "TOTAL_ERR_NONFATAL"),
+                                ("aer_dev_fatal", AER_UNCORRECTABLE, "TOTAL_ERR_FATAL")):
+        _write(root, f"{d}/{name}", "".join(f"{field} 0\n" for field in fields + (total,)))
+    if root_port:
+        for suffix in ("cor", "nonfatal", "fatal"):
+            _write(root, f"{d}/aer_rootport_total_err_{suffix}", "0\n")
+
+
 def _pci(root: Path, pci: dict) -> None:
     bridge = pci["host_bridge"]
     entries = [(device_dir(bridge), bridge)]
@@ -139,6 +158,8 @@ def _pci(root: Path, pci: dict) -> None:
             _write(root, f"{d}/resource{bar}_resize", f"{bitmap}\n")
         if "numa_node" in item:
             _write(root, f"{d}/numa_node", f"{item['numa_node']}\n")
+        if item is not bridge:
+            _aer(root, d, root_port=item.get("driver") == "pcieport")
         if item.get("driver"):
             _bind(root, d, item["bdf"], item["driver"])
         _symlink(root, f"sys/bus/pci/devices/{item['bdf']}", "../../../" + d[len("sys/"):])

@@ -2,8 +2,8 @@
 
 inventory/lab in the repository is the default layout (lab-3080 + lab-r9700). When `lab up` is
 given other profiles or more hosts, this generated inventory lists exactly the hosts that run,
-with the same groups; its group_vars/ is a link to inventory/lab/group_vars, so the connection
-settings and GPU profiles are the repository's.
+with the same groups; its group_vars/ and locks/ are links to inventory/lab's, so the connection
+settings, GPU profiles and locks are the repository's.
 """
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ import yaml
 from rigbook import paths
 from rigbook.lab import state
 
+# The repository's inventory/lab directories every lab inventory shares: the group profiles, and the locks they name
+# relative to the inventory directory (rigbook_pins.sglang.lock).
+SHARED = ("group_vars", "locks")
 HEADER = "# Written by `provision lab up`: the lab hosts running now. Use: provision site.yml -i {path}\n"
 
 
@@ -41,8 +44,9 @@ def write(hosts: list) -> Path:
     d.mkdir(parents=True, exist_ok=True)
     text = HEADER.format(path=d) + "---\n" + yaml.safe_dump(render(hosts), sort_keys=False)
     (d / "hosts.yml").write_text(text)
-    link = d / "group_vars"
-    if link.is_symlink() or link.exists():
-        link.unlink()
-    link.symlink_to(paths.collection_root() / "inventory/lab/group_vars", target_is_directory=True)
+    for name in SHARED:
+        link = d / name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(paths.collection_root() / "inventory/lab" / name, target_is_directory=True)
     return d

@@ -1,0 +1,126 @@
+"""`provision manifest` and `provision diff`: prove a second box identical to the first.
+
+`provision manifest -i INV` runs playbooks/manifest.yml (module rigbook.homelab.host_manifest) and stores each
+host's manifest as <run>/manifests/<host>.json. `provision diff A B` compares two manifests (a host of the last
+manifest run, or a saved manifest file), grouped by ladder layer / role, with host-unique items apart; it exits 1
+when a pinned item differs and 0 when only host-unique items do.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rigbook import runs
+from rigbook.errors import UserError
+
+MANIFEST_DIR = "manifests"
+PLAYBOOK = "manifest.yml"
+EXIT_SAME, EXIT_PINNED_DIFFER = 0, 1
+
+
+def last_manifest_run() -> Path | None:
+    """The newest run folder holding manifests, or None."""
+    base = runs.runs_dir()
+    if not base.is_dir():
+        return None
+    for path in sorted(base.iterdir(), reverse=True):
+        if (path / MANIFEST_DIR).is_dir() and any((path / MANIFEST_DIR).glob("*.json")):
+            return path
+    return None
+
+
+def read_manifest(path: Path) -> dict:
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read: {exc.strerror}") from None
+    except ValueError:
+        raise UserError(f"{path}: not a manifest (not valid JSON)") from None
+    if not isinstance(data, dict) or not isinstance(data.get("items"), dict):
+        raise UserError(f"{path}: not a manifest (no items; make one with `provision manifest -i INV`)")
+    return data
+
+
+def resolve_side(spec: str, run_dir: Path | None) -> tuple:
+    """(label, manifest) for SPEC: a saved manifest file, or a host of RUN_DIR's manifests."""
+    given = Path(spec)
+    if given.is_file():
+        return str(given), read_manifest(given)
+    if run_dir is None:
+        raise UserError(f"{spec!r} is no manifest file, and there is no manifest run yet "
+                        "(run `provision manifest -i INV` first)")
+    hosts = sorted(p.stem for p in (run_dir / MANIFEST_DIR).glob("*.json"))
+    if spec not in hosts:
+        raise UserError(f"{spec!r} is neither a manifest file nor a host of the last manifest run {run_dir} "
+                        f"(hosts: {', '.join(hosts) or 'none'})")
+    return spec, read_manifest(run_dir / MANIFEST_DIR / f"{spec}.json")
+
+
+def diff(a: dict, b: dict) -> dict:
+    """{"pinned": {group: [{item, a, b}]}, "unique": [{item, group, a, b}], "same": N} of two manifests."""
+    items_a, items_b = a.get("items") or {}, b.get("items") or {}
+    pinned, unique, same = {}, [], 0
+    for key in sorted(set(items_a) | set(items_b)):
+        left, right = items_a.get(key) or {}, items_b.get(key) or {}
+        if key in items_a and key in items_b and left.get("value") == right.get("value"):
+            same += 1
+            continue
+        group = left.get("group") or right.get("group") or "other"
+        row = {"item": key, "a": left.get("value"), "b": right.get("value")}
+        if left.get("unique") or right.get("unique"):
+            unique.append({**row, "group": group})
+        else:
+            pinned.setdefault(group, []).append(row)
+    return {"pinned": pinned, "unique": unique, "same": same}
+
+
+def _show(value) -> str:
+    text = "(absent)" if value is None else json.dumps(value, sort_keys=True)
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
+def print_diff(result: dict, label_a: str, label_b: str, stream) -> None:
+    pinned = result["pinned"]
+    count = sum(len(rows) for rows in pinned.values())
+    verdict = f"{count} pinned item(s) differ" if count else "no pinned item differs"
+    print(f"{label_a} vs {label_b}: {verdict}; {result['same']} item(s) equal", file=stream)
+    for group in sorted(pinned):
+        print(f"[{group}]", file=stream)
+        for row in pinned[group]:
+            print(f"  {row['item']}\n    {label_a}: {_show(row['a'])}\n    {label_b}: {_show(row['b'])}", file=stream)
+    if result["unique"]:
+        print(f"host-unique ({len(result['unique'])} item(s), expected to differ):", file=stream)
+        for row in result["unique"]:
+            print(f"  {row['item']}: {_show(row['a'])} / {_show(row['b'])}", file=stream)
+
+
+def diff_command(a: str, b: str, as_json: bool, stream) -> int:
+    """`provision diff A B`: print the difference; 1 when a pinned item differs, else 0."""
+    run_dir = last_manifest_run()
+    label_a, manifest_a = resolve_side(a, run_dir)
+    label_b, manifest_b = resolve_side(b, run_dir)
+    result = diff(manifest_a, manifest_b)
+    code = EXIT_PINNED_DIFFER if result["pinned"] else EXIT_SAME
+    if as_json:
+        stream.write(json.dumps({"a": label_a, "b": label_b, "exit_code": code, **result}, indent=2) + "\n")
+    else:
+        print_diff(result, label_a, label_b, stream)
+    return code
+
+
+def manifest_command(opts, stream) -> int:
+    """`provision manifest -i INV`: run manifest.yml and say where each host's manifest went."""
+    from rigbook.run import run_playbook
+
+    base = runs.runs_dir()
+    before = set(base.iterdir()) if base.is_dir() else set()
+    code = run_playbook(opts)
+    after = set(base.iterdir()) if base.is_dir() else set()
+    made = sorted(p for p in after - before if (p / MANIFEST_DIR).is_dir())
+    if made:
+        stored = sorted(p.stem for p in (made[-1] / MANIFEST_DIR).glob("*.json"))
+        print(f"manifests of {', '.join(stored) or 'no host'}: {made[-1] / MANIFEST_DIR}", file=stream)
+    else:
+        print("no manifest was stored (see the run's errors above)", file=stream)
+    return code

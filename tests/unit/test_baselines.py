@@ -1,0 +1,160 @@
+"""Host and group baselines: which baseline judges a host, recording a group's from its first box, and the twin
+built later held to it (issue 14: a twin at half the busbw used to pass for want of a baseline of its own)."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges.collective_layers import judge_collectives
+from helpers import provision
+
+from rigbook import baselines
+from rigbook.errors import UserError
+from rigbook.inventory import load
+
+# Seed 004 (X99 + 2x R9700): RCCL SendRecv 1 GB 9.75 GB/s, AllReduce busbw 9.51 GB/s.
+SEED_004 = {"sendrecv_busbw_gbs": 9.75, "all_reduce_busbw_gbs": 9.51}
+P2P = {"gpu": {"count": 2}, "p2p": {"expected": True, "nccl_p2p_level": "PHB"}}
+INVENTORY = """---
+all:
+  children:
+    lab:
+      children:
+        x99_r9700:
+          hosts:
+            box-a: {}
+            box-b: {}
+        serving:
+          hosts:
+            box-b: {}
+            box-c: {}
+        x99_3080:
+          hosts:
+            rig-3080: {}
+"""
+
+
+@pytest.fixture
+def inv(tmp_path, monkeypatch):
+    monkeypatch.setenv("RIGBOOK_STATE_DIR", str(tmp_path / "state"))
+    path = tmp_path / "hosts.yml"
+    path.write_text(INVENTORY)
+    return load(path)
+
+
+def ladder(metrics: dict) -> list:
+    return [{"layer": "collectives", "status": "pass", "metrics": metrics}]
+
+
+def collectives(factor: float) -> dict:
+    return {"available": True, "source": "recorded",
+            "results": [{"op": "sendrecv", "size_bytes": 1 << 30, "busbw_gbs": 9.75 * factor, "wrong": 0},
+                        {"op": "all_reduce", "size_bytes": 1 << 30, "busbw_gbs": 9.51 * factor, "wrong": 0}]}
+
+
+def record_first_box(inv, host="box-a", only="*", done=None) -> str:
+    recorded = baselines.record(host, ladder(SEED_004), "/runs/x")
+    return baselines.record_groups(host, inv, recorded, only, {} if done is None else done)
+
+
+def test_a_hosts_groups_are_those_listing_it_in_inventory_order(inv):
+    assert baselines.host_groups(inv, "box-b") == ["x99_r9700", "serving"]
+    assert baselines.host_groups(inv, "rig-3080") == ["x99_3080"]  # not its parent lab, not all
+    assert baselines.inventory_order(inv, ["rig-3080", "box-b", "box-a", "zz"]) == ["box-a", "box-b", "rig-3080", "zz"]
+
+
+def test_recording_with_group_records_the_hosts_groups_only(inv):
+    assert record_first_box(inv) == "group x99_r9700: recorded"
+    group = baselines.load_group("x99_r9700")["recorded"]
+    assert group["metrics"] == SEED_004 and group["from_host"] == "box-a"
+    assert baselines.load_group("lab")["recorded"] is None
+
+
+def test_a_twin_without_a_baseline_is_judged_by_its_group_and_fails_at_half_the_busbw(inv):
+    record_first_box(inv)
+    given = baselines.extra_vars(["box-a", "box-b", "rig-3080"], inv)["rigbook_baselines"]
+    assert given["box-a"]["source"] == "host box-a"
+    assert given["box-b"]["source"] == "group x99_r9700" and given["box-b"]["metrics"] == SEED_004
+    assert "rig-3080" not in given
+    verdict = judge_collectives(collectives(0.5), P2P, given["box-b"]["metrics"])
+    assert verdict["status"] == "fail"
+    assert "all_reduce_busbw_gbs 4.75 vs baseline 9.51 (0.50x), below 0.80x" in verdict["why"]
+    assert judge_collectives(collectives(1.0), P2P, given["box-b"]["metrics"])["status"] == "pass"
+
+
+def test_without_the_inventory_there_is_no_group_baseline(inv):
+    record_first_box(inv)
+    assert baselines.extra_vars(["box-b"])["rigbook_baselines"] == {}
+    assert baselines.resolve("box-b") == ("none", None)
+
+
+def test_a_baseline_of_its_own_wins_over_the_groups(inv):
+    record_first_box(inv)
+    baselines.record("box-b", ladder({"sendrecv_busbw_gbs": 5.0}), "/runs/y")
+    label, recorded = baselines.resolve("box-b", inv)
+    assert label == "host box-b" and recorded["metrics"] == {"sendrecv_busbw_gbs": 5.0}
+
+
+def test_the_first_group_in_inventory_order_that_has_one_judges(inv):
+    record_first_box(inv, "box-c")  # box-c records serving only
+    assert baselines.resolve("box-b", inv)[0] == "group serving"
+    record_first_box(inv, "box-a")  # x99_r9700 comes first in the inventory
+    assert baselines.resolve("box-b", inv)[0] == "group x99_r9700"
+
+
+def test_the_first_box_of_a_run_keeps_the_group(inv):
+    done = {}
+    record_first_box(inv, "box-a", done=done)
+    said = record_first_box(inv, "box-b", done=done)
+    assert said == "group x99_r9700: kept the figures of box-a; group serving: recorded"
+    assert baselines.load_group("x99_r9700")["recorded"]["from_host"] == "box-a"
+
+
+def test_recording_one_named_group(inv):
+    assert record_first_box(inv, "box-b", only="serving") == "group serving: recorded"
+    assert baselines.load_group("x99_r9700")["recorded"] is None
+    assert record_first_box(inv, "box-a", only="serving") == "group serving: not recorded, box-a is not listed in it"
+
+
+def test_check_group_names_the_groups_that_can_hold_one(inv):
+    baselines.check_group(inv, "*")
+    baselines.check_group(inv, "serving")
+    for bad in ("lab", "all", "nope"):
+        with pytest.raises(UserError, match="groups: serving, x99_3080, x99_r9700"):
+            baselines.check_group(inv, bad)
+
+
+def test_the_summary_and_text_say_which_baseline_judged(inv):
+    record_first_box(inv)
+    hosts = ["box-a", "box-b", "rig-3080"]
+    judged = baselines.judged_by(hosts, baselines.extra_vars(hosts, inv))
+    assert judged == {"box-a": "host box-a", "box-b": "group x99_r9700", "rig-3080": "none"}
+    summary = {"box-b": {"state": "ok", "ladder": [{"layer": "pcie_link", "status": "pass"},
+                                                   {"layer": "collectives", "status": "fail", "metrics": SEED_004}]},
+               "rig-3080": {"state": "ok"}}
+    baselines.annotate(summary, judged)
+    assert summary["box-b"]["baseline_source"] == "group x99_r9700"
+    assert summary["box-b"]["ladder"][1]["baseline"] == "group x99_r9700"
+    assert "baseline" not in summary["box-b"]["ladder"][0]
+    assert summary["rig-3080"]["baseline_source"] == "none"
+    out = io.StringIO()
+    baselines.print_judged(judged, out)
+    assert out.getvalue() == ("baselines: box-a judged by host box-a; box-b judged by group x99_r9700; "
+                              "rig-3080 judged by none\n")
+
+
+def test_show_lists_group_baselines(inv):
+    record_first_box(inv)
+    out = io.StringIO()
+    baselines.show([], out)
+    assert "group x99_r9700: baseline of" in out.getvalue() and "from host box-a" in out.getvalue()
+
+
+def test_cli_record_group_of_a_parent_group_exits_2_before_any_host(tmp_path):
+    proc = provision("baseline", "record", "--group", "lab", "-i", "lab", env={"RIGBOOK_STATE_DIR": str(tmp_path)})
+    assert proc.returncode == 2, proc.stderr
+    assert "--group lab: not a group that lists hosts" in proc.stderr and "x99_3080" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = provision("baseline", "show", "--group", env={"RIGBOOK_STATE_DIR": str(tmp_path)})
+    assert proc.returncode == 2 and "--group is for record" in proc.stderr

@@ -1,0 +1,196 @@
+"""The host manifest: its collector on recorded x99-3080 trees, the module, `provision diff` and its exit codes.
+
+The hardware comes from src/rigbook/lab/hardware_trees.py (the recorded x99-3080 profile). What the roles leave
+on a box (env files, the SGLang venv stamp and dist-info, dpkg status, `dkms status`) and the host identity are
+RECONSTRUCTED here by add_installed_state() / add_identity(), in the formats the roles and tools write.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from ansible_collections.rigbook.homelab.plugins.module_utils.collect import manifest as collector
+from ansible_collections.rigbook.homelab.plugins.modules import host_manifest
+from helpers import provision, run_module
+
+from rigbook import manifests
+from rigbook.errors import UserError
+from rigbook.lab.hardware_trees import materialize
+
+DPKG_STATUS = """Package: linux-image-7.0.0-31-generic
+Status: hold ok installed
+Version: 7.0.0-31.31
+
+Package: nvidia-dkms-615-open
+Status: install ok installed
+Version: 615.71.09-0ubuntu1
+
+Package: removed-thing
+Status: deinstall ok config-files
+Version: 1.0
+"""
+DKMS_STATUS = ("nvidia/615.71.09, 7.0.0-31-generic, x86_64: installed\n"
+               "nvidia/615.71.09, 6.8.0-40-generic, x86_64: built\n")
+VENV_STAMP = {"patches": ["0001-p2p.patch -p1 " + "ab" * 32], "versions": {"sglang": "0.5.18"}, "patch_set": "0f1e"}
+
+
+def write(root: Path, rel: str, text: str) -> None:
+    target = root / rel
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+
+
+def add_installed_state(root: Path) -> None:
+    write(root, "etc/rigbook/cuda.env", "CUDA_HOME=/usr/local/cuda-13.0\n")
+    write(root, "usr/local/cuda-13.0/version.json", json.dumps({"cuda": {"version": "13.0.48"}}))
+    write(root, "var/lib/dpkg/status", DPKG_STATUS)
+    write(root, "var/lib/rigbook/commands/dkms-status.txt", DKMS_STATUS)
+    venv = "opt/rigbook/sglang/0.5.18-0f1e"
+    write(root, f"{venv}/.rigbook-venv.json", json.dumps(VENV_STAMP, indent=2, sort_keys=True))
+    for dist in ("sglang-0.5.18", "torch-2.9.1", "sgl_kernel-0.3.21"):
+        write(root, f"{venv}/lib/python3.12/site-packages/{dist}.dist-info/METADATA", "Metadata-Version: 2.1\n")
+    write(root, "etc/systemd/system/rigbook-serve-qwen.service", "[Service]\nExecStart=/bin/true\n")
+    write(root, "etc/rigbook/serve/qwen.env", "SGLANG_ARGS=--mem-fraction-static 0.88\n")
+
+
+def add_identity(root: Path, name: str, mac: str) -> None:
+    write(root, "etc/hostname", name + "\n")
+    write(root, "etc/machine-id", (name.encode().hex() * 8)[:32] + "\n")
+    write(root, "sys/class/net/enp5s0/address", mac + "\n")
+    write(root, "etc/rigbook/serve/qwen.key.env", f"SGLANG_API_KEY=secret-of-{name}\n")
+
+
+def twin(base: Path, name: str, mac: str) -> Path:
+    root = materialize("x99-3080", base / name)
+    add_installed_state(root)
+    add_identity(root, name, mac)
+    return root
+
+
+@pytest.fixture
+def twins(tmp_path):
+    return twin(tmp_path, "rig-a", "3c:7c:3f:00:00:0a"), twin(tmp_path, "rig-b", "3c:7c:3f:00:00:0b")
+
+
+def collect(root: Path) -> dict:
+    return collector.collect_manifest(str(root), str(root))
+
+
+def test_the_collector_reads_the_recorded_tree(twins):
+    items = collect(twins[0])["items"]
+    assert items["kernel.running"]["value"] == "7.0.0-31-generic"
+    assert "iommu=pt" in items["kernel.cmdline"]["value"]
+    assert not any(p.startswith("root=") for p in items["kernel.cmdline"]["value"])
+    assert items["host.cmdline_disks"]["unique"] and items["host.cmdline_disks"]["value"][0].startswith("root=UUID=")
+    assert items["kernel.held"]["value"] == ["linux-image-7.0.0-31-generic"]
+    assert items["packages.held"]["value"] == {"linux-image-7.0.0-31-generic": "7.0.0-31.31"}
+    assert items["dkms.7.0.0-31-generic"]["value"] == ["nvidia/615.71.09: installed"]
+    assert items["dkms.6.8.0-40-generic"]["value"] == ["nvidia/615.71.09: built"]
+    assert items["driver.nvidia"]["value"] == "615.71.09"
+    assert items["cuda.version"]["value"] == "13.0.48"
+    assert items["sglang.0.5.18-0f1e.packages"]["value"] == {"sglang": "0.5.18", "sgl-kernel": "0.3.21",
+                                                             "torch": "2.9.1"}
+    assert items["sglang.0.5.18-0f1e.patches"]["value"] == VENV_STAMP["patches"]
+    assert items["gpu.count"]["value"] == 2
+    gpu = "gpu.0000:03:00.0"
+    assert items[f"{gpu}.model"]["value"]["name"] == "NVIDIA GeForce RTX 3080"
+    assert items[f"{gpu}.vbios"] == {"group": "firmware", "value": "94.02.42.00.A9", "unique": False}
+    assert items[f"{gpu}.link"]["value"]["max_width"] == 16 and items[f"{gpu}.link"]["group"] == "pcie_link"
+    assert items[f"{gpu}.bars"]["group"] == "dma_window" and 268435456 in items[f"{gpu}.bars"]["value"]
+    assert len(items["file.etc/rigbook/cuda.env"]["value"]) == 64
+    assert items["file.etc/rigbook/serve/qwen.key.env"]["unique"]
+    unique = {k for k, v in items.items() if v["unique"]}
+    assert {"host.hostname", "host.machine_id", "host.mac.enp5s0"} <= unique
+
+
+def test_two_materialized_twins_differ_only_in_host_unique_items(twins):
+    result = manifests.diff(collect(twins[0]), collect(twins[1]))
+    assert result["pinned"] == {}
+    assert {row["item"] for row in result["unique"]} == {
+        "host.hostname", "host.machine_id", "host.mac.enp5s0", "file.etc/rigbook/serve/qwen.key.env"}
+    assert result["same"] > 20
+
+
+def test_a_pinned_difference_is_grouped_by_layer_or_role(twins):
+    a, b = twins
+    write(b, "etc/rigbook/cuda.env", "CUDA_HOME=/usr/local/cuda-12.8\n")
+    write(b, "proc/cmdline", (a / "proc/cmdline").read_text().replace("iommu=pt", "iommu=on"))
+    result = manifests.diff(collect(a), collect(b))
+    assert set(result["pinned"]) == {"cuda_toolchain", "kernel_state"}
+    assert [r["item"] for r in result["pinned"]["cuda_toolchain"]] == ["cuda.version", "file.etc/rigbook/cuda.env"]
+    row = result["pinned"]["kernel_state"][0]
+    assert row["item"] == "kernel.cmdline" and "iommu=pt" in row["a"] and "iommu=on" in row["b"]
+
+
+def save(path: Path, manifest: dict) -> Path:
+    path.write_text(json.dumps(manifest))
+    return path
+
+
+def test_diff_exit_codes_and_json(twins, tmp_path, capsys):
+    a = save(tmp_path / "a.json", collect(twins[0]))
+    b = save(tmp_path / "b.json", collect(twins[1]))
+    assert manifests.diff_command(str(a), str(b), False, os.sys.stdout) == 0
+    out = capsys.readouterr().out
+    assert "no pinned item differs" in out and "host-unique (4 item(s)" in out
+    write(twins[1], "sys/bus/pci/devices/0000:04:00.0/current_link_width", "8\n")
+    b = save(tmp_path / "b.json", collect(twins[1]))
+    assert manifests.diff_command(str(a), str(b), True, os.sys.stdout) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["exit_code"] == 1 and [r["item"] for r in data["pinned"]["pcie_link"]] == ["gpu.0000:04:00.0.link"]
+
+
+def manifest_run(state: Path, hosts: dict) -> Path:
+    run = state / "runs" / "20250101-000000-manifest-abc123"
+    (run / "manifests").mkdir(parents=True)
+    for host, data in hosts.items():
+        save(run / "manifests" / f"{host}.json", {**data, "host": host})
+    return run
+
+
+def test_cli_diff_of_two_hosts_of_the_last_manifest_run(twins, tmp_path):
+    state = tmp_path / "state"
+    manifest_run(state, {"rig-a": collect(twins[0]), "rig-b": collect(twins[1])})
+    proc = provision("diff", "rig-a", "rig-b", env={"RIGBOOK_STATE_DIR": str(state)})
+    assert proc.returncode == 0, proc.stderr
+    assert "rig-a vs rig-b: no pinned item differs" in proc.stdout
+
+
+def test_cli_diff_of_an_unknown_host_exits_2_without_a_traceback(twins, tmp_path):
+    state = tmp_path / "state"
+    env = {"RIGBOOK_STATE_DIR": str(state)}
+    proc = provision("diff", "rig-a", "rig-z", env=env)
+    assert proc.returncode == 2 and "no manifest run yet" in proc.stderr and "Traceback" not in proc.stderr
+    manifest_run(state, {"rig-a": collect(twins[0])})
+    proc = provision("diff", "rig-a", "rig-z", env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert "'rig-z' is neither a manifest file nor a host" in proc.stderr and "hosts: rig-a" in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_a_file_that_is_no_manifest_is_a_user_error(tmp_path):
+    (tmp_path / "x.json").write_text("[1, 2]")
+    (tmp_path / "y.json").write_text("{not json")
+    with pytest.raises(UserError, match="not a manifest"):
+        manifests.resolve_side(str(tmp_path / "x.json"), None)
+    with pytest.raises(UserError, match="not valid JSON"):
+        manifests.resolve_side(str(tmp_path / "y.json"), None)
+
+
+def test_the_module_returns_the_manifest_in_check_mode(twins):
+    run = run_module(host_manifest, {"root": str(twins[0]), "system": str(twins[0])}, check_mode=True)
+    assert not run.failed and run.result["changed"] is False
+    assert run.result["manifest"]["items"] == collect(twins[0])["items"]
+
+
+def test_parsers_on_their_edges():
+    assert collector.parse_dkms_status("nvidia/580.1, 6.8.0-1, x86_64: installed (WARNING Diff)\njunk\n") == {
+        "6.8.0-1": ["nvidia/580.1: installed (WARNING Diff)"]}
+    assert collector.parse_dkms_status("amdgpu, 6.10.5, 6.8.0-1, x86_64: installed") == {
+        "6.8.0-1": ["amdgpu/6.10.5: installed"]}
+    assert collector.parse_ip_addr("1: lo    inet 127.0.0.1/8 scope host lo\n2: eno1    inet 10.0.0.5/24 brd x\n") \
+        == ["eno1 10.0.0.5/24"]
+    assert collector.parse_dpkg_status("") == {}

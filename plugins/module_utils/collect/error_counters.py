@@ -22,6 +22,7 @@ import os
 import subprocess
 import time
 
+from ansible_collections.rigbook.homelab.plugins.module_utils import host_state
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import pci
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence as recorded
 from ansible_collections.rigbook.homelab.plugins.module_utils.parse import kernel_log
@@ -199,17 +200,7 @@ def load_state(path):
 
 def store_state(path, snap):
     """Write SNAP to PATH atomically (parents created); the error text, or None."""
-    try:
-        parent = os.path.dirname(path)
-        if parent and not os.path.isdir(parent):
-            os.makedirs(parent)
-        tmp = path + ".tmp"
-        with open(tmp, "w") as handle:
-            json.dump(snap, handle, indent=2, sort_keys=True)
-        os.replace(tmp, path)
-    except OSError as exc:
-        return "cannot write %s: %s" % (path, exc.strerror or exc)
-    return None
+    return host_state.write_json(path, snap)
 
 
 def snapshot_part(ctx, evidence):

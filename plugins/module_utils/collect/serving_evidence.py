@@ -39,6 +39,7 @@ import subprocess
 import threading
 import time
 
+from ansible_collections.rigbook.homelab.plugins.module_utils import host_state
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import pci
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence as recorded
 from ansible_collections.rigbook.homelab.plugins.module_utils.parse import sglang_log
@@ -223,23 +224,8 @@ def restarts_seen(state_path, unit, n_restarts, write=True):
         previous = 0
     if write and n_restarts is not None:
         state[unit] = {"n_restarts": n_restarts, "at": int(time.time())}
-        error = _write_json(state_path, state) or error
+        error = host_state.write_json(state_path, state) or error
     return previous, error
-
-
-def _write_json(path, data):
-    """Write DATA to PATH atomically; the error text, or None."""
-    try:
-        parent = os.path.dirname(path)
-        if parent and not os.path.isdir(parent):
-            os.makedirs(parent)
-        tmp = path + ".tmp"
-        with open(tmp, "w") as handle:
-            json.dump(data, handle, indent=2, sort_keys=True)
-        os.replace(tmp, path)
-    except OSError as exc:
-        return "cannot write %s: %s" % (path, exc)
-    return None
 
 
 def _bounded_output(argv, timeout, head, tail):

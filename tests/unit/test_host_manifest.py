@@ -191,6 +191,6 @@ def test_parsers_on_their_edges():
         "6.8.0-1": ["nvidia/580.1: installed (WARNING Diff)"]}
     assert collector.parse_dkms_status("amdgpu, 6.10.5, 6.8.0-1, x86_64: installed") == {
         "6.8.0-1": ["amdgpu/6.10.5: installed"]}
-    assert collector.parse_ip_addr("1: lo    inet 127.0.0.1/8 scope host lo\n2: eno1    inet 10.0.0.5/24 brd x\n") \
-        == ["eno1 10.0.0.5/24"]
+    assert collector.parse_ip_addr("1: lo    inet 127.0.0.1/8 scope host lo\n2: eno1    inet 192.0.2.5/24 brd x\n") \
+        == ["eno1 192.0.2.5/24"]
     assert collector.parse_dpkg_status("") == {}

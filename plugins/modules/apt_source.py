@@ -66,6 +66,10 @@ options:
     description: Run apt-get update when the source or key changed.
     type: bool
     default: true
+  lock_timeout:
+    description: Seconds to wait for the package lists' lock another process holds before apt-get update fails.
+    type: int
+    default: 300
 extends_documentation_fragment:
   - rigbook.homelab.attributes.changes
 """
@@ -110,11 +114,11 @@ from urllib.parse import urlparse
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import ConnectionError as UrlConnectionError
 from ansible.module_utils.urls import open_url
+from ansible_collections.rigbook.homelab.plugins.module_utils.apt import LOCK_TIMEOUT, run_apt
 
 SOURCES_DIR = "/etc/apt/sources.list.d"
 KEYRINGS_DIR = "/etc/apt/keyrings"
 PREFERENCES_DIR = "/etc/apt/preferences.d"
-ENV = {"DEBIAN_FRONTEND": "noninteractive", "LC_ALL": "C"}
 ARMOR = b"-----BEGIN PGP PUBLIC KEY BLOCK-----"
 
 
@@ -180,6 +184,7 @@ def main():
             key_sha256=dict(type="str"),
             preferences=dict(type="list", elements="dict", default=[]),
             update=dict(type="bool", default=True),
+            lock_timeout=dict(type="int", default=LOCK_TIMEOUT),
         ),
         required_by={"uris": ("key_url", "key_sha256")},
         supports_check_mode=True,
@@ -224,7 +229,7 @@ def main():
         for path, content, binary, _old in changes:
             write(path, content, binary)
         if apt_changed and p["update"]:
-            rc, out, err = module.run_command(["apt-get", "-q", "update"], environ_update=ENV)
+            rc, out, err = run_apt(module, ["apt-get", "-q", "update"], p["lock_timeout"])
             updated = True
             if rc != 0 or re.search(r"^(W|E): .*(rigbook-%s|NO_PUBKEY|not signed)" % re.escape(name),
                                     out + err, re.M):

@@ -39,6 +39,13 @@ options:
     description: Hold the packages (apt-mark hold) so upgrades leave them alone.
     type: bool
     default: false
+  lock_timeout:
+    description:
+      - Seconds to wait for a package lock another process holds (unattended-upgrades on a fresh box, a twin
+        sharing the apt archive cache) before failing with the lock and its holder named.
+      - A dpkg run left interrupted by an earlier run is finished first (C(dpkg --configure -a)).
+    type: int
+    default: 300
 extends_documentation_fragment:
   - rigbook.homelab.attributes.changes
 """
@@ -75,8 +82,15 @@ versions:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.rigbook.homelab.plugins.module_utils.apt import (
+    ENV,
+    LOCK_TIMEOUT,
+    apt_or_fail,
+    lock_held,
+    lock_message,
+    run_apt,
+)
 
-ENV = {"DEBIAN_FRONTEND": "noninteractive", "LC_ALL": "C"}
 APT = ["apt-get", "-y", "-q", "-o", "Dpkg::Options::=--force-confdef", "-o", "Dpkg::Options::=--force-confold"]
 
 
@@ -104,13 +118,6 @@ def deb_fields(module, path):
     return parts[0], parts[1]
 
 
-def run(module, argv, what):
-    rc, out, err = module.run_command(argv, environ_update=ENV)
-    if rc != 0:
-        module.fail_json(msg="%s failed (rc %d): %s" % (what, rc, (err or out).strip()[-2000:]), cmd=argv)
-    return out
-
-
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -118,10 +125,15 @@ def main():
             debs=dict(type="list", elements="path", default=[]),
             state=dict(type="str", choices=["present", "absent"], default="present"),
             hold=dict(type="bool", default=False),
+            lock_timeout=dict(type="int", default=LOCK_TIMEOUT),
         ),
         supports_check_mode=True,
     )
     p = module.params
+
+    def run(argv, what):
+        return apt_or_fail(module, argv, what, p["lock_timeout"])
+
     for deb in p["debs"]:
         if not os.path.isfile(deb):
             module.fail_json(msg="local .deb %s does not exist" % deb)
@@ -135,7 +147,7 @@ def main():
     if p["state"] == "absent":
         result["removed"] = [n for n in names if before[n] is not None]
         if result["removed"] and not module.check_mode:
-            run(module, APT + ["purge"] + result["removed"], "apt-get purge")
+            run(APT + ["purge"] + result["removed"], "apt-get purge")
     else:
         # a pinned .deb counts as missing while another version of its package is installed
         missing = [n for n in names if before[n] is None or deb_versions.get(n, before[n]) != before[n]]
@@ -146,16 +158,18 @@ def main():
             if any(before[n] is not None for n in missing):  # the pinned version replaces another (held) one
                 argv += ["--allow-downgrades", "--allow-change-held-packages"]
             argv += targets
-            rc, out, err = module.run_command(argv, environ_update=ENV)
+            rc, out, err = run_apt(module, argv, p["lock_timeout"])
+            if rc != 0 and lock_held(out + err):
+                module.fail_json(msg=lock_message("apt-get install", rc, out, err, p["lock_timeout"]), cmd=argv)
             if rc != 0:  # a stale index (404, unknown package): refresh once and retry
-                run(module, ["apt-get", "-q", "update"], "apt-get update")
-                run(module, argv, "apt-get install")
+                run(["apt-get", "-q", "update"], "apt-get update")
+                run(argv, "apt-get install")
         if p["hold"]:
             rc, out, _err = module.run_command(["apt-mark", "showhold"], environ_update=ENV)
             held = set(out.split())
             result["held"] = [n for n in names if n not in held]
             if result["held"] and not module.check_mode:
-                run(module, ["apt-mark", "hold"] + result["held"], "apt-mark hold")
+                run(["apt-mark", "hold"] + result["held"], "apt-mark hold")
     mutated = result["installed"] or result["removed"]
     after = before if module.check_mode or not mutated else installed_versions(module, names)
     result["versions"] = after

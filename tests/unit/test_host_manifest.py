@@ -52,27 +52,32 @@ def add_installed_state(root: Path) -> None:
     write(root, f"{venv}/.rigbook-venv.json", json.dumps(VENV_STAMP, indent=2, sort_keys=True))
     for dist in ("sglang-0.5.18", "torch-2.9.1", "sgl_kernel-0.3.21"):
         write(root, f"{venv}/lib/python3.12/site-packages/{dist}.dist-info/METADATA", "Metadata-Version: 2.1\n")
-    write(root, "etc/systemd/system/rigbook-serve-qwen.service", "[Service]\nExecStart=/bin/true\n")
+    write(root, "etc/systemd/system/rigbook-serve-qwen.service",
+          "[Service]\nExecStart=/opt/rigbook/sglang/0.5.18-0f1e/bin/python3 -m sglang.launch_server --tp-size 2 "
+          "--host {bind} --port 30000\n")
     write(root, "etc/rigbook/serve/qwen.env", "SGLANG_ARGS=--mem-fraction-static 0.88\n")
 
 
-def add_identity(root: Path, name: str, mac: str) -> None:
+def add_identity(root: Path, name: str, mac: str, bind: str) -> None:
     write(root, "etc/hostname", name + "\n")
     write(root, "etc/machine-id", (name.encode().hex() * 8)[:32] + "\n")
     write(root, "sys/class/net/enp5s0/address", mac + "\n")
     write(root, "etc/rigbook/serve/qwen.key.env", f"SGLANG_API_KEY=secret-of-{name}\n")
+    unit = root / "etc/systemd/system/rigbook-serve-qwen.service"
+    unit.write_text(unit.read_text().replace("{bind}", bind))
 
 
-def twin(base: Path, name: str, mac: str) -> Path:
+def twin(base: Path, name: str, mac: str, bind: str) -> Path:
     root = materialize("x99-3080", base / name)
     add_installed_state(root)
-    add_identity(root, name, mac)
+    add_identity(root, name, mac, bind)
     return root
 
 
 @pytest.fixture
 def twins(tmp_path):
-    return twin(tmp_path, "rig-a", "3c:7c:3f:00:00:0a"), twin(tmp_path, "rig-b", "3c:7c:3f:00:00:0b")
+    return (twin(tmp_path, "rig-a", "3c:7c:3f:00:00:0a", "192.0.2.10"),
+            twin(tmp_path, "rig-b", "3c:7c:3f:00:00:0b", "192.0.2.11"))
 
 
 def collect(root: Path) -> dict:
@@ -110,8 +115,17 @@ def test_two_materialized_twins_differ_only_in_host_unique_items(twins):
     result = manifests.diff(collect(twins[0]), collect(twins[1]))
     assert result["pinned"] == {}
     assert {row["item"] for row in result["unique"]} == {
-        "host.hostname", "host.machine_id", "host.mac.enp5s0", "file.etc/rigbook/serve/qwen.key.env"}
+        "host.hostname", "host.machine_id", "host.mac.enp5s0", "file.etc/rigbook/serve/qwen.key.env",
+        "bind.etc/systemd/system/rigbook-serve-qwen.service"}
     assert result["same"] > 20
+
+
+def test_a_serve_unit_is_pinned_apart_from_the_address_it_listens_on(twins):
+    unit = twins[1] / "etc/systemd/system/rigbook-serve-qwen.service"
+    unit.write_text(unit.read_text().replace("--tp-size 2", "--tp-size 1"))
+    result = manifests.diff(collect(twins[0]), collect(twins[1]))
+    assert list(result["pinned"]) == ["serve"], result["pinned"]
+    assert [row["item"] for row in result["pinned"]["serve"]] == ["file.etc/systemd/system/rigbook-serve-qwen.service"]
 
 
 def test_a_pinned_difference_is_grouped_by_layer_or_role(twins):
@@ -135,7 +149,7 @@ def test_diff_exit_codes_and_json(twins, tmp_path, capsys):
     b = save(tmp_path / "b.json", collect(twins[1]))
     assert manifests.diff_command(str(a), str(b), False, os.sys.stdout) == 0
     out = capsys.readouterr().out
-    assert "no pinned item differs" in out and "host-unique (4 item(s)" in out
+    assert "no pinned item differs" in out and "host-unique (5 item(s)" in out
     write(twins[1], "sys/bus/pci/devices/0000:04:00.0/current_link_width", "8\n")
     b = save(tmp_path / "b.json", collect(twins[1]))
     assert manifests.diff_command(str(a), str(b), True, os.sys.stdout) == 1

@@ -151,3 +151,20 @@ def test_a_generated_inventory_shares_the_profiles_and_the_locks(tmp_path, monke
     # rigbook_pins.sglang.lock is relative to the inventory directory: it must resolve in a generated one too
     lock = validate.validate(written).host_vars("lab-3080")["rigbook_pins"]["sglang"]["lock"]
     assert (written / lock).is_file()
+
+
+def test_a_twin_serves_on_its_own_address(tmp_path, monkeypatch):
+    """The lab's hosts share this machine's network: a second host of a profile binds its engine to its own
+    (loopback) address; the profile is otherwise the group's, and the inventory stays valid."""
+    from rigbook import validate
+    from rigbook.lab import inventory
+
+    monkeypatch.setenv("RIGBOOK_STATE_DIR", str(tmp_path))
+    written = inventory.write(state.plan_hosts(3, ["x99-3080", "x99-r9700", "x99-3080"]))
+    checked = validate.validate(written)
+    first, twin = checked.host_vars("lab-3080")["rigbook_serve"], checked.host_vars("lab-3080-2")["rigbook_serve"]
+    assert [p.get("bind") for p in first] == [None] and [p["bind"] for p in twin] == ["127.0.12.1"]
+    assert [{k: v for k, v in p.items() if k != "bind"} for p in twin] == first
+    ports = {(p.get("bind", "127.0.0.1"), p["port"]) for name in ("lab-3080", "lab-r9700", "lab-3080-2")
+             for p in checked.host_vars(name)["rigbook_serve"]}
+    assert len(ports) == 3

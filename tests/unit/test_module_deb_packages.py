@@ -212,3 +212,86 @@ def test_an_unreadable_deb_is_refused(deb):
     err = f"dpkg-deb: error: '{deb}' is not a Debian format archive\n"
     run = run_module(deb_packages, {"debs": [deb]}, [(show(deb), fail(2, err))])
     assert run.failed and run.msg == f"{deb} is not a readable .deb: {err.strip()}"
+
+
+# --- a package lock held by another process; a dpkg run left interrupted -------------------------------------
+
+FRONTEND_HELD = ("E: Could not get lock /var/lib/dpkg/lock-frontend. It is held by process 4242 "
+                 "(unattended-upgr)\nE: Unable to acquire the dpkg frontend lock (/var/lib/dpkg/lock-frontend), is "
+                 "another process using it?\n")
+ARCHIVES_HELD = ("E: Could not get lock /var/cache/apt/archives/lock. It is held by process 5151 (apt-get)\n"
+                 "E: Unable to lock directory /var/cache/apt/archives/\n")
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """A fake clock for the lock wait: each sleep advances it; the sleeps are recorded."""
+    from ansible_collections.rigbook.homelab.plugins.module_utils import apt
+
+    now = [1000.0]
+    sleeps = []
+
+    def sleep(seconds):
+        sleeps.append(seconds)
+        now[0] += seconds
+    monkeypatch.setattr(apt, "WAIT", (sleep, lambda: now[0]))
+    return sleeps
+
+
+def test_a_held_lock_is_waited_for_then_the_install_goes_on(clock):
+    run = run_module(deb_packages, {"name": [HEADERS]}, [
+        (query(HEADERS), dpkg(missing=[HEADERS])),
+        (INSTALL + [HEADERS], fail(100, ARCHIVES_HELD)),
+        (INSTALL + [HEADERS], fail(100, FRONTEND_HELD)),
+        (INSTALL + [HEADERS], ok()),
+        (query(HEADERS), dpkg((HEADERS, "ii ", "6.1.176-1"))),
+    ])
+    assert not run.failed, run.msg
+    assert run.result["installed"] == [HEADERS] and len(clock) == 2 and all(0 < s <= 3 for s in clock)
+    assert UPDATE not in run.commands  # a held lock is not a stale index
+
+
+def test_a_lock_held_past_the_timeout_names_the_lock_and_its_holder(clock):
+    tries = [(INSTALL + [HEADERS], fail(100, FRONTEND_HELD))] * 5
+    run = run_module(deb_packages, {"name": [HEADERS], "lock_timeout": 10},
+                     [(query(HEADERS), dpkg(missing=[HEADERS])), *tries])
+    assert run.failed
+    assert run.msg == ("apt-get install: the package lock /var/lib/dpkg/lock-frontend is still held by process 4242 "
+                       "(unattended-upgr) after 10 s (lock_timeout); another package manager is running on the host "
+                       "(unattended-upgrades after a boot, or a second run): let it finish, or raise lock_timeout")
+    assert sum(clock) == 10 and run.commands.count(INSTALL + [HEADERS]) == 5 and UPDATE not in run.commands
+
+
+def test_a_held_lock_on_hold_is_waited_for_too(clock):
+    run = run_module(deb_packages, {"name": [IMAGE], "hold": True}, [
+        (query(IMAGE), dpkg((IMAGE, "ii ", "6.1.176-1"))),
+        (SHOWHOLD, ok()),
+        (["apt-mark", "hold", IMAGE], fail(100, FRONTEND_HELD)),
+        (["apt-mark", "hold", IMAGE], ok()),
+    ])
+    assert not run.failed and run.result["held"] == [IMAGE] and len(clock) == 1
+
+
+def test_an_interrupted_dpkg_is_finished_once_then_the_install_retried(clock):
+    interrupted = "E: dpkg was interrupted, you must manually run 'dpkg --configure -a' to correct the problem.\n"
+    run = run_module(deb_packages, {"name": [HEADERS]}, [
+        (query(HEADERS), dpkg(missing=[HEADERS])),
+        (INSTALL + [HEADERS], fail(100, interrupted)),
+        (["dpkg", "--configure", "-a"], ok("Setting up linux-image-6.1.0-47-amd64 (6.1.176-1) ...\n")),
+        (INSTALL + [HEADERS], ok()),
+        (query(HEADERS), dpkg((HEADERS, "ii ", "6.1.176-1"))),
+    ])
+    assert not run.failed, run.msg
+    assert run.commands.count(["dpkg", "--configure", "-a"]) == 1 and clock == []
+
+
+def test_an_interrupted_dpkg_that_cannot_be_finished_is_named(clock):
+    interrupted = "E: dpkg was interrupted, you must manually run 'dpkg --configure -a' to correct the problem.\n"
+    run = run_module(deb_packages, {"name": [IMAGE], "state": "absent"}, [
+        (query(IMAGE), dpkg((IMAGE, "ii ", "6.1.176-1"))),
+        (APT + ["purge", IMAGE], fail(100, interrupted)),
+        (["dpkg", "--configure", "-a"], fail(1, "dpkg: error processing package linux-image-6.1.0-47-amd64\n")),
+    ])
+    assert run.failed
+    assert run.msg.startswith("apt-get purge failed (rc 1): an interrupted dpkg run could not be finished "
+                              "(dpkg --configure -a): dpkg: error processing package"), run.msg

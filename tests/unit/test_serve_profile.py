@@ -376,3 +376,12 @@ def test_action_task_fails_on_errors_and_shows_warnings(tmp_path):
     assert "rig-r9700: the rigbook_* profile is invalid (1 problem" in out
     assert "rigbook_serve[0].bind: 0.0.0.0 without api_key_file" in out
     assert "unreachable=0" in out
+
+
+@pytest.mark.parametrize("bind, exposed", [("127.0.0.1", False), ("127.0.12.1", False), ("localhost", False),
+                                           ("::1", False), ("0.0.0.0", True), ("192.0.2.7", True), ("::", True),
+                                           ("rig.lan.invalid", True)])
+def test_only_loopback_binds_go_without_a_key(bind, exposed):
+    profile = {"name": "a", "model_path": "/m", "bind": bind}
+    errors, _warnings = serve.check(profile, {}, 0)
+    assert any(m.startswith("rigbook_serve[0].bind: ") for m in errors) is exposed, errors

@@ -39,6 +39,8 @@ SERVE_ENV = "etc/rigbook/serve/*.env"
 DMI_SERIALS = ("board_serial", "product_serial", "chassis_serial", "product_uuid")
 DMI_PINNED = ("bios_version", "bios_date", "board_name", "board_vendor")
 # Kernel parameters naming this host's own disks: host-unique, kept apart from the pinned cmdline.
+# The serve unit's `--host ADDRESS` (ExecStart=): the address is the host's own, the rest of the unit is pinned.
+BIND_ARG = re.compile(r"^ExecStart=.*?\s--host\s+(\S+)", re.M)
 UNIQUE_CMDLINE = ("root", "resume", "cryptdevice", "rd.luks.uuid")
 
 
@@ -225,13 +227,27 @@ def sglang_items(root):
     return items
 
 
+def unit_bind(text):
+    """(unit text with the engine's --host value masked, that value or None): a twin listens on its own address."""
+    found = BIND_ARG.search(text or "")
+    if not found:
+        return text, None
+    return text[:found.start(1)] + "<bind>" + text[found.end(1):], found.group(1)
+
+
 def serve_items(root):
     items = {}
-    for pattern in (SERVE_UNITS, SERVE_ENV):
-        for path in sorted(glob.glob(_under(root, pattern))):
-            rel = os.path.relpath(path, root or "/")
-            # A key file holds this host's API key: its hash tells nothing about the twin.
-            items["file.%s" % rel] = _item("serve", sha256_of(path), unique=rel.endswith(".key.env"))
+    for path in sorted(glob.glob(_under(root, SERVE_UNITS))):
+        rel = os.path.relpath(path, root or "/")
+        masked, bind = unit_bind(pci.read_text(path))
+        digest = hashlib.sha256(masked.encode()).hexdigest() if masked is not None else None
+        items["file.%s" % rel] = _item("serve", digest)
+        if bind is not None:
+            items["bind.%s" % rel] = _item("serve", bind, unique=True)
+    for path in sorted(glob.glob(_under(root, SERVE_ENV))):
+        rel = os.path.relpath(path, root or "/")
+        # A key file holds this host's API key: its hash tells nothing about the twin.
+        items["file.%s" % rel] = _item("serve", sha256_of(path), unique=rel.endswith(".key.env"))
     return items
 
 

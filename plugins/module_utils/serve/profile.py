@@ -18,6 +18,8 @@ traceback.
 
 from __future__ import annotations
 
+import ipaddress
+
 DEFAULT_PORT = 30000
 DEFAULT_BIND = "127.0.0.1"
 DEFAULT_STARTUP_TIMEOUT_S = 900
@@ -28,7 +30,7 @@ API_KEY_ENV = "RIGBOOK_SERVE_API_KEY"
 DISABLE_CUSTOM_ALL_REDUCE = "--disable-custom-all-reduce"
 # Algorithms that draft with a separate model; NEXTN (a model's own MTP head) and NGRAM need none.
 NEEDS_DRAFT_MODEL = frozenset(("EAGLE", "EAGLE3", "STANDALONE", "DFLASH"))
-LOOPBACK_BINDS = frozenset(("127.0.0.1", "localhost", "::1"))
+LOOPBACK_NAMES = frozenset(("localhost",))
 
 # (profile field, engine flag), in argv order.
 FIELD_FLAGS = (
@@ -268,9 +270,19 @@ def _extra_args_not_owned(profile, host, where):
     return problems
 
 
+def is_loopback(bind):
+    """Whether BIND is a loopback address (all of 127.0.0.0/8, ::1) or localhost: reachable from this host only."""
+    if str(bind) in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(str(bind)).is_loopback
+    except ValueError:
+        return False
+
+
 def _exposed_without_key(profile, host, where):
     bind = profile.get("bind") or DEFAULT_BIND
-    if bind in LOOPBACK_BINDS or profile.get("api_key_file"):
+    if is_loopback(bind) or profile.get("api_key_file"):
         return []
     return [("error", "%s.bind" % where,
              "%s without api_key_file: anyone who reaches this address could use the engine; set api_key_file (a "

@@ -25,11 +25,22 @@ def inventory_dir() -> Path:
     return state.lab_dir() / "inventory"
 
 
+def _own_bind(host) -> dict:
+    """A twin's serve profiles, listening on the twin's own address: the lab's hosts share this machine's network,
+    so a second host of a profile would otherwise take the first one's port (the first keeps inventory/lab's)."""
+    if not host.address.startswith("127.0.11."):
+        path = paths.collection_root() / "inventory/lab/group_vars" / f"{host.group}.yml"
+        profiles = (yaml.safe_load(path.read_text()) or {}).get("rigbook_serve") if path.is_file() else None
+        if profiles:
+            return {"rigbook_serve": [{**profile, "bind": host.address} for profile in profiles]}
+    return {}
+
+
 def render(hosts: list) -> dict:
     groups: dict = {}
     for host in hosts:
         groups.setdefault(host.group, {"hosts": {}})["hosts"][host.name] = {
-            "ansible_host": host.address, "ansible_port": host.port}
+            "ansible_host": host.address, "ansible_port": host.port, **_own_bind(host)}
     return {"all": {"children": {"lab": {"children": groups}}}}
 
 

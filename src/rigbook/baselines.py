@@ -11,14 +11,24 @@ baseline of the first of its groups, in inventory order (the order the groups fi
 that has one. A host's groups are those that list it under `hosts:`; parent groups (`lab`, which holds both an
 NVIDIA and an AMD box) and `all` / `ungrouped` never lend a baseline. Every run says which baseline judged each
 host: "host NAME", "group NAME" or "none".
+
+Faults: every read-modify-write of a file holds its fcntl lock (statefile.locked) and writes a unique temporary file
+then os.replace (statefile.write_json_atomic), so concurrent writers lose no history entry. A corrupt file (not
+JSON, not the expected shape) is never overwritten: the run that finds it keeps it aside as
+NAME.json.corrupt-<UTC time> (an earlier kept copy is never replaced), names it, and stops with exit 2 before any
+host is contacted (preflight), so no host is judged against "none" without a word; the next run finds no file and
+goes on without that baseline. `provision baseline show` only names a corrupt file (exit 2), it moves nothing.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
+from rigbook import statefile
+from rigbook.errors import UserError
 from rigbook.paths import state_dir
 
 HISTORY_LIMIT = 200
@@ -32,21 +42,97 @@ def _file(host: str) -> Path:
     return _dir() / f"{host}.json"
 
 
-def load(host: str) -> dict:
-    path = _file(host)
-    if not path.is_file():
-        return {"host": host, "recorded": None, "history": []}
+class CorruptBaseline(UserError):
+    """One or more baselines files were corrupt: each is kept aside (moved, never overwritten) and named."""
+
+    def __init__(self, found: list):
+        self.found = found  # [(path, problem, kept copy)]
+        files = "; ".join(f"baselines file {path} is corrupt ({problem}): kept aside as {kept}"
+                          for path, problem, kept in found)
+        super().__init__(f"{files}. Stopped before contacting any host, so no host is judged without its baseline: "
+                         "run again to go on without it (or move a good copy back in place first)")
+
+
+def _problem(data) -> str | None:
+    if not isinstance(data, dict):
+        return f"not a JSON object but {type(data).__name__}"
+    history, recorded = data.get("history", []), data.get("recorded")
+    if not isinstance(history, list) or not all(isinstance(entry, dict) for entry in history):
+        return "its history is not a list of objects"
+    if recorded is not None and not (isinstance(recorded, dict) and isinstance(recorded.get("metrics", {}), dict)):
+        return "its recorded baseline is not an object with metrics"
+    return None
+
+
+def _read(path: Path) -> tuple:
+    """(data, None) for a sound file, (None, None) for a missing one, (None, problem) for a corrupt one. Touches
+    nothing: `provision baseline show` uses it as it is."""
     try:
-        return json.loads(path.read_text())
-    except ValueError:
-        return {"host": host, "recorded": None, "history": [], "error": f"{path} is not valid JSON"}
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        raise UserError(f"baselines file {path}: cannot read: {exc.strerror}") from None
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        return None, f"not UTF-8 text: {exc.reason} at byte {exc.start}"
+    except ValueError as exc:
+        return None, f"not valid JSON: {exc}"
+    problem = _problem(data)
+    return (None, problem) if problem else (data, None)
 
 
-def _save(host: str, data: dict) -> None:
-    _dir().mkdir(parents=True, exist_ok=True)
-    tmp = _file(host).with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(_file(host))
+def _load_held(path: Path, empty: dict) -> dict:
+    """PATH's data (EMPTY when missing); the caller holds statefile.locked(PATH). A corrupt file is kept aside and
+    CorruptBaseline raised."""
+    data, problem = _read(path)
+    if problem:
+        raise CorruptBaseline([(path, problem, statefile.keep_aside(path))])
+    return data if data is not None else empty
+
+
+def _load(path: Path, empty: dict) -> dict:
+    data, problem = _read(path)
+    if not problem:
+        return data if data is not None else empty
+    with statefile.locked(path):  # to keep it aside: read again under the lock (a writer may have replaced it)
+        return _load_held(path, empty)
+
+
+def load(host: str) -> dict:
+    """HOST's baselines file ({"host", "recorded", "history"}); CorruptBaseline (exit 2) when it is corrupt, after
+    keeping it aside: the next load finds no file."""
+    return _load(_file(host), {"host": host, "recorded": None, "history": []})
+
+
+def _salvage(path: Path, empty: dict) -> dict:
+    """For writes after the hosts ran: PATH's data, or (corrupt: kept aside, a warning on stderr) EMPTY. Holding
+    statefile.locked(PATH)."""
+    try:
+        return _load_held(path, empty)
+    except CorruptBaseline as exc:
+        for where, problem, kept in exc.found:
+            print(f"warning: baselines file {where} is corrupt ({problem}): kept aside as {kept}; "
+                  "a new file starts with this run", file=sys.stderr)
+        return empty
+
+
+def preflight(hosts, inv=None) -> None:
+    """Before any host is contacted: read every baselines file a run over HOSTS reads or writes (each host's own,
+    and those of its groups); keep each corrupt one aside and raise one CorruptBaseline naming them all."""
+    found = []
+    paths = {_file(host): {"host": host} for host in hosts}
+    for host in hosts:
+        for group in host_groups(inv, host):
+            paths.setdefault(_group_file(group), {"group": group})
+    for path, empty in paths.items():
+        try:
+            _load(path, empty)
+        except CorruptBaseline as exc:
+            found += exc.found
+    if found:
+        raise CorruptBaseline(found)
 
 
 def metrics_of(ladder: list) -> dict:
@@ -84,20 +170,16 @@ def _group_file(group: str) -> Path:
 
 
 def load_group(group: str) -> dict:
-    path = _group_file(group)
-    if not path.is_file():
-        return {"group": group, "recorded": None}
-    try:
-        return json.loads(path.read_text())
-    except ValueError:
-        return {"group": group, "recorded": None, "error": f"{path} is not valid JSON"}
+    """GROUP's baselines file ({"group", "recorded"}); CorruptBaseline (exit 2) when it is corrupt, after keeping it
+    aside."""
+    return _load(_group_file(group), {"group": group, "recorded": None})
 
 
 def _save_group(group: str, data: dict) -> None:
-    _group_file(group).parent.mkdir(parents=True, exist_ok=True)
-    tmp = _group_file(group).with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(_group_file(group))
+    path = _group_file(group)
+    with statefile.locked(path):
+        _salvage(path, {})  # a corrupt file is kept aside, never overwritten
+        statefile.write_json_atomic(path, data)
 
 
 def host_groups(inv, host: str) -> list:
@@ -191,8 +273,6 @@ def check_group(inv, name: str | None) -> None:
     """A UserError when --group NAME names no group of the inventory (or one that cannot hold a baseline)."""
     if name in (None, "*"):
         return
-    from rigbook.errors import UserError
-
     usable = sorted({g for h in inv.hosts for g in host_groups(inv, h)})
     if name not in usable:
         raise UserError(f"--group {name}: not a group that lists hosts in {inv.path} "
@@ -203,12 +283,15 @@ def record(host: str, ladder: list, run_dir: str) -> dict | None:
     metrics = metrics_of(ladder)
     if not metrics:
         return None
-    data = load(host)
-    data["recorded"] = {"at": time.strftime("%Y-%m-%d %H:%M:%S"), "metrics": metrics,
-                        "versions": versions_of(ladder), "run_dir": run_dir}
-    data.setdefault("history", []).append({"at": data["recorded"]["at"], "metrics": metrics,
-                                            "versions": data["recorded"]["versions"], "recorded": True})
-    _save(host, data)
+    path = _file(host)
+    with statefile.locked(path):
+        data = _salvage(path, {"host": host, "recorded": None, "history": []})
+        data["recorded"] = {"at": time.strftime("%Y-%m-%d %H:%M:%S"), "metrics": metrics,
+                            "versions": versions_of(ladder), "run_dir": run_dir}
+        data.setdefault("history", []).append({"at": data["recorded"]["at"], "metrics": metrics,
+                                                "versions": data["recorded"]["versions"], "recorded": True})
+        data["history"] = data["history"][-HISTORY_LIMIT:]
+        statefile.write_json_atomic(path, data)
     return data["recorded"]
 
 
@@ -216,11 +299,13 @@ def append_history(host: str, ladder: list, statuses: dict) -> bool:
     metrics = metrics_of(ladder)
     if not metrics:
         return False
-    data = load(host)
-    data.setdefault("history", []).append({"at": time.strftime("%Y-%m-%d %H:%M:%S"), "metrics": metrics,
-                                            "versions": versions_of(ladder), "statuses": statuses})
-    data["history"] = data["history"][-HISTORY_LIMIT:]
-    _save(host, data)
+    path = _file(host)
+    with statefile.locked(path):
+        data = _salvage(path, {"host": host, "recorded": None, "history": []})
+        data.setdefault("history", []).append({"at": time.strftime("%Y-%m-%d %H:%M:%S"), "metrics": metrics,
+                                                "versions": versions_of(ladder), "statuses": statuses})
+        data["history"] = data["history"][-HISTORY_LIMIT:]
+        statefile.write_json_atomic(path, data)
     return True
 
 
@@ -235,43 +320,62 @@ def groups_with_data() -> list:
     return sorted(p.stem for p in base.glob("*.json")) if base.is_dir() else []
 
 
-def _show_groups(console) -> None:
+def _say_corrupt(path: Path, problem: str) -> None:
+    print(f"error: baselines file {path} is corrupt ({problem}); left as it is here: the next run that reads it "
+          f"keeps it aside as {path.name}.corrupt-<UTC time> and stops once before contacting any host",
+          file=sys.stderr)
+
+
+def _show_groups(console) -> bool:
+    """Print each group baseline; False when one is corrupt (named on stderr, left in place)."""
+    sound = True
     for group in groups_with_data():
-        recorded = load_group(group).get("recorded") or {}
+        data, problem = _read(_group_file(group))
+        if problem:
+            _say_corrupt(_group_file(group), problem)
+            sound = False
+            continue
+        recorded = (data or {}).get("recorded") or {}
         figures = ", ".join(f"{k} {v}" for k, v in sorted((recorded.get("metrics") or {}).items()))
         console.print(f"group {group}: baseline of {recorded.get('at')} from host {recorded.get('from_host')} "
                       f"({figures or 'no figures'})")
+    return sound
 
 
 def show(hosts, stream, last: int = 8) -> int:
+    """Print the baselines with their history; read-only (a corrupt file is named, not moved). Exit 2 when a file
+    was corrupt, else 0."""
     from rich.table import Table
 
     from rigbook.display import make_console
 
     console = make_console(stream)
-    if not hosts:
-        _show_groups(console)
+    sound = _show_groups(console) if not hosts else True
     hosts = list(hosts) or hosts_with_data()
     if not hosts and groups_with_data():
-        return 0
+        return 0 if sound else 2
     if not hosts:
         console.print(f"no baselines yet under {_dir()} (record one with `provision baseline record -i INV`)")
         return 0
     for host in hosts:
-        data = load(host)
-        recorded = data.get("recorded")
+        data, problem = _read(_file(host))
+        if problem:
+            _say_corrupt(_file(host), problem)
+            sound = False
+            continue
+        recorded = (data or {}).get("recorded")
         if not recorded:
             console.print(f"{host}: no baseline recorded")
             continue
         versions = ", ".join(f"{k} {v}" for k, v in (recorded.get("versions") or {}).items()) or "versions unknown"
-        table = Table(title=f"{host}: baseline of {recorded['at']} ({versions})", title_justify="left")
+        table = Table(title=f"{host}: baseline of {recorded.get('at')} ({versions})", title_justify="left")
         table.add_column("metric")
         table.add_column("baseline", justify="right")
         table.add_column(f"last {last} runs (oldest first)")
         history = data.get("history") or []
-        for name, value in sorted(recorded["metrics"].items()):
+        for name, value in sorted((recorded.get("metrics") or {}).items()):
             trend = [h["metrics"].get(name) for h in history[-last:] if name in (h.get("metrics") or {})]
             cells = " ".join(f"{v:.2f}" if isinstance(v, (int, float)) else str(v) for v in trend)
             table.add_row(name, f"{value:.2f}" if isinstance(value, (int, float)) else str(value), cells)
         console.print(table)
-    return 0
+    return 0 if sound else 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 from pathlib import Path
 
@@ -63,12 +64,17 @@ def link_collection() -> Path:
     base = state_dir() / "collections"
     link = base / "ansible_collections" / COLLECTION_NAMESPACE / COLLECTION_NAME
     link.parent.mkdir(parents=True, exist_ok=True)
-    if link.is_symlink() and Path(os.readlink(link)) == root:
-        pass
-    else:
-        if link.is_symlink() or link.exists():
+    if not (link.is_symlink() and Path(os.readlink(link)) == root):
+        if link.exists() and not link.is_symlink():
             link.unlink()
-        link.symlink_to(root, target_is_directory=True)
+        # a new link under a unique name, then os.replace: two processes repointing it at once never collide
+        tmp = link.with_name(f".{link.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        tmp.symlink_to(root, target_is_directory=True)
+        try:
+            os.replace(tmp, link)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
     if str(base) not in sys.path:
         sys.path.insert(0, str(base))
     return base

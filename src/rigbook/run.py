@@ -8,13 +8,15 @@ import shlex
 import signal
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rigbook import paths
-from rigbook.errors import UserError
+from rigbook.errors import StateBusy, UserError
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_BUSY, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
+RUN_LOCK = "run.lock"
 
 
 @dataclass
@@ -170,6 +172,54 @@ def run_playbook(opts: RunOptions) -> int:
         from rigbook.baselines import check_group
 
         check_group(inv, opts.baseline_group)
+    with state_lock():  # held for the run's whole life; released on every way out (Ctrl-C included)
+        return _run_locked(opts, playbook, inventory, inv)
+
+
+def _command_line() -> str:
+    argv = list(sys.argv)
+    if argv and Path(argv[0]).name in ("provision", "__main__.py"):
+        argv[0] = "provision"
+    return shlex.join(argv)
+
+
+def _busy_message(state: Path, holder: dict) -> str:
+    if holder:
+        who = (f"pid {holder.get('pid', '?')}: {holder.get('command') or 'command unknown'}, "
+               f"since {holder.get('since', '?')}")
+    else:
+        who = "its pid and command line are not in the lock file yet"
+    return (f"another provision run is using the state directory {state} ({who}); nothing was started: wait for "
+            f"it to finish, or give this run a state directory of its own with RIGBOOK_STATE_DIR=DIR "
+            f"(lock file {state / RUN_LOCK})")
+
+
+@contextmanager
+def state_lock():
+    """The state directory's run lock (<state>/run.lock, fcntl) for the block; StateBusy (exit 4) naming the
+    other run when one holds it. Playbook runs take it; read-only commands never do."""
+    from rigbook import statefile
+
+    state = paths.state_dir()
+    info = {"pid": os.getpid(), "command": _command_line(),
+            "since": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "started": time.time()}
+    try:
+        with statefile.exclusive(state / RUN_LOCK, info):
+            yield
+    except statefile.Busy as busy:
+        raise StateBusy(_busy_message(state, busy.holder)) from None
+
+
+def _run_locked(opts: RunOptions, playbook: Path, inventory: Path, inv) -> int:
+    """run_playbook's part that holds the run lock: baselines, the run folder, ansible, the report."""
+    given = judged = None
+    if opts.baseline_mode in ("compare", "record"):
+        from rigbook import baselines
+
+        baselines.preflight(sorted(inv.hosts), inv)  # a corrupt file: kept aside, exit 2 before any host
+        if opts.baseline_mode == "compare":
+            given = baselines.extra_vars(sorted(inv.hosts), inv)
+            judged = baselines.judged_by(sorted(inv.hosts), given)
 
     import ansible_runner
 
@@ -191,13 +241,8 @@ def run_playbook(opts: RunOptions) -> int:
     }
     runs.save_record(run_dir, record)
     extra = list(opts.extra_vars) + [json.dumps({"rigbook_run_dir": str(run_dir)})]
-    judged = None
-    if opts.baseline_mode == "compare":
-        from rigbook import baselines
-
+    if given is not None:
         baseline_file = run_dir / "baselines.json"
-        given = baselines.extra_vars(sorted(inv.hosts), inv)
-        judged = baselines.judged_by(sorted(inv.hosts), given)
         baseline_file.write_text(json.dumps(given, indent=2))
         extra.append("@" + str(baseline_file))
     opts = RunOptions(**{**opts.__dict__, "extra_vars": extra})

@@ -20,7 +20,10 @@ def new_run_dir(playbook: Path) -> Path:
 
 
 def save_record(run_dir: Path, record: dict) -> None:
-    (run_dir / RECORD).write_text(json.dumps(record, indent=2, default=str) + "\n")
+    """Write RUN_DIR/run.json atomically: a run killed while writing it leaves the previous record, not half of one."""
+    from rigbook.statefile import write_json_atomic
+
+    write_json_atomic(run_dir / RECORD, record, default=str)
 
 
 def recent(limit: int = 20) -> list:
@@ -52,7 +55,7 @@ def print_recent(limit: int, stream) -> int:
     for r in records:
         hosts = r.get("hosts") or {}
         failed = sorted(h for h, e in hosts.items() if e.get("state") in ("failed", "unreachable"))
-        status = {0: "ok", 1: "failed", 2: "bad input", 3: "unreachable", 130: "interrupted"}.get(
+        status = {0: "ok", 1: "failed", 2: "bad input", 3: "unreachable", 4: "busy", 130: "interrupted"}.get(
             r.get("exit_code"), "unfinished"
         )
         extra = f"  failed: {', '.join(failed)}" if failed else ""

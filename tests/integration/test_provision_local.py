@@ -162,12 +162,20 @@ def test_ctrl_c_stops_ansible_cleanly(tmp_path):
     while time.time() < deadline and subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode:
         time.sleep(0.3)
     assert time.time() < deadline, "the slow task never started"
+    # a second run against the same state directory is refused at once, naming the first
+    second = provision("site.yml", "-i", "localhost", "--check", timeout=60)
+    assert second.returncode == 4, second.stderr
+    assert "another provision run is using the state directory" in second.stderr, second.stderr
+    assert f"pid {proc.pid}: provision {book} -i localhost" in second.stderr, second.stderr
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     time.sleep(1)
     leftovers = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
     assert not leftovers, f"ansible left {leftovers} running"
+    # the lock went with the interrupted run
+    after = provision("site.yml", "-i", "localhost", "--check", "--tags", "never-matches", timeout=120)
+    assert after.returncode == 0, after.stderr[-2000:]
 
 
 def test_runs_lists_recent_runs():

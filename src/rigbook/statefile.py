@@ -1,0 +1,154 @@
+"""Files of the state directory that several processes share: one place for how they are locked and written.
+
+- `locked(path)`: an exclusive fcntl lock (on `.NAME.lock` beside PATH) around every read-modify-write of PATH; it
+  waits for the holder, and the kernel drops it when the holding process dies.
+- `write_json_atomic(path, data)`: a unique temporary file in PATH's folder (tempfile.mkstemp), fsync, os.replace:
+  a reader sees the old file or the new one, never half of one, and two writers never share a temporary name.
+- `keep_aside(path)`: move a corrupt file to `NAME.corrupt-<UTC time>` (never over an earlier kept copy).
+- `exclusive(path, info)`: a lock that is not waited for (the run lock): `Busy` names the holder from the file.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import tempfile
+import time
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+NEW_FILE_MODE = 0o644
+
+
+def lock_path(path: Path) -> Path:
+    path = Path(path)
+    return path.with_name(f".{path.name}.lock")
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def locked(path):
+    """Hold PATH's lock (`.NAME.lock` beside it) for the block: serialises read-modify-writes of PATH between
+    processes and threads (flock: one lock per open file, so two holders in one process exclude each other too;
+    do not nest it for the same PATH)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_path(path), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, NEW_FILE_MODE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield path
+    finally:
+        os.close(fd)  # closing the only descriptor releases the lock
+
+
+def write_json_atomic(path, data, default=None) -> None:
+    """Write DATA as indented JSON to PATH: unique temporary file, fsync, os.replace, fsync of the folder. Keeps an
+    existing file's permissions (a new one gets 0644)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(data, indent=2, default=default) + "\n"
+    try:
+        mode = path.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        mode = NEW_FILE_MODE
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+def keep_aside(path) -> Path:
+    """Move PATH to `NAME.corrupt-YYYYMMDDTHHMMSSZ` beside it (`...Z-2`, `-3`, ... when that name is taken: an earlier
+    kept copy is never replaced) and return the new path. The bytes are not touched. Call it holding locked(PATH)."""
+    path = Path(path)
+    base = f"{path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+    number = 1
+    while True:
+        target = path.with_name(base if number == 1 else f"{base}-{number}")
+        number += 1
+        try:
+            os.link(path, target)  # fails when TARGET exists: no clobbering, no race with another keeper
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, errno.EXDEV):
+                raise
+            if target.exists() or target.is_symlink():  # a filesystem without hard links
+                continue
+            os.rename(path, target)
+        else:
+            os.unlink(path)
+        _fsync_dir(path.parent)
+        return target
+
+
+class Busy(Exception):
+    """exclusive(PATH) is held by another process; HOLDER is what it wrote into the file ({} when unreadable)."""
+
+    def __init__(self, path: Path, holder: dict):
+        super().__init__(f"{path} is held by {holder or 'another process'}")
+        self.path = path
+        self.holder = holder
+
+
+def _holder(fd: int) -> dict:
+    """The holder's details from the lock file; a holder that has just taken the lock may not have written them
+    yet: read again for up to half a second."""
+    for _ in range(10):
+        raw = os.pread(fd, 65536, 0)
+        try:
+            found = json.loads(raw.decode("utf-8"))
+        except ValueError:
+            found = None
+        if isinstance(found, dict):
+            return found
+        time.sleep(0.05)
+    return {}
+
+
+@contextmanager
+def exclusive(path, info: dict):
+    """Hold PATH's fcntl lock for the block without waiting: raises Busy (naming the holder) when another process
+    holds it. INFO (JSON-able) is written into the file while held and removed on release; the file's content is
+    only informational: a killed holder's lock dies with it, and its stale content blocks nobody."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, NEW_FILE_MODE)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise Busy(path, _holder(fd)) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(info) + "\n").encode("utf-8"), 0)
+        os.fsync(fd)
+        try:
+            yield path
+        finally:
+            with suppress(OSError):
+                os.ftruncate(fd, 0)  # still held here: the file never names a finished run as the holder
+    finally:
+        os.close(fd)

@@ -92,6 +92,66 @@ LAB_MARKS = [
 ]
 
 
+class LabHost:
+    """One running lab host as a test drives it: a root shell over its SSH, its boot count, a reboot."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    @property
+    def host(self):
+        from rigbook.lab import state
+
+        return state.load().host(self.name)
+
+    def run(self, command: str, check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:
+        """COMMAND as root on the host (sudo -n sh -c), as Ansible reaches it."""
+        import json
+        import shlex
+
+        from rigbook.lab import machine
+
+        proc = subprocess.run(machine.ssh_command(self.host, f"sudo -n sh -c {shlex.quote(command)}"),
+                              capture_output=True, text=True, timeout=timeout)
+        if check:
+            assert proc.returncode == 0, f"{self.name}: {json.dumps(command)}: {proc.stderr or proc.stdout}"
+        return proc
+
+    def out(self, command: str) -> str:
+        return self.run(command).stdout
+
+    def boots(self) -> int:
+        return int((self.host.dir / "boots").read_text())
+
+    def site(self, *args, inventory: str = "lab", timeout: int = 900) -> tuple:
+        """`provision site.yml -i INVENTORY --limit HOST --json ARGS`: (process, the host's summary entry, the
+        names of the tasks that changed it, seconds)."""
+        import json
+        import time
+
+        started = time.monotonic()
+        proc = provision("site.yml", "-i", inventory, "--limit", self.name, "--json", *args, timeout=timeout)
+        elapsed = time.monotonic() - started
+        summary = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
+        changed = [line.split(": ", 2)[2] for line in proc.stderr.splitlines()
+                   if line.strip().startswith("changed: ")]
+        return proc, summary.get("hosts", {}).get(self.name, {}), changed, elapsed
+
+    def reboot(self, timeout: float = 180) -> None:
+        """`systemctl reboot` on the host, then wait until it booted again and its sshd answers."""
+        import time
+
+        from rigbook.lab import machine
+
+        count = self.boots()
+        subprocess.run(machine.ssh_command(self.host, "sudo -n systemctl reboot"), capture_output=True, timeout=60)
+        deadline = time.monotonic() + timeout
+        while self.boots() == count:
+            assert time.monotonic() < deadline, f"{self.name} did not reboot"
+            time.sleep(0.5)
+        machine.wait_ready([self.host], timeout=timeout)
+
+
 def leftovers() -> list:
     """Anything of this state directory's lab still running, mounted or in the cgroup tree."""
     from rigbook.lab import state, tracking

@@ -12,16 +12,11 @@ booted kernel's P2P config) stay at the evidence boundary: the host's recorded t
 from __future__ import annotations
 
 import json
-import shlex
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import yaml
-from helpers import LAB_MARKS, REPO, provision
-
-from rigbook.lab import machine, state
+from helpers import LAB_MARKS, REPO, LabHost, provision
 
 pytestmark = [*LAB_MARKS, pytest.mark.usefixtures("fresh_lab")]
 HOST = "lab-r9700"
@@ -33,15 +28,11 @@ REBOOT_TASK = "Reboot once into the new kernel, driver and boot target"
 EVIDENCE = "/var/lib/rigbook-lab/evidence"
 
 
-def host():
-    return state.load().host(HOST)
+LAB = LabHost(HOST)
 
 
 def on_host(command: str, check: bool = True) -> str:
-    # shlex.quote: the remote login shell must not expand ${Package} and the like
-    proc = subprocess.run(machine.ssh_command(host(), f"sudo -n sh -c {shlex.quote(command)}"), capture_output=True,
-                          text=True, timeout=600)
-    assert not check or proc.returncode == 0, proc.stderr + proc.stdout
+    proc = LAB.run(command, check)
     return proc.stdout if check else proc
 
 
@@ -54,17 +45,9 @@ def host_state() -> str:
                    "id rigbook; cat /etc/group; true")
 
 
-def site(*args, timeout=900):
-    started = time.monotonic()
-    proc = provision("site.yml", "-i", "lab", "--limit", HOST, "--json", *args, timeout=timeout)
-    elapsed = time.monotonic() - started
-    summary = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
-    changed = [line.split(": ", 2)[2] for line in proc.stderr.splitlines() if line.strip().startswith("changed: ")]
-    return proc, summary.get("hosts", {}).get(HOST, {}), changed, elapsed
-
-
-def boots() -> int:
-    return int((host().dir / "boots").read_text())
+site = LAB.site
+boots = LAB.boots
+reboot_host = LAB.reboot
 
 
 def ladder(summary) -> dict:
@@ -156,16 +139,6 @@ def test_apt_upgrade_does_not_move_the_pinned_rocm():
     assert after == before and f"rocm-core {ROCM_CORE}" in after, after
     refused = on_host("DEBIAN_FRONTEND=noninteractive apt-get -y -q install amdgpu-dkms", check=False)
     assert refused.returncode != 0 and "amdgpu-dkms" in refused.stderr + refused.stdout, refused.stdout
-
-
-def reboot_host():
-    count = boots()
-    subprocess.run(machine.ssh_command(host(), "sudo -n systemctl reboot"), capture_output=True, timeout=60)
-    deadline = time.monotonic() + 180
-    while boots() == count:
-        assert time.monotonic() < deadline, "the lab host did not reboot"
-        time.sleep(0.5)
-    machine.wait_ready([host()], timeout=180)
 
 
 def test_kernel_upgrade_made_default_is_caught_and_restored(lab_artifacts):

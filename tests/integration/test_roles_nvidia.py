@@ -12,15 +12,11 @@ Tests run in file order against the session's lab while it is fresh (fixture `fr
 from __future__ import annotations
 
 import json
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import yaml
-from helpers import LAB_MARKS, REPO, provision
-
-from rigbook.lab import machine, state
+from helpers import LAB_MARKS, REPO, LabHost, provision
 
 # The session's lab (tests/integration/conftest.py) while it is fresh: these tests run right after the `lab up`
 # checks, before anything else converges or reboots a host, and converge lab-3080 themselves.
@@ -28,17 +24,14 @@ pytestmark = [*LAB_MARKS, pytest.mark.usefixtures("fresh_lab")]
 PINS = yaml.safe_load((REPO / "inventory/lab/group_vars/x99_3080.yml").read_text())["rigbook_pins"]
 WHEEL_DIR = Path(PINS["cuda_toolchain"]["wheel_dir"])
 UPGRADE_KERNEL = "6.1.0-50-amd64"
+KERNEL = PINS["kernel"]["release"]
+EVIDENCE = "/var/lib/rigbook-lab/evidence"
 
 
-def host():
-    return state.load().host("lab-3080")
-
-
-def on_host(command: str) -> str:
-    proc = subprocess.run(machine.ssh_command(host(), f"sudo -n sh -c {json.dumps(command)}"), capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
+LAB = LabHost("lab-3080")
+site = LAB.site
+boots = LAB.boots
+on_host = LAB.out
 
 
 def host_state() -> str:
@@ -46,19 +39,6 @@ def host_state() -> str:
     return on_host("dpkg-query -W -f='${Package} ${Version} ${db:Status-Abbrev}\\n'; apt-mark showhold; "
                    "ls -la /etc/default/grub.d /etc/modprobe.d /etc/apt/preferences.d /usr/src /opt /etc/rigbook "
                    "/var/lib/rigbook /boot 2>&1; systemctl get-default; ls /var/lib/dkms 2>&1; true")
-
-
-def site(*args, timeout=900):
-    started = time.monotonic()
-    proc = provision("site.yml", "-i", "lab", "--limit", "lab-3080", "--json", *args, timeout=timeout)
-    elapsed = time.monotonic() - started
-    summary = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
-    changed = [line.split(": ", 2)[2] for line in proc.stderr.splitlines() if line.strip().startswith("changed: ")]
-    return proc, summary.get("hosts", {}).get("lab-3080", {}), changed, elapsed
-
-
-def boots() -> int:
-    return int((host().dir / "boots").read_text())
 
 
 def test_check_diff_on_a_fresh_host_changes_nothing(lab_artifacts):
@@ -127,18 +107,43 @@ def test_converge_then_rerun_changes_nothing(lab_artifacts):
     print(f"converge {first:.1f} s, converged re-run {again:.1f} s")
 
 
-def test_kernel_upgrade_builds_for_it_and_reboots_once(lab_artifacts):
+def test_kernel_upgrade_boots_without_the_fork_is_caught_and_repaired(lab_artifacts):
+    """The seed 004 owner's worst fear, on the NVIDIA box, as a user meets it: a baseline recorded, an upgrade pulls
+    a newer kernel image (without its headers, so DKMS cannot build the fork for it) and the box boots it; verify
+    says the fork is not built for the running kernel; site.yml builds it for every installed kernel, puts the
+    pinned kernel back as the default and reboots once; the ladder passes against the baseline; then changed=0."""
+    record = provision("baseline", "record", "-i", "lab", "--limit", LAB.name, timeout=600)
+    assert record.returncode == 0, record.stdout[-2000:] + record.stderr[-2000:]
+
     on_host(f"DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
-            f"linux-image-{UPGRADE_KERNEL} linux-headers-{UPGRADE_KERNEL}")
+            f"linux-image-{UPGRADE_KERNEL}")
+    on_host(f"sed -i 's/with Linux {KERNEL}\"/with Linux {UPGRADE_KERNEL}\"/' /etc/default/grub.d/rigbook.cfg")
+    LAB.reboot()
+    assert on_host(f"cat {EVIDENCE}/proc/sys/kernel/osrelease").strip() == UPGRADE_KERNEL
+    assert LAB.run(f"modinfo -k {UPGRADE_KERNEL} -n nvidia", check=False).returncode != 0
+
+    verify = provision("verify", "-i", "lab", "--limit", LAB.name, "--json", timeout=600)
+    assert verify.returncode == 1, verify.stdout[-2000:] + verify.stderr[-2000:]
+    assert "kernel_state: fail:" in verify.stderr, verify.stderr[-3000:]
+    assert (f"running kernel {UPGRADE_KERNEL}, pinned {KERNEL}; the P2P driver fork is not built for the running "
+            f"kernel (no nvidia module under lib/modules/{UPGRADE_KERNEL})") in verify.stderr, verify.stderr[-3000:]
+
     before = boots()
     proc, summary, changed, _ = site()
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert boots() == before + 1  # exactly one reboot
-    allowed = {"Build and install the fork through DKMS for every installed kernel",
-               "Record which kernels carry the fork", "Reboot once into the new kernel, driver and boot target"}
-    assert "Record which kernels carry the fork" in changed and set(changed) <= allowed, changed
-    status = on_host("dkms status")
-    assert f"nvidia/615.71.09, {UPGRADE_KERNEL}, x86_64: installed" in status, status
-    assert on_host(f"modinfo -k {UPGRADE_KERNEL} -n nvidia").strip().endswith("/updates/dkms/nvidia.ko")
+    repair = {"Install DKMS and the headers of every installed kernel",
+              "Build and install the fork through DKMS for every installed kernel",
+              "Record which kernels carry the fork", "Put the command line and default entry in the GRUB drop-in",
+              "Reboot once into the new kernel, driver and boot target"}
+    assert {"Build and install the fork through DKMS for every installed kernel",
+            "Put the command line and default entry in the GRUB drop-in"} <= set(changed) <= repair, changed
+    assert on_host(f"cat {EVIDENCE}/proc/sys/kernel/osrelease").strip() == KERNEL
+    assert f"nvidia/615.71.09, {UPGRADE_KERNEL}, x86_64: installed" in on_host("dkms status")
     ladder = {v["layer"]: v["status"] for v in summary["ladder"]}
-    assert ladder["kernel_state"] == "pass", summary["ladder"]  # GRUB_DEFAULT keeps the pinned kernel booted
+    assert set(ladder.values()) <= {"pass", "warn"} and ladder["serving"] == "pass", summary["ladder"]
+    assert summary.get("baseline_source") == f"host {LAB.name}", summary
+
+    proc, summary, changed, _ = site()
+    assert proc.returncode == 0 and summary["changed"] == 0 and changed == [], changed
+    assert boots() == before + 1

@@ -214,6 +214,20 @@ def test_kernel_upgrade_and_lost_cmdline_flags_fail_kernel_state():
     assert "lacks intel_iommu=on iommu=pt" in verdict["why"]
 
 
+def test_an_unpinned_running_kernel_says_whether_the_p2p_fork_is_built_for_it():
+    ev = x3080_evidence()
+    ev["kernel"]["release"] = "7.0.0-40-generic"
+    ev["nvidia"] = {"module_files": []}
+    why = L.judge_kernel_state(ev, X3080)["why"]
+    assert ("running kernel 7.0.0-40-generic, pinned 7.0.0-31-generic; the P2P driver fork is not built for the "
+            "running kernel (no nvidia module under lib/modules/7.0.0-40-generic)") in why, why
+    ev["nvidia"] = {"module_files": ["updates/dkms/nvidia.ko"]}
+    why = L.judge_kernel_state(ev, X3080)["why"]
+    assert "an nvidia module is installed for it (updates/dkms/nvidia.ko)" in why and "not built" not in why
+    ev.pop("nvidia")  # not read (a replayed tree without the part): nothing claimed either way
+    assert "fork" not in L.judge_kernel_state(ev, X3080)["why"]
+
+
 def test_broadwell_host_bridge_needs_the_patched_kernel_allowance():
     profile = copy.deepcopy(R9700)
     del profile["pins"]["kernel"]["p2pdma_allow"]

@@ -284,6 +284,17 @@ def judge_dma_window(evidence, profile):
     return found.verdict(layer, measured, expected, ok_text="every GPU BAR is within its peers' DMA reach")
 
 
+def _fork_for(evidence, vendor, release):
+    """What an unpinned running kernel means for the NVIDIA P2P driver: whether the fork is built for it."""
+    nvidia = evidence.get("nvidia") or {}
+    if vendor != "nvidia" or "module_files" not in nvidia:
+        return ""
+    if not nvidia.get("module_files"):
+        return ("; the P2P driver fork is not built for the running kernel (no nvidia module under "
+                "lib/modules/%s): P2P is gone until the fork is built for it or the pinned kernel boots" % release)
+    return "; an nvidia module is installed for it (%s)" % ", ".join(nvidia["module_files"])
+
+
 def judge_kernel_state(evidence, profile):
     """Running kernel and cmdline as pinned; P2PDMA built and allowed (AMD); uvm HMM off with iommu=pt."""
     layer = "kernel_state"
@@ -301,7 +312,7 @@ def judge_kernel_state(evidence, profile):
         expected["release"] = pin["release"]
         if release is not None and release != pin["release"]:
             found.problem(
-                "running kernel %s, pinned %s" % (release, pin["release"]),
+                "running kernel %s, pinned %s%s" % (release, pin["release"], _fork_for(evidence, vendor, release)),
                 "Boot the pinned kernel (GRUB default entry) or re-run provision so the kernel role "
                 "and the driver build follow the new kernel, then update the pin.",
             )

@@ -16,6 +16,7 @@ from rigbook.tracker import Tracker
 STATE_STYLE = {
     "waiting": "dim",
     "running": "cyan",
+    "interrupted": "red",
     "ok": "green",
     "changed": "yellow",
     "failed": "bold red",
@@ -123,6 +124,9 @@ def print_summary(tracker: Tracker, console: Console, run_dir) -> None:
             console.print(Text(f"{name}: FAILED at task '{failure['task']}': {failure['msg']}", style="red"))
         if h.reboot_requested:
             console.print(f"{name}: a reboot is needed")
+        if h.interrupted_in:
+            console.print(Text(f"{name}: INTERRUPTED in task '{h.interrupted_in}': run the same command again; "
+                               "each role checks the host first and finishes what was cut short", style="red"))
     for error in tracker.errors:
         console.print(Text(error, style="red"))
     if run_dir:

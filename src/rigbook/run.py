@@ -301,6 +301,7 @@ def _run_locked(opts: RunOptions, playbook: Path, inventory: Path, inv) -> int:
 
     if interrupted["flag"] or runner.status == "canceled":
         code = EXIT_INTERRUPTED
+        tracker.interrupt()
     elif tracker.stats is None and runner.rc != 0:
         code = EXIT_USAGE
         tracker.errors.extend(_ansible_errors(runner))

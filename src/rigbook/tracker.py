@@ -17,6 +17,7 @@ class HostState:
     failures: list = field(default_factory=list)  # {"task", "action", "msg"}
     ladder: list = field(default_factory=list)  # verdict dicts from the ladder module's runs
     reboot_requested: bool = False
+    interrupted_in: str = ""  # the task a Ctrl-C cut short on this host
 
 
 def _verdicts(res) -> list:
@@ -139,6 +140,13 @@ class Tracker:
             else:
                 h.state = "ok"
 
+    def interrupt(self) -> None:
+        """The run was stopped (Ctrl-C): a host still running is marked interrupted, in the task it was in."""
+        for h in self.hosts.values():
+            if h.state == "running" or (h.state == "waiting" and h.task):
+                h.state = "interrupted"
+                h.interrupted_in = h.task or self.task
+
     def exit_code(self) -> int:
         """0 fine, 1 a host failed, 3 only unreachable hosts (caller handles 2 and 130)."""
         states = [h.state for h in self.hosts.values()]
@@ -160,5 +168,7 @@ class Tracker:
                 entry["ladder"] = h.ladder
             if h.reboot_requested:
                 entry["reboot_requested"] = True
+            if h.interrupted_in:
+                entry["interrupted_in"] = h.interrupted_in
             hosts[name] = entry
         return hosts

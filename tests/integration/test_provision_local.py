@@ -170,6 +170,7 @@ def test_ctrl_c_stops_ansible_cleanly(tmp_path):
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
+    assert "localhost: INTERRUPTED in task 'Sleep': run the same command again" in out, out[-2000:]
     time.sleep(1)
     leftovers = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
     assert not leftovers, f"ansible left {leftovers} running"

@@ -1,0 +1,115 @@
+"""A second identical box, on the lab (marker: lab): three hosts, two of them 3080 twins, one of the twins started
+bare and bootstrapped, both twins converged by one site.yml run in parallel, their manifests diffed, and the twin
+with no baseline of its own held to the first box's group baseline.
+
+The issue's measured failure is the starting point: twins share the lab's apt archive cache (as two boxes behind one
+apt proxy share a mirror), so the second twin's kernel install met "Could not get lock /var/cache/apt/archives/lock"
+while the first one installed. Here the first twin also has its dpkg lock held at the start (as unattended-upgrades
+holds it for minutes after a fresh boot): rigbook's package runs wait for both.
+
+The test keeps its own state directory (RIGBOOK_STATE_DIR under tmp_path): no baseline or run of the session's lab
+leaks into the twins' judgement. It takes the session's lab down first and its own lab down at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+
+import pytest
+from helpers import LAB_MARKS, LabHost, leftovers, provision
+
+pytestmark = LAB_MARKS
+FIRST, TWIN, GROUP = "lab-3080", "lab-3080-2", "x99_3080"
+HOLD_S = 45
+HOLDER = ("import fcntl, time\n"
+          "f = open('/var/lib/dpkg/lock-frontend', 'w')\n"
+          "fcntl.lockf(f, fcntl.LOCK_EX)\n"
+          "open('/run/rigbook-test-hold', 'w').write('held')\n"
+          f"time.sleep({HOLD_S})\n"
+          "open('/run/rigbook-test-released', 'w').write(time.strftime('%Y-%m-%d %H:%M:%S'))\n")
+
+
+@pytest.fixture
+def twins_lab(lab_last, lab_artifacts, tmp_path, monkeypatch):
+    """Three lab hosts (x99-3080, x99-r9700, x99-3080) in a state directory of the test's own, the second 3080
+    started bare; yields the generated inventory's path. Takes the lab down at the end."""
+    down = provision("lab", "down")
+    assert down.returncode == 0, down.stdout + down.stderr
+    monkeypatch.setenv("RIGBOOK_STATE_DIR", str(tmp_path / "state"))
+    up = provision("lab", "up", "--hosts", "3", "--profile", "x99-3080", "x99-r9700", "x99-3080", "--bare", TWIN,
+                   timeout=900)
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        yield str(tmp_path / "state/lab/inventory")
+    finally:
+        down = provision("lab", "down")
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert leftovers() == []
+
+
+def bootstrap(inventory: str, *args) -> object:
+    password = (LabHost(TWIN).host.dir / "admin-password").read_text().strip()
+    return provision("bootstrap", TWIN, "-i", inventory, "--user", "admin", *args,
+                     env={**os.environ, "RIGBOOK_BOOTSTRAP_PASSWORD": password}, timeout=300)
+
+
+def test_two_twins_converge_in_parallel_diff_clean_and_the_twin_is_held_to_the_group_baseline(twins_lab):
+    inventory = twins_lab
+    first, twin = LabHost(FIRST), LabHost(TWIN)
+
+    # the bare twin: refused while its host key is unknown, then bootstrapped with the key accepted explicitly
+    refused = bootstrap(inventory)
+    assert refused.returncode != 0 and "SHA256:" in refused.stderr, refused.stdout + refused.stderr
+    done = bootstrap(inventory, "--accept-new-host-key")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    # unattended-upgrades on the first twin: its dpkg lock held when the run starts
+    first.run(f"systemd-run --unit=rigbook-test-hold-dpkg /usr/bin/python3 -c {json.dumps(HOLDER)}")
+    deadline = time.monotonic() + 30
+    while first.run("test -e /run/rigbook-test-hold", check=False).returncode != 0:
+        assert time.monotonic() < deadline, "the lock holder did not start"
+        time.sleep(0.3)
+
+    started = time.monotonic()
+    site = provision("site.yml", "-i", inventory, "--limit", GROUP, "--json", timeout=1800)
+    elapsed = time.monotonic() - started
+    assert site.returncode == 0, site.stdout[-3000:] + site.stderr[-3000:]
+    summary = json.loads(site.stdout)["hosts"]
+    assert {summary[h]["failed"] for h in (FIRST, TWIN)} == {0}, summary
+    # both converged by the one run: each got the pinned kernel and its one reboot
+    assert first.boots() == 2 and twin.boots() == 2
+    # the first twin's kernel install waited for the held lock instead of failing
+    released = first.out("cat /run/rigbook-test-released").strip()
+    installs = re.findall(r"^(\S+ \S+) install linux-image-", first.out("cat /var/log/dpkg.log"), re.M)
+    assert installs and min(installs) >= released, (released, installs)
+    print(f"site.yml converged both twins in {elapsed:.0f} s")
+
+    manifest = provision("manifest", "-i", inventory, "--limit", GROUP, timeout=600)
+    assert manifest.returncode == 0, manifest.stdout[-2000:] + manifest.stderr[-2000:]
+    diff = provision("diff", FIRST, TWIN, "--json")
+    assert diff.returncode == 0, diff.stdout[-3000:] + diff.stderr[-3000:]
+    result = json.loads(diff.stdout)
+    assert result["pinned"] == {}, result["pinned"]
+    unique = {row["item"] for row in result["unique"]}
+    assert {"host.hostname", "host.machine_id", "bind.etc/systemd/system/rigbook-serve-standin.service"} <= unique
+    assert result["same"] > 20
+
+    # the first box's figures as the group's baseline; the twin has none of its own
+    record = provision("baseline", "record", "-i", inventory, "--limit", FIRST, "--group", timeout=600)
+    assert record.returncode == 0, record.stdout[-2000:] + record.stderr[-2000:]
+    healthy = provision("verify", "-i", inventory, "--limit", TWIN, "--json", timeout=600)
+    assert healthy.returncode == 0, healthy.stdout[-2000:] + healthy.stderr[-2000:]
+    assert json.loads(healthy.stdout)["hosts"][TWIN]["baseline_source"] == f"group {GROUP}"
+
+    broke = provision("lab", "break", TWIN, "busbw-half")
+    assert broke.returncode == 0, broke.stdout + broke.stderr
+    halved = provision("verify", "-i", inventory, "--limit", TWIN, "--json", timeout=600)
+    assert halved.returncode == 1, halved.stdout[-2000:] + halved.stderr[-2000:]
+    host = json.loads(halved.stdout)["hosts"][TWIN]
+    assert host["baseline_source"] == f"group {GROUP}", host
+    failed = [v for v in host["ladder"] if v["status"] == "fail"]
+    assert [v["layer"] for v in failed] == ["collectives"], host["ladder"]
+    assert "baseline" in failed[0]["why"], failed[0]

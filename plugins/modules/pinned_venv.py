@@ -123,6 +123,11 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+lock_waited_s:
+  description: Seconds this run waited for another build of the same path to finish (one a run cut short left
+    running on the host); 0 when none held the lock, and in check mode.
+  returned: always
+  type: float
 path:
   description: The venv directory (C({patch_set}) replaced).
   returned: always
@@ -167,7 +172,7 @@ import shutil
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.rigbook.homelab.plugins.module_utils import patch_set
+from ansible_collections.rigbook.homelab.plugins.module_utils import build_lock, patch_set
 from ansible_collections.rigbook.homelab.plugins.module_utils.file_digest import sha256_of
 
 STAMP = ".rigbook-venv.json"
@@ -359,12 +364,14 @@ def main():
                            for x in p["patches"]])
     set_id = patch_set.set_id(["%s:%s" % (os.path.basename(x["path"]), x["sha256"].lower()) for x in p["patches"]])
     venv = p["path"] = p["path"].replace("{patch_set}", set_id).rstrip("/")
+    # an install a cut-short run left running finishes first; then its stamp is read
+    waited = 0.0 if module.check_mode else build_lock.hold(venv)
     stamp = old_stamp = read_stamp(venv)
     site = site_packages(venv)
     dists = installed(site)
     reasons = reasons_for(p, venv, wanted, stamp, dists)
     result = dict(changed=bool(reasons), path=venv, reasons=reasons, patch_set=set_id, patches_applied=[], import_output="",
-                  stamp=stamp or {})
+                  stamp=stamp or {}, lock_waited_s=waited)
     if missing:
         result["msg"] = "not on the host yet (check mode): %s" % ", ".join(missing)
     if reasons and not module.check_mode:

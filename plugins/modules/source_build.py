@@ -139,6 +139,11 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+lock_waited_s:
+  description: Seconds this run waited for another build of the same path to finish (one a run cut short left
+    running on the host); 0 when none held the lock, and in check mode.
+  returned: always
+  type: float
 prefix:
   description: The install prefix of this build.
   returned: always
@@ -187,7 +192,7 @@ import tempfile
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.rigbook.homelab.plugins.module_utils import patch_set
+from ansible_collections.rigbook.homelab.plugins.module_utils import build_lock, patch_set
 from ansible_collections.rigbook.homelab.plugins.module_utils.file_digest import sha256_of
 
 STAMP = ".rigbook-build.json"
@@ -400,6 +405,8 @@ def main():
     patches_id = b.patch_set()
     prefix = os.path.join(p["prefix_root"], "%s-%s" % (p["version"], patches_id))
     wanted = b.identity(prefix)
+    if not check:  # a build a cut-short run left running finishes first; then its stamp is read
+        result_waited = build_lock.hold(prefix, b.note)
     stamp = old_stamp = b.read_stamp(prefix)
     reasons = b.reasons(prefix, wanted, stamp)
     link_path = os.path.join(p["prefix_root"], p["link"]) if p["link"] else None
@@ -410,6 +417,7 @@ def main():
                          % (link_path, prefix))
     link_changed = bool(link_path) and link_now != link_target
     result = dict(changed=False, prefix=prefix, patch_set=patches_id, built=bool(reasons), reasons=reasons,
+                  lock_waited_s=0.0 if check else result_waited,
                   link_changed=link_changed, patches_checked=[], progress=b.progress, stamp=stamp or {})
     if missing:  # check mode only: the tasks before this one did not fetch them
         result.update(changed=True, built=True, link_changed=bool(link_path),

@@ -121,7 +121,8 @@ def print_summary(tracker: Tracker, console: Console, run_dir) -> None:
         if h.ladder:
             print_ladder(console, name, h.ladder)
         for failure in h.failures:
-            console.print(Text(f"{name}: FAILED at task '{failure['task']}': {failure['msg']}", style="red"))
+            what = "UNREACHABLE" if failure.get("unreachable") else "FAILED"
+            console.print(Text(f"{name}: {what} at task '{failure['task']}': {failure['msg']}", style="red"))
         if h.reboot_requested:
             console.print(f"{name}: a reboot is needed")
         if h.interrupted_in:

@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 COUNTERS = ("ok", "changed", "failed", "unreachable", "skipped")
+UNREACHABLE_HINT = ("the connection to the host was lost mid-run: once it answers SSH again, run the same command; "
+                    "each role checks the host first and finishes what was cut short")
+REBOOT_HINT = ("the host did not come back within rigbook_reboot_timeout after the reboot: look at its console "
+               "(firmware, a kernel that does not boot, sshd not starting), then run the same command again")
 
 
 @dataclass
@@ -105,16 +109,21 @@ class Tracker:
         h.ladder.extend(_verdicts(res))
         if isinstance(res, dict) and res.get("reboot_required"):
             h.reboot_requested = True
+        action = data.get("task_action", "")
         if kind == "runner_on_unreachable":
             h.state = "unreachable"
-            h.failures.append({"task": task, "action": data.get("task_action", ""), "msg": _message(res)})
-            return ("unreachable", host_name, f"{task}: {_message(res)}")
+            msg = f"{_message(res)} ({UNREACHABLE_HINT})"
+            h.failures.append({"task": task, "action": action, "msg": msg, "unreachable": True})
+            return ("unreachable", host_name, f"{task}: {msg}")
         if kind == "runner_on_failed":
             if data.get("ignore_errors"):
                 return ("ignored", host_name, f"{task}: {_message(res)}")
             h.state = "failed"
-            h.failures.append({"task": task, "action": data.get("task_action", ""), "msg": _message(res)})
-            return ("failed", host_name, f"{task}: {_message(res)}")
+            msg = _message(res)
+            if action.endswith("reboot") and "timed out" in msg.lower():
+                msg = f"{msg} ({REBOOT_HINT})"
+            h.failures.append({"task": task, "action": action, "msg": msg})
+            return ("failed", host_name, f"{task}: {msg}")
         if kind == "runner_on_skipped":
             return ("skipped", host_name, task)
         changed = bool(res.get("changed")) if isinstance(res, dict) else False

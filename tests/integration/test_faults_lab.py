@@ -1,0 +1,89 @@
+"""Runs that survive faults, on the converged lab (marker: lab): the SSH connection lost in the middle of a long
+build, and a reboot that never comes back. Each run ends with the host and the step named; nothing half-built stays
+(the build a cut-short run left running on the host is waited for, not raced), and the same command run again
+converges.
+
+The faults are real on the lab host: its sshd is stopped (every session with it), and the reboot comes up without
+sshd (the unit masked). The tests reach the host without SSH (nsenter into the container) to bring sshd back, as a
+user would at the box's console.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+from helpers import LAB_MARKS, LabHost, provision_argv
+
+from rigbook.lab import machine
+
+pytestmark = [*LAB_MARKS, pytest.mark.usefixtures("converged_lab")]
+LAB = LabHost("lab-r9700")
+BUILD_STAMP = "/opt/rigbook/rccl/current/.rigbook-build.json"
+BUILD_TASK = "Wait for the RCCL build"
+REBOOT_TASK = "Reboot once into the new kernel, driver and boot target"
+
+
+def sshd_back() -> None:
+    """At the host's console: sshd unmasked and started, then wait until it answers."""
+    proc = LAB.console("systemctl unmask ssh.service >/dev/null 2>&1; systemctl start ssh.service")
+    assert proc.returncode == 0, proc.stderr
+    machine.wait_ready([LAB.host], timeout=120)
+
+
+def converged_again() -> dict:
+    proc, summary, changed, _ = LAB.site()
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert set(v["status"] for v in summary["ladder"]) <= {"pass", "warn"}, summary["ladder"]
+    return summary
+
+
+def test_ssh_lost_during_the_rccl_build_is_named_and_a_rerun_finishes_the_build():
+    LAB.run(f"rm {BUILD_STAMP}")  # the build is no longer known good: site.yml rebuilds it (a long async task)
+    run = subprocess.Popen(provision_argv("site.yml", "-i", "lab", "--limit", LAB.name, "--json"),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    try:
+        for line in run.stderr:
+            seen.append(line)
+            if BUILD_TASK in line:
+                break
+        assert any(BUILD_TASK in line for line in seen), "".join(seen[-40:])
+        time.sleep(2)
+        stopped = LAB.console("systemctl stop ssh.service; pkill -KILL -x sshd; true")
+        assert stopped.returncode == 0, stopped.stderr
+        out, err = run.communicate(timeout=600)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    err = "".join(seen) + err
+    assert run.returncode == 3, err[-3000:]  # only unreachable hosts
+    summary = json.loads(out)["hosts"][LAB.name]
+    assert summary["state"] == "unreachable" and summary["failures"][0]["task"] == BUILD_TASK, summary
+    assert f"{LAB.name}: UNREACHABLE at task '{BUILD_TASK}'" in err, err[-3000:]
+    assert "once it answers SSH again, run the same command" in err, err[-3000:]
+
+    sshd_back()
+    converged_again()
+    stamp = json.loads(LAB.out(f"cat {BUILD_STAMP}"))
+    assert stamp["files"], stamp  # a whole build: its checked files are stamped
+    assert LAB.run("pgrep -f 'cmake --build'", check=False).returncode == 1  # no build left running
+
+
+def test_a_reboot_that_never_comes_back_is_named_and_a_rerun_converges():
+    LAB.run("systemctl mask ssh.service")  # the next boot comes up without sshd
+    boots = LAB.boots()
+    proc, summary, _changed, _ = LAB.site("-e", "rigbook_reboot_required=true", "-e", "rigbook_reboot_timeout=20",
+                                          "--skip-tags", "ladder")
+    out = proc.stdout + proc.stderr
+    try:
+        assert proc.returncode == 1, out[-3000:]
+        assert LAB.boots() == boots + 1  # it did reboot; it only never answered
+        assert summary["failures"][0]["task"] == REBOOT_TASK, summary
+        assert f"{LAB.name}: FAILED at task '{REBOOT_TASK}'" in proc.stderr + proc.stdout, out[-3000:]
+        assert "did not come back within rigbook_reboot_timeout" in out, out[-3000:]
+    finally:
+        sshd_back()
+    converged_again()

@@ -1,7 +1,7 @@
 """Runs that survive faults, on the converged lab (marker: lab): the SSH connection lost in the middle of a long
-build, and a reboot that never comes back. Each run ends with the host and the step named; nothing half-built stays
-(the build a cut-short run left running on the host is waited for, not raced), and the same command run again
-converges.
+build, Ctrl-C in the middle of it, and a reboot that never comes back. Each run ends with the host and the step
+named; nothing half-built stays (the build a cut-short run left running on the host is waited for, not raced), and
+the same command run again converges.
 
 The faults are real on the lab host: its sshd is stopped (every session with it), and the reboot comes up without
 sshd (the unit masked). The tests reach the host without SSH (nsenter into the container) to bring sshd back, as a
@@ -11,6 +11,7 @@ user would at the box's console.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import time
 
@@ -40,7 +41,9 @@ def converged_again() -> dict:
     return summary
 
 
-def test_ssh_lost_during_the_rccl_build_is_named_and_a_rerun_finishes_the_build():
+def cut_short(action) -> tuple:
+    """A site.yml run that must rebuild RCCL (its build stamp removed), cut short by ACTION(process) two seconds
+    into the wait for the build; (exit code, the JSON summary's host entry or None, stdout + stderr)."""
     LAB.run(f"rm {BUILD_STAMP}")  # the build is no longer known good: site.yml rebuilds it (a long async task)
     run = subprocess.Popen(provision_argv("site.yml", "-i", "lab", "--limit", LAB.name, "--json"),
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -52,24 +55,43 @@ def test_ssh_lost_during_the_rccl_build_is_named_and_a_rerun_finishes_the_build(
                 break
         assert any(BUILD_TASK in line for line in seen), "".join(seen[-40:])
         time.sleep(2)
-        stopped = LAB.console("systemctl stop ssh.service; pkill -KILL -x sshd; true")
-        assert stopped.returncode == 0, stopped.stderr
+        action(run)
         out, err = run.communicate(timeout=600)
     finally:
         if run.poll() is None:
             run.kill()
-    err = "".join(seen) + err
-    assert run.returncode == 3, err[-3000:]  # only unreachable hosts
-    summary = json.loads(out)["hosts"][LAB.name]
-    assert summary["state"] == "unreachable" and summary["failures"][0]["task"] == BUILD_TASK, summary
-    assert f"{LAB.name}: UNREACHABLE at task '{BUILD_TASK}'" in err, err[-3000:]
-    assert "once it answers SSH again, run the same command" in err, err[-3000:]
+    summary = json.loads(out)["hosts"][LAB.name] if out.strip().startswith("{") else None
+    return run.returncode, summary, out + "".join(seen) + err
 
-    sshd_back()
-    converged_again()
+
+def rebuilt_whole() -> None:
     stamp = json.loads(LAB.out(f"cat {BUILD_STAMP}"))
     assert stamp["files"], stamp  # a whole build: its checked files are stamped
     assert LAB.run("pgrep -f 'cmake --build'", check=False).returncode == 1  # no build left running
+
+
+def test_ssh_lost_during_the_rccl_build_is_named_and_a_rerun_finishes_the_build():
+    def drop_ssh(_run):
+        stopped = LAB.console("systemctl stop ssh.service; pkill -KILL -x sshd; true")
+        assert stopped.returncode == 0, stopped.stderr
+
+    code, summary, out = cut_short(drop_ssh)
+    assert code == 3, out[-3000:]  # only unreachable hosts
+    assert summary["state"] == "unreachable" and summary["failures"][0]["task"] == BUILD_TASK, summary
+    assert f"{LAB.name}: UNREACHABLE at task '{BUILD_TASK}'" in out, out[-3000:]
+    assert "once it answers SSH again, run the same command" in out, out[-3000:]
+    sshd_back()
+    converged_again()
+    rebuilt_whole()
+
+
+def test_ctrl_c_during_the_rccl_build_names_the_task_and_a_rerun_finishes_the_build():
+    code, summary, out = cut_short(lambda run: run.send_signal(signal.SIGINT))
+    assert code == 130, out[-3000:]
+    assert summary["state"] == "interrupted" and summary["interrupted_in"] == BUILD_TASK, summary
+    assert f"{LAB.name}: INTERRUPTED in task '{BUILD_TASK}': run the same command again" in out, out[-3000:]
+    converged_again()
+    rebuilt_whole()
 
 
 def test_a_reboot_that_never_comes_back_is_named_and_a_rerun_converges():

@@ -212,3 +212,25 @@ def test_an_unknown_layer_is_named_not_a_traceback(tmp_path):
     msg = host["failures"][0]["msg"]
     assert "unknown layer(s) bogus" in msg and "firmware, pcie_link" in msg
     assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_a_corrupt_baselines_file_is_kept_aside_and_the_run_stops_before_any_host(tmp_path):
+    """As a user meets it: a baselines file cut short (a full disk, an editor); the next verify says so, keeps the
+    file aside byte for byte and contacts no host; the run after that goes on without the baseline."""
+    inv = amd_pair_inventory(tmp_path)
+    state = tmp_path / "state"
+    env = {**os.environ, "RIGBOOK_STATE_DIR": str(state)}
+    baselines = state / "baselines"
+    baselines.mkdir(parents=True)
+    broken = '{"host": "localhost", "recorded": {"metrics": {"p2p_gbps": 6.0'
+    (baselines / "localhost.json").write_text(broken)
+    proc = provision("verify", "-i", str(inv), "--json", env=env, timeout=300)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    kept = sorted(baselines.glob("localhost.json.corrupt-*"))
+    assert len(kept) == 1 and kept[0].read_text() == broken
+    assert f"baselines file {baselines / 'localhost.json'} is corrupt" in proc.stderr, proc.stderr
+    assert f"kept aside as {kept[0]}" in proc.stderr and "before contacting any host" in proc.stderr, proc.stderr
+    assert not (state / "runs").exists() or not any((state / "runs").iterdir())  # no run was started
+    again = provision("verify", "-i", str(inv), "--json", "--tags", "pcie_link", env=env, timeout=300)
+    assert again.returncode in (0, 1), again.stderr[-2000:]
+    assert json.loads(again.stdout)["hosts"]["localhost"]["baseline_source"] == "none"

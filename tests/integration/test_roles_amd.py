@@ -142,6 +142,8 @@ def test_apt_upgrade_does_not_move_the_pinned_rocm():
 
 
 def test_kernel_upgrade_made_default_is_caught_and_restored(lab_artifacts):
+    record = provision("baseline", "record", "-i", "lab", "--limit", HOST, timeout=600)
+    assert record.returncode == 0, record.stdout[-2000:] + record.stderr[-2000:]
     # A distro kernel arrives (apt) and becomes the default entry (an edited default, as after a grub-set-default
     # or an installer that rewrote it); the host reboots into it.
     on_host("DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
@@ -154,7 +156,8 @@ def test_kernel_upgrade_made_default_is_caught_and_restored(lab_artifacts):
     out = verify.stdout + verify.stderr
     assert verify.returncode == 1, out[-3000:]
     assert "kernel_state: fail:" in verify.stderr, verify.stderr[-3000:]
-    assert f"running kernel {UPGRADE_KERNEL}, pinned {KERNEL}" in out, out[-3000:]
+    assert (f"running kernel {UPGRADE_KERNEL}, pinned {KERNEL}; the running kernel is not the pinned P2P-patched "
+            "one") in out, out[-3000:]
 
     before = boots()
     proc, summary, changed, _ = site()
@@ -163,6 +166,7 @@ def test_kernel_upgrade_made_default_is_caught_and_restored(lab_artifacts):
     assert set(changed) == {"Put the command line and default entry in the GRUB drop-in", REBOOT_TASK}, changed
     assert on_host(f"cat {EVIDENCE}/proc/sys/kernel/osrelease").strip() == KERNEL
     assert set(ladder(summary).values()) <= {"pass", "warn"} and ladder(summary)["kernel_state"] == "pass"
+    assert summary.get("baseline_source") == f"host {HOST}", summary  # judged against the recorded baseline
     assert f"linux-image-{UPGRADE_KERNEL}" in on_host("ls /boot; dpkg-query -W -f='${Package}\\n'")  # kept
 
     proc, summary, changed, _ = site()

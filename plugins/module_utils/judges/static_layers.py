@@ -285,7 +285,10 @@ def judge_dma_window(evidence, profile):
 
 
 def _fork_for(evidence, vendor, release):
-    """What an unpinned running kernel means for the NVIDIA P2P driver: whether the fork is built for it."""
+    """What an unpinned running kernel means for P2P: AMD's P2P path is the patched kernel itself; for NVIDIA,
+    whether the P2P driver fork is built for it."""
+    if vendor == "amd":
+        return "; the running kernel is not the pinned P2P-patched one, so its P2PDMA path is not the one pinned"
     nvidia = evidence.get("nvidia") or {}
     if vendor != "nvidia" or "module_files" not in nvidia:
         return ""

@@ -289,21 +289,27 @@ def record(host: str, ladder: list, run_dir: str) -> dict | None:
         data["recorded"] = {"at": time.strftime("%Y-%m-%d %H:%M:%S"), "metrics": metrics,
                             "versions": versions_of(ladder), "run_dir": run_dir}
         data.setdefault("history", []).append({"at": data["recorded"]["at"], "metrics": metrics,
-                                                "versions": data["recorded"]["versions"], "recorded": True})
+                                                "versions": data["recorded"]["versions"], "recorded": True,
+                                                "run_dir": run_dir})
         data["history"] = data["history"][-HISTORY_LIMIT:]
         statefile.write_json_atomic(path, data)
     return data["recorded"]
 
 
-def append_history(host: str, ladder: list, statuses: dict) -> bool:
+def append_history(host: str, ladder: list, statuses: dict, run_dir: str | None = None) -> bool:
+    """Append a run's figures to HOST's history (with RUN_DIR, its artifact folder, when given: the report links
+    each charted point to its run)."""
     metrics = metrics_of(ladder)
     if not metrics:
         return False
     path = _file(host)
     with statefile.locked(path):
         data = _salvage(path, {"host": host, "recorded": None, "history": []})
-        data.setdefault("history", []).append({"at": time.strftime("%Y-%m-%d %H:%M:%S"), "metrics": metrics,
-                                                "versions": versions_of(ladder), "statuses": statuses})
+        entry = {"at": time.strftime("%Y-%m-%d %H:%M:%S"), "metrics": metrics, "versions": versions_of(ladder),
+                 "statuses": statuses}
+        if run_dir:
+            entry["run_dir"] = run_dir
+        data.setdefault("history", []).append(entry)
         data["history"] = data["history"][-HISTORY_LIMIT:]
         statefile.write_json_atomic(path, data)
     return True

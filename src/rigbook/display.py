@@ -25,9 +25,15 @@ STATE_STYLE = {
 VERDICT_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "dim", "unknown": "magenta"}
 
 
+# Not a terminal (a pipe, a CI log): there is no screen width to fit, so a table is as wide as its content and a
+# line is never wrapped or cut (rich would otherwise assume 80 columns and end cells in an ellipsis).
+PLAIN_WIDTH = 100_000
+
+
 def make_console(stream: TextIO) -> Console:
     tty = stream.isatty()
-    return Console(file=stream, force_terminal=tty, no_color=not tty, highlight=False, soft_wrap=not tty)
+    return Console(file=stream, force_terminal=tty, no_color=not tty, highlight=False, soft_wrap=not tty,
+                   width=None if tty else PLAIN_WIDTH)
 
 
 class PlainProgress:
@@ -135,43 +141,68 @@ def print_summary(tracker: Tracker, console: Console, run_dir) -> None:
 
 
 def print_ladder(console: Console, host: str, ladder: list) -> None:
-    style = box.SIMPLE if console.is_terminal else box.ASCII
-    table = Table(box=style, title=f"P2P ladder: {host}", title_justify="left")
+    """HOST's ladder: on a terminal a table (cells wrap, never cut) then why / what to do of each layer that is not
+    fine; elsewhere one block per layer, every field on its own line in full (a CI log keeps every figure)."""
+    if not console.is_terminal:
+        _print_ladder_blocks(console, host, ladder)
+        return
+    table = Table(box=box.SIMPLE, title=f"P2P ladder: {host}", title_justify="left")
     for column in ("layer", "status", "measured", "expected"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for verdict in ladder:
         status = str(verdict.get("status", "unknown"))
         table.add_row(
-            str(verdict.get("layer")),
+            Text(str(verdict.get("layer"))),
             Text(status, style=VERDICT_STYLE.get(status, "")),
-            _short(verdict.get("measured")),
-            _short(verdict.get("expected")),
+            Text(_text(verdict.get("measured"))),
+            Text(_text(verdict.get("expected"))),
         )
     console.print(table)
     for verdict in ladder:
         if verdict.get("status") in ("fail", "warn", "unknown") and (verdict.get("why") or verdict.get("remedy")):
-            console.print(f"  {verdict['layer']}: {verdict.get('why', '')}")
+            console.print(Text(f"  {verdict['layer']}: {verdict.get('why', '')}"))
             if verdict.get("remedy"):
-                console.print(f"    what to do: {verdict['remedy']}")
+                console.print(Text(f"    what to do: {verdict['remedy']}"))
+
+
+def ladder_blocks(host: str, ladder: list) -> list:
+    """The plain-text ladder, one block per layer: lines of full text, nothing shortened."""
+    lines = [f"P2P ladder: {host}"]
+    for verdict in ladder:
+        lines.append(f"  {verdict.get('layer')}: {verdict.get('status', 'unknown')}")
+        for key, label in (("measured", "measured"), ("expected", "expected"), ("metrics", "figures"),
+                           ("baseline", "judged by baseline"), ("why", "why"), ("remedy", "what to do")):
+            value = verdict.get(key)
+            if key == "metrics" and isinstance(value, dict):
+                value = {k: v for k, v in value.items() if v is not None} or None
+            if value not in (None, "", {}, []):
+                lines.append(f"    {label}: {_text(value)}")
+    return lines
+
+
+def _print_ladder_blocks(console: Console, host: str, ladder: list) -> None:
+    for line in ladder_blocks(host, ladder):
+        console.print(Text(line), soft_wrap=True)
 
 
 def _nested(value) -> str:
     """A value inside a measured/expected mapping: a mapping of its own as "(k v, ...)", unknowns left out."""
     if isinstance(value, dict):
         return "(" + ", ".join(f"{k} {_nested(v)}" for k, v in value.items() if v is not None) + ")"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_nested(v) for v in value) + "]"
     return str(value)
 
 
-def _short(value, limit: int = 70) -> str:
+def _text(value) -> str:
+    """A measured / expected value as one line of text, in full."""
     if value is None:
         return "-"
     if isinstance(value, dict):
-        text = ", ".join(f"{k}={_nested(v)}" for k, v in value.items())
-    elif isinstance(value, (list, tuple)):
-        text = ", ".join(map(str, value))
-    else:
-        text = str(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+        return ", ".join(f"{k}={_nested(v)}" for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_nested(v) for v in value)
+    return str(value)
 
 
 def stderr_console() -> Console:

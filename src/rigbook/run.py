@@ -363,7 +363,7 @@ def _update_baselines(opts: RunOptions, hosts: dict, run_dir: Path, code: int, i
                 entry["group_baseline"] = baselines.record_groups(host, inv, recorded, opts.baseline_group,
                                                                   groups_done)
         else:
-            baselines.append_history(host, ladder, {v["layer"]: v["status"] for v in ladder})
+            baselines.append_history(host, ladder, {v["layer"]: v["status"] for v in ladder}, str(run_dir))
 
 
 def _ansible_errors(runner) -> list:

@@ -1,0 +1,632 @@
+"""`provision report -i INV`: one self-contained HTML page per inventory, built from the saved state.
+
+What it reads (nothing else; no host is contacted, so fresh figures mean running `provision verify -i INV` first):
+- the baselines files (<state>/baselines/<host>.json: the recorded baseline and the history of every run that
+  measured figures; <state>/baselines/groups/<group>.json: group baselines), through rigbook.baselines;
+- the run records (<state>/runs/*/run.json: each run's per-host ladder, which baseline judged it, its artifact
+  folder), through rigbook.runs;
+- the manifests of the last manifest run (<state>/runs/*/manifests/<host>.json), through rigbook.manifests.
+
+What it writes: one HTML string, inline CSS and inline SVG, no JavaScript, no external URL (links point only at
+the run folders on this machine, as file:// URLs). Per host: the latest ladder in full, which baseline judged it,
+the run's time, kernel / driver / NCCL versions, its runs' folders and the snapshot command for a bug report; per
+metric a line chart of every recorded run against the baseline with the fail and warn bands, version changes
+marked on the axis. Per group (and the fleet): the hosts side by side, differing versions and manifest items
+highlighted. Chart points and bands carry data-* attributes so a test (or a person with the DOM) can read them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+VERSION_KEYS = ("kernel", "nvidia_driver", "rocm", "nccl", "sglang")
+STATUS_ORDER = {"fail": 4, "unknown": 3, "warn": 2, "pass": 1, "skip": 0}
+DEFAULT_TOLERANCE = {"fail_below": 0.8, "warn_below": 0.95}  # module_utils/ladder/expectations.py DEFAULT_TOLERANCE
+NO_GROUP = ("all", "ungrouped")
+RUN_LINKS = 20
+
+
+# --- gathering ---------------------------------------------------------------------------------------------------
+
+@dataclass
+class HostData:
+    name: str
+    baseline_label: str = "none"  # which baseline judges the host now: "host NAME", "group NAME", "none"
+    baseline: dict | None = None  # {"at", "metrics", "versions", ...}
+    history: list = field(default_factory=list)  # the baselines file's history, oldest first
+    runs: list = field(default_factory=list)  # run records with a ladder for this host, newest first
+    tolerance: dict = field(default_factory=lambda: dict(DEFAULT_TOLERANCE))
+    manifest: dict | None = None
+
+
+@dataclass
+class ReportData:
+    inventory: str
+    inventory_path: str
+    generated: str
+    hosts: list  # HostData, in inventory order
+    groups: list  # (title, [host names])
+    manifest_run: str | None = None
+    notes: list = field(default_factory=list)
+
+
+def lower_is_better(metric: str) -> bool:
+    """A latency (the serving layer's TTFT): the judges hold baseline / measured to the tolerance instead."""
+    return metric.endswith("_ttft_s")
+
+
+def _tolerance(inv, host: str) -> dict:
+    merged = dict(DEFAULT_TOLERANCE)
+    given = inv.host_vars(host).get("rigbook_tolerance") if inv is not None else None
+    if isinstance(given, dict):
+        merged.update({k: float(v) for k, v in given.items() if k in merged and isinstance(v, (int, float))})
+    return merged
+
+
+def _run_records() -> list:
+    """Every saved run record, newest first (by start time, then folder name)."""
+    from rigbook import runs
+
+    base = runs.runs_dir()
+    if not base.is_dir():
+        return []
+    found = []
+    for path in base.iterdir():
+        record_file = path / runs.RECORD
+        try:
+            record = json.loads(record_file.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict):
+            record["dir"] = str(path)
+            found.append(record)
+    return sorted(found, key=lambda r: (str(r.get("started") or ""), Path(r["dir"]).name), reverse=True)
+
+
+def group_members(inv) -> dict:
+    """{group: [hosts]} for every group of INV (hosts of its child groups included), inventory host order."""
+    parents = {}
+    for group, kids in inv.children.items():
+        for kid in kids:
+            parents.setdefault(kid, set()).add(group)
+
+    def ancestors(group, seen=()):
+        out = {group}
+        for parent in parents.get(group, ()):
+            if parent not in seen:
+                out |= ancestors(parent, (*seen, group))
+        return out
+
+    members = {}
+    for host in inv.hosts:
+        for group in inv.groups_of(host):
+            for owner in ancestors(group):
+                members.setdefault(owner, [])
+                if host not in members[owner]:
+                    members[owner].append(host)
+    return members
+
+
+def _groups(inv, hosts: list) -> list:
+    """(title, hosts) of each group with two or more hosts (one entry per distinct set of hosts, the narrowest
+    group first); the whole inventory as "fleet" when no group holds it all."""
+    members = group_members(inv)
+    seen, out = set(), []
+    for group in sorted(members, key=lambda g: (len(members[g]), g)):
+        names = [h for h in hosts if h in members[group]]
+        if group in NO_GROUP or len(names) < 2 or tuple(names) in seen:
+            continue
+        seen.add(tuple(names))
+        out.append((f"group {group}", names))
+    if len(hosts) >= 2 and tuple(hosts) not in seen:
+        out.append(("fleet (every host of the inventory)", list(hosts)))
+    return out
+
+
+def gather(inventory: str) -> ReportData:
+    """Everything the page shows, read from the state directory for the hosts of INVENTORY (a name or a path)."""
+    from rigbook import baselines, manifests
+    from rigbook.run import resolve_inventory
+    from rigbook.validate import validate
+
+    path = resolve_inventory(inventory)
+    inv = validate(path)
+    names = list(inv.hosts)
+    records = _run_records()
+    manifest_run = manifests.last_manifest_run()
+    data = ReportData(inventory=path.name, inventory_path=str(path),
+                      generated=time.strftime("%Y-%m-%d %H:%M:%S %Z"), hosts=[], groups=_groups(inv, names),
+                      manifest_run=str(manifest_run) if manifest_run else None)
+    for name in names:
+        host = HostData(name, tolerance=_tolerance(inv, name))
+        try:
+            host.baseline_label, host.baseline = baselines.resolve(name, inv)
+        except baselines.CorruptBaseline as exc:
+            data.notes.append(str(exc))
+        file_data, problem = baselines._read(baselines._file(name))
+        if problem:
+            data.notes.append(f"baselines file of {name} is corrupt ({problem}): its history is left out")
+        host.history = list((file_data or {}).get("history") or [])
+        host.runs = [r for r in records if ((r.get("hosts") or {}).get(name) or {}).get("ladder")]
+        if manifest_run and (manifest_run / manifests.MANIFEST_DIR / f"{name}.json").is_file():
+            try:
+                host.manifest = manifests.read_manifest(manifest_run / manifests.MANIFEST_DIR / f"{name}.json")
+            except Exception as exc:  # noqa: BLE001 - a bad manifest file is named, the page is still made
+                data.notes.append(f"manifest of {name}: {exc}")
+        data.hosts.append(host)
+    return data
+
+
+# --- figures -----------------------------------------------------------------------------------------------------
+
+def point_status(metric: str, value, baseline, tolerance: dict) -> str:
+    """pass / warn / fail of one figure against BASELINE (the judges' rule), skip without a baseline."""
+    if not isinstance(value, (int, float)) or not isinstance(baseline, (int, float)) or baseline <= 0:
+        return "skip"
+    ratio = float(value) / float(baseline)
+    if lower_is_better(metric):
+        if value <= 0:
+            return "unknown"
+        fail, warn = ratio > 1 / tolerance["fail_below"], ratio > 1 / tolerance["warn_below"]
+    else:
+        fail, warn = ratio < tolerance["fail_below"], ratio < tolerance["warn_below"]
+    return "fail" if fail else "warn" if warn else "pass"
+
+
+def host_metrics(host: HostData) -> list:
+    """Every metric the host's history or baseline holds, in first-seen order."""
+    names = []
+    for entry in [*host.history, {"metrics": (host.baseline or {}).get("metrics") or {}}]:
+        for name, value in (entry.get("metrics") or {}).items():
+            if isinstance(value, (int, float)) and name not in names:
+                names.append(name)
+    return names
+
+
+def _run_id(entry: dict) -> str:
+    return Path(entry["run_dir"]).name if entry.get("run_dir") else str(entry.get("at") or "?")
+
+
+def series(host: HostData, metric: str) -> list:
+    """[{"at", "value", "status", "run", "run_dir", "recorded", "versions"}] of METRIC, oldest first."""
+    base = ((host.baseline or {}).get("metrics") or {}).get(metric)
+    out = []
+    for entry in host.history:
+        value = (entry.get("metrics") or {}).get(metric)
+        if not isinstance(value, (int, float)):
+            continue
+        out.append({"at": str(entry.get("at") or "?"), "value": float(value), "run": _run_id(entry),
+                    "run_dir": entry.get("run_dir"), "recorded": bool(entry.get("recorded")),
+                    "versions": entry.get("versions") or {},
+                    "status": point_status(metric, value, base, host.tolerance)})
+    return out
+
+
+def version_changes(points: list) -> list:
+    """[(index, "kernel a -> b; ...")] where a point's versions differ from the one before it."""
+    changes = []
+    for index in range(1, len(points)):
+        before, now = points[index - 1]["versions"], points[index]["versions"]
+        said = [f"{key} {before.get(key) or '-'} → {now.get(key) or '-'}" for key in VERSION_KEYS
+                if before.get(key) != now.get(key) and (before.get(key) or now.get(key))]
+        if said:
+            changes.append((index, "; ".join(said)))
+    return changes
+
+
+# --- HTML --------------------------------------------------------------------------------------------------------
+
+def _e(value) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _file_url(path: str) -> str:
+    from urllib.parse import quote
+
+    return "file://" + quote(str(Path(path).resolve()))
+
+
+def _nested(value) -> str:
+    if isinstance(value, dict):
+        return "(" + ", ".join(f"{k} {_nested(v)}" for k, v in value.items() if v is not None) + ")"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_nested(v) for v in value) + "]"
+    return str(value)
+
+
+def _cell(value) -> str:
+    """A measured / expected value in full: a mapping as one line per key."""
+    if value is None or value == "":
+        return "<span class=dim>-</span>"
+    if isinstance(value, dict):
+        return "<br>".join(f"<b>{_e(k)}</b> {_e(_nested(v))}" for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return _e(", ".join(_nested(v) for v in value))
+    return _e(value)
+
+
+def _fmt(value) -> str:
+    if not isinstance(value, (int, float)):
+        return str(value)
+    return f"{value:.3f}" if abs(value) < 10 else f"{value:.2f}"
+
+
+CSS = """
+:root{--fail:#c62828;--warn:#b26a00;--pass:#2e7d32;--skip:#777;--unknown:#7b1fa2;--line:#ccc}
+*{box-sizing:border-box}
+body{font:15px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0 auto;max-width:1200px;
+ padding:12px;color:#222;background:#fff}
+h1{font-size:1.5em;margin:.3em 0}h2{font-size:1.25em;margin:1.2em 0 .4em;border-bottom:2px solid #333}
+h3{font-size:1.05em;margin:1em 0 .3em}
+.meta{color:#555;font-size:.9em}.dim{color:#888}
+table{border-collapse:collapse;width:100%;margin:.4em 0}
+th,td{border:1px solid var(--line);padding:4px 6px;text-align:left;vertical-align:top;overflow-wrap:anywhere}
+th{background:#f3f3f3}
+.status{font-weight:600;text-transform:uppercase;font-size:.85em;white-space:nowrap}
+.s-fail{color:var(--fail)}.s-warn{color:var(--warn)}.s-pass{color:var(--pass)}.s-skip{color:var(--skip)}
+.s-unknown{color:var(--unknown)}
+tr.row-fail td{background:#fdecea}tr.row-warn td{background:#fff4e0}
+td.differs{background:#fff3b0;font-weight:600}
+table.ladder{table-layout:fixed;font-size:.92em}table.ladder td:first-child{overflow-wrap:normal}
+col.c-layer{width:9.5em}col.c-status{width:5.5em}col.c-measured{width:27%}col.c-expected{width:19%}
+col.c-why{width:26%}
+code{font:.9em ui-monospace,Menlo,Consolas,monospace;background:#f5f5f5;padding:1px 3px;overflow-wrap:anywhere}
+.charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(360px,1fr));gap:10px}
+figure{margin:0;border:1px solid var(--line);padding:6px;break-inside:avoid}
+figcaption{font-size:.9em;margin-bottom:4px}
+svg.chart{width:100%;height:auto;display:block}
+svg .band-fail{fill:#c62828;fill-opacity:.14}svg .band-warn{fill:#f9a825;fill-opacity:.18}
+svg .baseline{stroke:#1565c0;stroke-width:1.5;stroke-dasharray:5 3}
+svg .axis{stroke:#999;stroke-width:1}svg .trend{fill:none;stroke:#444;stroke-width:1.5}
+svg .change{stroke:#6a1b9a;stroke-width:1.2;stroke-dasharray:2 2}
+svg text{font:13px system-ui,sans-serif;fill:#444}svg text.change-label{fill:#6a1b9a}
+svg circle.p-pass{fill:#2e7d32}svg circle.p-warn{fill:#f9a825}svg circle.p-fail{fill:#c62828}
+svg circle.p-skip,svg circle.p-unknown{fill:#777}svg circle.recorded{stroke:#1565c0;stroke-width:2}
+.legend span{margin-right:1.2em;font-size:.85em;white-space:nowrap}
+.sw{display:inline-block;width:1.4em;height:.8em;vertical-align:middle;margin-right:.3em}
+.sw-fail{background:rgba(198,40,40,.25)}.sw-warn{background:rgba(249,168,37,.35)}
+.sw-base{border-top:2px dashed #1565c0;height:0}.sw-change{border-left:2px dotted #6a1b9a;width:0;height:1em}
+.sw-rec{width:.8em;border-radius:50%;border:2px solid #1565c0;background:#2e7d32}
+section.host,section.group{break-before:auto}
+@media (max-width:700px){
+ body{padding:6px;font-size:14px}
+ table.ladder thead{display:none}
+ table.ladder,table.ladder tbody{display:block}table.ladder colgroup{display:none}
+ table.ladder tr{display:block;border:1px solid var(--line);margin-bottom:6px}
+ table.ladder td{display:block;border:0;border-top:1px solid #eee}
+ table.ladder td::before{content:attr(data-label) ": ";font-weight:600;color:#555}
+ .charts{grid-template-columns:1fr}
+}
+@media print{body{max-width:none;font-size:11px}a{color:inherit}figure,tr{break-inside:avoid}
+ *{-webkit-print-color-adjust:exact;print-color-adjust:exact}}
+"""
+
+W, H = 480, 230
+LEFT, RIGHT, TOP, BOTTOM = 54, 10, 14, 42
+
+
+def chart_svg(host: HostData, metric: str) -> str:
+    """One metric's runs as an inline SVG: bands (fail, warn), the baseline, the points, version changes."""
+    points = series(host, metric)
+    base = ((host.baseline or {}).get("metrics") or {}).get(metric)
+    tol = host.tolerance
+    lower = lower_is_better(metric)
+    values = [p["value"] for p in points]
+    top_value = max(values + ([base / tol["fail_below"] * 1.1 if lower else base] if base else []) + [1e-9])
+    ymax = top_value * 1.15
+    plot_w, plot_h = W - LEFT - RIGHT, H - TOP - BOTTOM
+
+    def y(value: float) -> float:
+        return round(TOP + plot_h * (1 - max(0.0, min(value, ymax)) / ymax), 2)
+
+    def x(index: int) -> float:
+        if len(points) <= 1:
+            return round(LEFT + plot_w / 2, 2)
+        return round(LEFT + plot_w * (0.04 + 0.92 * index / (len(points) - 1)), 2)
+
+    attrs = f'data-host="{_e(host.name)}" data-metric="{_e(metric)}"'
+    parts = [f'<svg class="chart" viewBox="0 0 {W} {H}" role="img" {attrs} '
+             f'aria-label="{_e(metric)} of {_e(host.name)} over {len(points)} run(s)">']
+    if base:
+        fail_at, warn_at = ((base / tol["fail_below"], base / tol["warn_below"]) if lower
+                            else (base * tol["fail_below"], base * tol["warn_below"]))
+        bands = ((("fail", fail_at, ymax), ("warn", warn_at, fail_at)) if lower
+                 else (("fail", 0.0, fail_at), ("warn", fail_at, warn_at)))
+        for kind, low, high in bands:
+            y_top, y_bottom = y(high), y(low)
+            parts.append(f'<rect class="band-{kind}" data-band="{kind}" {attrs} data-from="{low:.4f}" '
+                         f'data-to="{high:.4f}" x="{LEFT}" y="{y_top}" width="{plot_w}" '
+                         f'height="{round(y_bottom - y_top, 2)}"><title>{kind} band: {_fmt(low)} to {_fmt(high)}'
+                         f"</title></rect>")
+        parts.append(f'<line class="baseline" data-baseline="{base}" {attrs} x1="{LEFT}" x2="{W - RIGHT}" '
+                     f'y1="{y(base)}" y2="{y(base)}"><title>baseline {_fmt(base)}</title></line>')
+    parts.append(f'<line class="axis" x1="{LEFT}" x2="{LEFT}" y1="{TOP}" y2="{TOP + plot_h}"/>'
+                 f'<line class="axis" x1="{LEFT}" x2="{W - RIGHT}" y1="{TOP + plot_h}" y2="{TOP + plot_h}"/>')
+    for fraction in (0, 0.5, 1):
+        tick = ymax / 1.15 * fraction
+        parts.append(f'<text x="{LEFT - 4}" y="{y(tick) + 4}" text-anchor="end">{_fmt(tick)}</text>')
+    for index, text in version_changes(points):
+        at = round((x(index - 1) + x(index)) / 2, 2)
+        parts.append(f'<line class="change" data-change="{_e(text)}" {attrs} x1="{at}" x2="{at}" y1="{TOP}" '
+                     f'y2="{TOP + plot_h}"><title>{_e(text)}</title></line>'
+                     f'<text class="change-label" x="{at + 3}" y="{TOP + 10}">{_e(text.split(" ")[0])} changed</text>')
+    if len(points) > 1:
+        line = " ".join(f"{x(i)},{y(p['value'])}" for i, p in enumerate(points))
+        parts.append(f'<polyline class="trend" points="{line}"/>')
+    step = max(1, (len(points) + 5) // 6)
+    for index, point in enumerate(points):
+        cx, cy = x(index), y(point["value"])
+        css = f"p-{point['status']}" + (" recorded" if point["recorded"] else "")
+        what = "baseline record" if point["recorded"] else "run"
+        ratio = f", {point['value'] / base:.2f}x baseline" if base else ""
+        parts.append(f'<circle class="point {css}" {attrs} data-run="{_e(point["run"])}" '
+                     f'data-at="{_e(point["at"])}" data-value="{point["value"]}" data-status="{point["status"]}" '
+                     f'cx="{cx}" cy="{cy}" r="4.5"><title>{_e(point["at"])} ({what}): {_fmt(point["value"])}'
+                     f'{ratio}, {point["status"]}</title></circle>')
+        if index % step == 0 or index == len(points) - 1:
+            anchor = "end" if index == len(points) - 1 and len(points) > 1 else "middle"
+            parts.append(f'<text x="{cx}" y="{TOP + plot_h + 14}" text-anchor="{anchor}">'
+                         f'{_e(point["at"][5:16])}</text>')
+    if not points:
+        parts.append(f'<text x="{LEFT + 10}" y="{TOP + 20}">no run recorded this figure</text>')
+    parts.append(f'<text x="{LEFT + plot_w / 2}" y="{H - 6}" text-anchor="middle">runs, oldest first '
+                 "(evenly spaced; date under each)</text></svg>")
+    return "".join(parts)
+
+
+def _status(status) -> str:
+    status = str(status or "unknown")
+    return f'<span class="status s-{_e(status)}">{_e(status)}</span>'
+
+
+def _latest(host: HostData) -> tuple:
+    """(run record, host entry) of the newest run with a ladder for HOST, or (None, {})."""
+    if not host.runs:
+        return None, {}
+    record = host.runs[0]
+    return record, record["hosts"][host.name]
+
+
+def _versions(host: HostData) -> dict:
+    record, entry = _latest(host)
+    if entry.get("ladder"):
+        from rigbook.baselines import versions_of
+
+        found = versions_of(entry["ladder"])
+        if found:
+            return found
+    for item in reversed(host.history):
+        if item.get("versions"):
+            return item["versions"]
+    return {}
+
+
+def ladder_table(host: HostData, ladder: list) -> str:
+    rows = []
+    for verdict in ladder:
+        status = str(verdict.get("status") or "unknown")
+        layer = str(verdict.get("layer"))
+        rows.append(f'<tr class="layer row-{_e(status)}" data-host="{_e(host.name)}" data-layer="{_e(layer)}" '
+                    f'data-status="{_e(status)}"><td data-label="layer"><b>{_e(layer)}</b></td>'
+                    f'<td data-label="status">{_status(status)}</td>'
+                    f'<td data-label="measured">{_cell(verdict.get("measured"))}</td>'
+                    f'<td data-label="expected">{_cell(verdict.get("expected"))}</td>'
+                    f'<td data-label="why">{_cell(verdict.get("why"))}</td>'
+                    f'<td data-label="what to do">{_cell(verdict.get("remedy"))}</td></tr>')
+    return ('<table class="ladder"><colgroup><col class="c-layer"><col class="c-status"><col class="c-measured">'
+            '<col class="c-expected"><col class="c-why"><col class="c-remedy"></colgroup><thead><tr><th>layer</th>'
+            "<th>status</th><th>measured</th><th>expected</th><th>why</th><th>what to do</th></tr></thead><tbody>"
+            + "".join(rows) + "</tbody></table>")
+
+
+def host_section(host: HostData, data: ReportData) -> str:
+    record, entry = _latest(host)
+    out = [f'<section class="host" id="host-{_e(host.name)}" data-host="{_e(host.name)}">',
+           f"<h2>{_e(host.name)}</h2>"]
+    versions = _versions(host)
+    version_text = ", ".join(f"{k} {v}" for k, v in versions.items()) or "versions unknown"
+    if record:
+        judged = entry.get("baseline_source") or "not recorded in this run"
+        out.append(f'<p class="meta">latest run <b>{_e(record.get("started", "?"))}</b> '
+                   f"({_e(Path(str(record.get('playbook', '?'))).name)}, host {_e(entry.get('state', '?'))}); "
+                   f"judged by baseline: <b>{_e(judged)}</b>; {_e(version_text)}; "
+                   f'artifacts: <a href="{_e(_file_url(record["dir"]))}">{_e(record["dir"])}</a></p>')
+    else:
+        out.append(f'<p class="meta">no saved run with a ladder for {_e(host.name)} (run '
+                   f"<code>provision verify -i {_e(data.inventory)}</code>); {_e(version_text)}</p>")
+    if host.baseline:
+        base_versions = ", ".join(f"{k} {v}" for k, v in (host.baseline.get("versions") or {}).items())
+        out.append(f'<p class="meta">baseline that judges it now: <b>{_e(host.baseline_label)}</b>, recorded '
+                   f"{_e(host.baseline.get('at', '?'))} ({_e(base_versions or 'versions unknown')}); fail below "
+                   f"{host.tolerance['fail_below']:.2f}x, warn below {host.tolerance['warn_below']:.2f}x</p>")
+    else:
+        out.append(f'<p class="meta">no baseline judges {_e(host.name)} yet (<code>provision baseline record -i '
+                   f"{_e(data.inventory)}</code>)</p>")
+    metrics = host_metrics(host)
+    if metrics:
+        out.append('<h3>figures over time</h3><p class="legend"><span><i class="sw sw-fail"></i>fail band</span>'
+                   '<span><i class="sw sw-warn"></i>warn band</span><span><i class="sw sw-base"></i>baseline</span>'
+                   '<span><i class="sw sw-change"></i>kernel / driver / NCCL change</span>'
+                   '<span><i class="sw sw-rec"></i>the baseline record</span></p><div class="charts">')
+        for metric in metrics:
+            out.append(f'<figure data-host="{_e(host.name)}" data-metric="{_e(metric)}"><figcaption>'
+                       f"<b>{_e(metric)}</b>{' (lower is better)' if lower_is_better(metric) else ''}</figcaption>"
+                       f"{chart_svg(host, metric)}</figure>")
+        out.append("</div>")
+    if record:
+        out.append(f"<h3>latest ladder ({_e(record.get('started', '?'))})</h3>")
+        out.append(ladder_table(host, entry["ladder"]))
+        for failure in entry.get("failures") or []:
+            out.append(f'<p class="s-fail">{_e(failure.get("task", "?"))}: {_e(failure.get("msg", ""))}</p>')
+    out.append(f"<h3>runs and a bug report</h3><p>reproduce for a bug report: <code>provision snapshot -i "
+               f"{_e(data.inventory)} --limit {_e(host.name)} -o {_e(host.name)}-snapshot.tar.gz</code> "
+               f"(anyone judges it with <code>provision verify --replay {_e(host.name)}-snapshot.tar.gz</code>)</p>")
+    if host.runs:
+        out.append("<table class=runs><thead><tr><th>started</th><th>playbook</th><th>host</th><th>worst layer"
+                   "</th><th>artifact folder</th></tr></thead><tbody>")
+        for run in host.runs[:RUN_LINKS]:
+            ladder = run["hosts"][host.name].get("ladder") or []
+            worst = max(ladder, key=lambda v: STATUS_ORDER.get(v.get("status"), 3), default={})
+            out.append(f'<tr class="run" data-host="{_e(host.name)}" data-run="{_e(Path(run["dir"]).name)}">'
+                       f"<td>{_e(run.get('started', '?'))}</td><td>{_e(Path(str(run.get('playbook', '?'))).name)}"
+                       f"</td><td>{_e(run['hosts'][host.name].get('state', '?'))}</td>"
+                       f"<td>{_status(worst.get('status'))} {_e(worst.get('layer', ''))}</td>"
+                       f'<td><a href="{_e(_file_url(run["dir"]))}">{_e(Path(run["dir"]).name)}</a></td></tr>')
+        out.append("</tbody></table>")
+    out.append("</section>")
+    return "".join(out)
+
+
+def _row(label: str, cells: list, css: str = "") -> str:
+    differs = len({c for c in cells}) > 1
+    tds = "".join(f'<td class="{"differs" if differs else ""}">{c}</td>' for c in cells)
+    return f'<tr class="{css}{" differs" if differs else ""}"><th>{_e(label)}</th>{tds}</tr>'
+
+
+def group_section(title: str, names: list, data: ReportData) -> str:
+    hosts = [h for h in data.hosts if h.name in names]
+    out = [f'<section class="group" data-group="{_e(title)}"><h2>{_e(title)}: side by side</h2>',
+           "<table class=side><thead><tr><th></th>" + "".join(f"<th>{_e(h.name)}</th>" for h in hosts)
+           + "</tr></thead><tbody>"]
+    latest = [_latest(h) for h in hosts]
+    out.append(_row("latest run", [_e(r.get("started", "?")) if r else "-" for r, _ in latest]))
+    out.append(_row("judged by", [_e(e.get("baseline_source", "-")) if r else "-" for r, e in latest]))
+    versions = [_versions(h) for h in hosts]
+    for key in VERSION_KEYS:
+        if any(v.get(key) for v in versions):
+            out.append(_row(key, [_e(v.get(key, "-")) for v in versions], "version"))
+    layers = []
+    for _, entry in latest:
+        for verdict in entry.get("ladder") or []:
+            if verdict.get("layer") not in layers:
+                layers.append(verdict.get("layer"))
+    for layer in layers:
+        cells = []
+        for _, entry in latest:
+            found = [v for v in entry.get("ladder") or [] if v.get("layer") == layer]
+            cells.append(_status(found[0].get("status")) if found else "-")
+        out.append(_row(f"layer {layer}", cells, "layer"))
+    metrics = []
+    for h in hosts:
+        metrics += [m for m in host_metrics(h) if m not in metrics]
+    for metric in metrics:
+        cells = []
+        for h in hosts:
+            points = series(h, metric)
+            base = ((h.baseline or {}).get("metrics") or {}).get(metric)
+            if points:
+                last = points[-1]
+                ratio = f" ({last['value'] / base:.2f}x)" if base else ""
+                cells.append(f'<span class="s-{last["status"]}">{_fmt(last["value"])}</span>{ratio}')
+            else:
+                cells.append("-")
+        out.append(_row(metric, cells, "metric"))
+    out.append("</tbody></table>")
+    out.append(_manifest_table(hosts, data))
+    out.append("</section>")
+    return "".join(out)
+
+
+def _manifest_table(hosts: list, data: ReportData) -> str:
+    with_manifest = [h for h in hosts if h.manifest]
+    if len(with_manifest) < 2:
+        return ('<p class="meta">manifests: not collected for these hosts yet (<code>provision manifest -i '
+                f"{_e(data.inventory)}</code>); then the items that differ show here</p>")
+    keys = sorted({k for h in with_manifest for k in (h.manifest.get("items") or {})})
+    rows, same, unique = [], 0, 0
+    for key in keys:
+        items = [(h.manifest.get("items") or {}).get(key) or {} for h in with_manifest]
+        values = [json.dumps(i.get("value"), sort_keys=True) if i else "(absent)" for i in items]
+        if len(set(values)) == 1:
+            same += 1
+            continue
+        host_unique = any(i.get("unique") for i in items)
+        unique += host_unique
+        group = next((i.get("group") for i in items if i.get("group")), "other")
+        label = f"{key} [{group}]" + (" (host-unique, expected to differ)" if host_unique else "")
+        cells = "".join(f'<td class="{"" if host_unique else "differs"}">{_e(v)}</td>' for v in values)
+        rows.append(f'<tr class="manifest{"" if host_unique else " differs"}" data-item="{_e(key)}">'
+                    f"<th>{_e(label)}</th>{cells}</tr>")
+    head = "".join(f"<th>{_e(h.name)}</th>" for h in with_manifest)
+    pinned = len(rows) - unique
+    return (f'<h3>manifest (from {_e(data.manifest_run)})</h3><p class="meta">{pinned} pinned item(s) differ '
+            f"(highlighted), {unique} host-unique item(s) differ, {same} equal</p>"
+            f"<table class=manifest><thead><tr><th>item</th>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
+
+
+def render(data: ReportData) -> str:
+    """The page: one HTML string, inline CSS and SVG, no script, no external URL."""
+    toc = " · ".join(f'<a href="#host-{_e(h.name)}">{_e(h.name)}</a>' for h in data.hosts)
+    summary = []
+    for h in data.hosts:
+        record, entry = _latest(h)
+        worst = max(entry.get("ladder") or [{}], key=lambda v: STATUS_ORDER.get(v.get("status"), 3))
+        below = [(p["at"], m) for m in host_metrics(h) for p in series(h, m) if p["status"] == "fail"]
+        fails = ", ".join(f"{at} {metric}" for at, metric in sorted(below)) or "none"
+        summary.append(f"<tr><th>{_e(h.name)}</th><td>{_e(record.get('started', '?')) if record else '-'}</td>"
+                       f"<td>{_status(worst.get('status')) if record else '-'} {_e(worst.get('layer', ''))}</td>"
+                       f"<td>{_e(entry.get('baseline_source', h.baseline_label))}</td>"
+                       f'<td class="{"s-fail" if below else ""}">{_e(fails)}</td></tr>')
+    notes = "".join(f'<p class="s-warn">{_e(n)}</p>' for n in data.notes)
+    body = [f"<header><h1>rigbook report: {_e(data.inventory)}</h1>",
+            f'<p class="meta">inventory {_e(data.inventory_path)}; made {_e(data.generated)} from the saved state '
+            f"(baselines, run records, manifests; no host contacted: run <code>provision verify -i "
+            f"{_e(data.inventory)}</code> first for fresh figures)</p>{notes}<nav>{toc}</nav></header>",
+            "<table class=overview><thead><tr><th>host</th><th>latest run</th><th>worst layer</th>"
+            "<th>baseline</th><th>figures below the fail band (any run)</th></tr></thead><tbody>"
+            + "".join(summary) + "</tbody></table>"]
+    body += [host_section(h, data) for h in data.hosts]
+    body += [group_section(title, names, data) for title, names in data.groups]
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            '<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>rigbook report: {_e(data.inventory)}</title><style>{CSS}</style></head><body>"
+            + "\n".join(body) + "</body></html>\n")
+
+
+def default_output(inventory_name: str) -> Path:
+    from rigbook.paths import state_dir
+
+    stamp = time.strftime("%Y%m%d-%H%M%SZ", time.gmtime())
+    return state_dir() / "reports" / f"{inventory_name}-{stamp}.html"
+
+
+def write_report(inventory: str, output: str | None = None) -> tuple:
+    """Gather, render and write the page; (path, data)."""
+    import os
+
+    data = gather(inventory)
+    path = Path(output) if output else default_output(data.inventory)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    partial.write_text(render(data), encoding="utf-8")
+    os.replace(partial, path)  # a reader never sees half a page
+    return path, data
+
+
+def main(argv: list) -> int:
+    """`provision report -i INV [-o FILE] [--from-runs]`."""
+    parser = argparse.ArgumentParser(
+        prog="provision report",
+        description="one self-contained HTML page for an inventory: each host's latest ladder, its figures over "
+                    "time against the baseline, the hosts side by side. Built from the saved state (baselines, "
+                    "run records, manifests); it contacts no host, so run `provision verify -i INV` first for "
+                    "fresh figures.")
+    parser.add_argument("-i", "--inventory", required=True, help="homelab, lab or a path")
+    parser.add_argument("-o", "--output", metavar="FILE",
+                        help="the HTML file (default <state>/reports/<inventory>-<UTC time>.html)")
+    parser.add_argument("--from-runs", action="store_true",
+                        help="build from the saved runs only (the default too: the report never contacts a host)")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    path, data = write_report(args.inventory, args.output)
+    figures = sum(len(series(h, m)) for h in data.hosts for m in host_metrics(h))
+    print(f"report of {data.inventory} ({len(data.hosts)} host(s), {figures} charted point(s), "
+          f"{path.stat().st_size // 1024} KiB, {time.monotonic() - started:.2f} s): {path}",
+          file=sys.stdout)
+    return 0

@@ -1,0 +1,111 @@
+"""`provision report` in a real headless browser: Debian's Chromium, the network off, a screenshot kept.
+
+The run history is the one tests/unit/test_report.py checks (helpers.lab_report_history): `provision baseline
+record -i lab` and four verify runs written through rigbook's own writers, every ladder the real climb over the
+lab's recorded hardware trees, the fourth with `lab break lab-r9700 busbw-half` applied to the R9700 twin's tree.
+It is built from those trees in-process, not from live lab hosts (the lab is shared; the figures are the same
+recorded trees the lab hosts read).
+
+Chromium is installed through apt-get when missing (as the lab installs its tools: src/rigbook/lab/system.py).
+The screenshot is kept as tests/artifacts-out/report.png; with RIGBOOK_UPDATE_SCREENSHOT=1 (or when it is missing)
+it is also copied to docs/report.png, the README's picture.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from helpers import REPO, html_elements, lab_report_history
+
+from rigbook import report
+from rigbook.baselines import metrics_of
+
+ARTIFACTS = REPO / "tests" / "artifacts-out"
+OFFLINE = ["--proxy-server=127.0.0.1:9", "--host-resolver-rules=MAP * ~NOTFOUND", "--no-pings",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           "--disable-domain-reliability", "--no-first-run", "--no-default-browser-check"]
+
+
+def chromium() -> str:
+    """The chromium binary, installed with apt-get when missing (root on Debian), else a skip saying what to do."""
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found:
+        return found
+    apt = shutil.which("apt-get")
+    if not apt or os.geteuid() != 0:
+        pytest.skip("needs Debian's chromium package: `apt-get install chromium` as root")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    cmd = [apt, "install", "-y", "--no-install-recommends", "chromium"]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    if result.returncode != 0:
+        subprocess.run([apt, "update"], env=env, capture_output=True, text=True, timeout=600)
+        result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    found = shutil.which("chromium")
+    assert result.returncode == 0 and found, (result.stderr or result.stdout)[-2000:]
+    return found
+
+
+def browse(binary: str, page: Path, profile: Path, *args) -> subprocess.CompletedProcess:
+    argv = [binary, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+            f"--user-data-dir={profile}", *OFFLINE, *args, page.as_uri()]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=profile)
+
+
+def test_report_in_headless_chromium(tmp_path, monkeypatch):
+    binary = chromium()
+    monkeypatch.setenv("RIGBOOK_STATE_DIR", str(tmp_path / "state"))
+    history = lab_report_history(tmp_path / "trees")
+    started = time.monotonic()
+    page, _ = report.write_report("lab", str(tmp_path / "report.html"))
+    render_s = time.monotonic() - started
+    text = page.read_text()
+    assert "http://" not in text and "https://" not in text  # nothing to fetch: the page opens with the network off
+
+    profile = tmp_path / "chromium"
+    profile.mkdir()
+    dumped = browse(binary, page, profile, "--dump-dom")
+    assert dumped.returncode == 0, dumped.stderr[-2000:]
+    elements, _ = html_elements(dumped.stdout)
+
+    def find(tag, **attrs):
+        return [e for e in elements if e["tag"] == tag
+                and all(e.get(k.rstrip("_").replace("_", "-")) == v for k, v in attrs.items())]
+
+    latest = history["runs"][-1]
+    for host, runs in history["hosts"].items():
+        assert find("section", class_="host", data_host=host)
+        layers = [e["data-layer"] for e in find("tr", data_host=host) if "data-layer" in e]
+        assert layers == [v["layer"] for v in runs[latest]]
+        for run, ladder in runs.items():
+            for metric, value in metrics_of(ladder).items():
+                (point,) = find("circle", data_host=host, data_metric=metric, data_run=run)
+                assert float(point["data-value"]) == value
+    assert len(find("circle")) == 55
+
+    faulted = history["faulted"]
+    for metric in ("sendrecv_busbw_gbs", "all_reduce_busbw_gbs"):
+        (band,) = find("rect", data_band="fail", data_host="lab-r9700", data_metric=metric)
+        (point,) = find("circle", data_host="lab-r9700", data_metric=metric, data_run=faulted)
+        top, bottom = float(band["y"]), float(band["y"]) + float(band["height"])
+        assert point["data-status"] == "fail"
+        assert top < float(point["cy"]) <= bottom, (metric, point["cy"], top, bottom)  # below the fail line
+
+    shot = tmp_path / "report.png"
+    taken = browse(binary, page, profile, f"--screenshot={shot}", "--window-size=1280,2400")
+    assert taken.returncode == 0 and shot.is_file(), taken.stderr[-2000:]
+    png = shot.read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(png[16:20], "big") == 1280
+    assert len(png) > 50_000  # a drawn page, not a blank one
+    ARTIFACTS.mkdir(exist_ok=True)
+    shutil.copy(shot, ARTIFACTS / "report.png")
+    shutil.copy(page, ARTIFACTS / "report.html")
+    readme_picture = REPO / "docs" / "report.png"
+    if os.environ.get("RIGBOOK_UPDATE_SCREENSHOT") or not readme_picture.exists():
+        shutil.copy(shot, readme_picture)
+    print(f"report {len(text)} bytes, rendered in {render_s:.3f} s; screenshot {len(png)} bytes: "
+          f"{ARTIFACTS / 'report.png'}")

@@ -1,0 +1,118 @@
+"""Plain-text output keeps every figure: in a pipe or a CI log the ladder prints one block per layer, in full.
+
+Measured on the 80-column table this replaces: "GPU0->GPU1=peer 6.00 GB/s, host-staged 6.00 GB/s (1.00x), 38% of
+Ge…" (rich cut the cell to fit 80 columns). Here the ladder goes through the display with a console that is not a
+terminal, and the real CLI replays the H200 snapshot with stdout a pipe.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import subprocess
+import sys
+
+from rigbook import display
+
+LONG = ("peer 6.00 GB/s, host-staged 6.00 GB/s (1.00x), 38% of Gen3 x16 "
+        + "; ".join(f"retry {n}: peer {n}.{n}{n} GB/s at 0x{n:08x}" for n in range(1, 12)))
+
+
+def _leaves(value):
+    """Every scalar inside a measured / expected / metrics value, as the text a person must find."""
+    if isinstance(value, dict):
+        for item in value.values():
+            yield from _leaves(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _leaves(item)
+    elif value is not None:
+        yield str(value)
+
+
+class Pipe(io.StringIO):
+    def isatty(self) -> bool:
+        return False
+
+
+LADDER = [
+    {"layer": "p2p_bandwidth", "status": "fail", "measured": {"GPU0->GPU1": LONG, "GPU1->GPU0": LONG[::-1],
+                                                              "nested": {"a": [1.25, "x" * 300], "b": 7}},
+     "expected": {"peer": "> 1.1x the host-staged copy, " + "z" * 400},
+     "metrics": {"peer_gbs_0_1": 3.141592653589793, "host_staged_gbs_0_1": 6.9, "bidir_gbs_0_1": None},
+     "why": "w" * 500 + " [not/markup] end-of-why", "remedy": "r" * 500 + " end-of-remedy"},
+    {"layer": "collectives", "status": "pass", "measured": {"sendrecv": "busbw 9.75 GB/s, #wrong 0"},
+     "expected": {"wrong": 0}, "metrics": {"sendrecv_busbw_gbs": 9.75}, "why": "ok"},
+]
+
+
+def test_plain_ladder_is_one_block_per_layer_and_never_cut():
+    stream = Pipe()
+    console = display.make_console(stream)
+    assert not console.is_terminal
+    display.print_ladder(console, "rig-a", LADDER)
+    text = stream.getvalue()
+    assert "…" not in text and "..." not in text
+    for verdict in LADDER:
+        assert f"  {verdict['layer']}: {verdict['status']}\n" in text
+        for key in ("measured", "expected", "metrics"):
+            for leaf in _leaves(verdict[key]):
+                assert leaf in text, (key, leaf[:40])
+        assert verdict["why"] in text
+    assert LADDER[0]["remedy"] in text
+    assert "[not/markup]" in text  # brackets are text, not rich markup
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) > 1000  # nothing wrapped to 80 columns either
+    block = lines[lines.index("  p2p_bandwidth: fail") + 1:]
+    assert [line.split(":")[0].strip() for line in block[:6]] == ["measured", "expected", "figures", "why",
+                                                                  "what to do", "collectives"]
+
+
+def test_plain_tables_are_as_wide_as_their_content():
+    """Any other table on a non-terminal console (summary, baseline show) is not cut to 80 columns either."""
+    from rich.table import Table
+
+    stream = Pipe()
+    console = display.make_console(stream)
+    table = Table()
+    table.add_column("metric")
+    table.add_column("history")
+    table.add_row("peer_gbs_0_1", " ".join(f"{n}.25" for n in range(60)))
+    console.print(table)
+    assert "…" not in stream.getvalue() and "59.25" in stream.getvalue()
+
+
+def test_terminal_ladder_wraps_but_never_cuts():
+    stream = io.StringIO()
+    console = display.make_console(stream)
+    console = type(console)(file=stream, force_terminal=True, width=100, no_color=True)
+    display.print_ladder(console, "rig-a", LADDER)
+    text = stream.getvalue()
+    assert "…" not in text and "..." not in text
+    for word in ("0x0000000b", "0x00000001", "1.25", "end-of-why"):  # the last words of long values are there
+        assert word in text
+
+
+def test_verify_replay_in_a_pipe_prints_every_figure_of_its_json(fixtures):
+    """The real CLI: `provision verify --replay` of the H200 snapshot taken with `provision snapshot`
+    (tests/fixtures/device/h200-snapshot.tar.gz), stdout a pipe; every figure of its --json summary is in the text."""
+    snapshot = fixtures / "device" / "h200-snapshot.tar.gz"
+    run = [sys.executable, "-m", "rigbook", "verify", "--replay", str(snapshot)]
+    as_json = subprocess.run([*run, "--json"], capture_output=True, text=True, timeout=120)
+    plain = subprocess.run(run, capture_output=True, text=True, timeout=120)
+    assert as_json.returncode == plain.returncode == 0, plain.stderr
+    workdir = re.compile(r"rigbook-replay-\w+")  # each replay unpacks into a temporary folder of its own
+    text = workdir.sub("WORKDIR", plain.stdout)
+    assert "…" not in text
+    ladder = json.loads(as_json.stdout)["hosts"]["h200"]["ladder"]
+    checked = 0
+    for verdict in ladder:
+        assert f"  {verdict['layer']}: {verdict['status']}" in text
+        for key in ("measured", "expected", "metrics", "why", "remedy"):
+            for leaf in _leaves(verdict.get(key)):
+                leaf = workdir.sub("WORKDIR", leaf)
+                assert leaf in text, (verdict["layer"], key, leaf)
+                checked += 1
+    assert checked > 30
+    assert "H2D 55.27 GB/s" in text  # the live probe's figure, recorded in the snapshot

@@ -1,0 +1,169 @@
+"""`provision report`: one self-contained HTML page of a lab run history, checked from its DOM.
+
+The history (helpers.lab_report_history): `provision baseline record -i lab` then four verify runs written through
+rigbook's own writers, every ladder the real climb over the lab's recorded hardware trees, the fourth with the
+`busbw-half` fault on the R9700 twin. The manifests are the real H200 capture's (tests/fixtures/evidence/
+h200-vm.manifest.json), one item changed for the second host. The same page in headless Chromium:
+tests/integration/test_report_browser.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import pytest
+from helpers import html_elements, lab_report_history, provision
+
+from rigbook import baselines, report
+from rigbook.baselines import metrics_of
+
+HOSTS = ("lab-3080", "lab-r9700")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The history, written once (about 10 s of real climbs) into a state directory each test copies."""
+    base = tmp_path_factory.mktemp("history")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RIGBOOK_STATE_DIR", str(base / "state"))
+        return base / "state", lab_report_history(base / "trees")
+
+
+@pytest.fixture
+def history(built, tmp_path, monkeypatch):
+    state, info = built
+    shutil.copytree(state, tmp_path / "state", symlinks=True)
+    monkeypatch.setenv("RIGBOOK_STATE_DIR", str(tmp_path / "state"))
+    return info
+
+
+def _page(tmp_path):
+    path, data = report.write_report("lab", str(tmp_path / "report.html"))
+    text = path.read_text()
+    elements, problems = html_elements(text)
+    return text, elements, problems, data
+
+
+def _find(elements, tag=None, **attrs):
+    return [e for e in elements if (tag is None or e["tag"] == tag)
+            and all(e.get(k.rstrip("_").replace("_", "-")) == v for k, v in attrs.items())]
+
+
+def test_every_host_layer_and_point_is_on_the_page(history, tmp_path):
+    text, elements, problems, _ = _page(tmp_path)
+    assert problems == []
+    for host in HOSTS:
+        assert _find(elements, "section", class_="host", data_host=host)
+        latest = history["hosts"][host][history["runs"][-1]]
+        layers = [e["data-layer"] for e in _find(elements, "tr", data_host=host) if "data-layer" in e]
+        assert layers == [v["layer"] for v in latest] and len(layers) == 10
+        for run in history["runs"]:
+            for metric, value in metrics_of(history["hosts"][host][run]).items():
+                points = _find(elements, "circle", data_host=host, data_metric=metric, data_run=run)
+                assert len(points) == 1, (host, metric, run)
+                assert float(points[0]["data-value"]) == value
+        # every run's artifact folder is linked (a file:// URL), and the snapshot command is given
+        for run in history["runs"]:
+            assert any(e.get("href", "").startswith("file:///") and e["href"].endswith(run)
+                       for e in _find(elements, "a"))
+        assert f"provision snapshot -i lab --limit {host}" in text
+    points = _find(elements, "circle")
+    assert len(points) == sum(len(metrics_of(ladder)) for runs in history["hosts"].values()
+                              for ladder in runs.values())  # 5 runs x (4 + 7) figures = 55
+    assert len(points) == 55
+
+
+def test_the_faulted_run_is_drawn_in_the_fail_band(history, tmp_path):
+    _, elements, _, _ = _page(tmp_path)
+    faulted = history["faulted"]
+    for metric, recorded in (("sendrecv_busbw_gbs", 9.75), ("all_reduce_busbw_gbs", 9.51)):
+        (band,) = _find(elements, "rect", data_band="fail", data_host="lab-r9700", data_metric=metric)
+        assert float(band["data-to"]) == pytest.approx(0.8 * recorded, abs=1e-3)
+        for point in _find(elements, "circle", data_host="lab-r9700", data_metric=metric):
+            top, bottom = float(band["y"]), float(band["y"]) + float(band["height"])
+            inside = top < float(point["cy"]) <= bottom  # SVG y grows downward: below the fail line
+            if point["data-run"] == faulted:
+                assert point["data-status"] == "fail" and inside
+                assert float(point["data-value"]) == pytest.approx(recorded / 2, abs=0.01)
+            else:
+                assert point["data-status"] == "pass" and not inside
+    # the faulted run's ladder failed at collectives, as `lab break lab-r9700 busbw-half` must
+    statuses = {v["layer"]: v["status"] for v in history["hosts"]["lab-r9700"][faulted]}
+    assert statuses["collectives"] == "fail"
+
+
+def test_no_external_url_no_script(history, tmp_path):
+    text, elements, _, _ = _page(tmp_path)
+    assert "http://" not in text and "https://" not in text
+    assert "<script" not in text.lower() and "@import" not in text and "url(" not in text
+    for element in elements:
+        for key in ("src", "href", "xlink:href", "action"):
+            value = element.get(key)
+            if value is not None:
+                assert value.startswith(("file:///", "#")), (element["tag"], key, value)
+    assert not re.search(r"""(?:src|href)\s*=\s*["']?//""", text)
+
+
+def test_group_side_by_side_with_manifest_differences(history, tmp_path):
+    """Manifests as `provision manifest -i lab` stores them: the real collector on the two lab hosts' recorded
+    trees (the 3080 twin's and the R9700 twin's), so what differs is a real difference of the two builds."""
+    from ansible_collections.rigbook.homelab.plugins.module_utils.collect import manifest as collector
+
+    from rigbook import manifests, runs
+    from rigbook.lab.hardware_trees import materialize
+
+    folder = runs.runs_dir() / "20260306-100000-manifest-abcdef" / manifests.MANIFEST_DIR
+    folder.mkdir(parents=True)
+    collected = {}
+    for host, profile in (("lab-3080", "x99-3080"), ("lab-r9700", "x99-r9700")):
+        root = materialize(profile, tmp_path / "manifest" / host)
+        collected[host] = collector.collect_manifest(str(root), str(root))
+        (folder / f"{host}.json").write_text(json.dumps(collected[host]))
+    want = manifests.diff(collected["lab-3080"], collected["lab-r9700"])
+    pinned = sorted(row["item"] for rows in want["pinned"].values() for row in rows)
+    assert pinned  # a 3080 box and an R9700 box differ in pinned items (GPUs, driver, ...)
+    text, elements, problems, data = _page(tmp_path)
+    assert problems == []
+    assert [title for title, _ in data.groups] == ["group lab"]
+    (section,) = _find(elements, "section", class_="group")
+    assert section["data-group"] == "group lab"
+    rows = [e for e in elements if e["tag"] == "tr" and "data-item" in e]
+    assert sorted(e["data-item"] for e in rows if "differs" in e.get("class", "")) == pinned
+    assert sorted(e["data-item"] for e in rows if "differs" not in e.get("class", "")) == \
+        sorted(row["item"] for row in want["unique"])
+    assert f"{len(pinned)} pinned item(s) differ" in text
+
+
+def test_a_kernel_change_is_marked_on_the_time_axis(history, tmp_path):
+    ladder = json.loads(json.dumps(history["hosts"]["lab-r9700"][history["runs"][-1]]))
+    for verdict in ladder:
+        if verdict["layer"] == "kernel_state":
+            verdict["measured"]["release"] = "6.1.0-50-amd64"  # the next kernel, as a kernel upgrade run reads it
+    baselines.append_history("lab-r9700", ladder, {v["layer"]: v["status"] for v in ladder}, "upgrade-run")
+    _, elements, _, _ = _page(tmp_path)
+    changes = _find(elements, "line", class_="change", data_host="lab-r9700", data_metric="peer_gbs_0_1")
+    assert [c["data-change"] for c in changes] == ["kernel 6.1.0-47-amd64 → 6.1.0-50-amd64"]
+    assert not _find(elements, "line", class_="change", data_host="lab-3080")
+
+
+def test_a_state_without_runs_still_gives_a_page(tmp_path, monkeypatch):
+    monkeypatch.setenv("RIGBOOK_STATE_DIR", str(tmp_path / "empty"))
+    text, elements, problems, _ = _page(tmp_path)
+    assert problems == [] and "no saved run with a ladder for lab-3080" in text
+    assert not _find(elements, "circle")
+
+
+def test_provision_report_command(history, tmp_path):
+    env = {"RIGBOOK_STATE_DIR": str(tmp_path / "state")}
+    proc = provision("report", "-i", "lab", "--from-runs", env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    path = proc.stdout.strip().rsplit(": ", 1)[1]
+    assert path.startswith(str(tmp_path / "state" / "reports" / "lab-")) and path.endswith("Z.html")
+    assert "55 charted point(s)" in proc.stdout
+    out = tmp_path / "mine.html"
+    proc = provision("report", "-i", "lab", "-o", out, env=env, timeout=120)
+    assert proc.returncode == 0 and out.is_file(), proc.stderr
+    proc = provision("report", "-i", "no-such-inventory", env=env, timeout=120)
+    assert proc.returncode == 2 and "not found" in proc.stderr

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from contextlib import ExitStack, contextmanager
@@ -458,3 +459,35 @@ def html_elements(text: str) -> tuple:
     parser.close()
     problems += [f"<{tag}> never closed" for tag in stack]
     return elements, problems
+
+
+# --- a real headless browser (Debian's chromium) with the network off ------------------------------------------
+
+OFFLINE = ["--proxy-server=127.0.0.1:9", "--host-resolver-rules=MAP * ~NOTFOUND", "--no-pings",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           "--disable-domain-reliability", "--no-first-run", "--no-default-browser-check"]
+
+
+def chromium() -> str:
+    """The chromium binary, installed with apt-get when missing (root on Debian), else a skip saying what to do."""
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found:
+        return found
+    apt = shutil.which("apt-get")
+    if not apt or os.geteuid() != 0:
+        pytest.skip("needs Debian's chromium package: `apt-get install chromium` as root")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    cmd = [apt, "install", "-y", "--no-install-recommends", "chromium"]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    if result.returncode != 0:
+        subprocess.run([apt, "update"], env=env, capture_output=True, text=True, timeout=600)
+        result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    found = shutil.which("chromium")
+    assert result.returncode == 0 and found, (result.stderr or result.stdout)[-2000:]
+    return found
+
+
+def browse(binary: str, page: Path, profile: Path, *args) -> subprocess.CompletedProcess:
+    argv = [binary, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+            f"--user-data-dir={profile}", *OFFLINE, *args, page.as_uri()]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=profile)

@@ -9,6 +9,8 @@ SUBCOMMANDS = {
     "validate": "check an inventory's rigbook_* variables (no host contacted)",
     "runs": "list recent runs and where their artifacts are",
     "lab": "local simulated rigs: up, status, down, break, heal",
+    "bootstrap": "make a bare host Ansible-ready over SSH: ansible_user, its key, sudoers drop-in, python3",
+    "report": "one HTML page per inventory: ladders, figures over time vs the baseline, the hosts side by side",
     "verify": "run the P2P ladder (verify.yml) on hosts, or judge a saved snapshot with --replay",
     "snapshot": "save each host's ladder evidence into one tarball for a bug report or a replay",
     "baseline": "record a known-good run's figures per host (record -i INV), or show them with history (show)",
@@ -89,10 +91,27 @@ def _sub_parser(name: str) -> argparse.ArgumentParser:
         p.add_argument("-v", "--verbose", action="count", default=0)
     elif name in ("manifest", "diff"):
         _manifest_args(p, name)
+    elif name == "bootstrap":
+        _bootstrap_args(p)
     elif name == "parse":
         p.add_argument("kind", help="lspci, nvidia-smi-q, nvidia-smi-topo, nccl-tests, nccl-log, p2p-bandwidth")
         p.add_argument("file", help="file with the pasted output, - for stdin")
     return p
+
+
+def _bootstrap_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("host", help="a host of the inventory (its address, port, ansible_user and known_hosts are used)")
+    p.add_argument("-i", "--inventory", required=True, help="homelab, lab or a path")
+    p.add_argument("--user", help="the existing account to log in as (default: the inventory's ansible_user)")
+    p.add_argument("--identity", metavar="PRIVATE_KEY",
+                   help="log in with this key (default: a password, from RIGBOOK_BOOTSTRAP_PASSWORD or a prompt)")
+    p.add_argument("--pubkey", metavar="FILE", help="the public key to install for ansible_user (default: the "
+                   "inventory's ansible_ssh_private_key_file + .pub, else ~/.ssh/id_ed25519.pub)")
+    trust = p.add_mutually_exclusive_group()
+    trust.add_argument("--accept-new-host-key", action="store_true",
+                       help="record an unknown host key (its fingerprint is printed); a changed one is still refused")
+    trust.add_argument("--host-key-fingerprint", metavar="SHA256:...",
+                       help="record an unknown host key only if it has this fingerprint")
 
 
 def _manifest_args(p: argparse.ArgumentParser, name: str) -> None:
@@ -180,6 +199,10 @@ def _verify_or_snapshot(name: str, args) -> int:
 
 
 def _dispatch(argv: list) -> int:
+    if argv and argv[0] == "report":  # one HTML page of an inventory, from the saved state (rigbook/report.py)
+        from rigbook.report import main as report_main
+
+        return report_main(argv[1:])
     if argv and argv[0] in SUBCOMMANDS:
         name, rest = argv[0], argv[1:]
         if name == "lab":
@@ -199,6 +222,11 @@ def _dispatch(argv: list) -> int:
             return parse_main(args.kind, args.file)
         if name == "baseline":
             return _baseline(args)
+        if name == "bootstrap":
+            from rigbook.bootstrap import bootstrap
+
+            return bootstrap(args.host, args.inventory, user=args.user, identity=args.identity, pubkey=args.pubkey,
+                             accept_new=args.accept_new_host_key, host_key_fingerprint=args.host_key_fingerprint)
         if name in ("manifest", "diff"):
             return _manifest_or_diff(name, args)
         return _verify_or_snapshot(name, args)

@@ -1,6 +1,7 @@
 """A second identical box, on the lab (marker: lab): three hosts, two of them 3080 twins, one of the twins started
 bare and bootstrapped, both twins converged by one site.yml run in parallel, their manifests diffed, and the twin
-with no baseline of its own held to the first box's group baseline.
+with no baseline of its own held to the first box's group baseline; then `provision report` of that history in
+headless Chromium.
 
 The issue's measured failure is the starting point: twins share the lab's apt archive cache (as two boxes behind one
 apt proxy share a mirror), so the second twin's kernel install met "Could not get lock /var/cache/apt/archives/lock"
@@ -16,12 +17,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import time
+from pathlib import Path
 
 import pytest
-from helpers import LAB_MARKS, LabHost, leftovers, provision
+from helpers import LAB_MARKS, REPO, LabHost, browse, chromium, html_elements, leftovers, provision
 
 pytestmark = LAB_MARKS
+ARTIFACTS = REPO / "tests" / "artifacts-out"
 FIRST, TWIN, GROUP = "lab-3080", "lab-3080-2", "x99_3080"
 HOLD_S = 45
 HOLDER = ("import fcntl, time\n"
@@ -115,3 +119,52 @@ def test_two_twins_converge_in_parallel_diff_clean_and_the_twin_is_held_to_the_g
     failed = [v for v in host["ladder"] if v["status"] == "fail"]
     assert [v["layer"] for v in failed] == ["p2p_bandwidth"], host["ladder"]
     assert "baseline" in failed[0]["why"], failed[0]
+    report_of_the_lab_history(inventory, halved_run=Path(json.loads(halved.stdout)["run_dir"]).name)
+
+
+def report_of_the_lab_history(inventory: str, halved_run: str) -> None:
+    """`provision report` of this lab history (a group baseline, a healthy and a halved verify of the twin) in
+    headless Chromium with the network off: every host and layer, every recorded figure drawn, the halved run
+    below the fail band; the screenshot kept (and made the README's picture with RIGBOOK_UPDATE_SCREENSHOT=1)."""
+    from rigbook.paths import state_dir
+
+    out = state_dir() / "report.html"
+    made = provision("report", "-i", inventory, "-o", str(out))
+    assert made.returncode == 0, made.stdout + made.stderr
+    assert "http://" not in out.read_text() and "https://" not in out.read_text()
+    binary = chromium()
+    profile = state_dir() / "chromium"
+    profile.mkdir()
+    dumped = browse(binary, out, profile, "--dump-dom")
+    assert dumped.returncode == 0, dumped.stderr[-2000:]
+    elements, _ = html_elements(dumped.stdout)
+
+    def find(tag, **attrs):
+        return [e for e in elements if e["tag"] == tag
+                and all(e.get(k.rstrip("_").replace("_", "-")) == v for k, v in attrs.items())]
+
+    for name in (FIRST, TWIN, "lab-r9700"):
+        assert find("section", class_="host", data_host=name), name
+    history = json.loads((state_dir() / "baselines" / f"{TWIN}.json").read_text())["history"]
+    assert len(history) >= 2
+    for entry in history:
+        for metric, value in entry["metrics"].items():
+            if isinstance(value, (int, float)):
+                (point,) = find("circle", data_host=TWIN, data_metric=metric, data_run=Path(entry["run_dir"]).name)
+                assert float(point["data-value"]) == value
+    latest = [e["data-layer"] for e in find("tr", data_host=TWIN) if "data-layer" in e]
+    assert "p2p_bandwidth" in latest and "serving" in latest, latest
+    halved_points = [e for e in find("circle", data_host=TWIN, data_run=halved_run) if e["data-status"] == "fail"]
+    assert halved_points, "the halved run drew no failing point"
+    for point in halved_points:
+        (band,) = find("rect", data_band="fail", data_host=TWIN, data_metric=point["data-metric"])
+        top, bottom = float(band["y"]), float(band["y"]) + float(band["height"])
+        assert top < float(point["cy"]) <= bottom, (point, band)  # drawn below the fail line
+
+    shot = state_dir() / "report.png"
+    taken = browse(binary, out, profile, f"--screenshot={shot}", "--window-size=1280,2400")
+    assert taken.returncode == 0 and shot.is_file(), taken.stderr[-2000:]
+    ARTIFACTS.mkdir(exist_ok=True)
+    shutil.copy(shot, ARTIFACTS / "report-lab.png")
+    if os.environ.get("RIGBOOK_UPDATE_SCREENSHOT"):
+        shutil.copy(shot, REPO / "docs" / "report.png")

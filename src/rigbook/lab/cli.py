@@ -10,6 +10,7 @@ USAGE_EXAMPLES = """\
 examples:
   provision lab up                          # lab-3080 + lab-r9700
   provision lab up --hosts 3 --profile x99-r9700
+  provision lab up --bare lab-3080          # lab-3080 as a fresh install: for `provision bootstrap`
   provision lab status
   provision lab break lab-r9700 dma-window-above-44bit
   provision lab heal lab-r9700
@@ -37,6 +38,9 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--profile", dest="profiles", action="extend", nargs="+", metavar="NAME",
                     help=f"hardware profiles, cycled over the hosts (known: {', '.join(profile_names())}; "
                          "default: x99-3080 x99-r9700)")
+    up.add_argument("--bare", nargs="*", metavar="HOST",
+                    help="start these hosts (no names: every host) as a fresh install: no rigbook user, key or "
+                         "sudoers drop-in, an admin user with a password, the host key not in known_hosts")
     sub.add_parser("status", help="the lab hosts, their state, boots, memory and faults")
     sub.add_parser("down", help="stop every lab host and remove what `up` made")
     brk = sub.add_parser("break", help="apply a fault to a host's recorded hardware tree")
@@ -52,7 +56,7 @@ def run(argv: list) -> int:
 
     args = parser().parse_args(argv)
     if args.command == "up":
-        return lab.up(args.hosts, args.profiles)
+        return lab.up(args.hosts, args.profiles, args.bare)
     if args.command == "status":
         return lab.status()
     if args.command == "down":

@@ -50,8 +50,8 @@ def _leftovers(lab: Lab) -> list:
     return left
 
 
-def up(count: int | None, profiles: list | None) -> int:
-    hosts = state.plan_hosts(count, profiles)
+def up(count: int | None, profiles: list | None, bare: list | None = None) -> int:
+    hosts = state.plan_hosts(count, profiles, bare)
     system.require_root("up")
     with state.locked():
         existing = state.load()
@@ -88,6 +88,12 @@ def up(count: int | None, profiles: list | None) -> int:
     inv = "lab" if inventory.is_default(hosts) else str(inventory.inventory_dir())
     names = ", ".join(h.name for h in hosts)
     progress(f"{_count(hosts)} up in {elapsed:.1f} s: {names}")
+    bare = [h.name for h in hosts if h.bare]
+    if bare:
+        progress(f"bare: {', '.join(bare)} (user {state.BARE_ADMIN}, password in "
+                 f"{state.lab_dir() / 'hosts' / bare[0] / 'admin-password'}{' etc.' if len(bare) > 1 else ''}): "
+                 f"first RIGBOOK_BOOTSTRAP_PASSWORD=... provision bootstrap {bare[0]} -i {inv} --user "
+                 f"{state.BARE_ADMIN} --accept-new-host-key")
     progress(f"next: provision site.yml -i {inv}   (then: provision lab status / break / heal / down)")
     return 0
 
@@ -100,7 +106,9 @@ def _start(lab: Lab, hosts: list, root) -> None:
         state.save(lab)  # recorded before anything exists, so a rollback or `lab down` finds it
         machine.prepare_root(host, root)
         state.save(lab)
-        known.append(f"[{host.address}]:{host.port} {machine.configure(host, pubkey)}\n")
+        line = f"[{host.address}]:{host.port} {machine.configure(host, pubkey)}\n"
+        if not host.bare:  # a bare host's key is for `provision bootstrap` to accept explicitly
+            known.append(line)
         (state.ssh_dir() / "known_hosts").write_text("".join(known))
         machine.start(host, lab.systemd_host)
         state.save(lab)
@@ -142,6 +150,10 @@ def status() -> int:
         rss = f"{tracking.rss_kib(host) / 1024:.0f} MiB" if running else "-"
         print(f"{host.name:<14} {host.profile:<11} {'running' if running else 'stopped':<8} "
               f"{host.address + ':' + str(host.port):<21} {boots:>5} {rss:>8}  {', '.join(host.faults) or '-'}")
+    for host in lab.hosts:
+        if host.bare:
+            print(f"{host.name}: started bare: user {state.BARE_ADMIN} (group sudo), password in "
+                  f"{host.admin_password_file}; run `provision bootstrap {host.name}` before Ansible")
     print(f"rootfs: {lab.rootfs}")
     print(f"evidence root on each host: {state.EVIDENCE_ROOT}")
     return 0

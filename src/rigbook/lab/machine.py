@@ -7,6 +7,7 @@ left behind, and nothing else is touched.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -114,11 +115,14 @@ def configure(host: Host, client_pubkey: str) -> str:
     _put(root, "etc/machine-id", uuid.uuid4().hex + "\n", 0o444)
     _put(root, "etc/motd", f"\nrigbook lab host {host.name} (profile {host.profile}): a container; its GPUs are "
                            f"a recorded tree under {state.EVIDENCE_ROOT}\n\n")
-    owner = _owner(root, state.USER)
-    home = root / "home" / state.USER / ".ssh"
-    home.mkdir(mode=0o700, exist_ok=True)
-    os.chown(home, *owner)
-    _put(root, f"home/{state.USER}/.ssh/authorized_keys", client_pubkey, 0o600, owner)
+    if host.bare:
+        make_bare(host)
+    else:
+        owner = _owner(root, state.USER)
+        home = root / "home" / state.USER / ".ssh"
+        home.mkdir(mode=0o700, exist_ok=True)
+        os.chown(home, *owner)
+        _put(root, f"home/{state.USER}/.ssh/authorized_keys", client_pubkey, 0o600, owner)
     # The model a serve profile names (user data, not provisioned): for the lab's engine TEST STAND-IN only a
     # config.json, as SGLang checks the model directory holds one.
     _put(root, f"{STANDIN_MODEL}/config.json", json.dumps({"architectures": ["StandinForCausalLM"],
@@ -127,6 +131,61 @@ def configure(host: Host, client_pubkey: str) -> str:
     hardware_trees.materialize(host.profile, host.evidence)
     install_boot_hook(root)
     return " ".join(pub.split()[:2])
+
+
+BARE_SSHD = """\
+# rigbook lab, bare host: password logins, as a fresh install has (read before 10-rigbook-lab.conf: first wins).
+PasswordAuthentication yes
+"""
+
+
+def _chroot(root: Path, *cmd: str, stdin: str | None = None) -> None:
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C", "HOME": "/root"}
+    proc = subprocess.run(["chroot", str(root), *cmd], input=stdin, capture_output=True, text=True, env=env,
+                          timeout=60)
+    if proc.returncode != 0:
+        raise LabFailure(f"`chroot {root} {' '.join(cmd[:2])}` failed: {(proc.stderr or proc.stdout).strip()[-300:]}")
+
+
+def make_bare(host: Host) -> None:
+    """A host as a fresh Debian install leaves it: no rigbook user, key or sudoers drop-in (the rootfs has them:
+    removed from this host's root only), an `admin` account in group sudo with a generated password (kept in
+    host.admin_password_file, 0600) and password logins in sshd. Its host key is not put in known_hosts."""
+    import secrets
+
+    root = host.root
+    if any(line.startswith(f"{state.USER}:") for line in (root / "etc/passwd").read_text().splitlines()):
+        _chroot(root, "userdel", "--remove", state.USER)
+    (root / f"etc/sudoers.d/{state.USER}").unlink(missing_ok=True)
+    _chroot(root, "useradd", "--create-home", "--shell", "/bin/bash", "--groups", "sudo", state.BARE_ADMIN)
+    password = secrets.token_urlsafe(12)
+    _chroot(root, "chpasswd", stdin=f"{state.BARE_ADMIN}:{password}\n")
+    fd = os.open(host.admin_password_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(password + "\n")
+    _put(root, "etc/ssh/sshd_config.d/05-rigbook-lab-bare.conf", BARE_SSHD)
+
+
+def bare_ready(host: Host) -> str:
+    """`systemctl is-system-running --wait` on a bare host, logged in as admin with its password (paramiko; the
+    host key checked against the one the lab generated): its answer, or '' when not reachable yet."""
+    import paramiko
+
+    client = paramiko.SSHClient()
+    pub = (host.dir / "ssh_host_ed25519_key.pub").read_text().split()
+    key = paramiko.Ed25519Key(data=base64.b64decode(pub[1]))
+    client.get_host_keys().add(f"[{host.address}]:{host.port}", pub[0], key)
+    client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    try:
+        client.connect(host.address, host.port, username=state.BARE_ADMIN,
+                       password=host.admin_password_file.read_text().strip(), look_for_keys=False,
+                       allow_agent=False, timeout=3, banner_timeout=10, auth_timeout=10)
+        _stdin, stdout, _stderr = client.exec_command("systemctl is-system-running --wait", timeout=90)
+        return stdout.read().decode().strip()
+    except (OSError, paramiko.SSHException):
+        return ""
+    finally:
+        client.close()
 
 
 # Directories of this machine shared with every lab host (created before boot):
@@ -249,11 +308,17 @@ def wait_ready(hosts: list, timeout: float = 120.0) -> None:
                 raise LabFailure(f"{host.name}: the container stopped while booting: {console_tail(host)}")
             if not _listening(host):
                 continue
-            cmd = ssh_command(host, "sudo -n true && systemctl is-system-running --wait")
-            result = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
-            status = result.stdout.strip().splitlines()[-1:] or [""]
+            if host.bare:
+                status = [bare_ready(host)]
+            else:
+                cmd = ssh_command(host, "sudo -n true && systemctl is-system-running --wait")
+                result = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+                status = result.stdout.strip().splitlines()[-1:] or [""]
             if status[0] in ("running", "degraded"):
                 note = "" if status[0] == "running" else " (degraded: `systemctl --failed` inside says which unit)"
+                if host.bare:
+                    note += (f" (bare: no {state.USER} user; {state.BARE_ADMIN}'s password in "
+                             f"{host.admin_password_file}; host key not in known_hosts)")
                 progress(f"{host.name}: up on {host.address}:{host.port}{note}")
                 pending.remove(host)
         if pending and time.monotonic() > deadline:

@@ -24,6 +24,7 @@ MAX_PER_PROFILE = 8
 EVIDENCE_ROOT = "/var/lib/rigbook-lab/evidence"  # inside each host: rigbook_evidence_root
 DEFAULT_PROFILES = ["x99-3080", "x99-r9700"]
 USER = "rigbook"
+BARE_ADMIN = "admin"  # a bare host's existing account: group sudo, a password (no key), as a fresh install has
 
 
 def lab_dir() -> Path:
@@ -54,10 +55,16 @@ class Host:
     root_mode: str = ""  # overlay | copy
     cgroups: list = field(default_factory=list)
     faults: list = field(default_factory=list)
+    bare: bool = False  # no rigbook user, key or sudoers drop-in; host key not in known_hosts (`lab up --bare`)
 
     @property
     def dir(self) -> Path:
         return lab_dir() / "hosts" / self.name
+
+    @property
+    def admin_password_file(self) -> Path:
+        """A bare host's admin password (mode 0600), for `provision bootstrap`."""
+        return self.dir / "admin-password"
 
     @property
     def root(self) -> Path:
@@ -81,8 +88,9 @@ class Lab:
         raise UserError(f"no lab host {name!r} (hosts: {', '.join(h.name for h in self.hosts) or 'none'})")
 
 
-def plan_hosts(count: int | None, profiles: list | None) -> list:
-    """The hosts `lab up` will make, checked: known profiles, a sane count."""
+def plan_hosts(count: int | None, profiles: list | None, bare: list | None = None) -> list:
+    """The hosts `lab up` will make, checked: known profiles, a sane count; BARE: the names to start bare
+    ([] = every host, None = none)."""
     names = list(profiles or DEFAULT_PROFILES)
     for name in names:
         hardware_trees.load_profile(name)  # UserError for an unknown profile
@@ -103,6 +111,13 @@ def plan_hosts(count: int | None, profiles: list | None) -> list:
             raise UserError(f"at most {MAX_PER_PROFILE} hosts per profile (asked for {k} of {profile['name']})")
         name = meta["name"] if k == 1 else f"{meta['name']}-{k}"
         hosts.append(Host(name, profile["name"], meta["group"], f"127.0.{10 + k}.{meta['slot']}"))
+    if bare is not None:
+        names = [h.name for h in hosts]
+        unknown = [b for b in bare if b not in names]
+        if unknown:
+            raise UserError(f"--bare {', '.join(unknown)}: not a host of this lab (hosts: {', '.join(names)})")
+        for host in hosts:
+            host.bare = not bare or host.name in bare
     return hosts
 
 

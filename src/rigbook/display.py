@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 from typing import TextIO
 
 from rich import box
@@ -36,12 +38,99 @@ def make_console(stream: TextIO) -> Console:
                    width=None if tty else PLAIN_WIDTH)
 
 
-class PlainProgress:
-    """One line per play, task and host result: for CI logs and pipes (no control codes)."""
+PROGRESS_EVERY_ENV = "RIGBOOK_PROGRESS_EVERY"
+PROGRESS_EVERY_DEFAULT = 30.0
 
-    def __init__(self, tracker: Tracker, stream: TextIO):
+
+def elapsed(seconds: float) -> str:
+    """42s, 1m30s, 2h05m: whole seconds, for a person."""
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+
+
+def progress_every(environ=None) -> tuple:
+    """(seconds between the plain "still in" lines, or None for none; a warning line or None), from
+    RIGBOOK_PROGRESS_EVERY: seconds (a float), 0 or off for no lines, unset for every 30 s."""
+    raw = (os.environ if environ is None else environ).get(PROGRESS_EVERY_ENV, "").strip()
+    if not raw:
+        return PROGRESS_EVERY_DEFAULT, None
+    if raw.lower() in ("0", "off", "no", "false"):
+        return None, None
+    try:
+        every = float(raw)
+    except ValueError:
+        every = -1.0
+    if not every > 0 or every == float("inf"):
+        return PROGRESS_EVERY_DEFAULT, (f"{PROGRESS_EVERY_ENV}={raw!r} is not a number of seconds > 0 (or 0/off): "
+                                        f"printing progress every {PROGRESS_EVERY_DEFAULT:g}s")
+    return every, None
+
+
+def still_lines(running: list, every: float) -> list:
+    """The plain progress lines of hosts in a task for at least EVERY seconds (running: tracker.running())."""
+    lines = []
+    for r in running:
+        if r.elapsed < every:
+            continue
+        poll = f" (poll {r.polls})" if r.polls else ""
+        lines.append(f"  ... {r.host}: still in '{r.task}' after {elapsed(r.elapsed)}{poll}")
+    return lines
+
+
+class Ticker:
+    """A daemon thread that every EVERY seconds writes (through EMIT) one line per host in a task for at least that
+    long; nothing while every task is short. stop() ends it: once stop() returns it writes nothing more."""
+
+    def __init__(self, tracker: Tracker, every: float, emit):
+        self.tracker = tracker
+        self.every = every
+        self.emit = emit
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="rigbook-progress", daemon=True)
+
+    def start(self) -> Ticker:
+        self.thread.start()
+        return self
+
+    def tick(self) -> list:
+        lines = still_lines(self.tracker.running(), self.every)
+        for line in lines:
+            self.emit(line, self.stopped)
+        return lines
+
+    def _loop(self) -> None:
+        while not self.stopped.wait(self.every):
+            try:
+                self.tick()
+            except Exception:  # noqa: BLE001 - a progress line is never worth a traceback in the middle of a run
+                pass
+
+    def stop(self) -> None:
+        self.stopped.set()
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
+            self.thread.join(timeout=5)
+
+
+class PlainProgress:
+    """One line per play, task and host result: for CI logs and pipes (no control codes). Long tasks get a
+    "still in" line per host every EVERY seconds (a Ticker, started and stopped with the run)."""
+
+    def __init__(self, tracker: Tracker, stream: TextIO, every: float | None = None):
         self.stream = stream
+        self.lock = threading.Lock()  # the ticker's lines and the event lines, each written whole
+        self.ticker = Ticker(tracker, every, self.write) if every else None
         tracker.listeners.append(self.on_line)
+
+    def write(self, text: str, stopped: threading.Event | None = None) -> None:
+        with self.lock:
+            if stopped is not None and stopped.is_set():
+                return  # the ticker was stopped while this line waited: the run is over, the summary may be out
+            self.stream.write(text + "\n")
+            self.stream.flush()
 
     def on_line(self, line) -> None:
         kind, host, text = line
@@ -53,60 +142,72 @@ class PlainProgress:
             return
         else:
             out = f"    {kind}: {host}: {text}"
-        print(out, file=self.stream, flush=True)
+        self.write(out)
 
     def __enter__(self):
+        if self.ticker:
+            self.ticker.start()
         return self
 
     def __exit__(self, *exc):
+        if self.ticker:
+            self.ticker.stop()
         return False
 
 
 class LiveProgress:
-    """A table of hosts (state, current task, tasks done) refreshed as events arrive."""
+    """A table of hosts (state, current task, time in it and polls so far, tasks done), drawn afresh from the tracker
+    8 times a second on rich's refresh thread (render() is its get_renderable), so the time runs between events."""
 
     def __init__(self, tracker: Tracker, console: Console, title: str):
         self.tracker = tracker
         self.console = console
         self.title = title
-        self.live = Live(self.render(), console=console, refresh_per_second=8, transient=True)
+        self.live = Live(console=console, refresh_per_second=8, transient=True, get_renderable=self.render)
         tracker.listeners.append(self.on_line)
 
     def render(self):
         table = Table(box=box.SIMPLE, expand=False, title=self.title, title_justify="left")
-        for column in ("host", "state", "task", "done", "ok", "changed", "failed"):
+        for column in ("host", "state", "task", "time", "done", "ok", "changed", "failed"):
             table.add_column(column)
-        for name in sorted(self.tracker.hosts):
-            h = self.tracker.hosts[name]
+        times = {r.host: r for r in self.tracker.running()}
+        with self.tracker.lock:
+            rows = [(h.name, h.state, h.task, h.tasks_done, dict(h.counts))
+                    for _, h in sorted(self.tracker.hosts.items())]
+            play = Text(f"play: {self.tracker.play}   task: {self.tracker.task}", style="dim")
+        for name, state, task, done, counts in rows:
+            now = times.get(name)
+            when = elapsed(now.elapsed) + (f" (poll {now.polls})" if now.polls else "") if now else ""
             table.add_row(
                 name,
-                Text(h.state, style=STATE_STYLE.get(h.state, "")),
-                h.task[:60],
-                str(h.tasks_done),
-                *(str(h.counts[k]) for k in ("ok", "changed", "failed")),
+                Text(state, style=STATE_STYLE.get(state, "")),
+                Text(task[:60]),
+                Text(when, style="cyan"),
+                str(done),
+                *(str(counts[k]) for k in ("ok", "changed", "failed")),
             )
-        play = Text(f"play: {self.tracker.play}   task: {self.tracker.task}", style="dim")
         return Group(play, table)
 
     def on_line(self, line) -> None:
         kind, host, text = line
         if kind in ("failed", "unreachable"):
             self.live.console.print(Text(f"{kind}: {host}: {text}", style=STATE_STYLE.get(kind, "")))
-        self.live.update(self.render())
+        # the table itself is redrawn by rich's refresh thread (8 a second), from the tracker as it is then
 
     def __enter__(self):
         self.live.__enter__()
         return self
 
     def __exit__(self, *exc):
-        self.live.update(self.render())
         return self.live.__exit__(*exc)
 
 
-def progress_for(tracker: Tracker, stream: TextIO, title: str):
+def progress_for(tracker: Tracker, stream: TextIO, title: str, every: float | None = None):
+    """The live view on a terminal; elsewhere plain lines, with a "still in" line per long-running host every EVERY
+    seconds (None: none)."""
     if stream.isatty():
         return LiveProgress(tracker, make_console(stream), title)
-    return PlainProgress(tracker, stream)
+    return PlainProgress(tracker, stream, every)
 
 
 def print_summary(tracker: Tracker, console: Console, run_dir) -> None:

@@ -272,8 +272,12 @@ def _run_locked(opts: RunOptions, playbook: Path, inventory: Path, inv) -> int:
     mode = " (check mode)" if opts.check else ""
     title = f"provision {playbook.name} -i {inventory.name}{mode}"
     env = ansible_env()
+    every, every_warning = display.progress_every()
+    if every_warning:
+        print(every_warning, file=sys.stderr, flush=True)
     try:
-        with display.progress_for(tracker, progress_stream, title):
+        # the progress (and its "still in" ticker in a pipe) ends with the run, before the summary
+        with display.progress_for(tracker, progress_stream, title, every):
             runner = ansible_runner.run(
                 private_data_dir=str(run_dir),
                 project_dir=str(playbook.parent),

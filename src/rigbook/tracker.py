@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass, field
 
 COUNTERS = ("ok", "changed", "failed", "unreachable", "skipped")
@@ -22,6 +24,18 @@ class HostState:
     ladder: list = field(default_factory=list)  # verdict dicts from the ladder module's runs
     reboot_requested: bool = False
     interrupted_in: str = ""  # the task a Ctrl-C cut short on this host
+    task_started: float | None = None  # the tracker's clock when the current task started here; None between tasks
+    polls: int = 0  # status checks of the current task so far (until/retries of async_status, async poll)
+
+
+@dataclass(frozen=True)
+class Running:
+    """A host in a task right now, as the progress displays show it."""
+
+    host: str
+    task: str
+    elapsed: float  # seconds in the task
+    polls: int  # 0: not a polling task (or no check yet)
 
 
 def _verdicts(res) -> list:
@@ -52,9 +66,14 @@ def _message(res: dict) -> str:
 
 
 class Tracker:
-    """Consumes runner events (dicts). Not thread-safe; ansible-runner calls the handler in one thread."""
+    """Consumes runner events (dicts), in the one thread ansible-runner calls the handler in. The progress displays
+    read it from threads of their own (rich's refresh, the plain ticker): they go through running(), under the lock.
 
-    def __init__(self):
+    CLOCK (monotonic seconds) times each host's current task; tests pass a fake one."""
+
+    def __init__(self, clock=time.monotonic):
+        self.clock = clock
+        self.lock = threading.Lock()
         self.hosts: dict = {}
         self.play = ""
         self.task = ""
@@ -68,6 +87,14 @@ class Tracker:
         return self.hosts[name]
 
     def handle(self, event: dict) -> bool:
+        with self.lock:
+            line = self._handle(event)
+        if line:
+            for listener in self.listeners:
+                listener(line)
+        return True
+
+    def _handle(self, event: dict):
         kind = event.get("event", "")
         data = event.get("event_data") or {}
         host_name = data.get("host") or data.get("remote_addr")
@@ -83,29 +110,46 @@ class Tracker:
         elif kind == "runner_on_start" and host_name:
             h = self.host(host_name)
             h.task = data.get("task") or self.task
+            h.task_started = self.clock()
+            h.polls = 0
             if h.state in ("waiting", "ok", "changed"):
                 h.state = "running"
+        elif kind == "runner_retry" and host_name:
+            # an `until:` task checking again (async_status of a build): res["attempts"] is the check just made
+            res = data.get("res")
+            attempts = res.get("attempts") if isinstance(res, dict) else None
+            h = self.host(host_name)
+            h.polls = attempts if isinstance(attempts, int) and attempts > 0 else h.polls + 1
+        elif kind == "runner_on_async_poll" and host_name:
+            self.host(host_name).polls += 1  # `async:` with `poll:` > 0: ansible polls the job itself
         elif kind in ("runner_on_ok", "runner_on_failed", "runner_on_skipped", "runner_on_unreachable") and host_name:
             line = self._result(kind, host_name, data)
         elif kind == "playbook_on_stats":
             self.stats = data
             self._apply_stats(data)
+            for h in self.hosts.values():
+                h.task_started = None
         elif kind == "verbose":
             text = (event.get("stdout") or "").strip()
             if text.startswith("ERROR!") or "[ERROR]" in text:
                 self.errors.append(text)
         elif kind == "error" or (kind == "" and "ERROR" in (event.get("stdout") or "")):
             self.errors.append((event.get("stdout") or "").strip())
-        if line:
-            for listener in self.listeners:
-                listener(line)
-        return True
+        return line
+
+    def running(self, now: float | None = None) -> list:
+        """Every host in a task now, by name: Running(host, task, seconds in it, polls so far)."""
+        with self.lock:
+            now = self.clock() if now is None else now
+            return [Running(h.name, h.task, max(0.0, now - h.task_started), h.polls)
+                    for name, h in sorted(self.hosts.items()) if h.task_started is not None]
 
     def _result(self, kind: str, host_name: str, data: dict):
         h = self.host(host_name)
         res = data.get("res") or {}
         task = data.get("task") or self.task
         h.tasks_done += 1
+        h.task_started = None
         h.ladder.extend(_verdicts(res))
         if isinstance(res, dict) and res.get("reboot_required"):
             h.reboot_requested = True
@@ -152,6 +196,7 @@ class Tracker:
     def interrupt(self) -> None:
         """The run was stopped (Ctrl-C): a host still running is marked interrupted, in the task it was in."""
         for h in self.hosts.values():
+            h.task_started = None
             if h.state == "running" or (h.state == "waiting" and h.task):
                 h.state = "interrupted"
                 h.interrupted_in = h.task or self.task

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -234,3 +235,32 @@ def test_a_corrupt_baselines_file_is_kept_aside_and_the_run_stops_before_any_hos
     again = provision("verify", "-i", str(inv), "--json", "--tags", "pcie_link", env=env, timeout=300)
     assert again.returncode in (0, 1), again.stderr[-2000:]
     assert json.loads(again.stdout)["hosts"]["localhost"]["baseline_source"] == "none"
+
+
+def test_long_tasks_print_still_in_lines_in_a_pipe_and_quick_ones_none(tmp_path):
+    """Not a terminal: every RIGBOOK_PROGRESS_EVERY seconds one line per host still in a task that long, on the
+    progress stream (stderr with --json, so stdout stays one JSON object), and none once the summary is out."""
+    every = {"RIGBOOK_PROGRESS_EVERY": "1"}
+    slow = tmp_path / "slow.yml"
+    slow.write_text(
+        "---\n- name: Slow\n  hosts: all\n  gather_facts: false\n  tasks:\n"
+        "    - name: Sleep three seconds\n      ansible.builtin.command: sleep 3\n"
+    )
+    proc = provision(slow, "-i", "localhost", "--json", env=every, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["exit_code"] == 0  # nothing but the JSON object on stdout
+    lines = proc.stderr.splitlines()
+    still = [i for i, line in enumerate(lines) if "still in 'Sleep" in line]
+    assert still, proc.stderr[-2000:]
+    assert all(re.fullmatch(r"  \.\.\. localhost: still in 'Sleep three seconds' after \ds", lines[i])
+               for i in still), proc.stderr[-2000:]
+    assert max(still) < lines.index("summary"), proc.stderr[-2000:]  # nothing after the run ended
+    quick = tmp_path / "quick.yml"
+    quick.write_text(
+        "---\n- name: Quick\n  hosts: all\n  gather_facts: false\n  tasks:\n"
+        + "".join(f"    - name: Say {n}\n      ansible.builtin.debug:\n        msg: hello {n}\n" for n in range(5))
+    )
+    proc = provision(quick, "-i", "localhost", env=every, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "  TASK Say 4" in proc.stdout and "summary" in proc.stdout
+    assert "still in" not in proc.stdout + proc.stderr

@@ -491,3 +491,16 @@ def browse(binary: str, page: Path, profile: Path, *args) -> subprocess.Complete
     argv = [binary, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
             f"--user-data-dir={profile}", *OFFLINE, *args, page.as_uri()]
     return subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=profile)
+
+
+def page_dom(page: Path, profile: Path):
+    """Chromium's DOM of PAGE, the network off: find(tag, **attrs) over its elements (data_host= is data-host=,
+    class_= is class=)."""
+    dumped = browse(chromium(), page, profile, "--dump-dom")
+    assert dumped.returncode == 0, dumped.stderr[-2000:]
+    elements, _ = html_elements(dumped.stdout)
+
+    def find(tag, **attrs):
+        return [e for e in elements if e["tag"] == tag
+                and all(e.get(k.rstrip("_").replace("_", "-")) == v for k, v in attrs.items())]
+    return find

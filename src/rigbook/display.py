@@ -286,12 +286,12 @@ def _print_ladder_blocks(console: Console, host: str, ladder: list) -> None:
         console.print(Text(line), soft_wrap=True)
 
 
-def _nested(value) -> str:
+def nested_text(value) -> str:
     """A value inside a measured/expected mapping: a mapping of its own as "(k v, ...)", unknowns left out."""
     if isinstance(value, dict):
-        return "(" + ", ".join(f"{k} {_nested(v)}" for k, v in value.items() if v is not None) + ")"
+        return "(" + ", ".join(f"{k} {nested_text(v)}" for k, v in value.items() if v is not None) + ")"
     if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_nested(v) for v in value) + "]"
+        return "[" + ", ".join(nested_text(v) for v in value) + "]"
     return str(value)
 
 
@@ -300,9 +300,9 @@ def _text(value) -> str:
     if value is None:
         return "-"
     if isinstance(value, dict):
-        return ", ".join(f"{k}={_nested(v)}" for k, v in value.items())
+        return ", ".join(f"{k}={nested_text(v)}" for k, v in value.items())
     if isinstance(value, (list, tuple)):
-        return ", ".join(_nested(v) for v in value)
+        return ", ".join(nested_text(v) for v in value)
     return str(value)
 
 

@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rigbook.display import nested_text
+
 VERSION_KEYS = ("kernel", "nvidia_driver", "rocm", "nccl", "sglang")
 STATUS_ORDER = {"fail": 4, "unknown": 3, "warn": 2, "pass": 1, "skip": 0}
 DEFAULT_TOLERANCE = {"fail_below": 0.8, "warn_below": 0.95}  # module_utils/ladder/expectations.py DEFAULT_TOLERANCE
@@ -232,22 +234,14 @@ def _file_url(path: str) -> str:
     return "file://" + quote(str(Path(path).resolve()))
 
 
-def _nested(value) -> str:
-    if isinstance(value, dict):
-        return "(" + ", ".join(f"{k} {_nested(v)}" for k, v in value.items() if v is not None) + ")"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_nested(v) for v in value) + "]"
-    return str(value)
-
-
 def _cell(value) -> str:
     """A measured / expected value in full: a mapping as one line per key."""
     if value is None or value == "":
         return "<span class=dim>-</span>"
     if isinstance(value, dict):
-        return "<br>".join(f"<b>{_e(k)}</b> {_e(_nested(v))}" for k, v in value.items())
+        return "<br>".join(f"<b>{_e(k)}</b> {_e(nested_text(v))}" for k, v in value.items())
     if isinstance(value, (list, tuple)):
-        return _e(", ".join(_nested(v) for v in value))
+        return _e(", ".join(nested_text(v) for v in value))
     return _e(value)
 
 

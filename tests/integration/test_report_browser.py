@@ -17,7 +17,7 @@ import os
 import shutil
 import time
 
-from helpers import REPO, browse, chromium, html_elements, lab_report_history
+from helpers import REPO, browse, chromium, lab_report_history, page_dom
 
 from rigbook import report
 from rigbook.baselines import metrics_of
@@ -35,13 +35,7 @@ def test_report_in_headless_chromium(tmp_path, monkeypatch):
 
     profile = tmp_path / "chromium"
     profile.mkdir()
-    dumped = browse(binary, page, profile, "--dump-dom")
-    assert dumped.returncode == 0, dumped.stderr[-2000:]
-    elements, _ = html_elements(dumped.stdout)
-
-    def find(tag, **attrs):
-        return [e for e in elements if e["tag"] == tag
-                and all(e.get(k.rstrip("_").replace("_", "-")) == v for k, v in attrs.items())]
+    find = page_dom(page, profile)
 
     latest = history["runs"][-1]
     for host, runs in history["hosts"].items():

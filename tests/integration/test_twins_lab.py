@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import LAB_MARKS, REPO, LabHost, browse, chromium, html_elements, leftovers, provision
+from helpers import LAB_MARKS, REPO, LabHost, browse, chromium, leftovers, page_dom, provision
 
 pytestmark = LAB_MARKS
 ARTIFACTS = REPO / "tests" / "artifacts-out"
@@ -135,13 +135,7 @@ def report_of_the_lab_history(inventory: str, halved_run: str) -> None:
     binary = chromium()
     profile = state_dir() / "chromium"
     profile.mkdir()
-    dumped = browse(binary, out, profile, "--dump-dom")
-    assert dumped.returncode == 0, dumped.stderr[-2000:]
-    elements, _ = html_elements(dumped.stdout)
-
-    def find(tag, **attrs):
-        return [e for e in elements if e["tag"] == tag
-                and all(e.get(k.rstrip("_").replace("_", "-")) == v for k, v in attrs.items())]
+    find = page_dom(out, profile)
 
     for name in (FIRST, TWIN, "lab-r9700"):
         assert find("section", class_="host", data_host=name), name

@@ -504,3 +504,15 @@ def page_dom(page: Path, profile: Path):
         return [e for e in elements if e["tag"] == tag
                 and all(e.get(k.rstrip("_").replace("_", "-")) == v for k, v in attrs.items())]
     return find
+
+
+def leaves(value):
+    """Every scalar inside a measured / expected / metrics value, as the text a person must find."""
+    if isinstance(value, dict):
+        for item in value.values():
+            yield from leaves(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from leaves(item)
+    elif value is not None:
+        yield str(value)

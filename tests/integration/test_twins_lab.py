@@ -119,10 +119,11 @@ def test_two_twins_converge_in_parallel_diff_clean_and_the_twin_is_held_to_the_g
     failed = [v for v in host["ladder"] if v["status"] == "fail"]
     assert [v["layer"] for v in failed] == ["p2p_bandwidth"], host["ladder"]
     assert "baseline" in failed[0]["why"], failed[0]
-    report_of_the_lab_history(inventory, halved_run=Path(json.loads(halved.stdout)["run_dir"]).name)
+    report_of_the_lab_history(inventory, Path(json.loads(halved.stdout)["run_dir"]).name,
+                              [v["layer"] for v in host["ladder"]])
 
 
-def report_of_the_lab_history(inventory: str, halved_run: str) -> None:
+def report_of_the_lab_history(inventory: str, halved_run: str, layers: list) -> None:
     """`provision report` of this lab history (a group baseline, a healthy and a halved verify of the twin) in
     headless Chromium with the network off: every host and layer, every recorded figure drawn, the halved run
     below the fail band; the screenshot kept (and made the README's picture with RIGBOOK_UPDATE_SCREENSHOT=1)."""
@@ -139,15 +140,18 @@ def report_of_the_lab_history(inventory: str, halved_run: str) -> None:
 
     for name in (FIRST, TWIN, "lab-r9700"):
         assert find("section", class_="host", data_host=name), name
-    history = json.loads((state_dir() / "baselines" / f"{TWIN}.json").read_text())["history"]
-    assert len(history) >= 2
-    for entry in history:
-        for metric, value in entry["metrics"].items():
-            if isinstance(value, (int, float)):
-                (point,) = find("circle", data_host=TWIN, data_metric=metric, data_run=Path(entry["run_dir"]).name)
-                assert float(point["data-value"]) == value
-    latest = [e["data-layer"] for e in find("tr", data_host=TWIN) if "data-layer" in e]
-    assert "p2p_bandwidth" in latest and "serving" in latest, latest
+    points = 0
+    for name in (FIRST, TWIN):
+        history = json.loads((state_dir() / "baselines" / f"{name}.json").read_text())["history"]
+        for entry in history:
+            for metric, value in entry["metrics"].items():
+                if isinstance(value, (int, float)):
+                    (point,) = find("circle", data_host=name, data_metric=metric,
+                                    data_run=Path(entry["run_dir"]).name)
+                    assert float(point["data-value"]) == value
+                    points += 1
+    assert points == len(find("circle")) and points >= 6, points  # every recorded figure, and nothing else
+    assert [e["data-layer"] for e in find("tr", data_host=TWIN) if "data-layer" in e] == layers
     halved_points = [e for e in find("circle", data_host=TWIN, data_run=halved_run) if e["data-status"] == "fail"]
     assert halved_points, "the halved run drew no failing point"
     for point in halved_points:

@@ -13,22 +13,12 @@ import re
 import subprocess
 import sys
 
+from helpers import leaves
+
 from rigbook import display
 
 LONG = ("peer 6.00 GB/s, host-staged 6.00 GB/s (1.00x), 38% of Gen3 x16 "
         + "; ".join(f"retry {n}: peer {n}.{n}{n} GB/s at 0x{n:08x}" for n in range(1, 12)))
-
-
-def _leaves(value):
-    """Every scalar inside a measured / expected / metrics value, as the text a person must find."""
-    if isinstance(value, dict):
-        for item in value.values():
-            yield from _leaves(item)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _leaves(item)
-    elif value is not None:
-        yield str(value)
 
 
 class Pipe(io.StringIO):
@@ -57,7 +47,7 @@ def test_plain_ladder_is_one_block_per_layer_and_never_cut():
     for verdict in LADDER:
         assert f"  {verdict['layer']}: {verdict['status']}\n" in text
         for key in ("measured", "expected", "metrics"):
-            for leaf in _leaves(verdict[key]):
+            for leaf in leaves(verdict[key]):
                 assert leaf in text, (key, leaf[:40])
         assert verdict["why"] in text
     assert LADDER[0]["remedy"] in text
@@ -110,7 +100,7 @@ def test_verify_replay_in_a_pipe_prints_every_figure_of_its_json(fixtures):
     for verdict in ladder:
         assert f"  {verdict['layer']}: {verdict['status']}" in text
         for key in ("measured", "expected", "metrics", "why", "remedy"):
-            for leaf in _leaves(verdict.get(key)):
+            for leaf in leaves(verdict.get(key)):
                 leaf = workdir.sub("WORKDIR", leaf)
                 assert leaf in text, (verdict["layer"], key, leaf)
                 checked += 1

@@ -5,8 +5,8 @@ One test, in order (each step needs the previous one): the unknown host key refu
 host, a wrong fingerprint refused, a wrong password (with --accept-new-host-key: the key printed and recorded), the
 converge, ssh as rigbook with the lab key and `sudo -n true`, a second run changing nothing, a user without sudo,
 then Ansible reaching the host (`provision site.yml --tags preflight`) and, with RIGBOOK_TEST_BOOTSTRAP_CONVERGE=1,
-a full site.yml converge of the bootstrapped host. Uses `lab_last`: it takes the session's lab down and brings up
-its own one-host bare lab, and takes that down at the end. Only 127.0.0.0/8 is contacted.
+a full site.yml converge of the bootstrapped host. Uses `no_lab` (after every test of the session's lab, which it
+takes down): it brings up its own one-host bare lab, and takes that down at the end. Only 127.0.0.0/8 is contacted.
 """
 
 from __future__ import annotations
@@ -32,9 +32,7 @@ def _ssh_as_rigbook(host, command: str) -> subprocess.CompletedProcess:
     return subprocess.run(machine.ssh_command(host, command), capture_output=True, text=True, timeout=60)
 
 
-def test_bootstrap_bare_host(lab_last):
-    down = provision("lab", "down")
-    assert down.returncode == 0, down.stderr
+def test_bootstrap_bare_host(no_lab):
     up = provision("lab", "up", "--hosts", "1", "--profile", "x99-3080", "--bare", timeout=900)
     try:
         assert up.returncode == 0, up.stdout + up.stderr

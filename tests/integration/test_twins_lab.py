@@ -9,7 +9,8 @@ while the first one installed. Here the first twin also has its dpkg lock held a
 holds it for minutes after a fresh boot): rigbook's package runs wait for both.
 
 The test keeps its own state directory (RIGBOOK_STATE_DIR under tmp_path): no baseline or run of the session's lab
-leaks into the twins' judgement. It takes the session's lab down first and its own lab down at the end.
+leaks into the twins' judgement. It runs after every test of the session's lab (which it takes down) and takes its
+own lab down at the end.
 """
 
 from __future__ import annotations
@@ -36,11 +37,10 @@ HOLDER = ("import fcntl, time; f = open('/var/lib/dpkg/lock-frontend', 'w'); fcn
 
 
 @pytest.fixture
-def twins_lab(lab_last, lab_artifacts, tmp_path, monkeypatch):
+def twins_lab(no_lab, lab_artifacts, tmp_path, monkeypatch):
     """Three lab hosts (x99-3080, x99-r9700, x99-3080) in a state directory of the test's own, the second 3080
-    started bare; yields the generated inventory's path. Takes the lab down at the end."""
-    down = provision("lab", "down")
-    assert down.returncode == 0, down.stdout + down.stderr
+    started bare; yields the generated inventory's path. Runs after every test of the session's lab (`no_lab` takes
+    that one down) and takes its own lab down at the end."""
     monkeypatch.setenv("RIGBOOK_STATE_DIR", str(tmp_path / "state"))
     up = provision("lab", "up", "--hosts", "3", "--profile", "x99-3080", "x99-r9700", "x99-3080", "--bare", TWIN,
                    timeout=900)

@@ -56,7 +56,7 @@ def test_normalize_fingerprint():
 
 
 def test_known_hosts_name():
-    assert bootstrap.known_hosts_name("10.0.0.5", 22) == "10.0.0.5"
+    assert bootstrap.known_hosts_name("127.0.11.5", 22) == "127.0.11.5"
     assert bootstrap.known_hosts_name("127.0.11.1", 2222) == "[127.0.11.1]:2222"
 
 

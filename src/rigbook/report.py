@@ -18,6 +18,7 @@ highlighted. Chart points and bands carry data-* attributes so a test (or a pers
 from __future__ import annotations
 
 import argparse
+import functools
 import html
 import json
 import sys
@@ -26,10 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rigbook.display import nested_text
+from rigbook.paths import link_collection
 
 VERSION_KEYS = ("kernel", "nvidia_driver", "rocm", "nccl", "sglang")
 STATUS_ORDER = {"fail": 4, "unknown": 3, "warn": 2, "pass": 1, "skip": 0}
-DEFAULT_TOLERANCE = {"fail_below": 0.8, "warn_below": 0.95}  # module_utils/ladder/expectations.py DEFAULT_TOLERANCE
 NO_GROUP = ("all", "ungrouped")
 RUN_LINKS = 20
 
@@ -43,7 +44,7 @@ class HostData:
     baseline: dict | None = None  # {"at", "metrics", "versions", ...}
     history: list = field(default_factory=list)  # the baselines file's history, oldest first
     runs: list = field(default_factory=list)  # run records with a ladder for this host, newest first
-    tolerance: dict = field(default_factory=lambda: dict(DEFAULT_TOLERANCE))
+    tolerance: dict = field(default_factory=dict)  # the ladder's merge (expectations.tolerance) for this host
     manifest: dict | None = None
 
 
@@ -63,12 +64,23 @@ def lower_is_better(metric: str) -> bool:
     return metric.endswith("_ttft_s")
 
 
+@functools.lru_cache(maxsize=None)
+def _ladder_utils():
+    """The collection's own comparison code (the judges' thresholds and rules), importable on the controller."""
+    link_collection()
+    from ansible_collections.rigbook.homelab.plugins.module_utils.judges import serving_layer
+    from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import baseline_compare, expectations
+
+    return expectations, baseline_compare, serving_layer
+
+
 def _tolerance(inv, host: str) -> dict:
-    merged = dict(DEFAULT_TOLERANCE)
+    """The thresholds the ladder judged HOST with: its defaults merged with the host's rigbook_tolerance."""
+    expectations = _ladder_utils()[0]
     given = inv.host_vars(host).get("rigbook_tolerance") if inv is not None else None
-    if isinstance(given, dict):
-        merged.update({k: float(v) for k, v in given.items() if k in merged and isinstance(v, (int, float))})
-    return merged
+    override = ({k: float(v) for k, v in given.items() if k in expectations.DEFAULT_TOLERANCE
+                 and isinstance(v, (int, float))} if isinstance(given, dict) else None)
+    return expectations.tolerance(override=override)
 
 
 def _run_records() -> list:
@@ -171,14 +183,10 @@ def point_status(metric: str, value, baseline, tolerance: dict) -> str:
     """pass / warn / fail of one figure against BASELINE (the judges' rule), skip without a baseline."""
     if not isinstance(value, (int, float)) or not isinstance(baseline, (int, float)) or baseline <= 0:
         return "skip"
-    ratio = float(value) / float(baseline)
+    _expectations, baseline_compare, serving_layer = _ladder_utils()
     if lower_is_better(metric):
-        if value <= 0:
-            return "unknown"
-        fail, warn = ratio > 1 / tolerance["fail_below"], ratio > 1 / tolerance["warn_below"]
-    else:
-        fail, warn = ratio < tolerance["fail_below"], ratio < tolerance["warn_below"]
-    return "fail" if fail else "warn" if warn else "pass"
+        return serving_layer.compare_lower_is_better(metric, value, baseline, tolerance)[0]
+    return baseline_compare.compare(metric, value, baseline, tolerance)[0]
 
 
 def host_metrics(host: HostData) -> list:

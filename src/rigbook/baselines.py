@@ -283,17 +283,11 @@ def record(host: str, ladder: list, run_dir: str) -> dict | None:
     metrics = metrics_of(ladder)
     if not metrics:
         return None
-    path = _file(host)
-    with statefile.locked(path):
-        data = _salvage(path, {"host": host, "recorded": None, "history": []})
-        data["recorded"] = {"at": time.strftime("%Y-%m-%d %H:%M:%S"), "metrics": metrics,
-                            "versions": versions_of(ladder), "run_dir": run_dir}
-        data.setdefault("history", []).append({"at": data["recorded"]["at"], "metrics": metrics,
-                                                "versions": data["recorded"]["versions"], "recorded": True,
-                                                "run_dir": run_dir})
-        data["history"] = data["history"][-HISTORY_LIMIT:]
-        statefile.write_json_atomic(path, data)
-    return data["recorded"]
+    recorded = {"at": time.strftime("%Y-%m-%d %H:%M:%S"), "metrics": metrics, "versions": versions_of(ladder),
+                "run_dir": run_dir}
+    _append(host, {"at": recorded["at"], "metrics": metrics, "versions": recorded["versions"], "recorded": True,
+                   "run_dir": run_dir}, recorded)
+    return recorded
 
 
 def append_history(host: str, ladder: list, statuses: dict, run_dir: str | None = None) -> bool:
@@ -302,17 +296,24 @@ def append_history(host: str, ladder: list, statuses: dict, run_dir: str | None 
     metrics = metrics_of(ladder)
     if not metrics:
         return False
+    entry = {"at": time.strftime("%Y-%m-%d %H:%M:%S"), "metrics": metrics, "versions": versions_of(ladder),
+             "statuses": statuses}
+    if run_dir:
+        entry["run_dir"] = run_dir
+    _append(host, entry)
+    return True
+
+
+def _append(host: str, entry: dict, recorded: dict | None = None) -> None:
+    """One locked read-modify-write of HOST's file: ENTRY appended to the history (the last HISTORY_LIMIT kept),
+    RECORDED made the baseline when given."""
     path = _file(host)
     with statefile.locked(path):
         data = _salvage(path, {"host": host, "recorded": None, "history": []})
-        entry = {"at": time.strftime("%Y-%m-%d %H:%M:%S"), "metrics": metrics, "versions": versions_of(ladder),
-                 "statuses": statuses}
-        if run_dir:
-            entry["run_dir"] = run_dir
-        data.setdefault("history", []).append(entry)
-        data["history"] = data["history"][-HISTORY_LIMIT:]
+        if recorded is not None:
+            data["recorded"] = recorded
+        data["history"] = ((data.get("history") or []) + [entry])[-HISTORY_LIMIT:]
         statefile.write_json_atomic(path, data)
-    return True
 
 
 def hosts_with_data() -> list:

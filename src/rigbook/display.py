@@ -70,15 +70,14 @@ def progress_every(environ=None) -> tuple:
     return every, None
 
 
+def time_in_task(r) -> str:
+    """How long a Running host has been in its task, with the polls of an async job: "1m30s (poll 6)"."""
+    return elapsed(r.elapsed) + (f" (poll {r.polls})" if r.polls else "")
+
+
 def still_lines(running: list, every: float) -> list:
     """The plain progress lines of hosts in a task for at least EVERY seconds (running: tracker.running())."""
-    lines = []
-    for r in running:
-        if r.elapsed < every:
-            continue
-        poll = f" (poll {r.polls})" if r.polls else ""
-        lines.append(f"  ... {r.host}: still in '{r.task}' after {elapsed(r.elapsed)}{poll}")
-    return lines
+    return [f"  ... {r.host}: still in '{r.task}' after {time_in_task(r)}" for r in running if r.elapsed >= every]
 
 
 class Ticker:
@@ -177,7 +176,7 @@ class LiveProgress:
             play = Text(f"play: {self.tracker.play}   task: {self.tracker.task}", style="dim")
         for name, state, task, done, counts in rows:
             now = times.get(name)
-            when = elapsed(now.elapsed) + (f" (poll {now.polls})" if now.polls else "") if now else ""
+            when = time_in_task(now) if now else ""
             table.add_row(
                 name,
                 Text(state, style=STATE_STYLE.get(state, "")),

@@ -15,7 +15,7 @@ from pathlib import Path
 from rigbook import paths
 from rigbook.errors import StateBusy, UserError
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_BUSY, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130  # 4: errors.StateBusy
 RUN_LOCK = "run.lock"
 
 

@@ -55,7 +55,7 @@ def print_recent(limit: int, stream) -> int:
     for r in records:
         hosts = r.get("hosts") or {}
         failed = sorted(h for h, e in hosts.items() if e.get("state") in ("failed", "unreachable"))
-        status = {0: "ok", 1: "failed", 2: "bad input", 3: "unreachable", 4: "busy", 130: "interrupted"}.get(
+        status = {0: "ok", 1: "failed", 2: "bad input", 3: "unreachable", 130: "interrupted"}.get(
             r.get("exit_code"), "unfinished"
         )
         extra = f"  failed: {', '.join(failed)}" if failed else ""

@@ -22,7 +22,7 @@ from rigbook import baselines, statefile
 from rigbook.cli import main
 from rigbook.errors import StateBusy, UserError
 from rigbook.inventory import load
-from rigbook.run import EXIT_BUSY, RUN_LOCK, state_lock
+from rigbook.run import RUN_LOCK, state_lock
 
 # TEST-NET addresses: nothing answers there, and ansible_runner.run is replaced in every test that runs a playbook.
 INVENTORY = """---
@@ -246,7 +246,7 @@ def holder(state):
 
 
 def test_a_second_run_is_refused_while_another_holds_the_state(state, inv_path, holder, no_ansible, capsys):
-    assert main(["verify", "-i", str(inv_path)]) == EXIT_BUSY == 4
+    assert main(["verify", "-i", str(inv_path)]) == StateBusy.exit_code == 4
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert err.startswith(f"error: another provision run is using the state directory {state} "

@@ -168,3 +168,17 @@ def test_a_twin_serves_on_its_own_address(tmp_path, monkeypatch):
     ports = {(p.get("bind", "127.0.0.1"), p["port"]) for name in ("lab-3080", "lab-r9700", "lab-3080-2")
              for p in checked.host_vars(name)["rigbook_serve"]}
     assert len(ports) == 3
+
+
+def test_one_lab_command_at_a_time_per_state_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("RIGBOOK_STATE_DIR", str(tmp_path))
+    holder = subprocess.Popen([sys.executable, "-c", "import time\nfrom rigbook.lab import state\n"
+                               "with state.locked():\n    print('held', flush=True)\n    time.sleep(3)"],
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(UserError, match=rf"another `provision lab` command \(pid {holder.pid}\) is running"):
+        with state.locked():
+            pass
+    assert holder.wait(timeout=10) == 0
+    with state.locked():  # free once the holder is gone
+        pass

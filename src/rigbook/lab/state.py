@@ -7,7 +7,6 @@ host's own name, so the static inventory/lab stays right whichever hosts are up.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -140,11 +139,12 @@ def save(lab: Lab) -> None:
 
 @contextmanager
 def locked():
-    """One lab command at a time per state directory."""
-    lab_dir().mkdir(parents=True, exist_ok=True)
-    with open(lab_dir() / ".lock", "w") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise UserError("another `provision lab` command is running on this state directory") from None
-        yield
+    """One lab command at a time per state directory (statefile.exclusive, the run lock's mechanism)."""
+    from rigbook import statefile
+
+    try:
+        with statefile.exclusive(lab_dir() / ".lock", {"pid": os.getpid()}):
+            yield
+    except statefile.Busy as busy:
+        who = f" (pid {busy.holder['pid']})" if busy.holder.get("pid") else ""
+        raise UserError(f"another `provision lab` command{who} is running on this state directory") from None

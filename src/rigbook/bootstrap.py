@@ -181,10 +181,11 @@ class Target:
 
 def _ansible_env() -> None:
     """What the inventory's templates read (RIGBOOK_STATE_DIR as `provision` exports it), set before Ansible loads."""
-    from rigbook import paths
+    from rigbook.run import ansible_env
 
-    os.environ["RIGBOOK_STATE_DIR"] = str(paths.state_dir().resolve())
-    os.environ.setdefault("ANSIBLE_INVENTORY_IGNORE", "~,.orig,.bak,.cfg,.retry,.pyc,.pyo,.md,.txt,.rst")
+    env = ansible_env(mitogen=False)  # what a playbook run of this inventory gets
+    os.environ["RIGBOOK_STATE_DIR"] = env["RIGBOOK_STATE_DIR"]
+    os.environ.setdefault("ANSIBLE_INVENTORY_IGNORE", env["ANSIBLE_INVENTORY_IGNORE"])
     os.environ.setdefault("ANSIBLE_INVENTORY_UNPARSED_WARNING", "False")
     os.environ.setdefault("ANSIBLE_LOCALHOST_WARNING", "False")
 

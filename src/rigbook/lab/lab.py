@@ -88,11 +88,11 @@ def up(count: int | None, profiles: list | None, bare: list | None = None) -> in
     inv = "lab" if inventory.is_default(hosts) else str(inventory.inventory_dir())
     names = ", ".join(h.name for h in hosts)
     progress(f"{_count(hosts)} up in {elapsed:.1f} s: {names}")
-    bare = [h.name for h in hosts if h.bare]
+    bare = [h for h in hosts if h.bare]
     if bare:
-        progress(f"bare: {', '.join(bare)} (user {state.BARE_ADMIN}, password in "
-                 f"{state.lab_dir() / 'hosts' / bare[0] / 'admin-password'}{' etc.' if len(bare) > 1 else ''}): "
-                 f"first RIGBOOK_BOOTSTRAP_PASSWORD=... provision bootstrap {bare[0]} -i {inv} --user "
+        progress(f"bare: {', '.join(h.name for h in bare)} (user {state.BARE_ADMIN}, password in "
+                 f"{bare[0].admin_password_file}{' etc.' if len(bare) > 1 else ''}): "
+                 f"first RIGBOOK_BOOTSTRAP_PASSWORD=... provision bootstrap {bare[0].name} -i {inv} --user "
                  f"{state.BARE_ADMIN} --accept-new-host-key")
     progress(f"next: provision site.yml -i {inv}   (then: provision lab status / break / heal / down)")
     return 0

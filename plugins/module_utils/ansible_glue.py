@@ -44,7 +44,6 @@ ARGUMENT_SPEC = dict(
     log=dict(type="str"),
     unit=dict(type="str"),
     serve=dict(type="list", elements="dict", default=[]),
-    serve_unit=dict(type="str"),  # None: collect/serving_evidence.DEFAULT_UNIT
     serving_state=dict(type="path"),  # None: collect/serving_evidence.STATE_FILE
     error_state=dict(type="path", default="/var/lib/rigbook/error-counters.json"),  # collect/error_counters.STATE_FILE
 )

@@ -117,9 +117,9 @@ options:
   serve:
     description:
       - Serving phase. The serve profiles to check, one dict each; keys read - C(name) (required), C(unit)
-        (default from O(serve_unit)), C(bind) (default C(127.0.0.1); C(0.0.0.0) is reached over loopback), C(port)
+        (default C(rigbook-serve-NAME.service)), C(bind) (default C(127.0.0.1); C(0.0.0.0) is reached over loopback), C(port)
         (default 30000), C(served_model_name) (must be listed by C(/v1/models)), C(api_key_file) (its first line is
-        sent as a Bearer token and never returned), C(ready_timeout_s) (default C(startup_timeout_s), else 900),
+        sent as a Bearer token and never returned), C(startup_timeout_s) (default 900),
         C(tp_size) (1 - no transport between GPUs to check). Other keys are ignored, so C(rigbook_serve) items can
         be passed as they are.
       - Under a recorded O(root), C(var/lib/rigbook/commands/serving-NAME.json) holds a profile's measured part and
@@ -127,10 +127,6 @@ options:
     type: list
     elements: dict
     default: []
-  serve_unit:
-    description: Serving phase. The unit name of a serve profile without C(unit); C({name}) is the profile's name.
-      Omitted - C(rigbook-serve-{name}.service).
-    type: str
   serving_state:
     description: Serving phase. JSON file keeping the last seen C(NRestarts) per unit, to tell a crash loop.
       Omitted - C(/var/lib/rigbook/serving-state.json).

@@ -124,7 +124,7 @@ from ansible_collections.rigbook.homelab.plugins.module_utils.serve import profi
 from ansible_collections.rigbook.homelab.plugins.module_utils.serve import readiness
 
 MARK = "# Managed by rigbook (serve role)"
-PREFIX = "rigbook-serve-"
+PREFIX = serve_profile.UNIT_PREFIX
 _PLAIN = re.compile(r"^[A-Za-z0-9_@+=:,./-]+$")
 
 
@@ -139,7 +139,7 @@ def systemd_quote(arg, keep=()):
 
 
 def unit_name(profile):
-    return "%s%s.service" % (PREFIX, profile["name"])
+    return serve_profile.unit_name(profile["name"])
 
 
 def env_text(profile):

@@ -185,6 +185,80 @@ def test_cli_diff_of_an_unknown_host_exits_2_without_a_traceback(twins, tmp_path
     assert "Traceback" not in proc.stderr and proc.stdout == ""
 
 
+def inventory_run(state: Path, name: str, inventory: Path, hosts: dict) -> Path:
+    """A stored manifest run NAME (its folder name orders it) made with INVENTORY, as run.json records it."""
+    run = state / "runs" / name
+    (run / "manifests").mkdir(parents=True)
+    save(run / "run.json", {"playbook": "manifest.yml", "inventory": str(inventory), "exit_code": 0})
+    for host, data in hosts.items():
+        save(run / "manifests" / f"{host}.json", {**data, "host": host})
+    return run
+
+
+@pytest.fixture
+def rig_inventory(tmp_path) -> Path:
+    inv = tmp_path / "rigs"
+    inv.mkdir()
+    (inv / "hosts.yml").write_text("all:\n  hosts:\n    rig-a: {}\n    rig-b: {}\n    rig-c: {}\n")
+    return inv
+
+
+def test_cli_diff_with_an_inventory_compares_its_hosts_newest_manifests(twins, tmp_path, rig_inventory):
+    state = tmp_path / "state"
+    env = {"RIGBOOK_STATE_DIR": str(state)}
+    a, b = collect(twins[0]), collect(twins[1])
+    write(twins[1], "etc/rigbook/cuda.env", "CUDA_HOME=/usr/local/cuda-12.8\n")
+    b_old = collect(twins[1])
+    inventory_run(state, "20250101-000000-manifest-aaaaaa", rig_inventory, {"rig-a": a, "rig-b": b_old})
+    inventory_run(state, "20250102-000000-manifest-bbbbbb", rig_inventory, {"rig-b": b})  # rig-b fixed since
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "hosts.yml").write_text("all:\n  hosts:\n    rig-a: {}\n")
+    inventory_run(state, "20250103-000000-manifest-cccccc", other, {"rig-a": b_old})  # another inventory's: unused
+    proc = provision("diff", "-i", rig_inventory, "rig-a", "rig-b", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "rig-a vs rig-b: no pinned item differs" in proc.stdout and "host-unique (5 item(s)" in proc.stdout
+    proc = provision("diff", "rig-b", "rig-a", "--inventory", rig_inventory, "--json", env=env)
+    assert proc.returncode == 0 and json.loads(proc.stdout)["pinned"] == {}, proc.stderr
+    inventory_run(state, "20250104-000000-manifest-dddddd", rig_inventory, {"rig-b": b_old})  # rig-b regressed
+    proc = provision("diff", "-i", rig_inventory, "rig-a", "rig-b", env=env)
+    assert proc.returncode == 1, proc.stderr
+    assert "rig-a vs rig-b: 2 pinned item(s) differ" in proc.stdout and "[cuda_toolchain]" in proc.stdout
+    assert '    rig-b: "12.8' in proc.stdout
+    proc = provision("diff", "-i", rig_inventory, "rig-a", "rig-c", env=env)  # a host with no manifest yet
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stdout == ""
+    assert "host 'rig-c' of inventory" in proc.stderr and "hosts with one: rig-a, rig-b" in proc.stderr
+    proc = provision("diff", "-i", rig_inventory, "rig-a", "rig-z", env=env)  # no host of the inventory
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "'rig-z' is neither a host of inventory" in proc.stderr and "hosts: rig-a, rig-b, rig-c" in proc.stderr
+
+
+def test_cli_diff_with_a_bad_inventory_exits_2_with_a_message(tmp_path, rig_inventory):
+    env = {"RIGBOOK_STATE_DIR": str(tmp_path / "state")}
+    proc = provision("diff", "-i", tmp_path / "no-such-inventory", "rig-a", "rig-b", env=env)
+    assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
+    assert "error: inventory" in proc.stderr and "not found" in proc.stderr
+    (rig_inventory / "hosts.yml").write_text("all: [1\n")
+    proc = provision("diff", "-i", rig_inventory, "rig-a", "rig-b", env=env)
+    assert proc.returncode == 2 and "not valid YAML" in proc.stderr and "Traceback" not in proc.stderr
+    proc = provision("diff", "-i", env=env)
+    assert proc.returncode == 2 and "usage: provision diff" in proc.stderr
+
+
+def test_plain_diff_prints_a_long_kernel_command_line_whole(twins, tmp_path, rig_inventory):
+    a, b = twins
+    extra = [f"rigbook.test_argument_{n}=value-{n:03d}" for n in range(12)]
+    write(b, "proc/cmdline", (a / "proc/cmdline").read_text().replace("iommu=pt", "iommu=on " + " ".join(extra)))
+    state = tmp_path / "state"
+    inventory_run(state, "20250101-000000-manifest-aaaaaa", rig_inventory, {"rig-a": collect(a), "rig-b": collect(b)})
+    proc = provision("diff", "-i", rig_inventory, "rig-a", "rig-b", env={"RIGBOOK_STATE_DIR": str(state)})
+    assert proc.returncode == 1, proc.stderr
+    cmdline = collect(b)["items"]["kernel.cmdline"]["value"]
+    assert len(json.dumps(cmdline)) > 300
+    assert f"    rig-b: {json.dumps(cmdline, sort_keys=True)}\n" in proc.stdout
+    assert all(arg in proc.stdout for arg in extra) and "..." not in proc.stdout and "\u2026" not in proc.stdout
+
+
 def test_a_file_that_is_no_manifest_is_a_user_error(tmp_path):
     (tmp_path / "x.json").write_text("[1, 2]")
     (tmp_path / "y.json").write_text("{not json")

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import serving_evidence as serving
 from ansible_collections.rigbook.homelab.plugins.module_utils.judges.serving_layer import judge_serving, metric_names
+from ansible_collections.rigbook.homelab.plugins.module_utils.serve import profile as serve_profile
 from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import climb, registry
 from helpers import local_playbook
 
@@ -34,7 +35,7 @@ def seed_004_item(**changes):
     """One serve profile's measured part as the collector returns it, with seed 004's MTP figures."""
     item = {
         "name": "qwen", "unit": "rigbook-serve-qwen.service", "address": "127.0.0.1:30000", "source": "live",
-        "served_model_name": "qwen3.8-27b", "ready_timeout_s": 900.0, "tp_size": 2,
+        "served_model_name": "qwen3.8-27b", "startup_timeout_s": 900, "tp_size": 2,
         "unit_state": {"available": True, "active_state": "active", "sub_state": "running", "n_restarts": 0},
         "previous_restarts": 0,
         "ready": {"ready": True, "waited_s": 0.4, "polls": 1, "last": "HTTP 200"},
@@ -95,7 +96,7 @@ def test_restarts_with_no_earlier_count_warn_once():
 def test_not_ready_within_the_timeout_fails_with_the_last_answer():
     verdict = judge(seed_004_item(ready={"ready": False, "waited_s": 900.2, "polls": 64, "last": "HTTP 503"}))
     assert verdict["status"] == "fail"
-    assert "not ready within 900.0s on 127.0.0.1:30000 (/health_generate: HTTP 503)" in verdict["why"]
+    assert "not ready within 900s on 127.0.0.1:30000 (/health_generate: HTTP 503)" in verdict["why"]
     assert "startup_timeout_s" in verdict["remedy"]
 
 
@@ -185,17 +186,8 @@ def test_no_profile_skips_and_a_bad_option_fails():
     bad = serving.collect_serving("/", [{"name": "Qwen 27B"}])
     verdict = judge_serving(bad, P2P)
     assert verdict["status"] == "fail" and "serve[0].name: 'Qwen 27B' is not a profile name" in verdict["why"]
-    assert serving.profiles_of([{"name": "a", "port": "http"}])[1] == ["serve[0].port: 'http' is not a port number"]
-    assert "outside 1-65535" in serving.profiles_of([{"name": "a", "port": 70000}])[1][0]
-    assert "not a positive number" in serving.profiles_of([{"name": "a", "ready_timeout_s": -1}])[1][0]
-    assert serving.profiles_of("qwen")[1] == ["serve: a list of serve profiles, got 'qwen'"]
-
-
-def test_profile_defaults_and_unit_template():
-    (profile,), errors = serving.profiles_of([{"name": "qwen", "model_path": "/srv/m", "startup_timeout_s": 120}],
-                                             "sglang-{name}.service")
-    assert errors == [] and profile["unit"] == "sglang-qwen.service" and profile["bind"] == "127.0.0.1"
-    assert profile["port"] == 30000 and profile["ready_timeout_s"] == 120.0
+    assert "serve[0].port: 70000 is not a port number" in serving.collect_serving("/", [{"name": "a", "port": 70000}])[
+        "error"]
 
 
 def test_baseline_record_picks_up_the_serving_figures():
@@ -303,8 +295,8 @@ def engine_server():
 
 
 def _profile(port, **extra):
-    (profile,), errors = serving.profiles_of([dict({"name": "standin", "unit": None, "port": port,
-                                                    "ready_timeout_s": 10}, **extra)])
+    (profile,), errors = serve_profile.normalize_all([dict({"name": "standin", "unit": None, "port": port,
+                                                            "startup_timeout_s": 10}, **extra)])
     assert errors == []
     profile["unit"] = None  # no systemd here: the unit parts are covered with a fake runner below
     return profile
@@ -357,7 +349,7 @@ def test_the_readiness_poll_never_hammers(engine_server):
 
 
 def test_not_ready_stops_at_the_timeout():
-    """Nothing listens: connection refused until ready_timeout_s, polled twice in 3 s, then not ready."""
+    """Nothing listens: connection refused until startup_timeout_s, polled twice in 3 s, then not ready."""
     import socket
 
     with socket.socket() as sock:

@@ -385,3 +385,22 @@ def test_only_loopback_binds_go_without_a_key(bind, exposed):
     profile = {"name": "a", "model_path": "/m", "bind": bind}
     errors, _warnings = serve.check(profile, {}, 0)
     assert any(m.startswith("rigbook_serve[0].bind: ") for m in errors) is exposed, errors
+
+
+def test_normalize_fills_every_default_and_names_the_unit():
+    (profile,), errors = serve.normalize_all([{"name": "qwen", "model_path": "/srv/m", "startup_timeout_s": 120}])
+    assert errors == [] and profile["unit"] == "rigbook-serve-qwen.service" and profile["bind"] == "127.0.0.1"
+    assert profile["port"] == 30000 and profile["startup_timeout_s"] == 120 and profile["api_key_file"] is None
+    assert profile["model_path"] == "/srv/m" and profile["env"] == {} and profile["tp_size"] is None
+    assert serve.unit_name("qwen") == "rigbook-serve-qwen.service"
+
+
+def test_normalize_names_the_key_it_cannot_read():
+    assert serve.normalize_all([{"name": "a", "port": "http"}], "serve")[1] == [
+        "serve[0].port: 'http' is not a port number (1-65535)"]
+    assert "not a port number" in serve.normalize_all([{"name": "a", "port": 70000}])[1][0]
+    assert "not a positive number" in serve.normalize_all([{"name": "a", "startup_timeout_s": -1}])[1][0]
+    assert "rigbook_serve[0].name: 'Qwen 27B' is not a profile name" in serve.normalize_all(
+        [{"name": "Qwen 27B"}])[1][0]
+    assert serve.normalize_all("qwen")[1] == ["rigbook_serve: a list of serve profiles, got 'qwen'"]
+    assert serve.normalize_all(None) == ([], [])

@@ -9,7 +9,7 @@ readiness poll, /v1/models, one streaming and one plain chat completion, and the
   check mode). A counter lower than the recorded one was reset by a manual start and counts from 0.
 - Readiness: GET /health_generate (it generates one token; SGLang's own timeout is 20 s, so the client waits
   HEALTH_CLIENT_TIMEOUT_S), at most one request per MIN_POLL_GAP_S, the gap doubling up to MAX_POLL_GAP_S,
-  within the profile's ready_timeout_s; a unit that is not running is not polled.
+  within the profile's startup_timeout_s; a unit that is not running is not polled.
 - TTFT: the time to the first non-empty delta (content or reasoning_content) of a streaming request with
   stream_options.include_usage. Decode tok/s: usage.completion_tokens / (elapsed - TTFT) of a plain request,
   never per-chunk gaps (speculative decoding sends several tokens a chunk); per_chunk_tok_s is what a per-chunk
@@ -43,14 +43,10 @@ from ansible_collections.rigbook.homelab.plugins.module_utils import host_state
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import pci
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence as recorded
 from ansible_collections.rigbook.homelab.plugins.module_utils.parse import sglang_log
+from ansible_collections.rigbook.homelab.plugins.module_utils.serve import profile as serve_profile
 
 STATE_FILE = "/var/lib/rigbook/serving-state.json"
 RECORDING = "serving-%s.json"
-DEFAULT_UNIT = "rigbook-serve-{name}.service"
-DEFAULT_BIND = "127.0.0.1"
-DEFAULT_PORT = 30000
-DEFAULT_READY_TIMEOUT_S = 900.0
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 LOOPBACK_FOR = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
 
 HEALTH_PATH = "/health_generate"
@@ -82,55 +78,6 @@ def _number(value):
         return float(value)
     except (TypeError, ValueError):
         return None
-
-
-def profile_of(raw, index, unit_template=DEFAULT_UNIT):
-    """(profile, error) of one item of the serve option, with defaults filled in; ERROR says which key is wrong.
-    Keys other than the ones read here (a whole rigbook_serve item) are ignored."""
-    where = "serve[%d]" % index
-    if not isinstance(raw, dict):
-        return None, "%s: a serve profile is a mapping (name, unit, port, ...), got %r" % (where, raw)
-    name = raw.get("name")
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        return None, "%s.name: %r is not a profile name (lowercase letters, digits, -)" % (where, name)
-    port = raw.get("port", DEFAULT_PORT)
-    if isinstance(port, bool) or not isinstance(port, int) and not (isinstance(port, str) and port.isdigit()):
-        return None, "%s.port: %r is not a port number" % (where, port)
-    if not 1 <= int(port) <= 65535:
-        return None, "%s.port: %s is outside 1-65535" % (where, port)
-    timeout = raw.get("ready_timeout_s", raw.get("startup_timeout_s", DEFAULT_READY_TIMEOUT_S))
-    if _number(timeout) is None or _number(timeout) <= 0:
-        return None, "%s.ready_timeout_s: %r is not a positive number of seconds" % (where, timeout)
-    tp_size = raw.get("tp_size")
-    if tp_size is not None and (isinstance(tp_size, bool) or not isinstance(tp_size, int)):
-        return None, "%s.tp_size: %r is not an integer" % (where, tp_size)
-    unit = raw.get("unit") or (unit_template or DEFAULT_UNIT).replace("{name}", name)
-    return {
-        "name": name,
-        "unit": str(unit),
-        "bind": str(raw.get("bind") or DEFAULT_BIND),
-        "port": int(port),
-        "served_model_name": raw.get("served_model_name") or None,
-        "api_key_file": raw.get("api_key_file") or None,
-        "ready_timeout_s": _number(timeout),
-        "tp_size": tp_size,
-    }, None
-
-
-def profiles_of(serve, unit_template=DEFAULT_UNIT):
-    """(profiles, errors) of the serve option (a list; None is none)."""
-    if serve is None:
-        return [], []
-    if not isinstance(serve, list):
-        return [], ["serve: a list of serve profiles, got %r" % (serve,)]
-    profiles, errors = [], []
-    for index, raw in enumerate(serve):
-        profile, error = profile_of(raw, index, unit_template)
-        if error:
-            errors.append(error)
-        else:
-            profiles.append(profile)
-    return profiles, errors
 
 
 def read_api_key(path):
@@ -494,7 +441,7 @@ def _redact(value, secret):
 
 def measure_requests(endpoint, profile, still_running=None):
     """{ready, models, stream, decode} of the engine at ENDPOINT: the readiness wait, then the API checks."""
-    out = {"ready": wait_ready(endpoint, profile["ready_timeout_s"], still_running)}
+    out = {"ready": wait_ready(endpoint, profile["startup_timeout_s"], still_running)}
     if not out["ready"]["ready"]:
         return out
     out["models"] = list_models(endpoint)
@@ -556,7 +503,7 @@ def recorded_names(root):
     """The profile names recorded under ROOT (serving-*.json), sorted."""
     pattern = recorded.path(root, *recorded.COMMANDS_DIR + (RECORDING % "*",))
     names = [os.path.basename(p)[len("serving-"):-len(".json")] for p in glob.glob(pattern)]
-    return sorted(n for n in names if NAME_RE.match(n))
+    return sorted(n for n in names if serve_profile.NAME_RE.match(n))
 
 
 def collect_profile(root, profile, state_path=STATE_FILE, write_state=True):
@@ -568,10 +515,10 @@ def collect_profile(root, profile, state_path=STATE_FILE, write_state=True):
     return measure_profile(profile, state_path, write_state)
 
 
-def collect_serving(root, serve, unit_template=DEFAULT_UNIT, state_path=STATE_FILE, write_state=True):
-    """{"profiles": [measured part per profile], "error"}: the profiles given, else (recorded root) those
-    recorded."""
-    profiles, errors = profiles_of(serve, unit_template)
+def collect_serving(root, serve, state_path=STATE_FILE, write_state=True):
+    """{"profiles": [measured part per profile], "error"}: the serve profiles given (the host model's, read again
+    by serve/profile.normalize: one reading), else (recorded root) those recorded."""
+    profiles, errors = serve_profile.normalize_all(serve, "serve")
     if errors:
         return {"profiles": [], "error": "; ".join(errors)}
     if not profiles and not recorded.is_live(root):
@@ -580,7 +527,7 @@ def collect_serving(root, serve, unit_template=DEFAULT_UNIT, state_path=STATE_FI
 
 
 def serving_part(ctx, evidence):
-    """{"serving": ...} for the climb: ctx.options serve, serve_unit, serving_state, check_mode."""
+    """{"serving": ...} for the climb: ctx.options serve, serving_state, check_mode."""
     opts = ctx.options
-    return {"serving": collect_serving(ctx.root, opts.get("serve"), opts.get("serve_unit") or DEFAULT_UNIT,
-                                       opts.get("serving_state") or STATE_FILE, not opts.get("check_mode"))}
+    return {"serving": collect_serving(ctx.root, opts.get("serve"), opts.get("serving_state") or STATE_FILE,
+                                       not opts.get("check_mode"))}

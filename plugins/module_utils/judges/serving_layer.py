@@ -93,7 +93,7 @@ def _check_ready(item, found, measured):
     if ready.get("ready"):
         return True
     found.problem("%s: not ready within %ss on %s (/health_generate: %s)"
-                  % (item["name"], item.get("ready_timeout_s"), item.get("address"),
+                  % (item["name"], item.get("startup_timeout_s"), item.get("address"),
                      ready.get("last") or ready.get("error") or "no answer"),
                   "Loading weights and capturing CUDA graphs can take minutes on a cold page cache: read `journalctl "
                   "-u %s -b` (\"The server is fired up and ready to roll!\" marks the end); raise the profile's "
@@ -210,7 +210,7 @@ def _check_figures(item, found, metrics, expected, baseline, tol, texts):
 
 
 def _expected_of(item, profile):
-    expected = {"unit": "active, no more restarts than at the last run", "ready_within_s": item.get("ready_timeout_s")}
+    expected = {"unit": "active, no more restarts than at the last run", "ready_within_s": item.get("startup_timeout_s")}
     if item.get("served_model_name"):
         expected["served"] = item["served_model_name"]
     if _transport_matters(item, profile):

@@ -28,7 +28,6 @@ OPTION_DEFAULTS = {
     "log": None,
     "unit": None,
     "serve": [],
-    "serve_unit": None,
     "serving_state": None,
     "error_state": None,  # the error counters' state file (ladder/error_watch.py); None: none kept
     "check_mode": False,

@@ -19,10 +19,15 @@ traceback.
 from __future__ import annotations
 
 import ipaddress
+import re
 
 DEFAULT_PORT = 30000
 DEFAULT_BIND = "127.0.0.1"
 DEFAULT_STARTUP_TIMEOUT_S = 900
+# The systemd unit of a serve profile: the one spelling of its name (serve_units writes it, the serving layer reads it).
+UNIT_PREFIX = "rigbook-serve-"
+UNIT_TEMPLATE = UNIT_PREFIX + "{name}.service"
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 # Seed 000: a desktop holds ~80 MB of GPU0; 0.90 OOMs in warm-up, 0.88 works.
 DESKTOP_SAFE_MEM_FRACTION = 0.88
 # The variable of the unit's root-only EnvironmentFile that holds the key (the serve role writes it).
@@ -121,6 +126,66 @@ def api_key_args(profile):
 
 def port_of(profile):
     return profile.get("port") or DEFAULT_PORT
+
+
+def unit_name(name, template=UNIT_TEMPLATE):
+    """The systemd unit of the serve profile NAME."""
+    return (template or UNIT_TEMPLATE).replace("{name}", str(name))
+
+
+def normalize(raw, index=0, where="rigbook_serve"):
+    """(profile, error): one rigbook_serve item with every default filled in - the one reading of a serve profile.
+
+    The profile keeps every key it was given and gets: unit (its systemd unit), bind, port, startup_timeout_s,
+    api_key_file (None without one), served_model_name (None), tp_size (None when unset), env ({}). ERROR names the
+    key path that cannot be read (a name that is no unit name, a port or timeout that is no number); the profile is
+    None then."""
+    at = "%s[%d]" % (where, index)
+    if not isinstance(raw, dict):
+        return None, "%s: a serve profile is a mapping (name, model_path, port, ...), got %r" % (at, raw)
+    name = raw.get("name")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        return None, "%s.name: %r is not a profile name (lowercase letters, digits, -)" % (at, name)
+    port = raw.get("port", DEFAULT_PORT)
+    if isinstance(port, str) and port.isdigit():
+        port = int(port)
+    if _int(port) is None or not 1 <= port <= 65535:
+        return None, "%s.port: %r is not a port number (1-65535)" % (at, port)
+    timeout = raw.get("startup_timeout_s", DEFAULT_STARTUP_TIMEOUT_S)
+    if _number(timeout) is None or timeout <= 0:
+        return None, "%s.startup_timeout_s: %r is not a positive number of seconds" % (at, timeout)
+    size = raw.get("tp_size")
+    if size is not None and _int(size) is None:
+        return None, "%s.tp_size: %r is not an integer" % (at, size)
+    profile = dict(raw)
+    profile.update({
+        "name": name,
+        "unit": str(raw.get("unit") or unit_name(name)),
+        "bind": str(raw.get("bind") or DEFAULT_BIND),
+        "port": port,
+        "startup_timeout_s": timeout,
+        "api_key_file": raw.get("api_key_file") or None,
+        "served_model_name": raw.get("served_model_name") or None,
+        "tp_size": size,
+        "env": dict(raw.get("env") or {}) if isinstance(raw.get("env"), dict) else {},
+    })
+    return profile, None
+
+
+def normalize_all(raws, where="rigbook_serve"):
+    """(profiles, errors) of a rigbook_serve list (None: none)."""
+    if raws is None:
+        return [], []
+    if not isinstance(raws, list):
+        return [], ["%s: a list of serve profiles, got %r" % (where, raws)]
+    profiles, errors = [], []
+    for index, raw in enumerate(raws):
+        profile, error = normalize(raw, index, where)
+        if error:
+            errors.append(error)
+        else:
+            profiles.append(profile)
+    return profiles, errors
 
 
 # --- the traps ------------------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ The HTTP side is the serving layer's own (collect/serving_evidence.py): the same
 from __future__ import annotations
 
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import serving_evidence as serving
+from ansible_collections.rigbook.homelab.plugins.module_utils.serve import profile as serve_profile
 
 CANARY_TOKENS = 8
 RUNNING = ("active", "activating", "reloading")
@@ -20,11 +21,11 @@ RUNNING = ("active", "activating", "reloading")
 def wait(profile, api_key, unit_state):
     """Poll until ready or the profile's startup_timeout_s. UNIT_STATE() returns the unit's systemctl properties
     (ActiveState, Result): a unit that stopped ends the wait at once. Returns {ready, seconds, why}."""
-    item, error = serving.profile_of(profile, 0)
+    item, error = serve_profile.normalize(profile, 0)
     if error:
         return dict(ready=False, seconds=0, why=error)
     endpoint = serving.Endpoint(item["bind"], item["port"], api_key)
-    ready = serving.wait_ready(endpoint, item["ready_timeout_s"],
+    ready = serving.wait_ready(endpoint, item["startup_timeout_s"],
                                lambda: unit_state().get("ActiveState") in RUNNING)
     if not ready["ready"]:
         state = unit_state()

@@ -15,7 +15,8 @@ SUBCOMMANDS = {
     "snapshot": "save each host's ladder evidence into one tarball for a bug report or a replay",
     "baseline": "record a known-good run's figures per host (record -i INV), or show them with history (show)",
     "manifest": "collect each host's manifest (kernels, DKMS, versions, hashes, GPUs) into the run's folder",
-    "diff": "compare two manifests (hosts of the last manifest run, or saved files); exit 1 when a pin differs",
+    "diff": "compare two manifests (hosts of the last manifest run, of -i INV, or saved files); exit 1 when a pin "
+            "differs",
     "parse": "parse a pasted tool output (lspci, nvidia-smi-q, nvidia-smi-topo, nccl-tests, ...) to JSON",
 }
 
@@ -120,8 +121,10 @@ def _manifest_args(p: argparse.ArgumentParser, name: str) -> None:
         p.add_argument("-l", "--limit", help="further limit the hosts (Ansible pattern)")
         p.add_argument("-v", "--verbose", action="count", default=0)
     else:
-        p.add_argument("a", help="a host of the last manifest run, or a saved manifest file")
-        p.add_argument("b", help="a host of the last manifest run, or a saved manifest file")
+        p.add_argument("a", help="a host (of -i INV, else of the last manifest run), or a saved manifest file")
+        p.add_argument("b", help="a host (of -i INV, else of the last manifest run), or a saved manifest file")
+        p.add_argument("-i", "--inventory", help="homelab, lab or a path: A and B are its hosts, each by its newest "
+                       "manifest from a `provision manifest -i INV` run")
     p.add_argument("--json", action="store_true", help="one JSON summary on stdout")
 
 
@@ -129,7 +132,7 @@ def _manifest_or_diff(name: str, args) -> int:
     from rigbook import manifests
 
     if name == "diff":
-        return manifests.diff_command(args.a, args.b, args.json, sys.stdout)
+        return manifests.diff_command(args.a, args.b, args.json, sys.stdout, inventory=args.inventory)
     from rigbook.run import RunOptions
 
     opts = RunOptions(playbook=manifests.PLAYBOOK, inventory=args.inventory, limit=args.limit, json=args.json,

@@ -3,7 +3,10 @@
 `provision manifest -i INV` runs playbooks/manifest.yml (module rigbook.homelab.host_manifest) and stores each
 host's manifest as <run>/manifests/<host>.json. `provision diff A B` compares two manifests (a host of the last
 manifest run, or a saved manifest file), grouped by ladder layer / role, with host-unique items apart; it exits 1
-when a pinned item differs and 0 when only host-unique items do.
+when a pinned item differs and 0 when only host-unique items do. `provision diff -i INV A B`: A and B are hosts of
+the inventory INV (validated as every command validates it), each compared by its newest manifest stored by a
+`provision manifest` run of that inventory (the run's run.json names it), or saved manifest files. Every value is
+printed whole, never shortened.
 """
 
 from __future__ import annotations
@@ -19,15 +22,40 @@ PLAYBOOK = "manifest.yml"
 EXIT_SAME, EXIT_PINNED_DIFFER = 0, 1
 
 
-def last_manifest_run() -> Path | None:
-    """The newest run folder holding manifests, or None."""
+def manifest_runs() -> list:
+    """The run folders holding manifests, newest first."""
     base = runs.runs_dir()
     if not base.is_dir():
+        return []
+    return [path for path in sorted(base.iterdir(), reverse=True)
+            if (path / MANIFEST_DIR).is_dir() and any((path / MANIFEST_DIR).glob("*.json"))]
+
+
+def last_manifest_run() -> Path | None:
+    """The newest run folder holding manifests, or None."""
+    found = manifest_runs()
+    return found[0] if found else None
+
+
+def _run_inventory(run_dir: Path) -> Path | None:
+    """The inventory RUN_DIR's run was made with (its run.json), resolved; None when unknown."""
+    try:
+        record = json.loads((run_dir / runs.RECORD).read_text())
+    except (OSError, ValueError):
         return None
-    for path in sorted(base.iterdir(), reverse=True):
-        if (path / MANIFEST_DIR).is_dir() and any((path / MANIFEST_DIR).glob("*.json")):
-            return path
-    return None
+    given = record.get("inventory") if isinstance(record, dict) else None
+    return Path(given).resolve() if isinstance(given, str) and given else None
+
+
+def latest_of_inventory(inventory: Path) -> dict:
+    """{host: its newest stored manifest file} over the manifest runs made with INVENTORY."""
+    want, found = Path(inventory).resolve(), {}
+    for run_dir in manifest_runs():
+        if _run_inventory(run_dir) != want:
+            continue
+        for path in (run_dir / MANIFEST_DIR).glob("*.json"):
+            found.setdefault(path.stem, path)
+    return found
 
 
 def read_manifest(path: Path) -> dict:
@@ -57,6 +85,21 @@ def resolve_side(spec: str, run_dir: Path | None) -> tuple:
     return spec, read_manifest(run_dir / MANIFEST_DIR / f"{spec}.json")
 
 
+def resolve_inventory_side(spec: str, inv, stored: dict, given: str) -> tuple:
+    """(label, manifest) for SPEC with -i GIVEN: a host of the inventory INV (its newest manifest in STORED, from
+    latest_of_inventory), else a saved manifest file."""
+    if spec in inv.hosts:
+        if spec not in stored:
+            have = ", ".join(h for h in inv.hosts if h in stored) or "none"
+            raise UserError(f"host {spec!r} of inventory {given} has no stored manifest from a manifest run of that "
+                            f"inventory (run `provision manifest -i {given}` first; hosts with one: {have})")
+        return spec, read_manifest(stored[spec])
+    if Path(spec).is_file():
+        return spec, read_manifest(Path(spec))
+    raise UserError(f"{spec!r} is neither a host of inventory {inv.path} nor a manifest file "
+                    f"(hosts: {', '.join(inv.hosts) or 'none'})")
+
+
 def diff(a: dict, b: dict) -> dict:
     """{"pinned": {group: [{item, a, b}]}, "unique": [{item, group, a, b}], "same": N} of two manifests."""
     items_a, items_b = a.get("items") or {}, b.get("items") or {}
@@ -76,8 +119,8 @@ def diff(a: dict, b: dict) -> dict:
 
 
 def _show(value) -> str:
-    text = "(absent)" if value is None else json.dumps(value, sort_keys=True)
-    return text if len(text) <= 100 else text[:97] + "..."
+    """VALUE in full, as one line of JSON: never shortened (a pipe or a log keeps every kernel argument)."""
+    return "(absent)" if value is None else json.dumps(value, sort_keys=True)
 
 
 def print_diff(result: dict, label_a: str, label_b: str, stream) -> None:
@@ -95,11 +138,20 @@ def print_diff(result: dict, label_a: str, label_b: str, stream) -> None:
             print(f"  {row['item']}: {_show(row['a'])} / {_show(row['b'])}", file=stream)
 
 
-def diff_command(a: str, b: str, as_json: bool, stream) -> int:
-    """`provision diff A B`: print the difference; 1 when a pinned item differs, else 0."""
-    run_dir = last_manifest_run()
-    label_a, manifest_a = resolve_side(a, run_dir)
-    label_b, manifest_b = resolve_side(b, run_dir)
+def diff_command(a: str, b: str, as_json: bool, stream, inventory: str | None = None) -> int:
+    """`provision diff [-i INV] A B`: print the difference; 1 when a pinned item differs, else 0."""
+    if inventory is None:
+        run_dir = last_manifest_run()
+        label_a, manifest_a = resolve_side(a, run_dir)
+        label_b, manifest_b = resolve_side(b, run_dir)
+    else:
+        from rigbook.run import resolve_inventory
+        from rigbook.validate import validate
+
+        inv = validate(resolve_inventory(inventory))
+        stored = latest_of_inventory(inv.path)
+        label_a, manifest_a = resolve_inventory_side(a, inv, stored, inventory)
+        label_b, manifest_b = resolve_inventory_side(b, inv, stored, inventory)
     result = diff(manifest_a, manifest_b)
     code = EXIT_PINNED_DIFFER if result["pinned"] else EXIT_SAME
     if as_json:

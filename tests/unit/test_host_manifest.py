@@ -224,7 +224,7 @@ def test_cli_diff_with_an_inventory_compares_its_hosts_newest_manifests(twins, t
     proc = provision("diff", "-i", rig_inventory, "rig-a", "rig-b", env=env)
     assert proc.returncode == 1, proc.stderr
     assert "rig-a vs rig-b: 2 pinned item(s) differ" in proc.stdout and "[cuda_toolchain]" in proc.stdout
-    assert '    rig-b: "12.8' in proc.stdout
+    assert '    rig-a: "13.0.48"\n    rig-b: (absent)' in proc.stdout
     proc = provision("diff", "-i", rig_inventory, "rig-a", "rig-c", env=env)  # a host with no manifest yet
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stdout == ""
     assert "host 'rig-c' of inventory" in proc.stderr and "hosts with one: rig-a, rig-b" in proc.stderr

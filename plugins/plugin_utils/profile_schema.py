@@ -13,9 +13,10 @@ valid and say it the same way:
 Every problem is a key path (rigbook_gpu.pcie.width, rigbook_pins.kernel.debs[0].sha256) and a message with the
 bad value and what is allowed.
 
-The serve profiles (rigbook_serve) are also checked for their traps (plugins/module_utils/serve/profile.py, loaded
-by path: pure, standard library only) with what the inventory tells about the box: serve_findings gives errors,
-which stop the run like schema problems, and warnings, which are shown and do not.
+The serve profiles (rigbook_serve) are also checked for their traps (plugins/module_utils/serve/profile.py) with what
+the host model (plugins/module_utils/host_model.py) says about the box: serve_findings gives errors, which stop the
+run like schema problems, and warnings, which are shown and do not. readiness_problems names every input a role of
+the play needs and the inventory lacks (host_model.readiness).
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ import json
 import os
 import sys
 
+from ansible_collections.rigbook.homelab.plugins.module_utils import host_model
+from ansible_collections.rigbook.homelab.plugins.module_utils.serve import profile as serve_profile
+
 PREFIX = "rigbook_"
 COLLECTION_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 SCHEMA_FILE = os.path.join(COLLECTION_ROOT, "meta", "profile.schema.json")
-SERVE_PROFILE_FILE = os.path.join(COLLECTION_ROOT, "plugins", "module_utils", "serve", "profile.py")
-EXPECTATIONS_FILE = os.path.join(COLLECTION_ROOT, "plugins", "module_utils", "ladder", "expectations.py")
 
 _CACHE = {}
 
@@ -167,57 +169,19 @@ def combination_problems(merged):
     return problems
 
 
-def _pure_module(location, name):
-    """A standard-library-only module_utils file of this collection, loaded by path (the CLI has no collection
-    import path; the same file runs on the boxes)."""
-    key = ("module", location)
-    if key not in _CACHE:
-        import importlib.util
-
-        try:
-            spec = importlib.util.spec_from_file_location(name, location)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-        except (OSError, ImportError, SyntaxError) as exc:
-            raise SchemaUnavailable("cannot load %s: %s" % (location, exc)) from None
-        _CACHE[key] = module
-    return _CACHE[key]
-
-
-def serve_profile_module():
-    """plugins/module_utils/serve/profile.py: engine_argv, check, check_all."""
-    return _pure_module(SERVE_PROFILE_FILE, "rigbook_serve_profile")
-
-
-def box_facts(merged):
-    """What the inventory tells about the box, as serve profile checks read it: gpu_count, vendor, p2p_expected
-    (the ladder's one rule, expectations.p2p_expected: rigbook_p2p.expected, else two or more GPUs); a key is left
-    out when the inventory does not say."""
-    gpu = merged.get("rigbook_gpu") if isinstance(merged.get("rigbook_gpu"), dict) else {}
-    p2p = merged.get("rigbook_p2p") if isinstance(merged.get("rigbook_p2p"), dict) else {}
-    facts = {}
-    if isinstance(gpu.get("count"), int):
-        facts["gpu_count"] = gpu["count"]
-    if gpu.get("vendor"):
-        facts["vendor"] = gpu["vendor"]
-    if "expected" in p2p or "gpu_count" in facts:
-        expectations = _pure_module(EXPECTATIONS_FILE, "rigbook_ladder_expectations")
-        facts["p2p_expected"] = expectations.p2p_expected({"p2p": p2p, "gpu": gpu})
-    return facts
+def serve_findings(merged, model=None):
+    """(errors, warnings), each [(key path, message)]: the rigbook_serve traps of one host's merged variables,
+    judged with what its inventory says about the box (host_model.box_facts). Run after the schema has passed."""
+    if "rigbook_serve" not in merged:
+        return [], []
+    model = model or host_model.build(merged)
+    errors, warnings = serve_profile.check_all(merged["rigbook_serve"], host_model.box_facts(model))
+    return [_key_and_text(m) for m in errors], [_key_and_text(m) for m in warnings]
 
 
 def _key_and_text(message):
     where, _, text = message.partition(": ")
     return where, text
-
-
-def serve_findings(merged):
-    """(errors, warnings), each [(key path, message)]: the rigbook_serve traps of one host's merged variables,
-    judged with what its inventory says about the box (box_facts). Run after the schema has passed."""
-    if "rigbook_serve" not in merged:
-        return [], []
-    errors, warnings = serve_profile_module().check_all(merged["rigbook_serve"], box_facts(merged))
-    return [_key_and_text(m) for m in errors], [_key_and_text(m) for m in warnings]
 
 
 def host_findings(merged, path=None):
@@ -235,3 +199,10 @@ def host_problems(merged, path=None):
     """[(key path, message)] for one host's merged variables: the schema first; the combinations and the serve
     profiles' errors when it passes."""
     return host_findings(merged, path)[0]
+
+
+def readiness_problems(model, roles=None, inventory_dir=None):
+    """[(key path, message)]: the inputs the roles ROLES (default: the model's) need and the inventory lacks
+    (host_model.readiness), worded as `provision validate` words them."""
+    return [(need["key"], host_model.need_text(need))
+            for need in host_model.readiness(model, roles, inventory_dir)]

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 SUBCOMMANDS = {
-    "validate": "check an inventory's rigbook_* variables (no host contacted)",
+    "validate": "check an inventory's rigbook_* variables and name every input site.yml still needs (no host contacted)",
     "runs": "list recent runs and where their artifacts are",
     "lab": "local simulated rigs: up, status, down, break, heal",
     "bootstrap": "make a bare host Ansible-ready over SSH: ansible_user, its key, sudoers drop-in, python3",
@@ -95,7 +95,8 @@ def _sub_parser(name: str) -> argparse.ArgumentParser:
     elif name == "bootstrap":
         _bootstrap_args(p)
     elif name == "parse":
-        p.add_argument("kind", help="lspci, nvidia-smi-q, nvidia-smi-topo, nccl-tests, nccl-log, p2p-bandwidth")
+        p.add_argument("kind", help="lspci, nvidia-smi-q, nvidia-smi-topo, nccl-tests, nccl-log, p2p-bandwidth, "
+                       "sglang-log, kernel-log (formats: docs/parse-formats.md)")
         p.add_argument("file", help="file with the pasted output, - for stdin")
     return p
 
@@ -141,13 +142,13 @@ def _manifest_or_diff(name: str, args) -> int:
 
 
 def _validate(args) -> int:
-    from rigbook.run import resolve_inventory
-    from rigbook.validate import validate
+    from rigbook.run import resolve_inventory, resolve_playbook
+    from rigbook.validate import run_roles, validate
 
     path = resolve_inventory(args.inventory)
-    inv = validate(path)
+    inv = validate(path, roles=run_roles(resolve_playbook("site.yml")))
     groups = sorted(g for g in inv.all_groups() if g != "all")
-    print(f"{path}: valid ({len(inv.hosts)} hosts; groups: {', '.join(groups) or '-'})")
+    print(f"{path}: valid and ready for site.yml ({len(inv.hosts)} hosts; groups: {', '.join(groups) or '-'})")
     return 0
 
 

@@ -162,12 +162,13 @@ def _check_extra_vars(items: list) -> None:
 
 def run_playbook(opts: RunOptions) -> int:
     """Validate, run, report. Returns the process exit code."""
-    from rigbook.validate import validate
+    from rigbook.validate import run_roles, validate
 
     playbook = resolve_playbook(opts.playbook)
     inventory = resolve_inventory(opts.inventory)
     _check_extra_vars(opts.extra_vars)
-    inv = validate(inventory)  # before any host is contacted
+    # Before any host is contacted: the variables, and every input the play's roles need.
+    inv = validate(inventory, roles=run_roles(playbook, opts.tags, opts.skip_tags))
     if opts.baseline_mode == "record":
         from rigbook.baselines import check_group
 

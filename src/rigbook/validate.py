@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 from rigbook import inventory as inventory_mod
@@ -19,7 +18,6 @@ from rigbook.errors import UserError
 PREFIX = "rigbook_"
 # Both inside the collection (paths.collection_root()), shared with the preflight role's validate_profile task.
 SCHEMA_FILE = "meta/profile.schema.json"
-SHARED_MODULE = "plugins/plugin_utils/profile_schema.py"
 
 
 @dataclass(frozen=True)
@@ -37,21 +35,64 @@ class InventoryInvalid(UserError):
     def __init__(self, problems):
         self.problems = list(problems)
         lines = [str(p) for p in self.problems]
-        super().__init__(
-            f"inventory is invalid ({len(lines)} problem{'s' if len(lines) != 1 else ''}):\n  "
-            + "\n  ".join(lines)
-        )
+        missing = sum(1 for p in self.problems if p.message.startswith("needed by the "))
+        what = (f"inventory is invalid ({len(lines)} problem{'s' if len(lines) != 1 else ''})" if missing < len(lines)
+                else f"inventory is not ready: {missing} input{'s' if missing != 1 else ''} the play needs "
+                     f"{'are' if missing != 1 else 'is'} missing (nothing was contacted)")
+        super().__init__(what + ":\n  " + "\n  ".join(lines))
 
 
 def _shared():
     """plugins/plugin_utils/profile_schema.py of the collection: the schema file and the wording, one copy for the
-    CLI and the preflight role's validate_profile task. Loaded by path: no collection link, no sys.path change."""
-    return _load_shared(str(paths.collection_root()))
+    CLI and the preflight role's validate_profile task (which imports it as Ansible does, through the collection
+    link)."""
+    paths.link_collection()
+    from ansible_collections.rigbook.homelab.plugins.plugin_utils import profile_schema
+
+    return profile_schema
 
 
-@lru_cache(maxsize=4)
-def _load_shared(root: str):
-    return paths.load_collection_file(SHARED_MODULE, "rigbook_profile_schema")
+def _host_model():
+    paths.link_collection()
+    from ansible_collections.rigbook.homelab.plugins.module_utils import host_model
+
+    return host_model
+
+
+def host_model_of(inv, host: str) -> dict:
+    """The host model of HOST (plugins/module_utils/host_model.build of its merged variables): what the host is,
+    decided once for the controller as for the roles."""
+    return _host_model().build(inv.host_vars(host))
+
+
+def playbook_roles(playbook: Path) -> list:
+    """The collection's roles PLAYBOOK applies (rigbook.homelab.NAME or NAME), in order. UserError when the file
+    is no playbook."""
+    import yaml
+
+    try:
+        plays = yaml.safe_load(Path(playbook).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise UserError(f"{playbook}: cannot read the playbook: {exc}") from None
+    known = _host_model().ROLE_TAGS
+    found = []
+    for play in plays if isinstance(plays, list) else []:
+        for entry in (play.get("roles") or []) if isinstance(play, dict) else []:
+            name = entry.get("role", entry.get("name")) if isinstance(entry, dict) else entry
+            short = str(name).rsplit(".", 1)[-1]
+            if short in known and short not in found:
+                found.append(short)
+    return found
+
+
+def _words(tags) -> list:
+    return [t.strip() for t in (tags or "").split(",") if t.strip()]
+
+
+def run_roles(playbook: Path, tags=None, skip_tags=None) -> list:
+    """The roles a run of PLAYBOOK with --tags TAGS / --skip-tags SKIP_TAGS (comma lists) applies."""
+    chosen = _host_model().roles_for_tags(_words(tags) or ["all"], _words(skip_tags))
+    return [role for role in playbook_roles(playbook) if role in chosen]
 
 
 def schema_file() -> Path:
@@ -76,6 +117,18 @@ def _file_of(inv, host: str, key: str) -> Path:
     return source.file if source else inv.path
 
 
+def _readiness(inv, host: str, roles) -> list:
+    """The inputs the roles ROLES need on HOST and its inventory lacks, as Problems (file: where rigbook_pins or
+    rigbook_serve was set, else the inventory)."""
+    model = host_model_of(inv, host)
+    base = inv.path if inv.path.is_dir() else inv.path.parent
+    problems = []
+    for key_path, message in _shared().readiness_problems(model, roles, str(base)):
+        variable = key_path.split(".", 1)[0].split("[", 1)[0]
+        problems.append(Problem(_file_of(inv, host, variable), f"host {host}", key_path, message))
+    return problems
+
+
 def _host_problems(inv, host: str) -> list:
     """Checks that need the merged view of one host (a combination of keys from several files)."""
     problems = []
@@ -96,9 +149,10 @@ def _serve_findings(inv, host: str) -> tuple:
             [Problem(file, f"host {host}", key_path, message) for key_path, message in warnings])
 
 
-def check(inventory_path: Path) -> tuple:
+def check(inventory_path: Path, roles=None) -> tuple:
     """(Inventory, problems, warnings): the schema per file; when it passes, each host's combinations and serve
-    profiles. Raises UserError when the inventory cannot be read."""
+    profiles, and, for the roles ROLES of a play (None: no play), every input they need and the inventory lacks.
+    Raises UserError when the inventory cannot be read."""
     inv = inventory_mod.load(inventory_path)
     problems, warnings = [], []
     for source in inv.sources:
@@ -109,13 +163,17 @@ def check(inventory_path: Path) -> tuple:
             serve_errors, serve_warnings = _serve_findings(inv, host)
             problems.extend(serve_errors)
             warnings.extend(serve_warnings)
+    if not problems and roles is not None:
+        for host in sorted(inv.hosts):
+            problems.extend(_readiness(inv, host, roles))
     return inv, problems, warnings
 
 
-def validate(inventory_path: Path, warn=None):
-    """Load and validate; returns the Inventory or raises InventoryInvalid / UserError. Warnings are printed on
-    WARN (default stderr, so a --json stdout stays JSON) and do not stop anything."""
-    inv, problems, warnings = check(inventory_path)
+def validate(inventory_path: Path, warn=None, roles=None):
+    """Load and validate; returns the Inventory or raises InventoryInvalid / UserError (exit 2). ROLES: the roles
+    of the play about to run, whose missing inputs are problems too (None: the variables only). Warnings are
+    printed on WARN (default stderr, so a --json stdout stays JSON) and do not stop anything."""
+    inv, problems, warnings = check(inventory_path, roles)
     if problems:
         raise InventoryInvalid(problems)
     stream = warn if warn is not None else sys.stderr

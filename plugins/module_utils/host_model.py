@@ -1,0 +1,552 @@
+# -*- coding: utf-8 -*-
+# Copyright: rigbook developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The host model: what one host is, decided once from its merged rigbook_* variables.
+
+Pure; standard library only. The preflight role computes it on the controller (action validate_profile) and sets
+it as the one fact `rigbook_host`; `provision validate`, report, manifest and baselines call the same build().
+Roles, modules and judges read the model and nothing else, so every default, the P2P-expected rule, the GPU
+environment file and each serve profile's unit, port and timeouts are decided here and nowhere else.
+
+- build(variables): the complete, defaulted model (see MODEL_KEYS). VARIABLES are the host's merged rigbook_*
+  variables after the schema check; a value of the wrong type is read as absent, never a traceback.
+- readiness(model, roles, ...): every input a role of the play needs and the inventory lacks, each with the key
+  path, the role, why the role needs it and how to get it. The roles' own asserts check exactly this list
+  (rigbook_host.readiness), so an assert can never catch what `provision validate` did not.
+
+Names: the "host model" is this; a "serve profile" is one rigbook_serve item; the lab's recorded hardware is a
+"lab rig"; the JSON Schema checks the "host variables".
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import expectations
+from ansible_collections.rigbook.homelab.plugins.module_utils.serve import profile as serve_profile
+
+MODEL_VERSION = 1
+# The GPU stack's one environment file (systemd EnvironmentFile= format), on both vendors: each role owns a block
+# (gpu_env module); the collectives layer runs its tests with it and every serve unit reads it first, so what was
+# verified is what serves.
+GPU_ENV_FILE = "/etc/rigbook/gpu.env"
+EVIDENCE_ROOT = "/"
+ARTIFACT_DIR = "/var/cache/rigbook/artifacts"
+KEY_DIR = "/var/cache/rigbook/keys"
+
+# The roles of site.yml, in order, with the tags site.yml gives them and the hosts they run on. ("vendor" roles run
+# on hosts of that rigbook_gpu.vendor; "pin" roles where that pin is set; "serve" where rigbook_serve has profiles.)
+ROLES = (
+    ("bios_checklist", ("bios_checklist",), ("nvidia", "amd")),
+    ("kernel", ("kernel",), ("nvidia", "amd")),
+    ("nvidia_p2p_driver", ("nvidia_p2p_driver",), ("nvidia",)),
+    ("cuda_toolchain", ("cuda_toolchain",), ("nvidia",)),
+    ("multi_user_target", ("multi_user_target",), ("nvidia",)),
+    ("amd_rocm", ("amd_rocm",), ("amd",)),
+    ("rccl", ("rccl",), ("amd",)),
+    ("p2p_verify", ("ladder",), ("nvidia", "amd", "")),
+    ("sglang", ("sglang", "serve"), "pin:sglang"),
+    ("serve", ("serve",), "serve"),
+)
+ROLE_TAGS = {name: tags for name, tags, _ in ROLES}
+
+KERNEL_FLAVOURS = ("generic", "lowlatency", "amd64", "cloud-amd64", "rt-amd64", "generic-64k", "nvidia",
+                   "nvidia-lowlatency", "realtime", "oem", "aws", "azure", "gcp", "gke", "kvm", "oracle", "ibm")
+# A release a distribution archive carries: 6.8.0-90-generic (Ubuntu), 6.1.0-47-amd64 (Debian).
+DISTRO_KERNEL = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+-[0-9]+(\.[0-9]+)?-(%s)$" % "|".join(
+    re.escape(f) for f in KERNEL_FLAVOURS))
+CUDA_ALIGNED = ("nvidia-cuda-nvcc", "nvidia-cuda-crt", "nvidia-nvvm")
+ROCM_PACKAGES = ("rocm-core", "rocminfo", "rocm-smi-lib", "hip-runtime-amd")
+ROCM_DKMS_PACKAGE = "amdgpu-dkms"
+HEX40 = re.compile(r"^[0-9a-f]{40}$")
+COMMIT = re.compile(r"^[0-9a-f]{7,40}$")
+
+
+def _dict(value):
+    return dict(value) if isinstance(value, dict) else {}
+
+
+def _list(value):
+    return list(value) if isinstance(value, list) else []
+
+
+def _str(value):
+    return value if isinstance(value, str) else ("" if value is None else str(value))
+
+
+def _int(value):
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+# --- the pins, defaulted ----------------------------------------------------------------------------------------
+
+def kernel_pin(pins):
+    raw = _dict(pins.get("kernel"))
+    release = _str(raw.get("release"))
+    debs = _list(raw.get("debs"))
+    # One decision: declared; else .debs when any are listed or the release is no distribution kernel.
+    source = raw.get("source") or ("debs" if debs or (release and not DISTRO_KERNEL.match(release)) else "distro")
+    return {
+        "pinned": bool(raw),
+        "release": release,
+        "source": source,
+        "packages": _list(raw.get("packages")) or (["linux-image-" + release, "linux-headers-" + release]
+                                                   if release else []),
+        "debs": debs,
+        "cmdline": _list(raw.get("cmdline")),
+        "keep_previous": raw.get("keep_previous", True) is not False,
+        "p2pdma_allow": _list(raw.get("p2pdma_allow")),
+    }
+
+
+def nvidia_driver_pin(pins, kernel):
+    raw = _dict(pins.get("nvidia_driver"))
+    version = _str(raw.get("version"))
+    major = version.split(".")[0] if version else ""
+    return {
+        "pinned": bool(raw),
+        "version": version,
+        "source": _dict(raw.get("source")),
+        "fork_repo": _str(raw.get("fork_repo")),
+        "branch": _str(raw.get("branch")),
+        "commit": _str(raw.get("commit")),
+        "userspace_version": _str(raw.get("userspace_version")) or version,
+        "userspace_installer": _dict(raw.get("userspace_installer")),
+        "userspace_flags": _list(raw.get("userspace_flags")) or ["--no-kernel-modules"],
+        # HMM with iommu=pt breaks NCCL's SHM transport: off whenever the command line pins iommu=pt.
+        "uvm_disable_hmm": raw.get("uvm_disable_hmm", True) is not False and "iommu=pt" in kernel["cmdline"],
+        "stock_packages": ["nvidia-kernel-dkms", "nvidia-open-kernel-dkms", "nvidia-kernel-open-dkms"]
+        + (["nvidia-dkms-%s" % major, "nvidia-dkms-%s-open" % major] if major else []),
+    }
+
+
+def cuda_toolchain_pin(pins):
+    raw = _dict(pins.get("cuda_toolchain"))
+    version = _str(raw.get("version"))
+    packages = _list(raw.get("packages")) or list(CUDA_ALIGNED)
+    wanted = {name: version for name in packages + ["nvidia-cuda-runtime"]}
+    wanted.update({str(k): _str(v) for k, v in _dict(raw.get("versions")).items()})
+    return {
+        "pinned": bool(raw),
+        "version": version,
+        "packages": packages,
+        "wanted": wanted,
+        "venv": _str(raw.get("venv")) or "/opt/rigbook/cuda",
+        "wheel_dir": _str(raw.get("wheel_dir")),
+    }
+
+
+def rocm_tag(version):
+    """ROCm's package version tag: 7.1.0 -> 70100 (every ROCm package version ends in .<tag>-<build>)."""
+    parts = (version.split(".") + ["0", "0"])[:3]
+    if not all(p.isdigit() for p in parts):
+        return ""
+    return str(int(parts[0]) * 10000 + int(parts[1]) * 100 + int(parts[2]))
+
+
+def rocm_pin(pins, p2p):
+    raw = _dict(pins.get("rocm"))
+    version = _str(raw.get("version"))
+    glob = _str(raw.get("version_glob")) or ("*.%s-*" % rocm_tag(version) if rocm_tag(version) else "")
+    env = {"HSA_ENABLE_IPC_MODE_LEGACY": "0"}
+    env.update({str(k): _str(v) for k, v in _dict(raw.get("hsa_env")).items()})
+    if p2p["nccl_p2p_level"]:
+        env["NCCL_P2P_LEVEL"] = p2p["nccl_p2p_level"]
+    return {
+        "pinned": bool(raw),
+        "version": version,
+        "version_glob": glob,
+        # apt matches a glob only as a prefix (a trailing *): the preferences pin is an anchored regex instead.
+        "apt_version_pin": "/^%s$/" % re.escape(glob).replace("\\*", ".*").replace("\\?", ".") if glob else "",
+        "repo": _dict(raw.get("repo")),
+        "debs": _list(raw.get("debs")),
+        "packages": _list(raw.get("packages")) or list(ROCM_PACKAGES),
+        "dkms": raw.get("dkms") is True,
+        "dkms_package": ROCM_DKMS_PACKAGE,
+        "prefix": "/opt/rocm-%s" % version if version else "/opt/rocm",
+        "env": env,
+    }
+
+
+def rccl_pin(pins):
+    raw = _dict(pins.get("rccl"))
+    source = _dict(raw.get("source"))
+    repo = _str(source.get("repo"))
+    tests = _dict(_dict(raw.get("tests")).get("source"))
+    return {
+        "pinned": bool(raw),
+        "version": _str(raw.get("version")),
+        "source": source,
+        "repo": repo,
+        "commit": _str(source.get("commit")),
+        # RCCL lives in ROCm/rocm-systems under projects/rccl; a ROCm/rccl tree or tarball has it at the top.
+        "subdir": _str(source["subdir"]) if "subdir" in source else ("projects/rccl" if "rocm-systems" in repo else ""),
+        "patches": _list(raw.get("patches")),
+        "gpu_targets": _list(raw.get("gpu_targets")),
+        "tests_source": tests,
+    }
+
+
+def sglang_pin(pins):
+    raw = _dict(pins.get("sglang"))
+    version = _str(raw.get("version"))
+    repo = _dict(raw.get("repo"))
+    commit = _str(repo.get("commit"))
+    if version:
+        pin_name, requirement = version, "sglang==" + version
+    elif repo:
+        pin_name = "commit-" + commit[:12]
+        requirement = "sglang @ git+%s@%s#subdirectory=%s" % (_str(repo.get("url")), commit,
+                                                              _str(repo.get("subdirectory")) or "python")
+    else:
+        pin_name, requirement = "", ""
+    return {
+        "pinned": bool(raw),
+        "version": version,
+        "repo": repo,
+        "commit": commit,
+        "pin_name": pin_name,
+        "requirement": requirement,
+        "lock": _str(raw.get("lock")),
+        "wheel_dir": _str(raw.get("wheel_dir")),
+        "patches": _list(raw.get("patches")),
+        "no_deps": raw.get("no_deps") is True,
+        "import_check": raw.get("import_check", True) is not False,
+    }
+
+
+def _artifacts(vendor, pins):
+    """The artifacts site.yml checks by sha256 before anything is installed (each {url or path, sha256[, dest_dir]})."""
+    found = list(pins["kernel"]["debs"])
+    if vendor == "nvidia":
+        driver = pins["nvidia_driver"]
+        found += [driver["source"]] if driver["source"].get("sha256") else []
+        found += [driver["userspace_installer"]] if driver["userspace_installer"] else []
+    elif vendor == "amd":
+        rocm, rccl = pins["rocm"], pins["rccl"]
+        found += rocm["debs"]
+        if rocm["repo"].get("key_url") and rocm["repo"].get("key_sha256"):
+            found.append({"url": rocm["repo"]["key_url"], "sha256": rocm["repo"]["key_sha256"], "dest_dir": KEY_DIR})
+        found += [rccl["source"]] if rccl["source"].get("sha256") else []
+        found += [rccl["tests_source"]] if rccl["tests_source"].get("sha256") else []
+    return found
+
+
+def _roles(vendor, pins, serve):
+    roles = []
+    for name, _tags, hosts in ROLES:
+        if hosts == "pin:sglang":
+            wanted = pins["sglang"]["pinned"]
+        elif hosts == "serve":
+            wanted = bool(serve)
+        else:
+            wanted = vendor in hosts
+        if wanted:
+            roles.append(name)
+    return roles
+
+
+def build(variables):
+    """The host model of one host's merged rigbook_* variables (a dict; see the module docstring)."""
+    variables = _dict(variables)
+    gpu = _dict(variables.get("rigbook_gpu"))
+    declared_p2p = _dict(variables.get("rigbook_p2p"))
+    raw_pins = _dict(variables.get("rigbook_pins"))
+    vendor = _str(gpu.get("vendor"))
+    p2p = {
+        "expected": expectations.p2p_expected({"gpu": gpu, "p2p": declared_p2p}),
+        "declared": "expected" in declared_p2p,
+        "reason": " ".join(_str(declared_p2p.get("reason")).split()),
+        "nccl_p2p_level": _str(declared_p2p.get("nccl_p2p_level")),
+    }
+    kernel = kernel_pin(raw_pins)
+    pins = {
+        "kernel": kernel,
+        "nvidia_driver": nvidia_driver_pin(raw_pins, kernel),
+        "cuda_toolchain": cuda_toolchain_pin(raw_pins),
+        "rocm": rocm_pin(raw_pins, p2p),
+        "rccl": rccl_pin(raw_pins),
+        "sglang": sglang_pin(raw_pins),
+    }
+    serve, serve_errors = serve_profile.normalize_all(variables.get("rigbook_serve"))
+    return {
+        "version": MODEL_VERSION,
+        "vendor": vendor,
+        "gpu": {
+            "vendor": vendor,
+            "model": _str(gpu.get("model")),
+            "count": _int(gpu.get("count")),
+            "vram_gib": gpu.get("vram_gib"),
+            "pcie": _dict(gpu.get("pcie")),
+            "per_gpu": _list(gpu.get("per_gpu")),
+        },
+        "p2p": p2p,
+        "gpu_env_file": GPU_ENV_FILE,
+        "evidence_root": _str(variables.get("rigbook_evidence_root")) or EVIDENCE_ROOT,
+        "tolerance": expectations.tolerance(None, _dict(variables.get("rigbook_tolerance"))),
+        "pins": pins,
+        "artifacts": _artifacts(vendor, pins),
+        "serve": serve,
+        "serve_errors": serve_errors,
+        "roles": _roles(vendor, pins, serve),
+    }
+
+
+def ladder_profile(model):
+    """What the ladder's judges read of the model: {gpu, p2p, pins, tolerance}. p2p carries `expected` only when
+    the inventory declared it: undeclared, the judges apply the one rule (ladder/expectations.p2p_expected) to the
+    GPUs they saw."""
+    p2p = {"reason": model["p2p"]["reason"], "nccl_p2p_level": model["p2p"]["nccl_p2p_level"]}
+    if model["p2p"]["declared"]:
+        p2p["expected"] = model["p2p"]["expected"]
+    return {"gpu": model["gpu"], "p2p": p2p, "pins": model["pins"], "tolerance": model["tolerance"]}
+
+
+def box_facts(model):
+    """What the inventory tells about the box, as the serve profile checks read it (serve/profile.check_all)."""
+    facts = {"p2p_expected": model["p2p"]["expected"]}
+    if model["gpu"]["count"] is not None:
+        facts["gpu_count"] = model["gpu"]["count"]
+    if model["vendor"]:
+        facts["vendor"] = model["vendor"]
+    return facts
+
+
+# --- readiness -----------------------------------------------------------------------------------------------
+
+def _need(role, key, why, how):
+    return {"role": role, "key": key, "why": why, "how": how}
+
+
+def _kernel_needs(model):
+    pin = model["pins"]["kernel"]
+    if not pin["release"]:
+        return [_need("kernel", "rigbook_pins.kernel.release",
+                      "the kernel role installs, holds and boots the pinned kernel",
+                      "the release the box should boot (`uname -r` on the box that works), e.g. 6.8.0-90-generic")]
+    if pin["source"] == "debs" and not pin["debs"]:
+        custom = "" if DISTRO_KERNEL.match(pin["release"]) else (
+            "%s is no distribution kernel (no archive has linux-image-%s), so " % (pin["release"], pin["release"]))
+        return [_need("kernel", "rigbook_pins.kernel.debs",
+                      "%sthe kernel role installs it from its .deb files" % custom,
+                      "list each .deb of the build (linux-image-*, linux-headers-*, and linux-modules-* if split; "
+                      "`make bindeb-pkg` writes them beside the source tree) as {path: /abs/file.deb or url: ..., "
+                      "sha256: ...}; the sha256 is `sha256sum FILE`")]
+    return []
+
+
+def _nvidia_driver_needs(model):
+    pin = model["pins"]["nvidia_driver"]
+    role = "nvidia_p2p_driver"
+    if not pin["version"]:
+        return [_need(role, "rigbook_pins.nvidia_driver.version",
+                      "the nvidia_p2p_driver role builds the P2P driver fork through DKMS at this version",
+                      "the fork's driver version (its branch name, e.g. 595.58.03-p2p -> 595.58.03)")]
+    needs = []
+    if not pin["source"].get("sha256") and not (pin["fork_repo"] and pin["commit"]):
+        if pin["fork_repo"]:
+            branch = pin["branch"] or "BRANCH"
+            needs.append(_need(role, "rigbook_pins.nvidia_driver.commit",
+                               "the fork is built from a pinned commit (a branch moves: it is not a pin)",
+                               "`git ls-remote %s refs/heads/%s` prints the branch's commit: set commit to it"
+                               % (pin["fork_repo"], branch)))
+        else:
+            needs.append(_need(role, "rigbook_pins.nvidia_driver.source",
+                               "the role needs the fork's source: an artifact with sha256, or fork_repo and commit",
+                               "a tarball of the fork ({url or path, sha256}), or fork_repo + the commit "
+                               "`git ls-remote REPO refs/heads/BRANCH` prints"))
+    if not pin["userspace_installer"]:
+        version = pin["userspace_version"]
+        needs.append(_need(role, "rigbook_pins.nvidia_driver.userspace_installer",
+                           "the userspace (libcuda, nvidia-smi) of the same version is installed from NVIDIA's .run "
+                           "installer with --no-kernel-modules",
+                           "{url: https://download.nvidia.com/XFree86/Linux-x86_64/%s/NVIDIA-Linux-x86_64-%s.run, "
+                           "sha256: ...}: download it once and `sha256sum` it" % (version, version)))
+    if "--no-kernel-modules" not in [str(f) for f in pin["userspace_flags"]]:
+        needs.append(_need(role, "rigbook_pins.nvidia_driver.userspace_flags",
+                           "the kernel modules come from the fork through DKMS; the .run installer must not "
+                           "install its own", "add --no-kernel-modules to userspace_flags"))
+    return needs
+
+
+def _cuda_toolchain_needs(model):
+    pin = model["pins"]["cuda_toolchain"]
+    if not pin["version"]:
+        return [_need("cuda_toolchain", "rigbook_pins.cuda_toolchain.version",
+                      "the cuda_toolchain role installs nvcc, crt and nvvm at one release",
+                      "the release of the nvidia-cuda-nvcc wheel the box uses (`pip show nvidia-cuda-nvcc`), "
+                      "e.g. 13.0.88")]
+    aligned = [(name, pin["wanted"].get(name, "")) for name in pin["packages"] if name in CUDA_ALIGNED]
+    if len(set(version for _, version in aligned)) > 1:
+        return [_need("cuda_toolchain", "rigbook_pins.cuda_toolchain.versions",
+                      "nvcc, crt and nvvm must be one release (a mix gives CCCL #error and PTX .version failures): "
+                      + ", ".join("%s %s" % pair for pair in aligned),
+                      "pin the three to one version (drop them from versions)")]
+    return []
+
+
+def _rocm_needs(model):
+    pin = model["pins"]["rocm"]
+    needs = []
+    if not pin["version"]:
+        needs.append(_need("amd_rocm", "rigbook_pins.rocm.version",
+                           "the amd_rocm role installs and holds ROCm at this release",
+                           "the release the box runs: `cat /opt/rocm/.info/version` (e.g. 7.1.0)"))
+    if not pin["repo"] and not pin["debs"]:
+        release = pin["version"] or "VERSION"
+        needs.append(_need("amd_rocm", "rigbook_pins.rocm.repo",
+                           "ROCm's packages come from AMD's signed apt repository (or .debs listed under debs)",
+                           "repo: {url: https://repo.radeon.com/rocm/apt/%s, suite: noble, components: [main], "
+                           "key_url: https://repo.radeon.com/rocm/rocm.gpg.key, key_sha256: `curl -fsSL KEY_URL | "
+                           "sha256sum`}" % release))
+    elif pin["repo"] and pin["debs"]:
+        needs.append(_need("amd_rocm", "rigbook_pins.rocm.debs",
+                           "set only one of repo or debs: the role installs from one of them",
+                           "remove debs, or remove repo"))
+    if not pin["dkms"] and pin["dkms_package"] in pin["packages"]:
+        needs.append(_need("amd_rocm", "rigbook_pins.rocm.packages",
+                           "%s replaces the kernel's in-tree amdgpu (which carries the pinned kernel's P2P fixes)"
+                           % pin["dkms_package"], "remove it from packages, or set dkms: true"))
+    return needs
+
+
+def _rccl_needs(model):
+    pin = model["pins"]["rccl"]
+    needs = []
+    if not pin["version"]:
+        needs.append(_need("rccl", "rigbook_pins.rccl.version", "the rccl role builds this RCCL release",
+                           "the RCCL version the box runs (e.g. 2.27.7)"))
+    if not pin["source"].get("sha256") and not (pin["repo"] and HEX40.match(pin["commit"])):
+        needs.append(_need("rccl", "rigbook_pins.rccl.source",
+                           "the rccl role builds RCCL from a pinned source (a branch or tag moves: not a pin)",
+                           "{repo: https://github.com/ROCm/rocm-systems, commit: the 40-hex commit of the ROCm "
+                           "release's tag (`git ls-remote https://github.com/ROCm/rocm-systems "
+                           "refs/tags/rocm-%s`), subdir: projects/rccl}, or a release tarball {url or path, sha256}"
+                           % (model["pins"]["rocm"]["version"] or "VERSION")))
+    tests = pin["tests_source"]
+    if not tests.get("sha256") and not HEX40.match(_str(tests.get("commit"))):
+        needs.append(_need("rccl", "rigbook_pins.rccl.tests.source",
+                           "the collectives layer runs rccl-tests built against the patched RCCL",
+                           "{repo: https://github.com/ROCm/rccl-tests, commit: `git ls-remote "
+                           "https://github.com/ROCm/rccl-tests refs/heads/develop`}, or a tarball {url or path, "
+                           "sha256}"))
+    if not pin["gpu_targets"]:
+        needs.append(_need("rccl", "rigbook_pins.rccl.gpu_targets",
+                           "RCCL builds every default target without it (hours) or none that matches",
+                           "the GPUs' gfx target: `rocminfo | grep -m1 gfx` (gfx1201 for the R9700)"))
+    return needs
+
+
+def _sglang_needs(model, inventory_dir, exists):
+    pin = model["pins"]["sglang"]
+    needs = []
+    if bool(pin["version"]) == bool(pin["repo"]):
+        needs.append(_need("sglang", "rigbook_pins.sglang.version",
+                           "SGLang is pinned to exactly one of an exact release (version) or a fork's commit (repo)",
+                           "set version (e.g. 0.5.23), or repo {url, commit} - not both"))
+    if pin["repo"] and not COMMIT.match(pin["commit"]):
+        needs.append(_need("sglang", "rigbook_pins.sglang.repo.commit",
+                           "the fork is installed at a pinned commit (a branch moves: it is not a pin)",
+                           "`git ls-remote %s refs/heads/BRANCH`" % (_str(pin["repo"].get("url")) or "URL")))
+    if pin["lock"] and inventory_dir is not None:
+        path = pin["lock"] if os.path.isabs(pin["lock"]) else os.path.join(inventory_dir, pin["lock"])
+        if not exists(path):
+            needs.append(_need("sglang", "rigbook_pins.sglang.lock",
+                               "the lock (%s) is not there: pip installs exactly its versions" % path,
+                               "on a box where the venv works: `VENV/bin/pip freeze > %s`, or remove lock" % path))
+    return needs
+
+
+def _serve_needs(model):
+    if model["pins"]["sglang"]["pinned"]:
+        return []
+    return [_need("serve", "rigbook_pins.sglang",
+                  "the serve units run SGLang from the sglang role's venv",
+                  "pin SGLang: rigbook_pins.sglang {version} or {repo: {url, commit}}")]
+
+
+def _patch_needs(model, inventory_dir, exists):
+    needs = []
+    for role in ("rccl", "sglang"):
+        for index, patch in enumerate(model["pins"][role]["patches"]):
+            path = _str(_dict(patch).get("path"))
+            if not path or inventory_dir is None:
+                continue
+            full = path if os.path.isabs(path) else os.path.join(inventory_dir, path)
+            if not exists(full):
+                needs.append(_need(role, "rigbook_pins.%s.patches[%d].path" % (role, index),
+                                   "the patch %s is not on the controller" % full,
+                                   "put the patch file there, or fix the path"))
+    return needs
+
+
+def readiness(model, roles=None, inventory_dir=None, exists=os.path.exists):
+    """[need]: each input a role in ROLES (default: the model's roles) needs and the inventory lacks, as
+    {role, key, why, how}. INVENTORY_DIR: where relative lock and patch paths are looked up (EXISTS(path)); None
+    skips those file checks (on the box)."""
+    wanted = [r for r in model["roles"] if roles is None or r in roles]
+    needs = []
+    for role in wanted:
+        if role == "kernel":
+            needs += _kernel_needs(model)
+        elif role == "nvidia_p2p_driver":
+            needs += _nvidia_driver_needs(model)
+        elif role == "cuda_toolchain":
+            needs += _cuda_toolchain_needs(model)
+        elif role == "amd_rocm":
+            needs += _rocm_needs(model)
+        elif role == "rccl":
+            needs += _rccl_needs(model)
+        elif role == "sglang":
+            needs += _sglang_needs(model, inventory_dir, exists)
+        elif role == "serve":
+            needs += _serve_needs(model)
+    needs += [n for n in _patch_needs(model, inventory_dir, exists) if n["role"] in wanted]
+    return needs
+
+
+def by_role(needs):
+    """{role: [need]} for every role of ROLES (empty lists included): what each role's assert reads."""
+    found = {name: [] for name, _, _ in ROLES}
+    for need in needs:
+        found[need["role"]].append(need)
+    return found
+
+
+def roles_for_tags(run_tags, skip_tags=()):
+    """The roles of ROLES that a run with --tags RUN_TAGS / --skip-tags SKIP_TAGS runs (tags as Ansible has them:
+    ["all"] when none were given)."""
+    run, skip = set(run_tags or ["all"]), set(skip_tags or ())
+    chosen = []
+    for name, tags, _ in ROLES:
+        if not ("all" in run or run & set(tags)):
+            continue
+        if skip & set(tags):
+            continue
+        chosen.append(name)
+    return chosen
+
+
+def need_text(need):
+    return "needed by the %s role: %s; how: %s" % (need["role"], need["why"], need["how"])
+
+
+# --- on the box ------------------------------------------------------------------------------------------------
+
+def box_paths(model):
+    """[(path, key, why)]: what must already be on the box before site.yml changes anything there (the preflight
+    role checks them with stat): the serve profiles' models, the SGLang wheel directory."""
+    found = []
+    if model["pins"]["sglang"]["wheel_dir"] and "sglang" in model["roles"]:
+        found.append((model["pins"]["sglang"]["wheel_dir"], "rigbook_pins.sglang.wheel_dir",
+                      "the sglang role installs SGLang offline from this directory of wheels (build them once: "
+                      "`pip wheel` of sglang and sgl-kernel for the GPUs' target)"))
+    for index, profile in enumerate(model["serve"]):
+        found.append((profile["model_path"], "rigbook_serve[%d].model_path" % index,
+                      "the serve unit loads this model directory"))
+        draft = _dict(profile.get("speculative")).get("draft_model_path")
+        if draft:
+            found.append((draft, "rigbook_serve[%d].speculative.draft_model_path" % index,
+                          "the engine loads this draft model"))
+    return [{"path": p, "key": k, "why": w} for p, k, w in found]

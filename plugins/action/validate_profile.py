@@ -10,6 +10,11 @@ words it (both use plugins/plugin_utils/profile_schema.py). Needs the Python pac
 The serve profiles (rigbook_serve) are checked for their traps with what the inventory says about the box, as
 `provision` does: their errors fail the task, their warnings are shown as Ansible warnings and do not.
 
+It also computes the host model (plugins/module_utils/host_model.py) and returns it as `host_model`, with
+`host_model.readiness` holding, per role, the inputs that role needs and the inventory lacks: the preflight role
+sets it as the one fact rigbook_host, which every role reads; the task fails when a role this run applies (its
+--tags and --skip-tags considered) lacks an input, before any role has changed anything.
+
 Not checked: extra variables (-e) and the variables the collection's own plays set or take as extra variables
 (RUNTIME_VARS); `provision validate` does not check those either.
 """
@@ -18,11 +23,13 @@ from __future__ import annotations
 
 from ansible.plugins.action import ActionBase
 from ansible.utils.vars import load_extra_vars
+from ansible_collections.rigbook.homelab.plugins.module_utils import host_model
 from ansible_collections.rigbook.homelab.plugins.plugin_utils import profile_schema
 
 # Set by the collection's plays (set_fact) or passed by the CLI as extra variables: not profile variables.
 RUNTIME_VARS = frozenset(("rigbook_reboot_required", "rigbook_reboot_reasons", "rigbook_baselines",
-                          "rigbook_snapshot_dir", "rigbook_sglang_venv", "rigbook_sglang_version"))
+                          "rigbook_snapshot_dir", "rigbook_sglang_venv", "rigbook_sglang_version", "rigbook_host",
+                          "rigbook_gpu_stack_changed", "rigbook_run_dir"))
 
 
 def plain(value):
@@ -57,6 +64,22 @@ def findings(profile):
     return profile_schema.host_findings(profile)
 
 
+def model_of(profile, task_vars):
+    """The host model with its readiness ({role: [need]}, every role of the host) and the roles this run applies."""
+    model = host_model.build(profile)
+    inventory_dir = task_vars.get("inventory_dir")
+    model["readiness"] = host_model.by_role(host_model.readiness(model, None, inventory_dir))
+    return model
+
+
+def run_needs(model, task_vars, roles=None):
+    """The needs of the roles this run applies: ROLES (the play's; None: every role of the host), less those
+    --tags / --skip-tags leave out."""
+    chosen = host_model.roles_for_tags(task_vars.get("ansible_run_tags"), task_vars.get("ansible_skip_tags"))
+    return [need for role in model["roles"] if role in chosen and (roles is None or role in roles)
+            for need in model["readiness"][role]]
+
+
 def failure_message(host, problems):
     count = len(problems)
     lines = "; ".join("%s: %s" % (where, message) for where, message in problems)
@@ -67,7 +90,7 @@ def failure_message(host, problems):
 class ActionModule(ActionBase):
     _requires_connection = False
     _supports_check_mode = True
-    _VALID_ARGS = frozenset()
+    _VALID_ARGS = frozenset(("roles",))
 
     def run(self, tmp=None, task_vars=None):
         task_vars = task_vars or {}
@@ -87,10 +110,23 @@ class ActionModule(ActionBase):
         except Exception as exc:  # noqa: BLE001 - a template in a profile value that does not render
             return {**result, "failed": True, "msg": "%s: cannot read the rigbook_* profile: %s" % (host, exc)}
         result["checked"] = names
+        if not problems:
+            # The model reads what the roles will read: the inventory's variables and any -e given for them.
+            every = {name: plain(self._templar.template(task_vars[name])) for name in profile_names(task_vars)}
+            model = model_of(every, task_vars)
+            result["host_model"] = model
+            roles = self._task.args.get("roles")
+            problems = [(need["key"], host_model.need_text(need)) for need in run_needs(model, task_vars, roles)]
         result["problems"] = [{"key_path": where, "message": message} for where, message in problems]
         if warnings:
             result["warnings"] = ["%s: %s: %s" % (host, where, message) for where, message in warnings]
-        if problems:
+        if problems and "host_model" in result:
+            result.pop("host_model")  # the message names what is missing; the whole model would bury it
+            result["failed"] = True
+            result["msg"] = "%s: not ready: %d input%s the play needs %s missing (nothing was changed): %s" % (
+                host, len(problems), "" if len(problems) == 1 else "s", "is" if len(problems) == 1 else "are",
+                "; ".join("%s: %s" % pair for pair in problems))
+        elif problems:
             result["failed"] = True
             result["msg"] = failure_message(host, problems)
         else:

@@ -4,7 +4,7 @@
 
 
 class ModuleDocFragment:
-    """Where a module reads the hardware facts, and the host profile it judges them against."""
+    """Where a module reads the hardware facts, and the host model it judges them against."""
 
     DOCUMENTATION = r"""
 options:
@@ -14,11 +14,12 @@ options:
     default: /
 """
 
-    PROFILE = r"""
+    HOST = r"""
 options:
-  profile:
+  host:
     description:
-      - "The host profile, C({gpu: rigbook_gpu, p2p: rigbook_p2p, pins: rigbook_pins})."
+      - "The host model, C(rigbook_host) (plugins/module_utils/host_model.py; the preflight role sets it). The
+        judges read its GPUs, P2P expectation, pins and tolerance."
     type: dict
     default: {}
 """

@@ -12,6 +12,7 @@ verdicts are reported as warnings. Read-only: check mode runs the same.
 from __future__ import annotations
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.rigbook.homelab.plugins.module_utils import host_model
 from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import registry
 from ansible_collections.rigbook.homelab.plugins.module_utils.ladder.climb import (
     OPTION_DEFAULTS,
@@ -26,7 +27,7 @@ ARGUMENT_SPEC = dict(
     layers=dict(type="list", elements="str"),
     run_tags=dict(type="list", elements="str", default=[]),
     root=dict(type="path", default="/"),
-    profile=dict(type="dict", default={}),
+    host=dict(type="dict", default={}),
     baseline=dict(type="dict", default={}),
     tolerance=dict(type="dict", default={}),
     probe_bytes=dict(type="int", default=OPTION_DEFAULTS["probe_bytes"]),
@@ -67,7 +68,8 @@ def selected_layers(module):
 def context_of(params, check_mode=False):
     options = dict((name, params.get(name)) for name in OPTION_DEFAULTS)
     options["check_mode"] = check_mode
-    return Context(params["root"], params["profile"], params.get("baseline"), params.get("tolerance"), options)
+    return Context(params["root"], host_model.ladder_profile(params["host"]), params.get("baseline"),
+                   params.get("tolerance"), options)
 
 
 def finish_ladder(module, verdicts, evidence):

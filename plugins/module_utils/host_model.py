@@ -270,7 +270,7 @@ def build(variables):
         "sglang": sglang_pin(raw_pins),
     }
     serve, serve_errors = serve_profile.normalize_all(variables.get("rigbook_serve"))
-    return {
+    model = {
         "version": MODEL_VERSION,
         "vendor": vendor,
         "gpu": {
@@ -291,16 +291,22 @@ def build(variables):
         "serve_errors": serve_errors,
         "roles": _roles(vendor, pins, serve),
     }
+    model["box_facts"] = box_facts(model)
+    model["box_paths"] = box_paths(model)
+    return model
 
 
 def ladder_profile(model):
     """What the ladder's judges read of the model: {gpu, p2p, pins, tolerance}. p2p carries `expected` only when
     the inventory declared it: undeclared, the judges apply the one rule (ladder/expectations.p2p_expected) to the
     GPUs they saw."""
+    if not isinstance(model, dict) or "pins" not in model:
+        return {}
     p2p = {"reason": model["p2p"]["reason"], "nccl_p2p_level": model["p2p"]["nccl_p2p_level"]}
     if model["p2p"]["declared"]:
         p2p["expected"] = model["p2p"]["expected"]
-    return {"gpu": model["gpu"], "p2p": p2p, "pins": model["pins"], "tolerance": model["tolerance"]}
+    pins = {name: pin for name, pin in model["pins"].items() if pin.get("pinned")}
+    return {"gpu": model["gpu"], "p2p": p2p, "pins": pins, "tolerance": model["tolerance"]}
 
 
 def box_facts(model):
@@ -316,7 +322,10 @@ def box_facts(model):
 # --- readiness -----------------------------------------------------------------------------------------------
 
 def _need(role, key, why, how):
-    return {"role": role, "key": key, "why": why, "how": how}
+    """One missing input: its key path, the role that needs it, why, how to get it; text says all of it."""
+    need = {"role": role, "key": key, "why": why, "how": how}
+    need["text"] = "%s: %s" % (key, need_text(need))
+    return need
 
 
 def _kernel_needs(model):

@@ -14,7 +14,7 @@ description:
     and returns a checklist of what the user must switch in the BIOS setup - CSM off, Above 4G Decoding, Resizable BAR -
     each item marked done, not done or unknown.
   - It never changes, and never claims to change, a BIOS setting.
-  - Fails only when the profile requires P2P (O(profile.p2p.expected) true) and the firmware layer fails.
+  - Fails only when the profile requires P2P (the host model expects P2P) and the firmware layer fails.
   - Read-only; supports check mode.
 version_added: "1.0.0"
 author:
@@ -22,16 +22,14 @@ author:
 options: {}
 extends_documentation_fragment:
   - rigbook.homelab.evidence_root
-  - rigbook.homelab.evidence_root.profile
+  - rigbook.homelab.evidence_root.host
   - rigbook.homelab.attributes.read_only
 """
 
 EXAMPLES = r"""
 - name: Print what to switch in the BIOS
   rigbook.homelab.bios_checklist:
-    profile:
-      gpu: "{{ rigbook_gpu }}"
-      p2p: "{{ rigbook_p2p }}"
+    host: "{{ rigbook_host }}"
 """
 
 RETURN = r"""
@@ -57,6 +55,7 @@ firmware:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.rigbook.homelab.plugins.module_utils import host_model
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence as evidence
 from ansible_collections.rigbook.homelab.plugins.module_utils.judges import bios_checklist
 from ansible_collections.rigbook.homelab.plugins.module_utils.judges import static_layers as ladder_static
@@ -64,10 +63,10 @@ from ansible_collections.rigbook.homelab.plugins.module_utils.judges import stat
 
 def main():
     module = AnsibleModule(
-        argument_spec=dict(root=dict(type="path", default="/"), profile=dict(type="dict", default={})),
+        argument_spec=dict(root=dict(type="path", default="/"), host=dict(type="dict", default={})),
         supports_check_mode=True,
     )
-    profile = module.params["profile"] or {}
+    profile = host_model.ladder_profile(module.params["host"])
     found = evidence.collect_static(module.params["root"], ("gpus",))
     verdict = ladder_static.judge_firmware(found, profile)
     required = bool((profile.get("p2p") or {}).get("expected"))
@@ -75,7 +74,7 @@ def main():
     lines = bios_checklist.render(items, verdict, required)
     result = dict(changed=False, checklist=items, lines=lines, firmware=verdict, msg="\n".join(lines))
     if required and verdict["status"] == "fail":
-        result["msg"] = "P2P is required by this profile but the firmware makes it impossible: %s. %s" % (
+        result["msg"] = "P2P is required by the host model but the firmware makes it impossible: %s. %s" % (
             verdict["why"], verdict.get("remedy") or "")
         module.fail_json(**result)
     module.exit_json(**result)

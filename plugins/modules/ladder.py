@@ -56,7 +56,7 @@ options:
     type: dict
     default: {}
   tolerance:
-    description: C({fail_below, warn_below}) as fractions of the baseline; C(profile.tolerance) is merged under it.
+    description: C({fail_below, warn_below}) as fractions of the baseline; the host model's tolerance is merged under it.
     type: dict
     default: {}
   probe_bytes:
@@ -79,7 +79,7 @@ options:
     description: Runtime phase. A probe result already taken; judged instead of probing again.
     type: dict
   python:
-    description: Runtime phase. Python with PyTorch (the serving venv) for the bundled collectives benchmark.
+    description: Runtime phase. Python with PyTorch (a venv with torch, e.g. the SGLang one - the role variable p2p_verify_python) for the bundled collectives benchmark.
     type: path
   nccl_tests_dir:
     description: Runtime phase. Directory holding all_reduce_perf and sendrecv_perf (preferred over the bundled benchmark).
@@ -149,7 +149,7 @@ options:
     default: /var/lib/rigbook/error-counters.json
 extends_documentation_fragment:
   - rigbook.homelab.evidence_root
-  - rigbook.homelab.evidence_root.profile
+  - rigbook.homelab.evidence_root.host
   - rigbook.homelab.attributes.read_only
 """
 
@@ -157,18 +157,12 @@ EXAMPLES = r"""
 - name: Judge the five static layers
   rigbook.homelab.ladder:
     phase: static
-    profile:
-      gpu: "{{ rigbook_gpu }}"
-      p2p: "{{ rigbook_p2p }}"
-      pins: "{{ rigbook_pins }}"
+    host: "{{ rigbook_host }}"
 
 - name: Judge the four runtime layers against the recorded baseline
   rigbook.homelab.ladder:
     phase: runtime
-    profile:
-      gpu: "{{ rigbook_gpu }}"
-      p2p: "{{ rigbook_p2p }}"
-      pins: "{{ rigbook_pins }}"
+    host: "{{ rigbook_host }}"
     baseline: {peer_gbs_0_1: 10.29, sendrecv_busbw_gbs: 9.75}
     python: /opt/sglang/.venv/bin/python
     env: {NCCL_P2P_LEVEL: PHB}
@@ -176,10 +170,8 @@ EXAMPLES = r"""
 - name: Check the serve units after the serve role started them
   rigbook.homelab.ladder:
     phase: serving
-    profile:
-      gpu: "{{ rigbook_gpu }}"
-      p2p: "{{ rigbook_p2p }}"
-    serve: "{{ rigbook_serve }}"
+    host: "{{ rigbook_host }}"
+    serve: "{{ rigbook_host.serve }}"
     baseline: {serve_qwen-27b_ttft_s: 0.654, serve_qwen-27b_decode_tok_s: 44.04}
 
 - name: Only the PCIe link and the DMA window of a recorded tree
@@ -199,7 +191,7 @@ ladder:
     layer: {description: "The layer id, e.g. V(p2p_bandwidth)", type: str}
     status: {description: "pass, warn, fail, skip or unknown", type: str}
     measured: {description: What was found., type: raw}
-    expected: {description: What the profile and baseline ask for., type: raw}
+    expected: {description: What the host model and baseline ask for., type: raw}
     why: {description: The reason for the status., type: str}
     remedy: {description: What to do when it is not pass., type: str}
     metrics: {description: "Figures by name, for the baseline (runtime layers).", type: dict}

@@ -177,7 +177,7 @@ def unit_text(profile, p, files):
         "ExecStart=%s" % " ".join(systemd_quote(a, keep) for a in argv),
         "Restart=on-failure",
         "RestartSec=10",
-        # weights, KV pool and graph capture come before the port opens (research A1b)
+        # weights, KV pool and graph capture come before the port opens (SGLang's launch_server, http_server.py)
         "TimeoutStartSec=%d" % timeout,
         "TimeoutStopSec=120",
         "LimitMEMLOCK=infinity",

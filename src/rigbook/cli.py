@@ -28,7 +28,8 @@ EPILOG = (
     "  provision site.yml -i homelab --check --diff\n"
     "  provision site.yml -i lab --limit x99_3080 --json\n"
     "  provision validate -i inventory/homelab\n"
-    "\nexit codes: 0 fine, 1 a host failed, 2 bad input, 3 only unreachable hosts, 130 interrupted"
+    "\nexit codes: 0 fine, 1 a host failed, 2 bad input, 3 only unreachable hosts, 4 another run holds the state\n"
+    "directory, 130 interrupted"
 )
 
 

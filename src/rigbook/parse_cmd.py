@@ -1,7 +1,7 @@
 """`provision parse KIND FILE`: run one of the collection's text parsers and print JSON.
 
-The parsers live in the collection (plugins/module_utils/parse_*.py) so the targets run the
-same code; this module only picks one, reads the input and prints the result.
+The parsers live in the collection (plugins/module_utils/parse/*.py) so the targets run the
+same code (output formats: docs/parse-formats.md); this module only picks one, reads the input and prints the result.
 """
 
 from __future__ import annotations

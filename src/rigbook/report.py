@@ -75,12 +75,14 @@ def _ladder_utils():
 
 
 def _tolerance(inv, host: str) -> dict:
-    """The thresholds the ladder judged HOST with: its defaults merged with the host's rigbook_tolerance."""
+    """The thresholds the ladder judged HOST with: its host model's tolerance (the defaults merged with its
+    rigbook_tolerance); the defaults for a host the inventory no longer has."""
     expectations = _ladder_utils()[0]
-    given = inv.host_vars(host).get("rigbook_tolerance") if inv is not None else None
-    override = ({k: float(v) for k, v in given.items() if k in expectations.DEFAULT_TOLERANCE
-                 and isinstance(v, (int, float))} if isinstance(given, dict) else None)
-    return expectations.tolerance(override=override)
+    if inv is None or host not in inv.hosts:
+        return expectations.tolerance()
+    from rigbook.validate import host_model_of
+
+    return host_model_of(inv, host)["tolerance"]
 
 
 def _run_records() -> list:

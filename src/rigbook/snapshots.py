@@ -33,12 +33,13 @@ def judge_tree(tree: str, profile: dict, baseline_metrics: dict | None = None) -
 
 
 def profile_of(inv, host: str) -> dict:
-    merged = inv.host_vars(host)
-    return {
-        "gpu": merged.get("rigbook_gpu") or {},
-        "p2p": merged.get("rigbook_p2p") or {},
-        "pins": merged.get("rigbook_pins") or {},
-    }
+    """What the ladder's judges read of HOST: its host model's ladder view (host_model.ladder_profile)."""
+    from rigbook.validate import host_model_of
+
+    link_collection()
+    from ansible_collections.rigbook.homelab.plugins.module_utils import host_model
+
+    return host_model.ladder_profile(host_model_of(inv, host))
 
 
 def snapshot(opts, output: str | None) -> int:

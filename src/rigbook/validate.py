@@ -174,9 +174,9 @@ def validate(inventory_path: Path, warn=None, roles=None):
     of the play about to run, whose missing inputs are problems too (None: the variables only). Warnings are
     printed on WARN (default stderr, so a --json stdout stays JSON) and do not stop anything."""
     inv, problems, warnings = check(inventory_path, roles)
-    if problems:
-        raise InventoryInvalid(problems)
     stream = warn if warn is not None else sys.stderr
     for warning in warnings:
         print(f"warning: {warning}", file=stream, flush=True)
+    if problems:
+        raise InventoryInvalid(problems)
     return inv

@@ -11,6 +11,7 @@ import json
 import shutil
 
 import pytest
+from ansible_collections.rigbook.homelab.plugins.module_utils import host_model
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import runtime_evidence
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence as evidence
 from ansible_collections.rigbook.homelab.plugins.module_utils.judges import peer_layers as R
@@ -363,18 +364,20 @@ def test_the_ladder_module_judges_a_recorded_probe_through_ansible(tmp_path):
     (commands / "cuda-probe.json").write_text(json.dumps(seed000()))
     declared = {"gpu": {"vendor": "nvidia", "count": 2, "pcie": {"gen": 3, "width": 16}}, "p2p": {"expected": False}}
     expecting = {**declared, "p2p": {"expected": True}}
+    declared = host_model.build({"rigbook_gpu": declared["gpu"], "rigbook_p2p": declared["p2p"]})
+    expecting = host_model.build({"rigbook_gpu": expecting["gpu"], "rigbook_p2p": expecting["p2p"]})
     ladder = "rigbook.homelab.ladder"
     tasks = [
-        {ladder: {"phase": "runtime", "layers": ["peer_access"], "root": str(root), "profile": declared},
+        {ladder: {"phase": "runtime", "layers": ["peer_access"], "root": str(root), "host": declared},
          "register": "declared"},
         {ladder: {"phase": "runtime", "layers": ["p2p_bandwidth"], "probe_result": "{{ declared.evidence.probe }}",
-                  "profile": declared, "baseline": {"host_staged_gbs_0_1": 6.0}}, "register": "bw"},
+                  "host": declared, "baseline": {"host_staged_gbs_0_1": 6.0}}, "register": "bw"},
         {"debug": {"msg": "RESULT {{ declared.ladder[0].status }} {{ bw.ladder[0].status }} "
                           "{{ bw.ladder[0].metrics.peer_gbs_0_1 }}"}},
         {ladder: {"phase": "static", "layers": ["peer_access"]}, "register": "other_phase"},
         {ladder: {"phase": "static", "layers": ["pcie_link", "bogus"]}, "register": "wrong", "ignore_errors": True},
         {"debug": {"msg": "OTHER {{ other_phase.ladder | length }}; WRONG {{ wrong.msg }}"}},
-        {ladder: {"phase": "runtime", "layers": ["peer_access"], "root": str(root), "profile": expecting}},
+        {ladder: {"phase": "runtime", "layers": ["peer_access"], "root": str(root), "host": expecting}},
     ]
     proc = local_playbook(tmp_path, tasks)
     out = proc.stdout + proc.stderr

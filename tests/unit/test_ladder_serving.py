@@ -15,10 +15,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from ansible_collections.rigbook.homelab.plugins.module_utils import host_model
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import serving_evidence as serving
 from ansible_collections.rigbook.homelab.plugins.module_utils.judges.serving_layer import judge_serving, metric_names
-from ansible_collections.rigbook.homelab.plugins.module_utils.serve import profile as serve_profile
 from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import climb, registry
+from ansible_collections.rigbook.homelab.plugins.module_utils.serve import profile as serve_profile
 from helpers import local_playbook
 
 from rigbook import baselines, snapshots
@@ -498,7 +499,8 @@ def test_the_ladder_module_runs_the_serving_phase(tmp_path):
     serve = [{"name": "qwen", "model_path": "/srv/models/q", "served_model_name": "qwen3.8-27b", "port": 30000}]
     ladder = "rigbook.homelab.ladder"
     tasks = [
-        {ladder: {"phase": "serving", "root": str(tree), "profile": P2P, "serve": serve,
+        {ladder: {"phase": "serving", "root": str(tree), "serve": serve,
+                  "host": host_model.build({"rigbook_gpu": P2P["gpu"], "rigbook_p2p": P2P["p2p"]}),
                   "baseline": SEED_004_BASELINE}, "register": "served"},
         {"debug": {"msg": "SERVED {{ served.ladder[0].status }} {{ served.ladder[0].metrics['" + DECODE + "'] }}"}},
         {ladder: {"phase": "serving", "root": str(tree), "serve": [{"name": "q", "port": "x"}]},

@@ -39,9 +39,13 @@ def test_the_role_tags_each_task_with_the_layers_of_its_phase():
 def test_the_role_runs_serving_by_default_only_where_serve_profiles_exist():
     defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
     spec = yaml.safe_load((ROLE / "meta" / "argument_specs.yml").read_text())["argument_specs"]["main"]["options"]
-    # serving joins the default phases only on a host with serve profiles
-    assert defaults["p2p_verify_phases"].replace(" ", "") == (
-        "{{['static','runtime']+(['serving']if(rigbook_serve|default([]))|length>0else[])}}")
+    # serving joins the default phases only on a host with serve profiles (rendered as Ansible renders it)
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    for serve, phases in (([], ["static", "runtime"]), ([{"name": "q"}], ["static", "runtime", "serving"])):
+        templar = Templar(DataLoader(), variables={"rigbook_host": {"serve": serve}})
+        assert templar.template(trust_as_template(defaults["p2p_verify_phases"])) == phases
     assert spec["p2p_verify_phases"]["choices"] == list(registry.PHASES)
     assert registry.names(registry.SERVING) == ["serving"] and registry.names()[-1] == "serving"
 

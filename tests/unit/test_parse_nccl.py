@@ -47,7 +47,7 @@ def test_tests_unparseable():
 
 
 def test_log_all_direct_p2p():
-    # The "Check P2P Type" line as NCCL 2.27 prints it (format from the research notes).
+    # The "Check P2P Type" line as NCCL 2.28.7+ prints it (NVIDIA/nccl src/transport.cc, ncclTransportCheckP2pType).
     base = read("nccl-log", "nccl1817_shm_8gpu")
     line = "host:1:1 [0] NCCL INFO Check P2P Type isAllDirectP2p {} directMode 0 isAllCudaP2p 1\n"
     assert parse_nccl.parse_log(line.format(0) + base)["all_direct_p2p"] is False

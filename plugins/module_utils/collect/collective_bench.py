@@ -102,6 +102,15 @@ def read_env_file(path):
     return env, None
 
 
+def gpu_env(env, env_file):
+    """(environment, {env_file, env_file_error, env_file_keys}) the tests run with: the GPU environment file alone
+    when given (it is what every serve unit reads first, on both vendors), else ENV."""
+    if not env_file:
+        return dict(env or {}), {}
+    file_env, error = read_env_file(env_file)
+    return dict(file_env), {"env_file": env_file, "env_file_error": error, "env_file_keys": sorted(file_env)}
+
+
 def _built_tests(nccl_tests_dir):
     """{op: binary} of the rccl-tests / nccl-tests programs in NCCL_TESTS_DIR (None when any is missing there)."""
     if not nccl_tests_dir:
@@ -116,16 +125,9 @@ def run_tests(binaries, root, size, iters, gpus, timeout, env, env_file=None, ab
     """Run the built tests once per op with NCCL_DEBUG=INFO (and the GPU environment file when given, alone: it is
     what the serving unit reads); with AB, sendrecv once more with NCCL_P2P_DISABLE=1. The evidence root is passed
     as RIGBOOK_EVIDENCE_ROOT (real tests ignore it; the lab's stand-ins read their recorded figures there)."""
-    run_env = {}
     data = {"source": "rccl-tests/nccl-tests in %s" % os.path.dirname(binaries["sendrecv"]), "results": []}
-    if env_file:
-        file_env, error = read_env_file(env_file)
-        data["env_file"] = env_file
-        data["env_file_error"] = error
-        data["env_file_keys"] = sorted(file_env)
-        run_env.update(file_env)
-    else:
-        run_env.update(env or {})
+    run_env, env_data = gpu_env(env, env_file)
+    data.update(env_data)
     run_env["NCCL_DEBUG"] = "INFO"
     run_env["RIGBOOK_EVIDENCE_ROOT"] = root or "/"
     errors, logs = [], []
@@ -174,6 +176,7 @@ def collect_collectives(root, python=None, nccl_tests_dir=None, size=256 << 20, 
         if results:
             return {"available": True, "source": "recorded nccl-tests output", "results": results}
         return {"available": False, "error": "no recorded collectives.json or nccl-tests output under " + root}
+    env, env_data = gpu_env(env, env_file)
     search = os.pathsep.join(filter(None, [nccl_tests_dir, os.environ.get("PATH")]))
     binaries = {op: shutil.which(name, path=search) for op, name in NCCL_TESTS.items()}
     if all(binaries.values()):
@@ -186,11 +189,11 @@ def collect_collectives(root, python=None, nccl_tests_dir=None, size=256 << 20, 
                 results.append(row)
             else:
                 errors.append(error or "%s printed no result row" % binary)
-        return {"available": bool(results), "source": "nccl-tests", "results": results,
-                "error": "; ".join(errors) or None}  # fmt: skip
+        return dict(env_data, available=bool(results), source="nccl-tests", results=results,
+                    error="; ".join(errors) or None)
     if python:
         data = run_torch_bench(python, size, iters, timeout, env)
-        data["source"] = "bundled torch.distributed benchmark (%s)" % python
+        data.update(env_data, source="bundled torch.distributed benchmark (%s)" % python)
         return data
     return {"available": False, "error": "no nccl-tests binaries (all_reduce_perf, sendrecv_perf) and no serving "
                                           "Python to run the bundled benchmark with"}  # fmt: skip

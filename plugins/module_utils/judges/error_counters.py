@@ -4,7 +4,8 @@
 """Judge the hardware error counters that rose during a runtime layer (pure; standard library only).
 
 Input: a delta of collect/error_counters.py. Seed 004 accepted its P2P path with "AER errors 0, DMAR errors
-0, GPU resets 0" during the tests; the research notes (section E) set the classes:
+0, GPU resets 0" during the tests. The classes follow public health checks (Azure/azurehpc-health-checks'
+customTests/azure_gpu_xid.nhc for the critical Xid list, Meta GCM's check-syslogs for AER fatal vs correctable):
 - fail: any new nonfatal or fatal AER (GPU or its root port), any new Xid of CRITICAL_XIDS (Azure's NHC list),
   any amdgpu GPU reset / ring timeout, any IOMMU (DMAR / AMD-Vi) fault;
 - warn: new correctable AER above the threshold (default 0: any new one warns; "a rising count is a link

@@ -17,7 +17,8 @@ MIB = 1 << 20
 FOUR_GIB = 4 * GIB
 GEN_SPEED_GTS = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
 # Peer DMA reach with the IOMMU in passthrough/off: amdgpu gmc v10-v12 use a 44-bit mask,
-# NVIDIA GPUs 47 bits (research notes, p2p-stack-facts §1.3 and §2).
+# NVIDIA GPUs 47 bits (Linux drivers/gpu/drm/amd/amdgpu/gmc_v1{0,1,2}_0.c: DMA_BIT_MASK(44); for NVIDIA the public
+# P2P-driver runbook WU-CVGL/cluster-setup docs/05_GPU_P2P_RTX4090.md: every BAR1 must end below 2^47).
 DMA_REACH_BITS = {"nvidia": 47, "amd": 44}
 # Host bridges the upstream kernel allows for P2PDMA across root ports (drivers/pci/p2pdma.c);
 # any AMD Zen (family >= 0x17) CPU is allowed too. 8086:6f00 (Broadwell-EP, X99) is not.

@@ -6,7 +6,8 @@
 Pure function `parse(text) -> dict`; standard library only, Python 3.8+. Any line prefix (journald's
 `[  12.345678] host kernel: `, dmesg's `[  12.345678] `, `--ctime`) is fine: the patterns search inside a line.
 
-Categories (research notes, section E):
+Categories (sources: the kernel's AER sysfs ABI, Documentation/ABI/testing/sysfs-bus-pci-devices-aer_stats; the
+log patterns of leptonai/gpud and Meta's GCM check-syslogs; the kernel's own IOMMU fault messages):
 - xid: NVIDIA Xid lines, `NVRM: Xid.*?: (\\d+),` (leptonai/gpud); the Xid numbers are kept.
 - amdgpu_reset: amdgpu ring timeouts (`ring gfx_0.0.0 timeout`) and resets (`GPU reset begin!`).
 - iommu_fault: Intel `DMAR: [DMA Read|DMA Write ...] Request device [..] fault addr` and `[INTR-REMAP]`

@@ -2,7 +2,7 @@
 """Parse `lspci -v` / `-vv` / `-vvv` / `-vvnn` output into devices, BARs, links and ReBAR.
 
 Pure function `parse(text) -> dict`; standard library only, Python 3.8+.
-Output contract: /work/shared/PARSE-FORMATS.md ("lspci").
+Output contract: docs/parse-formats.md ("lspci").
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 """Parse nccl-tests / rccl-tests result tables and NCCL_DEBUG=INFO logs.
 
 Pure functions `parse_tests(text)` and `parse_log(text)`; standard library only, Python 3.8+.
-Contract: /work/shared/PARSE-FORMATS.md ("nccl-tests", "nccl-log").
+Contract: docs/parse-formats.md ("nccl-tests", "nccl-log").
 """
 
 from __future__ import annotations

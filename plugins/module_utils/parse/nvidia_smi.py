@@ -2,7 +2,7 @@
 """Parse `nvidia-smi -q` (whole or partial) and `nvidia-smi topo -m` / `topo -p2p X`.
 
 Pure functions `parse_q(text)`, `parse_topo(text)` (and `parse` = `parse_q`);
-standard library only, Python 3.8+. Contract: /work/shared/PARSE-FORMATS.md.
+standard library only, Python 3.8+. Contract: docs/parse-formats.md ("nvidia-smi-q", "nvidia-smi-topo").
 """
 
 from __future__ import annotations

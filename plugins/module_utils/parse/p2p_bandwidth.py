@@ -2,7 +2,7 @@
 """Parse CUDA samples `p2pBandwidthLatencyTest` output into its matrices.
 
 Pure function `parse(text) -> dict`; standard library only, Python 3.8+.
-Contract: /work/shared/PARSE-FORMATS.md ("p2p-bandwidth").
+Contract: docs/parse-formats.md ("p2p-bandwidth").
 """
 
 from __future__ import annotations

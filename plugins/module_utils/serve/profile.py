@@ -213,8 +213,9 @@ def tp_size(profile):
 
 def custom_all_reduce_on(profile):
     """Whether the engine runs its custom all-reduce kernel: custom_all_reduce when set; absent, the engine's
-    default, which is on for TP=2 over PCIe (SGLang assumes P2P works unless told: research A3), unless
-    --disable-custom-all-reduce is in extra_args. Off at tp_size 1 (nothing to reduce)."""
+    default, which is on for TP=2 over PCIe (SGLang assumes P2P works unless told with --enable-p2p-check:
+    sgl-project/sglang docs/advanced_features/server_arguments.md), unless --disable-custom-all-reduce is in
+    extra_args. Off at tp_size 1 (nothing to reduce)."""
     if tp_size(profile) < 2:
         return False
     if isinstance(profile.get("custom_all_reduce"), bool):

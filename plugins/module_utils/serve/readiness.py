@@ -4,8 +4,10 @@
 """Waiting for a serve unit's engine to be ready after a (re)start (standard library only).
 
 SGLang has no sd_notify: the port opens only after the weights, the KV pool and graph capture, then /health_generate
-answers 503 until the warm-up generation is done (research A1/A1b). Ready here means /health_generate answered 200
-and then one real chat completion returned tokens (a health endpoint alone can answer 200 after the scheduler died).
+answers 503 until the warm-up generation is done (sgl-project/sglang python/sglang/srt/entrypoints/http_server.py:
+launch_server, _wait_and_warmup, health_generate). Ready here means /health_generate answered 200 and then one real
+chat completion returned tokens (a health endpoint alone can answer 200 after the scheduler died:
+sgl-project/sglang#6624).
 The HTTP side is the serving layer's own (collect/serving_evidence.py): the same polling, timeouts and requests.
 """
 

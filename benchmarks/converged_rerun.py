@@ -2,7 +2,7 @@
 """Benchmark a converged re-run of site.yml on one lab host, three ways in the same run.
 
 Run as root from the checkout:
-  .venv/bin/python benchmarks/converged_rerun.py [--runs 1] [--mitogen 0.3.54] [--profile x99-r9700]
+  .venv/bin/python benchmarks/converged_rerun.py [--runs 1] [--mitogen 0.3.54] [--rig x99-r9700]
       [--modes rigbook,mitogen]
 
 1. stock Ansible settings: no pipelining, no ControlPersist (ControlMaster=no), no fact cache;
@@ -11,7 +11,7 @@ Run as root from the checkout:
 3. rigbook's defaults plus the mitogen strategy (mitogen_linear), mitogen installed into a cached
    --target directory (/var/cache/rigbook/mitogen-<version>; pip fetches it once).
 
-It brings up one lab host of --profile (x99-3080: the NVIDIA play; x99-r9700: the AMD play) in a temporary
+It brings up one lab host of --rig (x99-3080: the NVIDIA play; x99-r9700: the AMD play) in a temporary
 state directory, converges it once with site.yml (timed, not part of the comparison; the lab's artifacts are
 prepared as `lab up` does, see docs/lab.md), then times each mode's re-run (which must report changed=0) and
 prints seconds, seconds per task, each role's seconds (from the runner's task events), and the executor floor:
@@ -129,16 +129,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=1, help="re-runs per mode (median reported)")
     parser.add_argument("--mitogen", default="0.3.54", help="mitogen version for the third mode")
-    parser.add_argument("--profile", default="x99-3080", help="lab profile of the one host (x99-3080, x99-r9700)")
+    parser.add_argument("--rig", default="x99-3080", help="lab rig of the one host (x99-3080, x99-r9700)")
     parser.add_argument("--modes", default="stock,rigbook,mitogen", help="comma-separated: stock, rigbook, mitogen")
     args = parser.parse_args()
-    host = "lab-" + args.profile.split("-", 1)[1]
+    host = "lab-" + args.rig.split("-", 1)[1]
     modes = [m for m in args.modes.split(",") if m]
     if os.geteuid() != 0:
         sys.exit("run as root (lab hosts)")
     sys.path.insert(0, str(mitogen_dir(args.mitogen)))
     os.environ["RIGBOOK_STATE_DIR"] = tempfile.mkdtemp(prefix="rigbook-bench-rerun-")
-    up = provision("lab", "up", "--hosts", "1", "--profile", args.profile)
+    up = provision("lab", "up", "--hosts", "1", "--rig", args.rig)
     if up.returncode != 0:
         sys.exit(up.stderr)
     inventory = str(Path(os.environ["RIGBOOK_STATE_DIR"]) / "lab" / "inventory")

@@ -67,11 +67,11 @@ def in_process_seconds(inventory: str, host: str) -> tuple:
     from ansible_collections.rigbook.homelab.plugins.module_utils.ladder.climb import Context, climb
 
     from rigbook.run import resolve_inventory
-    from rigbook.snapshots import profile_of
+    from rigbook.snapshots import ladder_view_of
     from rigbook.validate import validate
 
     inv = validate(resolve_inventory(inventory))
-    profile = profile_of(inv, host)
+    ladder_view = ladder_view_of(inv, host)
     if inventory == "lab":
         from rigbook.lab.hardware_trees import materialize
 
@@ -81,7 +81,7 @@ def in_process_seconds(inventory: str, host: str) -> tuple:
     layers = static_layers()
     start = time.perf_counter()
     for _ in range(20):
-        climb(layers, Context(root, profile), stop_at_fail=False)
+        climb(layers, Context(root, ladder_view), stop_at_fail=False)
     return (time.perf_counter() - start) / 20, where
 
 

@@ -361,7 +361,7 @@ def lab_report_history(work: Path) -> dict:
     """Write a lab run history into the state directory (RIGBOOK_STATE_DIR) through rigbook's own writers
     (baselines.record / append_history / annotate, runs.save_record), the way `provision baseline record -i lab`
     then four `provision verify -i lab` would: every ladder is the real climb (snapshots.judge_tree) over the lab's
-    recorded hardware trees (src/rigbook/lab/profiles, the pinned kernel "booted" as the lab's boot hook records
+    recorded hardware trees (src/rigbook/lab/rigs, the pinned kernel "booted" as the lab's boot hook records
     it), later runs judged against the recorded baseline; the fourth run has `provision lab break lab-r9700
     busbw-half` applied to the R9700 twin's tree (every recorded busbw figure times 0.5), the fifth is after `lab
     heal`. The figures are the recorded trees' (the two write-ups'): 3080 twin host-staged 6.00 GB/s, R9700 twin
@@ -371,13 +371,13 @@ def lab_report_history(work: Path) -> dict:
 
     from rigbook import baselines, runs
     from rigbook.lab import faults, hardware_trees
-    from rigbook.snapshots import judge_tree, profile_of
+    from rigbook.snapshots import judge_tree, ladder_view_of
     from rigbook.validate import validate
 
     inventory = REPO / "inventory" / "lab"
     inv = validate(inventory)
-    profiles = {"lab-3080": "x99-3080", "lab-r9700": "x99-r9700"}
-    out = {"runs": [], "faulted": None, "hosts": {h: {} for h in profiles}}
+    rigs = {"lab-3080": "x99-3080", "lab-r9700": "x99-r9700"}
+    out = {"runs": [], "faulted": None, "hosts": {h: {} for h in rigs}}
 
     class Clock:  # baselines stamps "at" with time.strftime: each run gets its own day
         now = ""
@@ -394,17 +394,17 @@ def lab_report_history(work: Path) -> dict:
         run_dir = runs.runs_dir() / f"{when[:10].replace('-', '')}-{when[11:].replace(':', '')}-verify-{number:06x}"
         run_dir.mkdir(parents=True)
         hosts = {}
-        for host, profile in profiles.items():
-            tree = hardware_trees.materialize(profile, work / f"run{number}" / host)
+        for host, rig in rigs.items():
+            tree = hardware_trees.materialize(rig, work / f"run{number}" / host)
             release = inv.host_vars(host)["rigbook_pins"]["kernel"]["release"]
             (tree / "proc/sys/kernel/osrelease").write_text(release + "\n")
             module = tree / "lib/modules" / release / "updates/dkms/nvidia.ko"
             module.parent.mkdir(parents=True, exist_ok=True)
             module.write_text("")
             if fault and host == "lab-r9700":
-                faults.apply(faults.plan(fault, tree, hardware_trees.load_profile(profile)))
+                faults.apply(faults.plan(fault, tree, hardware_trees.load_rig(rig)))
             label, recorded = baselines.resolve(host, inv)
-            ladder = judge_tree(str(tree), profile_of(inv, host), (recorded or {}).get("metrics"))
+            ladder = judge_tree(str(tree), ladder_view_of(inv, host), (recorded or {}).get("metrics"))
             failed = any(v["status"] == "fail" for v in ladder)
             hosts[host] = {"ok": 20, "changed": 0, "failed": int(failed), "unreachable": 0, "skipped": 3,
                            "state": "failed" if failed else "ok", "ladder": ladder}

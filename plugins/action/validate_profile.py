@@ -1,12 +1,12 @@
 # -*- coding: utf-8 -*-
 # Copyright: rigbook developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Action rigbook.homelab.validate_profile: check the host's rigbook_* variables against meta/profile.schema.json.
+"""Action rigbook.homelab.validate_profile: check the host's rigbook_* variables against meta/host_vars.schema.json.
 
 The preflight role's first task, for users who run ansible-playbook without the `provision` CLI (which checks
 every inventory file before any run). Runs on the controller only: no connection, no remote module, the same in
 check mode. Fails with each problem's key path, the bad value and what is allowed, worded as `provision validate`
-words it (both use plugins/plugin_utils/profile_schema.py). Needs the Python package jsonschema on the controller.
+words it (both use plugins/plugin_utils/host_vars_schema.py). Needs the Python package jsonschema on the controller.
 The serve profiles (rigbook_serve) are checked for their traps with what the inventory says about the box, as
 `provision` does: their errors fail the task, their warnings are shown as Ansible warnings and do not.
 
@@ -24,9 +24,9 @@ from __future__ import annotations
 from ansible.plugins.action import ActionBase
 from ansible.utils.vars import load_extra_vars
 from ansible_collections.rigbook.homelab.plugins.module_utils import host_model
-from ansible_collections.rigbook.homelab.plugins.plugin_utils import profile_schema
+from ansible_collections.rigbook.homelab.plugins.plugin_utils import host_vars_schema
 
-# Set by the collection's plays (set_fact) or passed by the CLI as extra variables: not profile variables.
+# Set by the collection's plays (set_fact) or passed by the CLI as extra variables: not host variables.
 RUNTIME_VARS = frozenset(("rigbook_reboot_required", "rigbook_reboot_reasons", "rigbook_baselines",
                           "rigbook_snapshot_dir", "rigbook_sglang_venv", "rigbook_sglang_version", "rigbook_host",
                           "rigbook_gpu_stack_changed", "rigbook_run_dir"))
@@ -46,27 +46,27 @@ def plain(value):
     return value
 
 
-def profile_names(variables, skip=()):
-    """The rigbook_* names of VARIABLES that belong to the host profile (sorted)."""
-    return sorted(k for k in variables if str(k).startswith(profile_schema.PREFIX)
+def host_var_names(variables, skip=()):
+    """The rigbook_* names of VARIABLES that are host variables (sorted)."""
+    return sorted(k for k in variables if str(k).startswith(host_vars_schema.PREFIX)
                   and k not in RUNTIME_VARS and k not in skip)
 
 
-def check(profile):
+def check(host_vars):
     """[(key path, message)] for one host's merged rigbook_* variables (builtin types); [] when valid.
 
-    Raises profile_schema.SchemaUnavailable when jsonschema or the schema file is missing."""
-    return profile_schema.host_problems(profile)
+    Raises host_vars_schema.SchemaUnavailable when jsonschema or the schema file is missing."""
+    return host_vars_schema.host_problems(host_vars)
 
 
-def findings(profile):
+def findings(host_vars):
     """(problems, warnings), each [(key path, message)]: check's problems, and the serve profiles' warnings."""
-    return profile_schema.host_findings(profile)
+    return host_vars_schema.host_findings(host_vars)
 
 
-def model_of(profile, task_vars):
+def model_of(host_vars, task_vars):
     """The host model with its readiness ({role: [need]}, every role of the host) and the roles this run applies."""
-    model = host_model.build(profile)
+    model = host_model.build(host_vars)
     inventory_dir = task_vars.get("inventory_dir")
     model["readiness"] = host_model.by_role(host_model.readiness(model, None, inventory_dir))
     return model
@@ -83,8 +83,8 @@ def run_needs(model, task_vars, roles=None):
 def failure_message(host, problems):
     count = len(problems)
     lines = "; ".join("%s: %s" % (where, message) for where, message in problems)
-    return "%s: the rigbook_* profile is invalid (%d problem%s, schema %s): %s" % (
-        host, count, "" if count == 1 else "s", profile_schema.SCHEMA_FILE, lines)
+    return "%s: the rigbook_* variables are invalid (%d problem%s, schema %s): %s" % (
+        host, count, "" if count == 1 else "s", host_vars_schema.SCHEMA_FILE, lines)
 
 
 class ActionModule(ActionBase):
@@ -101,18 +101,18 @@ class ActionModule(ActionBase):
             skip = set(load_extra_vars(self._loader))
         except Exception:  # noqa: BLE001 - no CLI arguments (an embedding caller): nothing to leave out
             skip = set()
-        names = profile_names(task_vars, skip)
+        names = host_var_names(task_vars, skip)
         try:
-            profile = {name: plain(self._templar.template(task_vars[name])) for name in names}
-            problems, warnings = findings(profile)
-        except profile_schema.SchemaUnavailable as exc:
+            host_vars = {name: plain(self._templar.template(task_vars[name])) for name in names}
+            problems, warnings = findings(host_vars)
+        except host_vars_schema.SchemaUnavailable as exc:
             return {**result, "failed": True, "msg": "%s: %s" % (host, exc)}
-        except Exception as exc:  # noqa: BLE001 - a template in a profile value that does not render
-            return {**result, "failed": True, "msg": "%s: cannot read the rigbook_* profile: %s" % (host, exc)}
+        except Exception as exc:  # noqa: BLE001 - a template in a host variable's value that does not render
+            return {**result, "failed": True, "msg": "%s: cannot read the rigbook_* variables: %s" % (host, exc)}
         result["checked"] = names
         if not problems:
             # The model reads what the roles will read: the inventory's variables and any -e given for them.
-            every = {name: plain(self._templar.template(task_vars[name])) for name in profile_names(task_vars)}
+            every = {name: plain(self._templar.template(task_vars[name])) for name in host_var_names(task_vars)}
             model = model_of(every, task_vars)
             result["host_model"] = model
             roles = self._task.args.get("roles")
@@ -130,5 +130,5 @@ class ActionModule(ActionBase):
             result["failed"] = True
             result["msg"] = failure_message(host, problems)
         else:
-            result["msg"] = "%s: rigbook_* profile valid (%s)" % (host, ", ".join(names) or "no rigbook_* variables")
+            result["msg"] = "%s: rigbook_* variables valid (%s)" % (host, ", ".join(names) or "no rigbook_* variables")
         return result

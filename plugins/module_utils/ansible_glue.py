@@ -68,7 +68,7 @@ def selected_layers(module):
 def context_of(params, check_mode=False):
     options = dict((name, params.get(name)) for name in OPTION_DEFAULTS)
     options["check_mode"] = check_mode
-    return Context(params["root"], host_model.ladder_profile(params["host"]), params.get("baseline"),
+    return Context(params["root"], host_model.ladder_view(params["host"]), params.get("baseline"),
                    params.get("tolerance"), options)
 
 

@@ -45,7 +45,7 @@ ROLES = (
     ("multi_user_target", ("multi_user_target",), ("nvidia",)),
     ("amd_rocm", ("amd_rocm",), ("amd",)),
     ("rccl", ("rccl",), ("amd",)),
-    ("p2p_verify", ("ladder",), ("nvidia", "amd", "")),
+    ("p2p_verify", ("ladder", "serving"), ("nvidia", "amd", "")),
     ("sglang", ("sglang", "serve"), "pin:sglang"),
     ("serve", ("serve",), "serve"),
 )
@@ -296,7 +296,7 @@ def build(variables):
     return model
 
 
-def ladder_profile(model):
+def ladder_view(model):
     """What the ladder's judges read of the model: {gpu, p2p, pins, tolerance}. p2p carries `expected` only when
     the inventory declared it: undeclared, the judges apply the one rule (ladder/expectations.p2p_expected) to the
     GPUs they saw."""
@@ -320,6 +320,33 @@ def box_facts(model):
 
 
 # --- readiness -----------------------------------------------------------------------------------------------
+
+# The inputs each role needs that have no default: removing any one from a converging inventory makes readiness
+# name it (tests/unit/test_host_model.py removes each from the lab inventory, role by role). NAMED: every key path a
+# readiness rule of the role may name (alternatives such as a fork's commit for its source, and bad values).
+INPUTS = {
+    "kernel": ("rigbook_pins.kernel.release", "rigbook_pins.kernel.debs"),
+    "nvidia_p2p_driver": ("rigbook_pins.nvidia_driver.version", "rigbook_pins.nvidia_driver.source",
+                          "rigbook_pins.nvidia_driver.userspace_installer"),
+    "cuda_toolchain": ("rigbook_pins.cuda_toolchain.version",),
+    "amd_rocm": ("rigbook_pins.rocm.version", "rigbook_pins.rocm.repo"),
+    "rccl": ("rigbook_pins.rccl.version", "rigbook_pins.rccl.source", "rigbook_pins.rccl.tests.source",
+             "rigbook_pins.rccl.gpu_targets"),
+    "sglang": ("rigbook_pins.sglang.version",),
+    "serve": ("rigbook_pins.sglang",),
+}
+NAMED = {
+    "kernel": INPUTS["kernel"],
+    "nvidia_p2p_driver": INPUTS["nvidia_p2p_driver"] + ("rigbook_pins.nvidia_driver.commit",
+                                                        "rigbook_pins.nvidia_driver.userspace_flags"),
+    "cuda_toolchain": INPUTS["cuda_toolchain"] + ("rigbook_pins.cuda_toolchain.versions",),
+    "amd_rocm": INPUTS["amd_rocm"] + ("rigbook_pins.rocm.debs", "rigbook_pins.rocm.packages"),
+    "rccl": INPUTS["rccl"] + ("rigbook_pins.rccl.patches[].path",),
+    "sglang": INPUTS["sglang"] + ("rigbook_pins.sglang.repo.commit", "rigbook_pins.sglang.lock",
+                                  "rigbook_pins.sglang.patches[].path"),
+    "serve": INPUTS["serve"],
+}
+
 
 def _need(role, key, why, how):
     """One missing input: its key path, the role that needs it, why, how to get it; text says all of it."""

@@ -14,7 +14,7 @@ description:
     and returns a checklist of what the user must switch in the BIOS setup - CSM off, Above 4G Decoding, Resizable BAR -
     each item marked done, not done or unknown.
   - It never changes, and never claims to change, a BIOS setting.
-  - Fails only when the profile requires P2P (the host model expects P2P) and the firmware layer fails.
+  - Fails only when the host variables require P2P (the host model expects P2P) and the firmware layer fails.
   - Read-only; supports check mode.
 version_added: "1.0.0"
 author:
@@ -66,11 +66,11 @@ def main():
         argument_spec=dict(root=dict(type="path", default="/"), host=dict(type="dict", default={})),
         supports_check_mode=True,
     )
-    profile = host_model.ladder_profile(module.params["host"])
+    ladder_view = host_model.ladder_view(module.params["host"])
     found = evidence.collect_static(module.params["root"], ("gpus",))
-    verdict = ladder_static.judge_firmware(found, profile)
-    required = bool((profile.get("p2p") or {}).get("expected"))
-    items = bios_checklist.checklist(found, profile)
+    verdict = ladder_static.judge_firmware(found, ladder_view)
+    required = bool((ladder_view.get("p2p") or {}).get("expected"))
+    items = bios_checklist.checklist(found, ladder_view)
     lines = bios_checklist.render(items, verdict, required)
     result = dict(changed=False, checklist=items, lines=lines, firmware=verdict, msg="\n".join(lines))
     if required and verdict["status"] == "fail":

@@ -122,8 +122,8 @@ options:
         sent as a Bearer token and never returned), C(startup_timeout_s) (default 900),
         C(tp_size) (1 - no transport between GPUs to check). Other keys are ignored, so C(rigbook_serve) items can
         be passed as they are.
-      - Under a recorded O(root), C(var/lib/rigbook/commands/serving-NAME.json) holds a profile's measured part and
-        is judged instead; with O(serve) empty there, every recorded profile is judged.
+      - Under a recorded O(root), C(var/lib/rigbook/commands/serving-NAME.json) holds a serve profile's measured part and
+        is judged instead; with O(serve) empty there, every recorded serve profile is judged.
     type: list
     elements: dict
     default: []

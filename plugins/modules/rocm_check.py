@@ -12,7 +12,7 @@ short_description: Check the installed ROCm userspace against the pin and that i
 description:
   - One read-only pass over what the amd_rocm role installed, failing with every problem named.
   - Packages (dpkg-query) - each of O(packages) installed with a version matching O(version_glob), none of
-    O(forbid) installed (amdgpu-dkms when the profile does not ask for it).
+    O(forbid) installed (amdgpu-dkms when rigbook_pins.rocm.dkms does not ask for it).
   - Tools - C(bin/rocminfo) and C(bin/rocm-smi) under O(rocm_path) present and executable.
   - GPUs - the GPU agents of C(rocminfo) and the device rows of C(rocm-smi) number at least O(gpus). Under
     O(root)=V(/) the tools are run; under another root (a lab host's recorded tree, a snapshot) their recorded
@@ -149,7 +149,7 @@ def main():
             problems.append("%s %s is installed, the pin wants %s" % (name, versions[name], p["version_glob"]))
     for name in p["forbid"]:
         if versions[name] is not None:
-            problems.append("%s %s is installed, but the profile does not ask for it (rigbook_pins.rocm.dkms)"
+            problems.append("%s %s is installed, but rigbook_pins.rocm.dkms does not ask for it"
                             % (name, versions[name]))
     tools = {}
     for tool in ("rocminfo", "rocm-smi"):
@@ -172,7 +172,7 @@ def main():
         else:
             smi_devices = found = len(parsed["gpus"])
         if not parsed["errors"] and found < p["gpus"]:
-            problems.append("%s lists %d GPU%s, the profile has %d (rigbook_gpu.count)"
+            problems.append("%s lists %d GPU%s, rigbook_gpu.count is %d"
                             % (tool, found, "" if found == 1 else "s", p["gpus"]))
     result = dict(changed=False, versions=versions, gpus=gpus, smi_devices=smi_devices,
                   source=source if info_text is not None else None, problems=problems)

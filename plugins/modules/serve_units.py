@@ -31,7 +31,7 @@ author:
   - rigbook developers
 options:
   profiles:
-    description: rigbook_serve, the serve profiles (meta/profile.schema.json).
+    description: rigbook_serve, the serve profiles (meta/host_vars.schema.json).
     type: list
     elements: dict
     required: true

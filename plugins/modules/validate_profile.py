@@ -6,10 +6,10 @@
 DOCUMENTATION = r"""
 ---
 module: validate_profile
-short_description: Check the host's rigbook_* profile against the collection's JSON Schema
+short_description: Check the host's rigbook_* variables against the collection's JSON Schema
 description:
   - Checks the host's merged C(rigbook_*) variables (C(rigbook_gpu), C(rigbook_p2p), C(rigbook_pins), C(rigbook_serve),
-    C(rigbook_tolerance), C(rigbook_evidence_root)) against C(meta/profile.schema.json), the same file and wording as
+    C(rigbook_tolerance), C(rigbook_evidence_root)) against C(meta/host_vars.schema.json), the same file and wording as
     C(provision validate).
   - Fails naming each key path, the bad value and what is allowed. Unknown C(rigbook_*) names are errors.
   - An action plugin - runs on the controller only, contacts no host. Needs the Python package jsonschema on the
@@ -32,19 +32,19 @@ attributes:
 """
 
 EXAMPLES = r"""
-- name: Check the rigbook_* profile before touching the host
+- name: Check the rigbook_* variables before touching the host
   rigbook.homelab.validate_profile:
 """
 
 RETURN = r"""
 checked:
   description: The rigbook_* variable names checked.
-  returned: when the profile could be read
+  returned: when the variables could be read
   type: list
   elements: str
 problems:
-  description: "Each problem found: C({key_path, message}); empty when the profile is valid."
-  returned: when the profile could be read
+  description: "Each problem found: C({key_path, message}); empty when the variables are valid."
+  returned: when the variables could be read
   type: list
   elements: dict
 """

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 SUBCOMMANDS = {
-    "validate": "check an inventory's rigbook_* variables and name every input site.yml still needs (no host contacted)",
+    "validate": "check an inventory's rigbook_* variables, name every input site.yml still needs (no host contacted)",
     "runs": "list recent runs and where their artifacts are",
     "lab": "local simulated rigs: up, status, down, break, heal",
     "bootstrap": "make a bare host Ansible-ready over SSH: ansible_user, its key, sudoers drop-in, python3",
@@ -69,7 +69,7 @@ def _sub_parser(name: str) -> argparse.ArgumentParser:
     elif name in ("verify", "snapshot"):
         p.add_argument("-i", "--inventory", required=name == "snapshot", help="homelab, lab or a path")
         p.add_argument("-l", "--limit", help="further limit the hosts (Ansible pattern)")
-        _add_extra_vars(p, "extra variables, e.g. a profile override (repeatable)")
+        _add_extra_vars(p, "extra variables, e.g. a host variable override (repeatable)")
         p.add_argument("--json", action="store_true", help="one JSON summary on stdout")
         p.add_argument("--junit", metavar="FILE", help="write a JUnit XML report")
         p.add_argument("-v", "--verbose", action="count", default=0)
@@ -142,12 +142,34 @@ def _manifest_or_diff(name: str, args) -> int:
     return manifests.manifest_command(opts, sys.stderr if args.json else sys.stdout)
 
 
+def _print_box_paths(path, roles) -> None:
+    """What must already be on each box (models, wheel directories): no controller can see it; the preflight role
+    looks for it before any role changes the box. Printed on stderr, before the verdict."""
+    from rigbook import inventory
+    from rigbook.errors import UserError
+    from rigbook.validate import host_model_of
+
+    try:
+        inv = inventory.load(path)
+        lines = []
+        for host in sorted(inv.hosts):
+            for item in host_model_of(inv, host)["box_paths"]:
+                lines.append(f"  host {host}: {item['key']}: {item['path']} ({item['why']})")
+    except UserError:
+        return  # an unreadable inventory: validate() below says why, with exit 2
+    if lines:
+        print("on the boxes before site.yml changes anything (the preflight role looks for each):\n"
+              + "\n".join(lines), file=sys.stderr, flush=True)
+
+
 def _validate(args) -> int:
     from rigbook.run import resolve_inventory, resolve_playbook
     from rigbook.validate import run_roles, validate
 
     path = resolve_inventory(args.inventory)
-    inv = validate(path, roles=run_roles(resolve_playbook("site.yml")))
+    roles = run_roles(resolve_playbook("site.yml"))
+    _print_box_paths(path, roles)
+    inv = validate(path, roles=roles)
     groups = sorted(g for g in inv.all_groups() if g != "all")
     print(f"{path}: valid and ready for site.yml ({len(inv.hosts)} hosts; groups: {', '.join(groups) or '-'})")
     return 0

@@ -21,29 +21,35 @@ def _module_utils():
     return static_evidence
 
 
-def judge_tree(tree: str, profile: dict, baseline_metrics: dict | None = None) -> list:
+def judge_tree(tree: str, ladder_view: dict, baseline_metrics: dict | None = None) -> list:
     """Every layer of the registry on a recorded tree, with the same collectors, judges and climb as a live run
-    (no stop at the first fail: a replay shows the whole ladder)."""
+    (no stop at the first fail: a replay shows the whole ladder). LADDER_VIEW: the host's ladder_view_of."""
     link_collection()
     from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import registry
     from ansible_collections.rigbook.homelab.plugins.module_utils.ladder.climb import Context, climb
 
-    verdicts, _ = climb(registry.LAYERS, Context(tree, profile, baseline_metrics), stop_at_fail=False)
+    verdicts, _ = climb(registry.LAYERS, Context(tree, ladder_view, baseline_metrics), stop_at_fail=False)
     return verdicts
 
 
-def profile_of(inv, host: str) -> dict:
-    """What the ladder's judges read of HOST: its host model's ladder view (host_model.ladder_profile)."""
+# Per host in a snapshot: the ladder view the judges read. Snapshots made before the rename hold it as profile.json.
+LADDER_VIEW_FILE = "ladder_view.json"
+OLD_LADDER_VIEW_FILE = "profile.json"
+
+
+def ladder_view_of(inv, host: str) -> dict:
+    """What the ladder's judges read of HOST: its host model's ladder view, {gpu, p2p, pins, tolerance}
+    (host_model.ladder_view)."""
     from rigbook.validate import host_model_of
 
     link_collection()
     from ansible_collections.rigbook.homelab.plugins.module_utils import host_model
 
-    return host_model.ladder_profile(host_model_of(inv, host))
+    return host_model.ladder_view(host_model_of(inv, host))
 
 
 def snapshot(opts, output: str | None) -> int:
-    """Run playbooks/snapshot.yml, then bundle tree + evidence.json + profile.json per host."""
+    """Run playbooks/snapshot.yml, then bundle tree + evidence.json + ladder_view.json per host."""
     from rigbook.run import resolve_inventory, run_playbook
     from rigbook.validate import validate
 
@@ -62,8 +68,8 @@ def snapshot(opts, output: str | None) -> int:
             target.mkdir(parents=True)
             with tarfile.open(archive) as tar:
                 tar.extractall(target, filter="data")
-            profile = profile_of(inv, host) if host in inv.hosts else {}
-            (target / "profile.json").write_text(json.dumps(profile, indent=2) + "\n")
+            ladder_view = ladder_view_of(inv, host) if host in inv.hosts else {}
+            (target / LADDER_VIEW_FILE).write_text(json.dumps(ladder_view, indent=2) + "\n")
             collected = static_evidence.collect_static(str(target / "tree"))
             collected["root"] = "tree"
             (target / "evidence.json").write_text(json.dumps(collected, indent=2) + "\n")
@@ -82,10 +88,18 @@ def snapshot(opts, output: str | None) -> int:
 
 
 def _host_dirs(base: Path) -> list:
-    found = sorted(p.parent for p in base.rglob("profile.json") if (p.parent / "tree").is_dir())
+    found = sorted({p.parent for name in (LADDER_VIEW_FILE, OLD_LADDER_VIEW_FILE) for p in base.rglob(name)
+                    if (p.parent / "tree").is_dir()})
     if not found and (base / "tree").is_dir():
         found = [base]
     return found
+
+
+def _ladder_view(host_dir: Path) -> dict:
+    for name in (LADDER_VIEW_FILE, OLD_LADDER_VIEW_FILE):
+        if (host_dir / name).is_file():
+            return json.loads((host_dir / name).read_text())
+    return {}
 
 
 def replay(path: str, as_json: bool) -> int:
@@ -109,12 +123,10 @@ def replay(path: str, as_json: bool) -> int:
             base = source
         host_dirs = _host_dirs(base)
         if not host_dirs:
-            raise UserError(f"--replay {path}: no host evidence (HOST/tree and HOST/profile.json) inside")
+            raise UserError(f"--replay {path}: no host evidence (HOST/tree and HOST/ladder_view.json) inside")
         hosts = {}
         for host_dir in host_dirs:
-            profile_file = host_dir / "profile.json"
-            profile = json.loads(profile_file.read_text()) if profile_file.is_file() else {}
-            hosts[host_dir.name] = {"ladder": judge_tree(str(host_dir / "tree"), profile)}
+            hosts[host_dir.name] = {"ladder": judge_tree(str(host_dir / "tree"), _ladder_view(host_dir))}
     finally:
         if workdir:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -1,4 +1,5 @@
-"""Validate every host's rigbook_* variables against the profile schema, before any host is contacted.
+"""Validate every host's rigbook_* variables against their schema (meta/host_vars.schema.json), before any host is
+contacted.
 
 Then, per host, the checks that need its merged view: combinations of keys, and the serve profiles' traps
 (rigbook_serve, judged with the box's GPU count, vendor and rigbook_p2p.expected). Errors stop the command (exit 2,
@@ -17,7 +18,7 @@ from rigbook.errors import UserError
 
 PREFIX = "rigbook_"
 # Both inside the collection (paths.collection_root()), shared with the preflight role's validate_profile task.
-SCHEMA_FILE = "meta/profile.schema.json"
+SCHEMA_FILE = "meta/host_vars.schema.json"
 
 
 @dataclass(frozen=True)
@@ -43,13 +44,13 @@ class InventoryInvalid(UserError):
 
 
 def _shared():
-    """plugins/plugin_utils/profile_schema.py of the collection: the schema file and the wording, one copy for the
+    """plugins/plugin_utils/host_vars_schema.py of the collection: the schema file and the wording, one copy for the
     CLI and the preflight role's validate_profile task (which imports it as Ansible does, through the collection
     link)."""
     paths.link_collection()
-    from ansible_collections.rigbook.homelab.plugins.plugin_utils import profile_schema
+    from ansible_collections.rigbook.homelab.plugins.plugin_utils import host_vars_schema
 
-    return profile_schema
+    return host_vars_schema
 
 
 def _host_model():

@@ -33,7 +33,7 @@ def _ssh_as_rigbook(host, command: str) -> subprocess.CompletedProcess:
 
 
 def test_bootstrap_bare_host(no_lab):
-    up = provision("lab", "up", "--hosts", "1", "--profile", "x99-3080", "--bare", timeout=900)
+    up = provision("lab", "up", "--hosts", "1", "--rig", "x99-3080", "--bare", timeout=900)
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         _steps()

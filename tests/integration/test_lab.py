@@ -195,7 +195,7 @@ def test_failed_boot_rolls_everything_back(no_lab, monkeypatch, capsys):
 
 
 def test_more_hosts_get_their_own_inventory(no_lab, tmp_path):
-    proc = provision("lab", "up", "--hosts", "3", "--profile", "x99-r9700", "x99-3080")
+    proc = provision("lab", "up", "--hosts", "3", "--rig", "x99-r9700", "x99-3080")
     try:
         assert proc.returncode == 0, proc.stdout + proc.stderr
         generated = state.lab_dir() / "inventory"

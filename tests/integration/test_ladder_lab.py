@@ -1,7 +1,7 @@
 """The P2P ladder end to end: `provision verify -i lab` over real SSH against the lab's simulated rigs.
 
 The session's lab (tests/integration/conftest.py), converged by site.yml first (fixture `converged_lab`).
-Healthy profiles, baseline recording, the 3080 box with P2P flipped to expected, and every fault of
+Healthy rigs, baseline recording, the 3080 box with P2P flipped to expected, and every fault of
 src/rigbook/lab/faults.yml broken on a host, verified, and healed (heal runs the lab's boot hook again, so the
 healed tree shows the kernel the host booted). Needs root (the lab).
 """
@@ -38,8 +38,8 @@ def fault_cases():
         if faults.get_fault(name).get("restart_units"):
             continue  # faults of the running engine: test_serving_lab.py
         vendors = faults.get_fault(name).get("vendors")
-        for profile, host in HOSTS.items():
-            if (not vendors or hardware_trees.load_profile(profile)["vendor"] in vendors) and (name, host) not in SKIP:
+        for rig, host in HOSTS.items():
+            if (not vendors or hardware_trees.load_rig(rig)["vendor"] in vendors) and (name, host) not in SKIP:
                 yield name, host
 
 

@@ -143,7 +143,7 @@ def test_kernel_upgrade_boots_without_the_fork_is_caught_and_repaired(lab_artifa
     assert f"nvidia/615.71.09, {UPGRADE_KERNEL}, x86_64: installed" in on_host("dkms status")
     ladder = {v["layer"]: v["status"] for v in summary["ladder"]}
     # no layer fails; the lab's 3080 tree records no collectives figures (none were published), so that layer is
-    # unknown here as on every lab run of this profile
+    # unknown here as on every lab run of this rig
     assert "fail" not in ladder.values() and ladder["collectives"] in ("pass", "unknown"), summary["ladder"]
     assert {ladder[layer] for layer in ("kernel_state", "driver_state", "p2p_bandwidth", "serving")} == {"pass"}
     assert summary.get("baseline_source") == f"host {LAB.name}", summary

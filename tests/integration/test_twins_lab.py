@@ -42,7 +42,7 @@ def twins_lab(no_lab, lab_artifacts, tmp_path, monkeypatch):
     started bare; yields the generated inventory's path. Runs after every test of the session's lab (`no_lab` takes
     that one down) and takes its own lab down at the end."""
     monkeypatch.setenv("RIGBOOK_STATE_DIR", str(tmp_path / "state"))
-    up = provision("lab", "up", "--hosts", "3", "--profile", "x99-3080", "x99-r9700", "x99-3080", "--bare", TWIN,
+    up = provision("lab", "up", "--hosts", "3", "--rig", "x99-3080", "x99-r9700", "x99-3080", "--bare", TWIN,
                    timeout=900)
     assert up.returncode == 0, up.stdout + up.stderr
     try:

@@ -79,10 +79,11 @@ def elsewhere(tmp_path):
 def test_the_wheel_carries_the_collection(installed):
     _, wheel = installed
     names = zipfile.ZipFile(wheel).namelist()
-    for needed in ("galaxy.yml", "meta/profile.schema.json", "meta/runtime.yml", "plugins/action/validate_profile.py",
-                   "plugins/plugin_utils/profile_schema.py", "roles/preflight/tasks/main.yml", "playbooks/site.yml",
+    for needed in ("galaxy.yml", "meta/host_vars.schema.json", "meta/runtime.yml", "plugins/action/validate_profile.py",
+                   "plugins/plugin_utils/host_vars_schema.py", "roles/preflight/tasks/main.yml", "playbooks/site.yml",
                    "inventory/homelab/hosts.yml", "inventory/lab/group_vars/x99_3080.yml", "tests/artifacts/pack.py"):
         assert f"rigbook/collection/{needed}" in names, needed
+    assert {"rigbook/lab/rigs/x99-3080.yml", "rigbook/lab/rigs/x99-r9700.yml"} <= set(names)  # the lab rigs
     inside = [n for n in names if n.startswith("rigbook/collection/")]
     assert not [n for n in inside if "__pycache__" in n or n.startswith("rigbook/collection/src/")
                 or n.startswith("rigbook/collection/tests/fixtures/") or "/.venv/" in n]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from helpers import provision
 
@@ -60,10 +62,33 @@ def test_help_lists_commands_and_exit_codes():
         assert word in proc.stdout
 
 
-def test_validate_homelab_exits_0():
+def test_validate_homelab_names_what_only_its_owners_can_supply():
+    """Everything the two write-ups state is in inventory/homelab; what they do not publish is named, each with its
+    key path, and nothing else (exit 2, no traceback); what must be on the boxes is listed first."""
     proc = provision("validate", "-i", "homelab")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    named = re.findall(r"host (rig-[0-9a-z]+): (rigbook_[a-z_.]+): needed by the ([a-z_0-9]+) role: .+; how: .+",
+                       proc.stderr)
+    assert named == [
+        ("rig-3080", "rigbook_pins.nvidia_driver.commit", "nvidia_p2p_driver"),
+        ("rig-3080", "rigbook_pins.nvidia_driver.userspace_installer", "nvidia_p2p_driver"),
+        ("rig-r9700", "rigbook_pins.kernel.debs", "kernel"),
+        ("rig-r9700", "rigbook_pins.rocm.version", "amd_rocm"),
+        ("rig-r9700", "rigbook_pins.rocm.repo", "amd_rocm"),
+        ("rig-r9700", "rigbook_pins.rccl.source", "rccl"),
+        ("rig-r9700", "rigbook_pins.rccl.tests.source", "rccl"),
+    ], proc.stderr
+    assert "inventory is not ready: 7 inputs the play needs are missing (nothing was contacted)" in proc.stderr
+    boxes = proc.stderr.split("error:")[0]
+    for path in ("/srv/models/Qwen3.8-27B-AWQ ", "/srv/models/Qwen3.8-27B-DFlash2-W4A16 ",
+                 "/srv/wheels/sglang-0.5.18-rocm7.1 ", "/srv/models/Qwen3.8-27B-AWQ-MTP "):
+        assert path in boxes, boxes
+
+
+def test_validate_the_lab_is_ready():
+    proc = provision("validate", "-i", "lab")
     assert proc.returncode == 0, proc.stderr
-    assert "valid (2 hosts; groups: x99_3080, x99_r9700)" in proc.stdout
+    assert "valid and ready for site.yml (2 hosts; groups: lab, x99_3080, x99_r9700)" in proc.stdout
 
 
 def test_runs_with_no_history(tmp_path):

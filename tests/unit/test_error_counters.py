@@ -65,10 +65,10 @@ def test_parse_cmd_kernel_log(capsys):
 
 # --- collector on recorded trees ------------------------------------------------------------------------------
 
-def _tree(tmp_path, profile, fault=None):
-    tree = hardware_trees.materialize(profile, tmp_path / f"{profile}-{fault or 'healthy'}")
+def _tree(tmp_path, rig, fault=None):
+    tree = hardware_trees.materialize(rig, tmp_path / f"{rig}-{fault or 'healthy'}")
     if fault:
-        faults.apply(faults.plan(fault, tree, hardware_trees.load_profile(profile)))
+        faults.apply(faults.plan(fault, tree, hardware_trees.load_rig(rig)))
     return str(tree)
 
 

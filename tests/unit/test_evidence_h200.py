@@ -9,8 +9,8 @@ from ansible_collections.rigbook.homelab.plugins.module_utils.collect import sta
 from ansible_collections.rigbook.homelab.plugins.module_utils.judges import static_layers as ladder_static
 from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import climb, registry
 
-PROFILE = {"gpu": {"vendor": "nvidia", "count": 1, "vram_gib": 141, "pcie": {"gen": 5, "width": 16}},
-           "pins": {"nvidia_driver": {"version": "580.159.04"}}}
+LADDER_VIEW = {"gpu": {"vendor": "nvidia", "count": 1, "vram_gib": 141, "pcie": {"gen": 5, "width": 16}},
+               "pins": {"nvidia_driver": {"version": "580.159.04"}}}
 
 
 def test_collects_the_real_h200(fixtures):
@@ -29,7 +29,7 @@ def test_collects_the_real_h200(fixtures):
 
 
 def test_judges_the_real_h200(fixtures):
-    ctx = climb.Context(str(fixtures / "evidence" / "h200-vm"), PROFILE)
+    ctx = climb.Context(str(fixtures / "evidence" / "h200-vm"), LADDER_VIEW)
     climbed, ev = climb.climb(registry.of_phase(registry.STATIC), ctx, stop_at_fail=False)
     verdicts = {v["layer"]: v for v in climbed}
     assert verdicts["pcie_link"]["status"] == "pass"
@@ -37,7 +37,7 @@ def test_judges_the_real_h200(fixtures):
     assert verdicts["driver_state"]["status"] == "pass"
     # no EFI in the VM: a single GPU expects no P2P, so only a warning
     assert verdicts["firmware"]["status"] == "warn" and "CSM" in verdicts["firmware"]["why"]
-    pinned_other = {**PROFILE, "pins": {"nvidia_driver": {"version": "615.71.09"}}}
+    pinned_other = {**LADDER_VIEW, "pins": {"nvidia_driver": {"version": "615.71.09"}}}
     assert ladder_static.judge_driver_state(ev, pinned_other)["status"] == "fail"
 
 

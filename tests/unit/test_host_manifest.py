@@ -1,6 +1,6 @@
 """The host manifest: its collector on recorded x99-3080 trees, the module, `provision diff` and its exit codes.
 
-The hardware comes from src/rigbook/lab/hardware_trees.py (the recorded x99-3080 profile). What the roles leave
+The hardware comes from src/rigbook/lab/hardware_trees.py (the recorded x99-3080 lab rig). What the roles leave
 on a box (env files, the SGLang venv stamp and dist-info, dpkg status, `dkms status`) and the host identity are
 RECONSTRUCTED here by add_installed_state() / add_identity(), in the formats the roles and tools write.
 """

@@ -23,9 +23,9 @@ def lab(*args, env=None):
         (["frobnicate"], "invalid choice: 'frobnicate'"),
         (["up", "--hosts", "two"], "invalid int value: 'two'"),
         (["up", "--hosts", "0"], "--hosts must be at least 1"),
-        (["up", "--hosts", "1", "--profile", "x99-3080", "x99-r9700"], "fewer than the 2 profiles"),
-        (["up", "--profile", "x99-9090"], "unknown profile 'x99-9090' (known: x99-3080, x99-r9700)"),
-        (["up", "--hosts", "9", "--profile", "x99-3080"], "at most 8 hosts per profile"),
+        (["up", "--hosts", "1", "--rig", "x99-3080", "x99-r9700"], "fewer than the 2 rigs"),
+        (["up", "--rig", "x99-9090"], "unknown lab rig 'x99-9090' (known: x99-3080, x99-r9700)"),
+        (["up", "--hosts", "9", "--rig", "x99-3080"], "at most 8 hosts per rig"),
         (["break", "lab-3080", "gpu-on-fire"], "unknown fault 'gpu-on-fire' (known: "),
         (["break", "lab-3080"], "the following arguments are required: fault"),
         (["heal"], "the following arguments are required: host"),
@@ -38,6 +38,28 @@ def test_bad_input_is_one_line_and_exit_2(args, message):
     assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
     assert message in proc.stderr
     assert proc.stdout == ""
+
+
+def test_profile_is_a_hidden_deprecated_alias_of_rig(capsys):
+    """Old scripts say `lab up --profile NAME`: still accepted (with a note on stderr), not shown in --help."""
+    args = cli.parser().parse_args(["up", "--profile", "x99-3080", "--rig", "x99-r9700", "--profile", "x99-3080"])
+    assert args.rigs == ["x99-3080", "x99-r9700", "x99-3080"]
+    assert "--profile is deprecated, use --rig" in capsys.readouterr().err
+    assert cli.parser().parse_args(["up", "--rig", "x99-3080"]).rigs == ["x99-3080"]
+    assert capsys.readouterr().err == ""
+    up_help = lab("up", "--help").stdout
+    assert "--rig" in up_help and "--profile" not in up_help
+
+
+def test_a_lab_json_from_before_the_rename_still_loads(tmp_path, monkeypatch):
+    """A lab brought up before the lab rigs were renamed wrote each host's rig as "profile"."""
+    import json
+
+    monkeypatch.setenv("RIGBOOK_STATE_DIR", str(tmp_path))
+    old = {"hosts": [{"name": "lab-3080", "profile": "x99-3080", "group": "x99_3080", "address": "127.0.11.1"}]}
+    state.state_file().parent.mkdir(parents=True)
+    state.state_file().write_text(json.dumps(old))
+    assert state.load().host("lab-3080").rig == "x99-3080"
 
 
 @pytest.mark.parametrize("command", [["up"], ["down"], ["break", "lab-3080", "link-x8"], ["heal", "lab-3080"]])
@@ -68,17 +90,17 @@ def test_break_when_not_up(tmp_path):
 
 def test_default_hosts():
     hosts = state.plan_hosts(None, None)
-    assert [(h.name, h.group, h.profile, h.address, h.port) for h in hosts] == [
+    assert [(h.name, h.group, h.rig, h.address, h.port) for h in hosts] == [
         ("lab-3080", "x99_3080", "x99-3080", "127.0.11.1", 2222),
         ("lab-r9700", "x99_r9700", "x99-r9700", "127.0.11.2", 2222),
     ]
 
 
-def test_one_host_takes_the_first_default_profile():
+def test_one_host_takes_the_first_default_rig():
     assert [h.name for h in state.plan_hosts(1, None)] == ["lab-3080"]
 
 
-def test_more_hosts_cycle_profiles_and_keep_addresses_by_name():
+def test_more_hosts_cycle_rigs_and_keep_addresses_by_name():
     hosts = state.plan_hosts(5, ["x99-r9700", "x99-3080"])
     assert [(h.name, h.address) for h in hosts] == [
         ("lab-r9700", "127.0.11.2"), ("lab-3080", "127.0.11.1"), ("lab-r9700-2", "127.0.12.2"),
@@ -141,7 +163,7 @@ def test_no_archive_urls_in_the_lab_code():
         assert not re.findall(r"\b(?:https?|ftp)://", path.read_text()), path
 
 
-def test_a_generated_inventory_shares_the_profiles_and_the_locks(tmp_path, monkeypatch):
+def test_a_generated_inventory_shares_the_group_variables_and_the_locks(tmp_path, monkeypatch):
     from rigbook import validate
     from rigbook.lab import inventory
 
@@ -154,8 +176,8 @@ def test_a_generated_inventory_shares_the_profiles_and_the_locks(tmp_path, monke
 
 
 def test_a_twin_serves_on_its_own_address(tmp_path, monkeypatch):
-    """The lab's hosts share this machine's network: a second host of a profile binds its engine to its own
-    (loopback) address; the profile is otherwise the group's, and the inventory stays valid."""
+    """The lab's hosts share this machine's network: a second host of a lab rig binds its engine to its own
+    (loopback) address; the serve profile is otherwise the group's, and the inventory stays valid."""
     from rigbook import validate
     from rigbook.lab import inventory
 

@@ -19,12 +19,12 @@ REQUIRED = ["bar1-256m", "rebar-off", "link-x8", "link-gen1", "iommu-flags-lost"
             "dma-window-above-44bit", "nccl-shm-fallback", "busbw-half"]
 
 
-def broken(tmp_path: Path, profile_name: str, *names: str) -> Path:
-    tree = hardware_trees.materialize(profile_name, tmp_path / profile_name)
-    profile = hardware_trees.load_profile(profile_name)
+def broken(tmp_path: Path, rig_name: str, *names: str) -> Path:
+    tree = hardware_trees.materialize(rig_name, tmp_path / rig_name)
+    rig = hardware_trees.load_rig(rig_name)
     for name in names:
-        changes = faults.plan(name, tree, profile)
-        assert changes, f"{name} changed nothing on {profile_name}"
+        changes = faults.plan(name, tree, rig)
+        assert changes, f"{name} changed nothing on {rig_name}"
         faults.apply(changes)
     return tree
 
@@ -50,10 +50,10 @@ def test_shipped_faults_validate_and_include_the_required_ones():
 GPU_ENV = "# BEGIN amd_rocm\nHSA_ENABLE_IPC_MODE_LEGACY=0\nNCCL_P2P_LEVEL=PHB\n# END amd_rocm\n"
 
 
-def host(tmp_path: Path, profile_name: str) -> Path:
+def host(tmp_path: Path, rig_name: str) -> Path:
     """A host root as the roles leave it (the GPU environment file, an RCCL prefix with its current link) holding
-    the profile's evidence tree where a lab host has it; returns the tree."""
-    root = tmp_path / f"{profile_name}-root"
+    the rig's evidence tree where a lab host has it; returns the tree."""
+    root = tmp_path / f"{rig_name}-root"
     (root / "etc/rigbook").mkdir(parents=True)
     (root / "etc/rigbook/gpu.env").write_text(GPU_ENV)
     lib = root / "opt/rigbook/rccl/2.27.7-abc/lib"
@@ -61,20 +61,20 @@ def host(tmp_path: Path, profile_name: str) -> Path:
     (lib / "librccl.so.1.0").write_bytes(b"patched build\n")
     (lib / "librccl.so").symlink_to("librccl.so.1.0")
     (root / "opt/rigbook/rccl/current").symlink_to("2.27.7-abc")
-    return hardware_trees.materialize(profile_name, root / faults.EVIDENCE_ROOT)
+    return hardware_trees.materialize(rig_name, root / faults.EVIDENCE_ROOT)
 
 
 @pytest.mark.parametrize("name", sorted(yaml.safe_load(faults.FAULTS_FILE.read_text())["faults"]))
-def test_every_fault_changes_some_profile(name, tmp_path):
+def test_every_fault_changes_some_rig(name, tmp_path):
     changed = []
-    for profile_name in hardware_trees.profile_names():
-        tree = host(tmp_path, profile_name)
+    for rig_name in hardware_trees.rig_names():
+        tree = host(tmp_path, rig_name)
         try:
-            if faults.plan(name, tree, hardware_trees.load_profile(profile_name)):
-                changed.append(profile_name)
+            if faults.plan(name, tree, hardware_trees.load_rig(rig_name)):
+                changed.append(rig_name)
         except UserError:  # not for this vendor
             pass
-    assert changed, f"fault {name} changes no shipped profile"
+    assert changed, f"fault {name} changes no shipped rig"
 
 
 def test_bar1_256m_moves_the_vram_bar_below_4g(tmp_path):
@@ -91,9 +91,9 @@ def test_rebar_off_keeps_the_address_and_shrinks_the_bar(tmp_path):
 
 def test_faults_already_true_of_the_3080_change_nothing(tmp_path):
     tree = hardware_trees.materialize("x99-3080", tmp_path / "t")
-    profile = hardware_trees.load_profile("x99-3080")
+    rig = hardware_trees.load_rig("x99-3080")
     for name in ("bar1-256m", "rebar-off", "nccl-shm-fallback", "busbw-half"):
-        assert faults.plan(name, tree, profile) == [], name
+        assert faults.plan(name, tree, rig) == [], name
 
 
 def test_link_faults(tmp_path):
@@ -118,7 +118,7 @@ def test_link_gen1_on_nvidia_smi(tmp_path):
 
 
 def test_iommu_flags_lost(tmp_path):
-    for name in hardware_trees.profile_names():
+    for name in hardware_trees.rig_names():
         words = read(broken(tmp_path / name, name, "iommu-flags-lost"), "proc/cmdline").split()
         assert not [w for w in words if "iommu" in w], words
         assert "ro" in words
@@ -139,8 +139,8 @@ def test_kernel_upgraded_module_missing(tmp_path):
 
 def test_nvidia_only_fault_on_amd_is_refused(tmp_path):
     tree = hardware_trees.materialize("x99-r9700", tmp_path / "t")
-    with pytest.raises(UserError, match="is for nvidia GPUs; profile x99-r9700 has amd"):
-        faults.plan("kernel-upgraded-module-missing", tree, hardware_trees.load_profile("x99-r9700"))
+    with pytest.raises(UserError, match="is for nvidia GPUs; rig x99-r9700 has amd"):
+        faults.plan("kernel-upgraded-module-missing", tree, hardware_trees.load_rig("x99-r9700"))
 
 
 def test_dma_window_above_44bit(tmp_path):
@@ -157,14 +157,14 @@ def test_nccl_shm_fallback(tmp_path):
 
 
 def test_nccl_shm_fallback_is_refused_where_the_built_rccl_tests_write_the_log(tmp_path):
-    profile = hardware_trees.load_profile("x99-r9700")
+    rig = hardware_trees.load_rig("x99-r9700")
     tree = host(tmp_path, "x99-r9700")
-    assert faults.plan("nccl-shm-fallback", tree, profile)  # the prefix holds no rccl-tests yet: the log is recorded
+    assert faults.plan("nccl-shm-fallback", tree, rig)  # the prefix holds no rccl-tests yet: the log is recorded
     bin_dir = tmp_path / "x99-r9700-root/opt/rigbook/rccl/2.27.7-abc/bin"
     bin_dir.mkdir()
     (bin_dir / "sendrecv_perf").write_text("")
     with pytest.raises(UserError, match="would change nothing this host's verify reads: .*rccl-unpatched"):
-        faults.plan("nccl-shm-fallback", tree, profile)
+        faults.plan("nccl-shm-fallback", tree, rig)
 
 
 def test_busbw_half(tmp_path):
@@ -196,7 +196,7 @@ def test_faults_stack_and_a_fresh_tree_heals(tmp_path):
 def test_plan_writes_nothing(tmp_path):
     tree = hardware_trees.materialize("x99-r9700", tmp_path / "t")
     before = read(tree, "proc/cmdline")
-    assert faults.plan("iommu-flags-lost", tree, hardware_trees.load_profile("x99-r9700"))
+    assert faults.plan("iommu-flags-lost", tree, hardware_trees.load_rig("x99-r9700"))
     assert read(tree, "proc/cmdline") == before
 
 
@@ -236,19 +236,19 @@ def test_good_document_validates():
 
 
 def test_host_faults_change_nothing_without_the_roles_files(tmp_path):
-    profile = hardware_trees.load_profile("x99-r9700")
+    rig = hardware_trees.load_rig("x99-r9700")
     bare = hardware_trees.materialize("x99-r9700", tmp_path / "r" / faults.EVIDENCE_ROOT)
     assert faults.host_root_of(bare) == tmp_path / "r"
-    assert faults.plan("p2p-level-unset", bare, profile) == []
-    assert faults.plan("rccl-unpatched", bare, profile) == []
+    assert faults.plan("p2p-level-unset", bare, rig) == []
+    assert faults.plan("rccl-unpatched", bare, rig) == []
     elsewhere = hardware_trees.materialize("x99-r9700", tmp_path / "t")
-    assert faults.host_root_of(elsewhere) is None and faults.plan("p2p-level-unset", elsewhere, profile) == []
+    assert faults.host_root_of(elsewhere) is None and faults.plan("p2p-level-unset", elsewhere, rig) == []
 
 
 def test_p2p_level_unset_edits_the_env_file_and_restore_heals_it(tmp_path):
     tree = host(tmp_path, "x99-r9700")
     root = faults.host_root_of(tree)
-    changes = faults.plan("p2p-level-unset", tree, hardware_trees.load_profile("x99-r9700"))
+    changes = faults.plan("p2p-level-unset", tree, hardware_trees.load_rig("x99-r9700"))
     assert [c.path for c in changes] == [root / "etc/rigbook/gpu.env"]
     assert (root / "etc/rigbook/gpu.env").read_text() == GPU_ENV  # planning writes nothing
     faults.apply(changes, backup_dir=tmp_path / "backups")
@@ -261,7 +261,7 @@ def test_p2p_level_unset_edits_the_env_file_and_restore_heals_it(tmp_path):
 def test_rccl_unpatched_runs_its_script_in_the_host_after_saving_the_library(tmp_path):
     tree = host(tmp_path, "x99-r9700")
     root = faults.host_root_of(tree)
-    changes = faults.plan("rccl-unpatched", tree, hardware_trees.load_profile("x99-r9700"))
+    changes = faults.plan("rccl-unpatched", tree, hardware_trees.load_rig("x99-r9700"))
     assert len(changes) == 1 and changes[0].run and "readlink -f /opt/rigbook/rccl/current" in changes[0].run
     with pytest.raises(UserError, match="no runner"):
         faults.apply(changes)

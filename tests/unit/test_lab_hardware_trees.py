@@ -1,4 +1,4 @@
-"""The materializer: profiles written as the recorded trees of docs/evidence.md."""
+"""The materializer: rigs written as the recorded trees of docs/evidence.md."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from rigbook.errors import UserError
 from rigbook.lab import hardware_trees
 
 
-@pytest.fixture(params=hardware_trees.profile_names())
+@pytest.fixture(params=hardware_trees.rig_names())
 def tree(request, tmp_path) -> Path:
     return hardware_trees.materialize(request.param, tmp_path / request.param)
 
@@ -25,8 +25,8 @@ def resources(tree: Path, bdf: str) -> list:
     return [tuple(int(x, 16) for x in line.split()) for line in text.splitlines()]
 
 
-def test_both_seed_profiles_ship():
-    assert {"x99-3080", "x99-r9700"} <= set(hardware_trees.profile_names())
+def test_both_seed_rigs_ship():
+    assert {"x99-3080", "x99-r9700"} <= set(hardware_trees.rig_names())
 
 
 def test_layout_nested_dirs_and_relative_symlinks(tree):
@@ -56,7 +56,7 @@ def test_files_of_every_function(tree):
     assert (tree / "sys/bus/pci/devices/0000:03:00.0/max_link_speed").read_text() == "8.0 GT/s PCIe\n"
     assert (tree / "sys/bus/pci/devices/0000:03:00.0/max_link_width").read_text() == "16\n"
     assert (tree / "sys/firmware/efi").is_dir()
-    assert (tree / "RECONSTRUCTED").read_text().startswith("profile x99-")
+    assert (tree / "RECONSTRUCTED").read_text().startswith("rig x99-")
 
 
 def test_the_ladders_gpu_listing_reads_it(tree):
@@ -117,9 +117,9 @@ def test_x99_r9700_facts(tmp_path):
     assert rows["sendrecv"]["busbw_gbs"] == 9.75 and rows["all_reduce"]["busbw_gbs"] == 9.51
 
 
-def test_profiles_say_they_are_reconstructions():
-    for name in hardware_trees.profile_names():
-        text = (hardware_trees.PROFILES_DIR / f"{name}.yml").read_text()
+def test_rigs_say_they_are_reconstructions():
+    for name in hardware_trees.rig_names():
+        text = (hardware_trees.RIGS_DIR / f"{name}.yml").read_text()
         assert "RECONSTRUCTED" in text and "guess" in text
 
 
@@ -130,8 +130,8 @@ def test_refuses_to_write_over_a_tree(tmp_path):
         hardware_trees.materialize("x99-3080", tmp_path / "t")
 
 
-def test_unknown_profile(tmp_path):
-    with pytest.raises(UserError, match=r"unknown profile 'x99-9090' \(known: x99-3080, x99-r9700\)"):
+def test_unknown_rig(tmp_path):
+    with pytest.raises(UserError, match=r"unknown lab rig 'x99-9090' \(known: x99-3080, x99-r9700\)"):
         hardware_trees.materialize("x99-9090", tmp_path / "t")
     assert not (tmp_path / "t").exists()
 

@@ -11,15 +11,15 @@ import pytest
 from rigbook.baselines import metrics_of
 from rigbook.lab import faults, hardware_trees
 from rigbook.paths import link_collection
-from rigbook.snapshots import judge_tree, profile_of
+from rigbook.snapshots import judge_tree, ladder_view_of
 from rigbook.validate import validate
 
 HOSTS = {"x99-r9700": "lab-r9700", "x99-3080": "lab-3080"}
 # The lab pins Debian kernels (the 3080 twin's from apt, the R9700 twin's as a .deb set standing in for the
 # seed's custom kernel): the recorded trees show the seeds' kernels until site.yml has installed and "booted"
 # the pinned one.
-PINNED_KERNEL = {profile: validate("inventory/lab").host_vars(host)["rigbook_pins"]["kernel"]["release"]
-                 for profile, host in (("x99-3080", "lab-3080"), ("x99-r9700", "lab-r9700"))}
+PINNED_KERNEL = {rig: validate("inventory/lab").host_vars(host)["rigbook_pins"]["kernel"]["release"]
+                 for rig, host in (("x99-3080", "lab-3080"), ("x99-r9700", "lab-r9700"))}
 NEEDS_BASELINE = {"busbw-half", "p2p-bandwidth-half"}
 # Faults that warn, not fail, at their layer, and only against the snapshot of an earlier run (error counters:
 # a correctable AER rise needs a "before"; the lab keeps it in the host's error-counters state file).
@@ -36,11 +36,11 @@ def _cases():
             continue  # host files of what the roles built: test_ladder_rccl_tests.py here, test_rccl_lab.py on the lab
         if fault.get("restart_units"):
             continue  # read by a running engine (the serve units): tests/integration/test_serving_lab.py
-        for profile in HOSTS:
-            vendor = hardware_trees.load_profile(profile)["vendor"]
+        for rig in HOSTS:
+            vendor = hardware_trees.load_rig(rig)["vendor"]
             if fault.get("vendors") and vendor not in fault["vendors"]:
                 continue
-            yield name, profile
+            yield name, rig
 
 
 def _booted(tree, release):
@@ -52,13 +52,13 @@ def _booted(tree, release):
     module.write_text("")
 
 
-def _tree(tmp_path, profile, fault=None):
-    tree = hardware_trees.materialize(profile, tmp_path / f"{profile}-{fault or 'healthy'}")
-    pinned = PINNED_KERNEL.get(profile)
+def _tree(tmp_path, rig, fault=None):
+    tree = hardware_trees.materialize(rig, tmp_path / f"{rig}-{fault or 'healthy'}")
+    pinned = PINNED_KERNEL.get(rig)
     if pinned:
         _booted(tree, pinned)
     if fault:
-        changes = faults.plan(fault, tree, hardware_trees.load_profile(profile))
+        changes = faults.plan(fault, tree, hardware_trees.load_rig(rig))
         if not changes:
             return None
         faults.apply(changes)
@@ -72,13 +72,13 @@ def inv():
 
 def test_unprovisioned_3080_twin_fails_at_kernel_state(tmp_path, inv):
     tree = hardware_trees.materialize("x99-3080", tmp_path / "fresh")
-    kernel = [v for v in judge_tree(str(tree), profile_of(inv, "lab-3080")) if v["layer"] == "kernel_state"][0]
+    kernel = [v for v in judge_tree(str(tree), ladder_view_of(inv, "lab-3080")) if v["layer"] == "kernel_state"][0]
     assert kernel["status"] == "fail" and f"pinned {PINNED_KERNEL['x99-3080']}" in kernel["why"]
 
 
 def test_unprovisioned_r9700_twin_fails_at_kernel_state(tmp_path, inv):
     tree = hardware_trees.materialize("x99-r9700", tmp_path / "fresh")
-    kernel = [v for v in judge_tree(str(tree), profile_of(inv, "lab-r9700")) if v["layer"] == "kernel_state"][0]
+    kernel = [v for v in judge_tree(str(tree), ladder_view_of(inv, "lab-r9700")) if v["layer"] == "kernel_state"][0]
     assert kernel["status"] == "fail", kernel
     assert "running kernel 6.8.12-r9700-p2p-dma44, pinned 6.1.0-47-amd64" in kernel["why"], kernel
 
@@ -89,17 +89,18 @@ def test_r9700_twin_on_another_kernel_fails_at_kernel_state_on_its_config(tmp_pa
     tree = hardware_trees.materialize("x99-r9700", tmp_path / "other")
     (tree / "proc/sys/kernel/osrelease").write_text("6.1.0-50-amd64\n")
     (tree / "boot/config-6.1.0-50-amd64").write_text("# CONFIG_PCI_P2PDMA is not set\nCONFIG_HSA_AMD=y\n")
-    kernel = [v for v in judge_tree(str(tree), profile_of(inv, "lab-r9700")) if v["layer"] == "kernel_state"][0]
+    kernel = [v for v in judge_tree(str(tree), ladder_view_of(inv, "lab-r9700")) if v["layer"] == "kernel_state"][0]
     assert kernel["status"] == "fail", kernel
     assert "running kernel 6.1.0-50-amd64, pinned 6.1.0-47-amd64" in kernel["why"], kernel
     assert "CONFIG_PCI_P2PDMA=n CONFIG_HSA_AMD_P2P=missing" in str(kernel["measured"]), kernel
 
 
-def test_healthy_profiles(tmp_path, inv):
-    r9700 = {v["layer"]: v["status"] for v in judge_tree(_tree(tmp_path, "x99-r9700"), profile_of(inv, "lab-r9700"))}
+def test_healthy_rigs(tmp_path, inv):
+    r9700_view = ladder_view_of(inv, "lab-r9700")
+    r9700 = {v["layer"]: v["status"] for v in judge_tree(_tree(tmp_path, "x99-r9700"), r9700_view)}
     assert r9700.pop("serving") == "skip"  # a hardware tree records no serving part (the serve role's engine)
     assert set(r9700.values()) == {"pass"}, r9700
-    x3080 = judge_tree(_tree(tmp_path, "x99-3080"), profile_of(inv, "lab-3080"))
+    x3080 = judge_tree(_tree(tmp_path, "x99-3080"), ladder_view_of(inv, "lab-3080"))
     statuses = {v["layer"]: v["status"] for v in x3080}
     assert statuses.pop("serving") == "skip"
     assert statuses.pop("firmware") == "warn" and "BAR1 256 MiB" in x3080[0]["why"]
@@ -107,26 +108,26 @@ def test_healthy_profiles(tmp_path, inv):
     assert set(statuses.values()) == {"pass"}, statuses
 
 
-@pytest.mark.parametrize("fault,profile", list(_cases()))
-def test_fault_fails_at_its_layer(tmp_path, inv, fault, profile):
-    host = HOSTS[profile]
+@pytest.mark.parametrize("fault,rig", list(_cases()))
+def test_fault_fails_at_its_layer(tmp_path, inv, fault, rig):
+    host = HOSTS[rig]
     baseline = None
     if fault in NEEDS_BASELINE:
-        baseline = metrics_of(judge_tree(_tree(tmp_path, profile), profile_of(inv, host)))
-    tree = _tree(tmp_path, profile, fault)
-    if tree is None:  # already true of this profile: `lab break` refuses it
-        assert (fault, profile) in ALREADY_TRUE
+        baseline = metrics_of(judge_tree(_tree(tmp_path, rig), ladder_view_of(inv, host)))
+    tree = _tree(tmp_path, rig, fault)
+    if tree is None:  # already true of this rig: `lab break` refuses it
+        assert (fault, rig) in ALREADY_TRUE
         return
     if fault in WARN_ONLY:
-        _assert_warns_at_its_layer(tmp_path, inv, fault, profile, tree)
+        _assert_warns_at_its_layer(tmp_path, inv, fault, rig, tree)
         return
-    verdicts = judge_tree(tree, profile_of(inv, host), baseline)
-    if profile_of(inv, host)["p2p"].get("expected") is False and faults.get_fault(fault)["layer"] == "firmware":
+    verdicts = judge_tree(tree, ladder_view_of(inv, host), baseline)
+    if ladder_view_of(inv, host)["p2p"].get("expected") is False and faults.get_fault(fault)["layer"] == "firmware":
         # a box declared without P2P is told, not failed, about its firmware
         assert verdicts[0]["status"] == "warn" and "declared unavailable" in verdicts[0]["why"]
         return
     failed = [v for v in verdicts if v["status"] == "fail"]
-    assert failed, f"{fault} on {profile} failed no layer"
+    assert failed, f"{fault} on {rig} failed no layer"
     first = failed[0]
     assert first["layer"] == faults.get_fault(fault)["layer"], first
     assert first["measured"] is not None and first["why"]
@@ -136,13 +137,13 @@ def test_fault_fails_at_its_layer(tmp_path, inv, fault, profile):
     assert not lower
 
 
-def _assert_warns_at_its_layer(tmp_path, inv, fault, profile, tree):
+def _assert_warns_at_its_layer(tmp_path, inv, fault, rig, tree):
     """A run on the healthy tree stores the error counters; the run on the faulted tree then warns at exactly the
     fault's layer and fails nowhere."""
     climb, registry = _climb()
     options = {"error_state": str(tmp_path / "error-counters.json")}
-    ctx_of = lambda root: climb.Context(root, profile_of(inv, HOSTS[profile]), options=options)  # noqa: E731
-    climb.climb(registry.LAYERS, ctx_of(_tree(tmp_path, profile)), stop_at_fail=False)
+    ctx_of = lambda root: climb.Context(root, ladder_view_of(inv, HOSTS[rig]), options=options)  # noqa: E731
+    climb.climb(registry.LAYERS, ctx_of(_tree(tmp_path, rig)), stop_at_fail=False)
     verdicts, _ = climb.climb(registry.LAYERS, ctx_of(tree), stop_at_fail=False)
     assert not [v for v in verdicts if v["status"] == "fail"], verdicts
     warned = [v for v in verdicts if "hardware errors" in v["why"]]
@@ -159,7 +160,7 @@ def _climb():
 
 def test_the_runtime_climb_stops_at_the_first_failing_layer(tmp_path, inv):
     climb, registry = _climb()
-    ctx = climb.Context(_tree(tmp_path, "x99-r9700", "peer-map-failed"), profile_of(inv, "lab-r9700"))
+    ctx = climb.Context(_tree(tmp_path, "x99-r9700", "peer-map-failed"), ladder_view_of(inv, "lab-r9700"))
     verdicts, evidence_seen = climb.climb(registry.of_phase(registry.RUNTIME), ctx)
     assert [(v["layer"], v["status"]) for v in verdicts] == [("peer_access", "fail")]
     assert sorted(evidence_seen) == ["probe", "root"]  # the benchmark above it was never run
@@ -169,7 +170,7 @@ def test_the_runtime_climb_stops_at_the_first_failing_layer(tmp_path, inv):
 
 def test_the_runtime_climb_judges_only_the_layers_asked(tmp_path, inv):
     climb, _ = _climb()
-    ctx = climb.Context(_tree(tmp_path, "x99-r9700"), profile_of(inv, "lab-r9700"))
+    ctx = climb.Context(_tree(tmp_path, "x99-r9700"), ladder_view_of(inv, "lab-r9700"))
     verdicts, seen = climb.climb(["nccl_transport", "p2p_bandwidth"], ctx)
     assert [(v["layer"], v["status"]) for v in verdicts] == [("p2p_bandwidth", "pass"), ("nccl_transport", "pass")]
     assert sorted(seen) == ["nccl_transport", "probe", "root"]

@@ -113,7 +113,7 @@ def test_transport_level_and_direct_flag():
     parsed = collectives.transport_evidence(text, "test")
     assert parsed["p2p_level"] == "SYS" and parsed["all_direct_p2p"] is True
     verdict = judge_nccl_transport(parsed, P2P)
-    assert verdict["status"] == "warn" and "NCCL_P2P_LEVEL is SYS, the profile pins PHB" in verdict["why"]
+    assert verdict["status"] == "warn" and "NCCL_P2P_LEVEL is SYS, rigbook_p2p pins PHB" in verdict["why"]
 
 
 def test_baseline_compare_edges():

@@ -14,7 +14,7 @@ from ansible_collections.rigbook.homelab.plugins.module_utils.ladder.climb impor
 
 from rigbook.lab import hardware_trees
 
-PROFILE = {"gpu": {"vendor": "amd", "count": 2}, "p2p": {"expected": True, "nccl_p2p_level": "PHB"}}
+LADDER_VIEW = {"gpu": {"vendor": "amd", "count": 2}, "p2p": {"expected": True, "nccl_p2p_level": "PHB"}}
 # A program printing rccl-tests' table: P2P figures when NCCL_P2P_LEVEL=PHB and the "library" is patched
 # ($PATCHED_FLAG exists), SHM figures otherwise or with NCCL_P2P_DISABLE=1; its NCCL INFO lines say which.
 SCRIPT = r"""#!/bin/sh
@@ -57,8 +57,8 @@ GOOD_ENV = ("# BEGIN amd_rocm\nHSA_ENABLE_IPC_MODE_LEGACY=0\nNCCL_P2P_LEVEL=PHB\
 
 
 def runtime(tmp_path, tree, tdir, envf, ab=True, env=None):
-    ctx = Context(str(tree), PROFILE, options=dict(nccl_tests_dir=str(tdir), env_file=str(envf) if envf else None,
-                                                   ab=ab, env=env or {}, collective_bytes=256 << 20))
+    ctx = Context(str(tree), LADDER_VIEW, options=dict(nccl_tests_dir=str(tdir), env_file=str(envf) if envf else None,
+                                                       ab=ab, env=env or {}, collective_bytes=256 << 20))
     return climb(["collectives", "nccl_transport"], ctx)
 
 
@@ -111,7 +111,7 @@ def test_without_ab_the_shm_run_fails_at_transport_with_the_run_log(tmp_path, tr
 
 def test_ab_on_a_box_without_p2p_only_reports_the_gain(tmp_path, tree):
     tdir = make_tests_dir(tmp_path, patched=False)
-    ctx = Context(str(tree), dict(PROFILE, p2p={"expected": False}),
+    ctx = Context(str(tree), dict(LADDER_VIEW, p2p={"expected": False}),
                   options=dict(nccl_tests_dir=str(tdir), env_file=str(env_file(tmp_path, GOOD_ENV)), ab=True))
     verdicts, _ = climb(["collectives"], ctx)
     assert verdicts[0]["status"] == "pass" and "1.00x" in verdicts[0]["measured"]["p2p_gain"]

@@ -253,17 +253,17 @@ def test_one_gpu_skips():
     assert b["status"] == "skip" and b["metrics"] == {"h2d_gbs_0": 12.1, "d2h_gbs_0": 13.0}
 
 
-def test_one_gpu_when_the_profile_has_two_fails():
+def test_one_gpu_when_rigbook_gpu_count_is_two_fails():
     for judge in (R.judge_peer_access, R.judge_p2p_bandwidth):
         v = judge(probe(n=1), R9700)
-        assert v["status"] == "fail" and "the driver sees 1 GPU(s), the profile has 2" in v["why"]
+        assert v["status"] == "fail" and "the driver sees 1 GPU(s), rigbook_gpu.count is 2" in v["why"]
 
 
-@pytest.mark.parametrize("profile", [X3080, R9700, H200, {}])
-def test_probe_unavailable_is_unknown(profile):
+@pytest.mark.parametrize("ladder_view", [X3080, R9700, H200, {}])
+def test_probe_unavailable_is_unknown(ladder_view):
     gone = {"available": False, "api": "cuda", "error": "cannot load libcuda.so.1: no such file"}
     for judge in (R.judge_peer_access, R.judge_p2p_bandwidth):
-        v = judge(gone, profile)
+        v = judge(gone, ladder_view)
         assert v["status"] == "unknown" and "cannot load libcuda.so.1" in v["why"]
         assert "driver_state" in v["remedy"]
     assert R.judge_peer_access({}, {})["status"] == "unknown"
@@ -336,7 +336,7 @@ def test_replay_of_the_real_h200_probe(fixtures):
     doubled = {k: 2 * v for k, v in bandwidth["metrics"].items()}
     v = R.judge_p2p_bandwidth(real, H200, doubled)
     assert v["status"] == "fail" and "h2d_gbs_0 55.30 vs baseline 110.60 (0.50x)" in v["why"]
-    # a profile that expects two GPUs where the driver saw one
+    # host variables that expect two GPUs where the driver saw one
     assert R.judge_peer_access(real, {"gpu": {"count": 2}})["status"] == "fail"
 
 

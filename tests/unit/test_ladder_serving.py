@@ -477,7 +477,7 @@ def test_replay_shows_the_serving_layer(tmp_path, capsys, fixtures):
     h200 = {"gpu": {"vendor": "nvidia", "count": 1, "vram_gib": 141, "pcie": {"gen": 5, "width": 16}},
             "pins": {"nvidia_driver": {"version": "580.159.04"}}}
     shutil.copytree(fixtures / "evidence" / "h200-vm", tmp_path / "h1" / "tree", symlinks=True)
-    (tmp_path / "h1" / "profile.json").write_text(json.dumps(h200))
+    (tmp_path / "h1" / "ladder_view.json").write_text(json.dumps(h200))
     assert snapshots.replay(str(tmp_path), as_json=True) == 0
     ladder = json.loads(capsys.readouterr().out)["hosts"]["h1"]["ladder"]
     assert ladder[-1]["layer"] == "serving" and ladder[-1]["status"] == "skip"

@@ -74,14 +74,14 @@ X3080 = {"gpu": {"vendor": "nvidia", "count": 2, "vram_gib": 20, "pcie": {"gen":
                   "nvidia_driver": {"version": "615.71.09", "userspace_version": "615.71.09"}}}
 
 
-def static_climb(evidence, profile, layers=None, stop_at_fail=True):
+def static_climb(evidence, ladder_view, layers=None, stop_at_fail=True):
     """The static layers of the registry judged on EVIDENCE, through the one climb."""
     chosen = registry.of_phase(registry.STATIC) if layers is None else layers
-    return climb.climb(chosen, climb.Context("/x", profile), stop_at_fail, evidence=evidence)[0]
+    return climb.climb(chosen, climb.Context("/x", ladder_view), stop_at_fail, evidence=evidence)[0]
 
 
-def statuses(evidence, profile):
-    return {v["layer"]: v["status"] for v in static_climb(evidence, profile, stop_at_fail=False)}
+def statuses(evidence, ladder_view):
+    return {v["layer"]: v["status"] for v in static_climb(evidence, ladder_view, stop_at_fail=False)}
 
 
 def test_healthy_r9700_passes_all_five():
@@ -99,9 +99,9 @@ def test_3080_without_p2p_warns_on_bar1_and_passes_the_rest():
 
 
 def test_3080_with_p2p_expected_fails_firmware_with_bios_remedy():
-    profile = copy.deepcopy(X3080)
-    profile["p2p"] = {"expected": True}
-    verdict = L.judge_firmware(x3080_evidence(), profile)
+    ladder_view = copy.deepcopy(X3080)
+    ladder_view["p2p"] = {"expected": True}
+    verdict = L.judge_firmware(x3080_evidence(), ladder_view)
     assert verdict["status"] == "fail"
     assert "below 4 GiB" in verdict["why"] and "only 256 MiB" in verdict["why"]
     assert "Above 4G Decoding ON" in verdict["remedy"] and "not possible on this board" in verdict["remedy"]
@@ -174,9 +174,9 @@ def test_per_gpu_override_of_expected_link():
     ev["gpus"][1]["link"].update(max_width=8, current_width=8)
     ev["gpus"][1]["chain"][0]["link"]["max_width"] = 8
     assert L.judge_pcie_link(ev, R9700)["status"] == "fail"
-    profile = copy.deepcopy(R9700)
-    profile["gpu"]["per_gpu"] = [{"slot": "0000:04:00.0", "width": 8}]
-    assert L.judge_pcie_link(ev, profile)["status"] == "pass"
+    ladder_view = copy.deepcopy(R9700)
+    ladder_view["gpu"]["per_gpu"] = [{"slot": "0000:04:00.0", "width": 8}]
+    assert L.judge_pcie_link(ev, ladder_view)["status"] == "pass"
 
 
 def test_bar_at_56_tib_is_beyond_amdgpu_44_bit_reach():
@@ -229,18 +229,18 @@ def test_an_unpinned_running_kernel_says_whether_the_p2p_fork_is_built_for_it():
 
 
 def test_broadwell_host_bridge_needs_the_patched_kernel_allowance():
-    profile = copy.deepcopy(R9700)
-    del profile["pins"]["kernel"]["p2pdma_allow"]
-    verdict = L.judge_kernel_state(r9700_evidence(), profile)
+    ladder_view = copy.deepcopy(R9700)
+    del ladder_view["pins"]["kernel"]["p2pdma_allow"]
+    verdict = L.judge_kernel_state(r9700_evidence(), ladder_view)
     assert verdict["status"] == "fail" and "host bridge 8086:6f00" in verdict["why"]
 
 
 def test_same_root_port_or_zen_needs_no_allowance():
-    profile = copy.deepcopy(R9700)
-    del profile["pins"]["kernel"]["p2pdma_allow"]
+    ladder_view = copy.deepcopy(R9700)
+    del ladder_view["pins"]["kernel"]["p2pdma_allow"]
     ev = r9700_evidence()
     ev["cpu"] = {"vendor": "AuthenticAMD", "family": 0x19}
-    assert L.judge_kernel_state(ev, profile)["status"] == "pass"
+    assert L.judge_kernel_state(ev, ladder_view)["status"] == "pass"
 
 
 def test_p2pdma_config_missing_or_off():

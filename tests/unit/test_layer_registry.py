@@ -151,7 +151,7 @@ def test_a_dummy_layer_is_replayed_from_a_recorded_tree(dummy, tmp_path, capsys,
     """The real H200 capture (tests/fixtures/evidence/h200-vm) plus the dummy gauge's recording."""
     shutil.copytree(fixtures / "evidence" / "h200-vm", tmp_path / "h1" / "tree", symlinks=True)
     _tree(tmp_path, "2.0")
-    (tmp_path / "h1" / "profile.json").write_text(json.dumps(H200))
+    (tmp_path / "h1" / "ladder_view.json").write_text(json.dumps(H200))
     assert snapshots.replay(str(tmp_path), as_json=True) == 0
     ladder = json.loads(capsys.readouterr().out)["hosts"]["h1"]["ladder"]
     assert [v["layer"] for v in ladder] == registry.names()

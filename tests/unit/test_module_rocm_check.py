@@ -52,8 +52,8 @@ def test_every_problem_is_named(tree, prefix, tmp_path):
     assert run.failed
     for words in ("rocm-core 7.2.0.70200-43~24.04 is installed, the pin wants *.70100-*",
                   "rocminfo is not installed", "amdgpu-dkms 6.16.6.70100-38~24.04 is installed",
-                  "rocm-smi is missing", "rocminfo lists 2 GPUs, the profile has 3",
-                  "rocm-smi lists 2 GPUs, the profile has 3"):
+                  "rocm-smi is missing", "rocminfo lists 2 GPUs, rigbook_gpu.count is 3",
+                  "rocm-smi lists 2 GPUs, rigbook_gpu.count is 3"):
         assert words in run.msg, run.msg
 
 
@@ -71,7 +71,7 @@ def test_one_gpu_missing_from_the_recording_fails(tree, prefix, tmp_path):
     smi = one / "var/lib/rigbook/commands/rocm-smi.txt"
     smi.write_text("".join(line for line in smi.read_text().splitlines(True) if not line.startswith("1 ")))
     run = check(one, prefix, [(QUERY, PINNED)])
-    assert run.failed and "rocm-smi lists 1 GPU, the profile has 2" in run.msg and "rocminfo lists" not in run.msg
+    assert run.failed and "rocm-smi lists 1 GPU, rigbook_gpu.count is 2" in run.msg and "rocminfo lists" not in run.msg
 
 
 def test_under_slash_the_tools_run(tree, prefix):

@@ -46,12 +46,12 @@ def test_dkms_status_both_formats(line, row):
 
 def test_bios_checklist_of_the_x99_3080_box(tmp_path):
     root = hardware_trees.materialize("x99-3080", tmp_path / "t")
-    profile = {"gpu": {"vendor": "nvidia", "vram_gib": 20, "count": 2}, "p2p": {"expected": False, "reason": "x"}}
+    ladder_view = {"gpu": {"vendor": "nvidia", "vram_gib": 20, "count": 2}, "p2p": {"expected": False, "reason": "x"}}
     found = evidence.collect_static(str(root), ("gpus",))
-    items = {i["item"]: i["done"] for i in bios_checklist.checklist(found, profile)}
+    items = {i["item"]: i["done"] for i in bios_checklist.checklist(found, ladder_view)}
     assert items == {"csm_off": True, "above_4g_decoding": False, "resizable_bar": False}
-    lines = bios_checklist.render(bios_checklist.checklist(found, profile),
-                                  ladder_static.judge_firmware(found, profile), False)
+    lines = bios_checklist.render(bios_checklist.checklist(found, ladder_view),
+                                  ladder_static.judge_firmware(found, ladder_view), False)
     assert "[ ] NOT DONE Above 4G Decoding ON" in "\n".join(lines)
     assert "never changes BIOS settings" in lines[0] and "advice, not a failure" in lines[-1]
 

@@ -9,12 +9,12 @@ import sys
 import tarfile
 
 
-def _snapshot_dir(fixtures, tmp_path, profile):
+def _snapshot_dir(fixtures, tmp_path, ladder_view, name="ladder_view.json"):
     host = tmp_path / "snap" / "h200"
     shutil.copytree(fixtures / "evidence" / "h200-vm", host / "tree", symlinks=True)
     commands = host / "tree" / "var" / "lib" / "rigbook" / "commands"
     shutil.copy(fixtures / "probe" / "h200-cuda-probe.json", commands / "cuda-probe.json")
-    (host / "profile.json").write_text(json.dumps(profile))
+    (host / name).write_text(json.dumps(ladder_view))
     return tmp_path / "snap"
 
 
@@ -24,9 +24,9 @@ def replay(path):
 
 
 def test_replay_of_the_real_h200(fixtures, tmp_path):
-    profile = {"gpu": {"vendor": "nvidia", "count": 1, "vram_gib": 141, "pcie": {"gen": 5, "width": 16}},
-               "pins": {"nvidia_driver": {"version": "580.159.04"}}}
-    snap = _snapshot_dir(fixtures, tmp_path, profile)
+    ladder_view = {"gpu": {"vendor": "nvidia", "count": 1, "vram_gib": 141, "pcie": {"gen": 5, "width": 16}},
+                   "pins": {"nvidia_driver": {"version": "580.159.04"}}}
+    snap = _snapshot_dir(fixtures, tmp_path, ladder_view)
     archive = tmp_path / "snap.tar.gz"
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(snap / "h200", arcname="h200")
@@ -40,9 +40,10 @@ def test_replay_of_the_real_h200(fixtures, tmp_path):
 
 
 def test_replay_fails_on_a_regression(fixtures, tmp_path):
-    profile = {"gpu": {"vendor": "nvidia", "count": 1, "pcie": {"gen": 5, "width": 16}},
-               "pins": {"nvidia_driver": {"version": "615.71.09"}}}
-    proc = replay(_snapshot_dir(fixtures, tmp_path, profile))
+    ladder_view = {"gpu": {"vendor": "nvidia", "count": 1, "pcie": {"gen": 5, "width": 16}},
+                   "pins": {"nvidia_driver": {"version": "615.71.09"}}}
+    # a snapshot taken before the rename holds the ladder view as profile.json: still read
+    proc = replay(_snapshot_dir(fixtures, tmp_path, ladder_view, name="profile.json"))
     assert proc.returncode == 1
     driver = [v for v in json.loads(proc.stdout)["hosts"]["h200"]["ladder"] if v["layer"] == "driver_state"][0]
     assert driver["status"] == "fail" and "pinned 615.71.09" in driver["why"]

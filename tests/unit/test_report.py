@@ -117,8 +117,8 @@ def test_group_side_by_side_with_manifest_differences(history, tmp_path):
     folder = runs.runs_dir() / "20260306-100000-manifest-abcdef" / manifests.MANIFEST_DIR
     folder.mkdir(parents=True)
     collected = {}
-    for host, profile in (("lab-3080", "x99-3080"), ("lab-r9700", "x99-r9700")):
-        root = materialize(profile, tmp_path / "manifest" / host)
+    for host, rig in (("lab-3080", "x99-3080"), ("lab-r9700", "x99-r9700")):
+        root = materialize(rig, tmp_path / "manifest" / host)
         collected[host] = collector.collect_manifest(str(root), str(root))
         (folder / f"{host}.json").write_text(json.dumps(collected[host]))
     want = manifests.diff(collected["lab-3080"], collected["lab-r9700"])

@@ -331,7 +331,7 @@ def test_api_key_never_on_the_command_line():
     assert serve.check(profile, {}) == ([], [])  # exposed, but with a key
 
 
-def test_lab_profiles_point_the_stand_in_at_the_evidence_root():
+def test_lab_serve_profiles_point_the_stand_in_at_the_evidence_root():
     root = yaml.safe_load((REPO / "inventory" / "lab" / "group_vars" / "lab.yml").read_text())["rigbook_evidence_root"]
     ports = []
     for rel in (G3080, G9700):
@@ -372,9 +372,9 @@ def test_action_task_fails_on_errors_and_shows_warnings(tmp_path):
                           capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out
-    assert "rig-3080: the rigbook_* profile is invalid (1 problem" in out
+    assert "rig-3080: the rigbook_* variables are invalid (1 problem" in out
     assert "rigbook_serve[0].tp_size: 4, but the box has 2 GPUs" in out
-    assert "rig-r9700: the rigbook_* profile is invalid (1 problem" in out
+    assert "rig-r9700: the rigbook_* variables are invalid (1 problem" in out
     assert "rigbook_serve[0].bind: 0.0.0.0 without api_key_file" in out
     assert "unreachable=0" in out
 

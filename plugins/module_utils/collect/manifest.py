@@ -160,7 +160,12 @@ def parse_env_file(text):
 
 
 def cuda_version(root):
-    home = parse_env_file(pci.read_text(_under(root, "etc/rigbook/cuda.env"))).get("CUDA_HOME") or "/usr/local/cuda"
+    """The CUDA toolchain's version.json under CUDA_HOME of the GPU environment file (cuda.env on a box the
+    cuda_toolchain role converged before it wrote a block of gpu.env), else /usr/local/cuda."""
+    home = None
+    for rel in ENV_FILES:
+        home = home or parse_env_file(pci.read_text(_under(root, rel))).get("CUDA_HOME")
+    home = home or "/usr/local/cuda"
     data = read_json(_under(root, os.path.join(home.lstrip("/"), "version.json")))
     return ((data or {}).get("cuda") or {}).get("version") if isinstance(data, dict) else None
 
@@ -176,7 +181,8 @@ def driver_items(root, system):
         "cuda.version": _item("cuda_toolchain", cuda_version(system)),
     }
     for rel in ENV_FILES:
-        role = "cuda_toolchain" if rel.endswith("cuda.env") else "amd_rocm"
+        # gpu.env holds every GPU role's block (cuda_toolchain, amd_rocm, rccl); cuda.env only an older converge's
+        role = "cuda_toolchain" if rel.endswith("cuda.env") else "gpu_env"
         items["file.%s" % rel] = _item(role, sha256_of(_under(system, rel)))
     return items
 

@@ -85,7 +85,7 @@ def list_gpus(root):
 
 
 def judge_gpu_count(gpus, expected_count, expected_vendor):
-    """(ok, message) for the GPUs found against the profile. Pure."""
+    """(ok, message) for the GPUs found against rigbook_gpu (count, vendor). Pure."""
     matching = [g for g in gpus if not expected_vendor or g["vendor"] == expected_vendor]
     found = ", ".join("%s %s:%s" % (g["slot"], g["vendor_id"], g["device_id"]) for g in gpus) or "none"
     if expected_count is None:

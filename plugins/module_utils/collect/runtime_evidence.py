@@ -4,7 +4,7 @@
 """Evidence of the runtime layers (all I/O; standard library only): the GPU probe, the collectives run, the
 NCCL log. Live under "/", read from the recordings elsewhere (var/lib/rigbook/commands/, docs/evidence.md).
 
-Each *_part takes (ctx, evidence): ctx.root, ctx.profile and ctx.options (the ladder module's options,
+Each *_part takes (ctx, evidence): ctx.root, ctx.ladder_view and ctx.options (the ladder module's options,
 ladder/climb.OPTION_DEFAULTS), and what the climb has collected so far.
 """
 
@@ -16,22 +16,22 @@ from ansible_collections.rigbook.homelab.plugins.module_utils.probe import cuda 
 from ansible_collections.rigbook.homelab.plugins.module_utils.probe import hip as hip_probe
 
 
-def ipc_legacy_of(profile):
+def ipc_legacy_of(ladder_view):
     """HSA_ENABLE_IPC_MODE_LEGACY pinned in rigbook_pins.rocm.hsa_env, as a bool (None when not pinned)."""
-    env = (((profile.get("pins") or {}).get("rocm") or {}).get("hsa_env")) or {}
+    env = (((ladder_view.get("pins") or {}).get("rocm") or {}).get("hsa_env")) or {}
     value = env.get(hip_probe.IPC_ENV)
     return None if value is None else str(value).strip() not in ("0", "false", "False", "")
 
 
-def collect_probe(root, profile, size_bytes=cuda_probe.DEFAULT_SIZE, reps=cuda_probe.DEFAULT_REPS,
+def collect_probe(root, ladder_view, size_bytes=cuda_probe.DEFAULT_SIZE, reps=cuda_probe.DEFAULT_REPS,
                   deadline_s=None, ipc_legacy=None):
     """The vendor's probe (both tried when the vendor is unknown), live or recorded.
 
     The probe only reads and measures (device memory it allocates is freed), so check mode runs it too."""
-    vendor = (profile.get("gpu") or {}).get("vendor")
+    vendor = (ladder_view.get("gpu") or {}).get("vendor")
     vendors = [vendor] if vendor in recorded.PROBES else ["nvidia", "amd"]
     if ipc_legacy is None:
-        ipc_legacy = ipc_legacy_of(profile)
+        ipc_legacy = ipc_legacy_of(ladder_view)
     live = {
         "nvidia": lambda: cuda_probe.probe_isolated(
             size_bytes=size_bytes, reps=reps, deadline_s=deadline_s or cuda_probe.DEFAULT_DEADLINE_S),
@@ -59,14 +59,14 @@ def probe_part(ctx, evidence):
     """{"probe": ...}: a probe result already taken (option probe_result), else the probe run once."""
     opts = ctx.options
     return {"probe": opts.get("probe_result") or collect_probe(
-        ctx.root, ctx.profile, opts.get("probe_bytes") or cuda_probe.DEFAULT_SIZE,
+        ctx.root, ctx.ladder_view, opts.get("probe_bytes") or cuda_probe.DEFAULT_SIZE,
         opts.get("reps") or cuda_probe.DEFAULT_REPS, opts.get("deadline_s"), opts.get("ipc_legacy"))}
 
 
 def collectives_part(ctx, evidence):
     """{"collectives": ...}: nccl-tests / rccl-tests, else the bundled benchmark (one run, its NCCL log kept)."""
     opts = ctx.options
-    gpus = (ctx.profile.get("gpu") or {}).get("count") or 2
+    gpus = (ctx.ladder_view.get("gpu") or {}).get("count") or 2
     return {"collectives": collective_bench.collect_collectives(
         ctx.root, opts.get("python"), opts.get("nccl_tests_dir"), opts.get("collective_bytes") or (256 << 20),
         opts.get("iters") or 10, gpus=gpus, env=_env(ctx), env_file=opts.get("env_file"), ab=bool(opts.get("ab")))}

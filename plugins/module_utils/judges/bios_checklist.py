@@ -22,10 +22,10 @@ def _bars(evidence, vendor):
     return out
 
 
-def checklist(evidence, profile):
+def checklist(evidence, ladder_view):
     """[{item, setting, done (True/False/None), seen}] for CSM, Above 4G Decoding and Resizable BAR."""
-    vendor = ladder_static._vendor(evidence, profile)
-    vram_gib = (profile.get("gpu") or {}).get("vram_gib")
+    vendor = ladder_static._vendor(evidence, ladder_view)
+    vram_gib = (ladder_view.get("gpu") or {}).get("vram_gib")
     vram = int(vram_gib * GIB) if vram_gib else None
     bars = _bars(evidence, vendor)
     known = [(g, b) for g, b in bars if b is not None]
@@ -66,5 +66,6 @@ def render(items, verdict, p2p_required):
     if verdict["status"] != "pass":
         lines.append("  firmware layer: %s: %s" % (verdict["status"], verdict["why"]))
     if not p2p_required and any(i["done"] is False for i in items):
-        lines.append("  P2P is not required by this profile: these items are advice, not a failure.")
+        lines.append("  P2P is not required by the host variables (rigbook_p2p): these items are advice, "
+                     "not a failure.")
     return lines

@@ -15,11 +15,11 @@ AB_MIN_GAIN = 1.1  # P2P allowed vs NCCL_P2P_DISABLE=1: below this on a box that
 
 def shm_remedy(level, want, env_file=None):
     """What to do when RCCL/NCCL chose SHM although P2P is expected, from the P2P level the run's log shows (LEVEL)
-    and the one the profile pins (WANT): a missing level is the GPU environment file's (amd_rocm role), a level
-    that was set and ignored is an unpatched RCCL (rccl role)."""
+    and the one rigbook_p2p.nccl_p2p_level pins (WANT): a missing level is the GPU environment file's (amd_rocm
+    role), a level that was set and ignored is an unpatched RCCL (rccl role)."""
     where = env_file or "the serving environment"
     if want and not level:
-        return ("NCCL_P2P_LEVEL was not set for the run (%s lacks it; the profile pins %s): re-run the amd_rocm role, "
+        return ("NCCL_P2P_LEVEL was not set for the run (%s lacks it; rigbook_p2p pins %s): re-run the amd_rocm role, "
                 "which writes NCCL_P2P_LEVEL from rigbook_p2p.nccl_p2p_level into the GPU environment file; then "
                 "check the lower layers (peer_access, kernel_state after an upgrade)." % (where, want))
     if level:
@@ -32,10 +32,10 @@ def shm_remedy(level, want, env_file=None):
             "well (rccl role)." % (want or "PHB"))
 
 
-def judge_collectives(data, profile, baseline_metrics=None, tolerance=None):
+def judge_collectives(data, ladder_view, baseline_metrics=None, tolerance=None):
     """Wrong results fail whatever the bandwidth; busbw is held to the recorded baseline."""
     layer = "collectives"
-    one_gpu = (profile.get("gpu") or {}).get("count") == 1
+    one_gpu = (ladder_view.get("gpu") or {}).get("count") == 1
     if one_gpu and not data.get("results"):
         return make(layer, "skip", measured={"source": data.get("source")}, expected=None,
                     why="one GPU: no collective between GPUs (%s)" % (data.get("error") or "nothing measured"))
@@ -77,9 +77,9 @@ def judge_collectives(data, profile, baseline_metrics=None, tolerance=None):
                 ab["gain"], ab.get("busbw_gbs"), ab.get("p2p_disabled_busbw_gbs"))
         else:
             measured["p2p_gain"] = "not measured: %s" % ab.get("error")
-        if expectations.p2p_expected(profile) and ab.get("gain") is not None and ab["gain"] < AB_MIN_GAIN:
+        if expectations.p2p_expected(ladder_view) and ab.get("gain") is not None and ab["gain"] < AB_MIN_GAIN:
             expected["p2p_gain"] = ">= %.1fx" % AB_MIN_GAIN
-            want = (profile.get("p2p") or {}).get("nccl_p2p_level")
+            want = (ladder_view.get("p2p") or {}).get("nccl_p2p_level")
             return make(layer, "fail", measured, expected,
                         "P2P gain %.2fx over NCCL_P2P_DISABLE=1, below %.1fx: the collectives did not use P2P"
                         % (ab["gain"], AB_MIN_GAIN), shm_remedy(data.get("p2p_level"), want, data.get("env_file")),
@@ -89,12 +89,12 @@ def judge_collectives(data, profile, baseline_metrics=None, tolerance=None):
         return make(layer, "unknown", measured, expected, "%s not measured: %s" % (", ".join(missing), data["error"]),
                     "Run the failing program by hand with NCCL_DEBUG=INFO and the GPU environment file.",
                     metrics=metrics)
-    tol = expectations.tolerance(profile, tolerance)
+    tol = expectations.tolerance(ladder_view, tolerance)
     baseline_metrics = baseline_metrics or {}
     status, texts, ratios = baseline_mod.compare_all(metrics, baseline_metrics, tol)
     expected.update({k: ">= %.2fx of %s" % (tol["fail_below"], v) for k, v in baseline_metrics.items()
                      if k in metrics})
-    path = "P2P" if expectations.p2p_expected(profile) else "the SHM path (P2P declared unavailable)"
+    path = "P2P" if expectations.p2p_expected(ladder_view) else "the SHM path (P2P declared unavailable)"
     if status == "skip":
         why = "; ".join(texts) + "; record one with `provision baseline record`"
         return make(layer, "pass", measured, expected, "no regression check yet: " + why, metrics=metrics)
@@ -108,13 +108,13 @@ def judge_collectives(data, profile, baseline_metrics=None, tolerance=None):
     return make(layer, status, measured, expected, "; ".join(texts), remedy, metrics=metrics)
 
 
-def judge_nccl_transport(parsed, profile):
+def judge_nccl_transport(parsed, ladder_view):
     """Every channel via P2P when P2P is expected (a silent SHM fallback fails); SHM when declared unavailable."""
     layer = "nccl_transport"
-    expected_p2p = expectations.p2p_expected(profile)
-    want_level = (profile.get("p2p") or {}).get("nccl_p2p_level")
+    expected_p2p = expectations.p2p_expected(ladder_view)
+    want_level = (ladder_view.get("p2p") or {}).get("nccl_p2p_level")
     expected = {"path": "p2p" if expected_p2p else "shm"}
-    if (profile.get("gpu") or {}).get("count") == 1:
+    if (ladder_view.get("gpu") or {}).get("count") == 1:
         return make(layer, "skip", measured={"source": parsed.get("source")}, expected=None,
                     why="one GPU: NCCL opens no channel between GPUs")
     if want_level:
@@ -147,11 +147,11 @@ def judge_nccl_transport(parsed, profile):
         if parsed["path"] == "net":
             problems.append("channels go through the network transport")
         elif parsed["path"] == "p2p":
-            notes.append("every channel goes via P2P although the profile declares P2P unavailable")
+            notes.append("every channel goes via P2P although rigbook_p2p declares P2P unavailable")
     if want_level and parsed.get("p2p_level") and parsed["p2p_level"] != want_level:
-        notes.append("NCCL_P2P_LEVEL is %s, the profile pins %s" % (parsed["p2p_level"], want_level))
+        notes.append("NCCL_P2P_LEVEL is %s, rigbook_p2p pins %s" % (parsed["p2p_level"], want_level))
     elif want_level and not parsed.get("p2p_level") and problems:
-        notes.append("NCCL_P2P_LEVEL was not set (the profile pins %s)" % want_level)
+        notes.append("NCCL_P2P_LEVEL was not set (rigbook_p2p pins %s)" % want_level)
     remedy = ""
     if problems or notes:
         remedy = ("Check the lower layers first (peer_access, kernel_state after an upgrade); set NCCL_P2P_LEVEL=%s "

@@ -1,12 +1,12 @@
 # -*- coding: utf-8 -*-
 # Copyright: rigbook developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Pure judges of the two runtime layers, peer_access and p2p_bandwidth: (probe, profile) -> verdict.
+"""Pure judges of the two runtime layers, peer_access and p2p_bandwidth: (probe, ladder_view) -> verdict.
 
 probe is the dict of cuda_probe.probe() / hip_probe.probe() (live, or read from a recording);
-profile is {"gpu": rigbook_gpu, "p2p": rigbook_p2p, "pins": ...}. No I/O here. A probe that
+ladder_view is {"gpu": rigbook_gpu, "p2p": rigbook_p2p, "pins": ...}. No I/O here. A probe that
 could not run is "unknown" (a hung one fails where P2P is expected); data that came back wrong
-fails whatever the profile says.
+fails whatever the host variables say.
 """
 
 from __future__ import annotations
@@ -83,11 +83,11 @@ def link_gbs(gen, width):
     return round(GBS_PER_LANE[gen] * width, 2)
 
 
-def p2p_expected(probe, profile):
+def p2p_expected(probe, ladder_view):
     """The one rule (ladder/expectations.py), counting the devices the probe saw when it ran."""
     probe = probe or {}
     seen = len(probe["devices"]) if probe.get("available") and probe.get("devices") is not None else None
-    return expectations.p2p_expected(profile, seen)
+    return expectations.p2p_expected(ladder_view, seen)
 
 
 def runtime_metrics(probe):
@@ -120,12 +120,12 @@ def _why_missing(entry):
     return "; ".join(errors) if errors else "no figure"
 
 
-def _unavailable(layer, probe, profile, expected):
+def _unavailable(layer, probe, ladder_view, expected):
     """The verdict when the probe did not run, else None."""
     if probe.get("available"):
         return None
     error = probe.get("error") or "no probe result"
-    if probe.get("timed_out") and p2p_expected(probe, profile):
+    if probe.get("timed_out") and p2p_expected(probe, ladder_view):
         return make(
             layer, "fail", measured={"probe": error}, expected=expected,
             why="the GPU probe hung: %s (peer copies that never finish are a broken P2P path)" % error,
@@ -139,10 +139,10 @@ def _unavailable(layer, probe, profile, expected):
     )
 
 
-def _too_few(layer, probe, profile, metrics=None):
-    """skip for a one-GPU box, fail when the profile has more GPUs than the driver sees; None for >= 2."""
+def _too_few(layer, probe, ladder_view, metrics=None):
+    """skip for a one-GPU box, fail when rigbook_gpu.count is more GPUs than the driver sees; None for >= 2."""
     devices = probe.get("devices") or []
-    want = (profile.get("gpu") or {}).get("count")
+    want = (ladder_view.get("gpu") or {}).get("count")
     if len(devices) >= 2:
         return None
     first = devices[0] if devices else {}
@@ -150,7 +150,7 @@ def _too_few(layer, probe, profile, metrics=None):
     if want and want > len(devices):
         return make(
             layer, "fail", measured=measured, expected={"gpus": want},
-            why="the driver sees %d GPU(s), the profile has %d" % (len(devices), want),
+            why="the driver sees %d GPU(s), rigbook_gpu.count is %d" % (len(devices), want),
             remedy="A GPU is missing: check gpu_inventory and driver_state (dmesg, nvidia-smi / rocm-smi).",
             metrics=metrics,
         )
@@ -193,18 +193,18 @@ def _probed_pairs(probe, pairs, count, found):
             found.gap("%s: not probed" % label)
 
 
-def judge_peer_access(probe, profile):
+def judge_peer_access(probe, ladder_view):
     """Peer access both ways on every pair: can-access, enabling it, and a verified pattern copy (+ IPC on AMD)."""
     layer = "peer_access"
-    probe, profile = probe or {}, profile or {}
-    expected_p2p = p2p_expected(probe, profile)
+    probe, ladder_view = probe or {}, ladder_view or {}
+    expected_p2p = p2p_expected(probe, ladder_view)
     if expected_p2p:
         expected = {"every ordered pair": "can-access yes; enable ok; pattern verified" + (
             "; IPC ok" if probe.get("api") == "hip" else "")}
     else:
         expected = {"every ordered pair": "pattern verified (peer access itself not required: %s)"
-                                          % expectations.declared(profile)}
-    verdict = _unavailable(layer, probe, profile, expected) or _too_few(layer, probe, profile)
+                                          % expectations.declared(ladder_view)}
+    verdict = _unavailable(layer, probe, ladder_view, expected) or _too_few(layer, probe, ladder_view)
     if verdict:
         return verdict
     devices = probe["devices"]
@@ -251,25 +251,25 @@ def judge_peer_access(probe, profile):
     )
     if works and not found.problems and not found.gaps:
         found.note(
-            "peer access works on every pair although %s" % expectations.declared(profile),
+            "peer access works on every pair although %s" % expectations.declared(ladder_view),
             "If P2P is now possible on this box, set rigbook_p2p.expected true so rigbook holds it to its "
             "baseline; otherwise find out what changed.",
         )
     errors = sorted({str(p.get("enable_peer")) for p in pairs.values() if p.get("enable_peer") not in ENABLE_OK})
-    ok_text = "%s; copies between the GPUs verify through host memory" % expectations.declared(profile)
+    ok_text = "%s; copies between the GPUs verify through host memory" % expectations.declared(ladder_view)
     if errors:
         ok_text += "; enabling peer access gives %s, as expected" % ", ".join(errors)
     return found.verdict(layer, measured, expected, ok_text=ok_text)
 
 
-def judge_p2p_bandwidth(probe, profile, baseline_metrics=None, tolerance=None):
+def judge_p2p_bandwidth(probe, ladder_view, baseline_metrics=None, tolerance=None):
     """Peer copy GB/s each way and both ways at once vs the host-staged copy, the link limit and the baseline."""
     layer = "p2p_bandwidth"
-    probe, profile = probe or {}, profile or {}
+    probe, ladder_view = probe or {}, ladder_view or {}
     baseline_metrics = baseline_metrics or {}
-    tol = expectations.tolerance(profile, tolerance, defaults=RUNTIME_TOLERANCE)
-    expected_p2p = p2p_expected(probe, profile)
-    pcie = (profile.get("gpu") or {}).get("pcie") or {}
+    tol = expectations.tolerance(ladder_view, tolerance, defaults=RUNTIME_TOLERANCE)
+    expected_p2p = p2p_expected(probe, ladder_view)
+    pcie = (ladder_view.get("gpu") or {}).get("pcie") or {}
     limit = link_gbs(pcie.get("gen"), pcie.get("width"))
     link_name = "Gen%s x%s" % (pcie.get("gen"), pcie.get("width"))
     expected = {}
@@ -278,15 +278,15 @@ def judge_p2p_bandwidth(probe, profile, baseline_metrics=None, tolerance=None):
         if limit:
             expected["peer"] += ", >= %d%% of the %s limit %.2f GB/s" % (100 * tol["link_warn_below"], link_name, limit)
     else:
-        expected["path"] = "host-staged (%s)" % expectations.declared(profile)
-    verdict = _unavailable(layer, probe, profile, expected)
+        expected["path"] = "host-staged (%s)" % expectations.declared(ladder_view)
+    verdict = _unavailable(layer, probe, ladder_view, expected)
     if verdict:
         return verdict
     metrics = runtime_metrics(probe)
     held = {k: v for k, v in baseline_metrics.items() if k.startswith(METRIC_PREFIXES)}
     if held:
         expected["baseline"] = ">= %.2fx of the recorded figures" % tol["fail_below"]
-    verdict = _too_few(layer, probe, profile, metrics)
+    verdict = _too_few(layer, probe, ladder_view, metrics)
     if verdict:
         return verdict
     devices = probe["devices"]
@@ -354,7 +354,7 @@ def judge_p2p_bandwidth(probe, profile, baseline_metrics=None, tolerance=None):
         if limit:
             ok_text += " and within reach of the %s link" % link_name
     else:
-        ok_text = "%s: host-staged copies measured" % expectations.declared(profile)
+        ok_text = "%s: host-staged copies measured" % expectations.declared(ladder_view)
     if not held:
         ok_text += "; no baseline recorded yet (record one with `provision baseline record`)"
     else:

@@ -4,9 +4,9 @@
 """Pure judge of the serving layer (layer 10): each serve profile's unit, readiness, API and figures.
 
 data is the `serving` evidence part (collect/serving_evidence.py): {"profiles": [one dict per serve profile],
-"error": str|None}. profile is {"gpu": rigbook_gpu, "p2p": rigbook_p2p, "pins": ...}. No I/O here.
+"error": str|None}. ladder_view is {"gpu": rigbook_gpu, "p2p": rigbook_p2p, "pins": ...}. No I/O here.
 
-A profile fails when its unit is not active or restarted more often than at the last run (crash-looping), is
+A serve profile fails when its unit is not active or restarted more often than at the last run (crash-looping), is
 not ready within its timeout, /v1/models lacks the served name, a completion returns no token, the engine's
 log shows errors or a transport other than the expected one (P2P expected: `via P2P` and isAllDirectP2p 1,
 seed 004's rule), or TTFT rises / decode tok/s falls against the baseline beyond the tolerance (the same
@@ -96,7 +96,7 @@ def _check_ready(item, found, measured):
                   % (item["name"], item.get("startup_timeout_s"), item.get("address"),
                      ready.get("last") or ready.get("error") or "no answer"),
                   "Loading weights and capturing CUDA graphs can take minutes on a cold page cache: read `journalctl "
-                  "-u %s -b` (\"The server is fired up and ready to roll!\" marks the end); raise the profile's "
+                  "-u %s -b` (\"The server is fired up and ready to roll!\" marks the end); raise the serve profile's "
                   "startup_timeout_s if it was still loading, else fix what the log shows and re-run the serve role."
                   % (item.get("unit") or "the serve unit"))
     return False
@@ -108,7 +108,7 @@ def _check_models(item, found, measured):
     measured["served"] = ids
     want = item.get("served_model_name")
     if ids is None:
-        remedy = "Check the API key file (the unit's --api-key) and the port the profile names."
+        remedy = "Check the API key file (the unit's --api-key) and the port the serve profile names."
         found.problem("%s: GET /v1/models failed: %s" % (item["name"], models.get("error")), remedy)
     elif want and want not in ids:
         found.problem("%s: /v1/models lists %s, not %s" % (item["name"], ", ".join(ids) or "nothing", want),
@@ -138,17 +138,17 @@ def _transport_remedy(item):
             % (item.get("unit") or "the serve unit"))
 
 
-def _transport_matters(item, profile):
-    gpus = (profile.get("gpu") or {}).get("count")
+def _transport_matters(item, ladder_view):
+    gpus = (ladder_view.get("gpu") or {}).get("count")
     return item.get("tp_size") != 1 and gpus != 1
 
 
-def _check_transport(item, log, profile, found):
+def _check_transport(item, log, ladder_view, found):
     """P2P expected: the log must say P2P and not isAllDirectP2p 0; declared unavailable: SHM is the path."""
     name, path = item["name"], log.get("path")
-    if not _transport_matters(item, profile):
+    if not _transport_matters(item, ladder_view):
         return
-    if expectations.p2p_expected(profile):
+    if expectations.p2p_expected(ladder_view):
         if path == "shm":
             found.problem("%s: the engine's NCCL log shows SHM, not P2P: %s" % (name, SEED_004_RULE),
                           _transport_remedy(item))
@@ -159,10 +159,10 @@ def _check_transport(item, log, profile, found):
             found.note("%s: the engine's log shows no NCCL channel lines, the transport is unconfirmed (set "
                        "NCCL_DEBUG=INFO in the serve profile's env)" % name)
     elif path == "p2p":
-        found.note("%s: the engine uses P2P although %s" % (name, expectations.declared(profile)))
+        found.note("%s: the engine uses P2P although %s" % (name, expectations.declared(ladder_view)))
 
 
-def _check_log(item, profile, found, measured):
+def _check_log(item, ladder_view, found, measured):
     log = item.get("log")
     journal = item.get("journal") or {}
     if log is None:
@@ -172,7 +172,7 @@ def _check_log(item, profile, found, measured):
     measured["path"] = log.get("path")
     measured["all_direct_p2p"] = log.get("all_direct_p2p")
     measured["version"] = log.get("version")
-    _check_transport(item, log, profile, found)
+    _check_transport(item, log, ladder_view, found)
     errors = log.get("errors") or []
     if errors:
         shown = "; ".join(str(e).strip()[:200] for e in errors[:MAX_ERRORS_SHOWN])
@@ -209,29 +209,29 @@ def _check_figures(item, found, metrics, expected, baseline, tol, texts):
             found.note("%s: %s" % (item["name"], text), remedy)
 
 
-def _expected_of(item, profile):
+def _expected_of(item, ladder_view):
     expected = {"unit": "active, no more restarts than at the last run", "ready_within_s": item.get("startup_timeout_s")}
     if item.get("served_model_name"):
         expected["served"] = item["served_model_name"]
-    if _transport_matters(item, profile):
-        expected["path"] = "p2p (isAllDirectP2p 1)" if expectations.p2p_expected(profile) else "shm"
+    if _transport_matters(item, ladder_view):
+        expected["path"] = "p2p (isAllDirectP2p 1)" if expectations.p2p_expected(ladder_view) else "shm"
     return expected
 
 
-def judge_profile(item, profile, baseline, tol, found, texts):
+def judge_profile(item, ladder_view, baseline, tol, found, texts):
     """(measured, expected, metrics) of one serve profile; its findings go into FOUND, figure texts to TEXTS."""
     measured = {"source": item.get("source"), "unit": None}
-    expected = _expected_of(item, profile)
+    expected = _expected_of(item, ladder_view)
     metrics = {}
     if item.get("available") is False:
         found.gap("%s: %s" % (item.get("name"), item.get("error") or "nothing measured"))
         return measured, expected, metrics
     if not _check_unit(item, found, measured) or not _check_ready(item, found, measured):
-        _check_log(item, profile, found, measured)
+        _check_log(item, ladder_view, found, measured)
         return measured, expected, metrics
     _check_models(item, found, measured)
     _check_tokens(item, found, measured)
-    _check_log(item, profile, found, measured)
+    _check_log(item, ladder_view, found, measured)
     _check_figures(item, found, metrics, expected, baseline, tol, texts)
     return _figures_first(measured), expected, metrics
 
@@ -245,10 +245,10 @@ def _figures_first(measured):
                 [(k, v) for k, v in measured.items() if k not in FIRST])
 
 
-def judge_serving(data, profile, baseline_metrics=None, tolerance=None):
-    """The serving layer's verdict over every serve profile; its metrics are each profile's TTFT and decode
+def judge_serving(data, ladder_view, baseline_metrics=None, tolerance=None):
+    """The serving layer's verdict over every serve profile; its metrics are each serve profile's TTFT and decode
     tok/s (recorded by `provision baseline record`)."""
-    profile = profile or {}
+    ladder_view = ladder_view or {}
     data = data or {}
     if data.get("error"):
         return make(LAYER, "fail", measured=None, expected="a valid serve option", why=data["error"],
@@ -257,13 +257,13 @@ def judge_serving(data, profile, baseline_metrics=None, tolerance=None):
     if not items:
         return make(LAYER, "skip", measured=None, expected=None,
                     why="no serve profile to check (the serving phase runs after the serve role, with rigbook_serve)")
-    tol = expectations.tolerance(profile, tolerance)
+    tol = expectations.tolerance(ladder_view, tolerance)
     baseline = baseline_metrics or {}
     found, texts = Findings(), []
     measured, expected, metrics = {}, {}, {}
     for item in items:
         name = item.get("name") or "?"
-        measured[name], expected[name], item_metrics = judge_profile(item, profile, baseline, tol, found, texts)
+        measured[name], expected[name], item_metrics = judge_profile(item, ladder_view, baseline, tol, found, texts)
         metrics.update(item_metrics)
     ok_text = "; ".join(texts) or "every serve profile answers"
     if texts and not any(baseline.get(name) for name in metrics):

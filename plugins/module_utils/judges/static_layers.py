@@ -1,9 +1,9 @@
 # -*- coding: utf-8 -*-
 # Copyright: rigbook developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Pure judges of the five static P2P layers: (evidence, profile) -> verdict. No I/O here.
+"""Pure judges of the five static P2P layers: (evidence, ladder_view) -> verdict. No I/O here.
 
-evidence is evidence.collect_static(root); profile is {"gpu": rigbook_gpu, "p2p": rigbook_p2p,
+evidence is evidence.collect_static(root); ladder_view is {"gpu": rigbook_gpu, "p2p": rigbook_p2p,
 "pins": rigbook_pins} from the inventory. Missing evidence gives "unknown", never "pass".
 """
 
@@ -53,17 +53,17 @@ def human_bytes(n):
     return "%d B" % n
 
 
-def _vendor(evidence, profile):
-    gpu = profile.get("gpu") or {}
+def _vendor(evidence, ladder_view):
+    gpu = ladder_view.get("gpu") or {}
     if gpu.get("vendor"):
         return gpu["vendor"]
     vendors = {g["vendor"] for g in evidence.get("gpus") or []}
     return vendors.pop() if len(vendors) == 1 else None
 
 
-def p2p_expected(evidence, profile):
+def p2p_expected(evidence, ladder_view):
     """The one rule (ladder/expectations.py), counting the GPUs found in sysfs."""
-    return expectations.p2p_expected(profile, len(evidence.get("gpus") or []))
+    return expectations.p2p_expected(ladder_view, len(evidence.get("gpus") or []))
 
 
 def _no_gpus(layer, evidence):
@@ -89,16 +89,16 @@ def _vram_bar(gpu, vendor=None):
     return max(candidates, key=lambda b: b["size"]) if candidates else None
 
 
-def judge_firmware(evidence, profile):
+def judge_firmware(evidence, ladder_view):
     """UEFI boot, VRAM BAR above 4 GiB, VRAM BAR >= VRAM (or ReBAR at its maximum)."""
     layer = "firmware"
     gpus = evidence.get("gpus") or []
     if not gpus:
         return _no_gpus(layer, evidence)
-    vendor = _vendor(evidence, profile)
-    vram_gib = (profile.get("gpu") or {}).get("vram_gib")
+    vendor = _vendor(evidence, ladder_view)
+    vram_gib = (ladder_view.get("gpu") or {}).get("vram_gib")
     vram = int(vram_gib * GIB) if vram_gib else None
-    expected_p2p = p2p_expected(evidence, profile)
+    expected_p2p = p2p_expected(evidence, ladder_view)
     found = Findings()
     bars = {}
     if not evidence.get("uefi"):
@@ -141,7 +141,7 @@ def judge_firmware(evidence, profile):
     measured = {"uefi": bool(evidence.get("uefi")), "vram_bar": bars}
     expected = {"uefi": True, "vram_bar": ">= %s, above 4 GiB" % (human_bytes(vram) if vram else "VRAM")}
     if not expected_p2p and found.problems:
-        p2p = profile.get("p2p") or {}
+        p2p = ladder_view.get("p2p") or {}
         if "expected" in p2p:
             found.notes.append("P2P is declared unavailable on this host (%s)" % (p2p.get("reason") or "no reason"))
         else:
@@ -155,8 +155,8 @@ def judge_firmware(evidence, profile):
     )
 
 
-def _expected_link(profile, slot):
-    gpu = profile.get("gpu") or {}
+def _expected_link(ladder_view, slot):
+    gpu = ladder_view.get("gpu") or {}
     link = dict(gpu.get("pcie") or {})
     for entry in gpu.get("per_gpu") or []:
         if entry.get("slot") == slot:
@@ -171,8 +171,8 @@ def _gen_of(speed):
     return None
 
 
-def judge_pcie_link(evidence, profile):
-    """Per GPU: link capability (device and its port) vs the profile; trained width vs capability."""
+def judge_pcie_link(evidence, ladder_view):
+    """Per GPU: link capability (device and its port) vs rigbook_gpu.pcie; trained width vs capability."""
     layer = "pcie_link"
     gpus = evidence.get("gpus") or []
     if not gpus:
@@ -185,7 +185,7 @@ def judge_pcie_link(evidence, profile):
     )
     for gpu in gpus:
         slot, link = gpu["slot"], gpu.get("link") or {}
-        gen, width = _expected_link(profile, slot)
+        gen, width = _expected_link(ladder_view, slot)
         expected[slot] = "Gen%s x%s" % (gen or "?", width or "?")
         if link.get("max_speed_gts") is None or link.get("max_width") is None or link.get("current_width") is None:
             found.gap("%s: link speed/width not readable in sysfs" % slot)
@@ -202,12 +202,13 @@ def judge_pcie_link(evidence, profile):
         )
         if gen and cap_speed < GEN_SPEED_GTS[gen] - 0.01:
             found.problem(
-                "%s link capability is %s GT/s (Gen%s), the profile expects Gen%d (%s GT/s)"
+                "%s link capability is %s GT/s (Gen%s), rigbook_gpu.pcie expects Gen%d (%s GT/s)"
                 % (slot, cap_speed, _gen_of(cap_speed), gen, GEN_SPEED_GTS[gen]),
                 remedy_slot,
             )
         if width and cap_width < width:
-            found.problem("%s link is x%d capable, the profile expects x%d" % (slot, cap_width, width), remedy_slot)
+            found.problem("%s link is x%d capable, rigbook_gpu.pcie expects x%d" % (slot, cap_width, width),
+                          remedy_slot)
         if link["current_width"] < cap_width:
             found.problem("%s trained at x%d of x%d" % (slot, link["current_width"], cap_width), remedy_slot)
         if current is not None and current < cap_speed - 0.01 and not found.problems:
@@ -229,7 +230,7 @@ def iommu_mode(cmdline):
     return None
 
 
-def judge_dma_window(evidence, profile):
+def judge_dma_window(evidence, ladder_view):
     """Every BAR of each GPU ends below the DMA reach of its peers (unless the IOMMU translates)."""
     layer = "dma_window"
     gpus = evidence.get("gpus") or []
@@ -299,13 +300,13 @@ def _fork_for(evidence, vendor, release):
     return "; an nvidia module is installed for it (%s)" % ", ".join(nvidia["module_files"])
 
 
-def judge_kernel_state(evidence, profile):
+def judge_kernel_state(evidence, ladder_view):
     """Running kernel and cmdline as pinned; P2PDMA built and allowed (AMD); uvm HMM off with iommu=pt."""
     layer = "kernel_state"
     kernel = evidence.get("kernel") or {}
-    pins = profile.get("pins") or {}
+    pins = ladder_view.get("pins") or {}
     pin = pins.get("kernel") or {}
-    vendor = _vendor(evidence, profile)
+    vendor = _vendor(evidence, ladder_view)
     found = Findings()
     release, cmdline = kernel.get("release"), kernel.get("cmdline")
     measured = {"release": release, "cmdline": " ".join(cmdline) if cmdline is not None else None}
@@ -333,7 +334,7 @@ def judge_kernel_state(evidence, profile):
                     "Re-run provision (the kernel role writes /etc/default/grub.d/rigbook.cfg and runs "
                     "update-grub), then reboot.",
                 )
-    if vendor == "amd" and p2p_expected(evidence, profile):
+    if vendor == "amd" and p2p_expected(evidence, ladder_view):
         _judge_p2pdma(evidence, pin, found, measured, expected)
     if vendor == "nvidia" and cmdline is not None and "iommu=pt" in cmdline:
         _judge_uvm_hmm(evidence, found, measured, expected)
@@ -397,22 +398,22 @@ def _judge_uvm_hmm(evidence, found, measured, expected):
         found.problem("nvidia_uvm runs with HMM enabled (uvm_disable_hmm=%s) while iommu=pt" % value, remedy)
 
 
-def judge_driver_state(evidence, profile):
+def judge_driver_state(evidence, ladder_view):
     layer = "driver_state"
-    vendor = _vendor(evidence, profile)
+    vendor = _vendor(evidence, ladder_view)
     if vendor == "nvidia":
-        return _judge_nvidia_driver(evidence, profile)
+        return _judge_nvidia_driver(evidence, ladder_view)
     if vendor == "amd":
-        return _judge_amd_driver(evidence, profile)
+        return _judge_amd_driver(evidence, ladder_view)
     return make(
         layer, "unknown", measured=None, expected=None, why="GPU vendor unknown (no rigbook_gpu.vendor, no GPU)"
     )
 
 
-def _judge_nvidia_driver(evidence, profile):
+def _judge_nvidia_driver(evidence, ladder_view):
     layer = "driver_state"
     nv = evidence.get("nvidia") or {}
-    pin = (profile.get("pins") or {}).get("nvidia_driver") or {}
+    pin = (ladder_view.get("pins") or {}).get("nvidia_driver") or {}
     release = (evidence.get("kernel") or {}).get("release")
     found = Findings()
     loaded = nv.get("module_version") or nv.get("proc_module_version")
@@ -464,10 +465,10 @@ def _judge_nvidia_driver(evidence, profile):
     return found.verdict(layer, measured, expected, ok_text="the pinned driver build is loaded, userspace matches")
 
 
-def _judge_amd_driver(evidence, profile):
+def _judge_amd_driver(evidence, ladder_view):
     layer = "driver_state"
     amd = evidence.get("amd") or {}
-    pin = (profile.get("pins") or {}).get("rocm") or {}
+    pin = (ladder_view.get("pins") or {}).get("rocm") or {}
     found = Findings()
     nodes = [n for n in amd.get("kfd_nodes") or [] if n.get("gpu")]
     measured = {
@@ -486,7 +487,7 @@ def _judge_amd_driver(evidence, profile):
             found.gap("ROCm version not readable (/opt/rocm/.info/version)")
         elif not str(amd["rocm_version"]).startswith(str(pin["version"])):
             found.problem("ROCm %s, pinned %s" % (amd["rocm_version"], pin["version"]), "Install the pinned ROCm.")
-    if p2p_expected(evidence, profile) and amd.get("loaded"):
+    if p2p_expected(evidence, ladder_view) and amd.get("loaded"):
         expected["kfd_p2p_links"] = ">= 1 on every GPU node"
         if not nodes:
             found.gap("no KFD GPU nodes in /sys/class/kfd/kfd/topology")

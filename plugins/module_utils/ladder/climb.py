@@ -35,15 +35,15 @@ OPTION_DEFAULTS = {
 
 
 class Context:
-    """What a climb judges against and where it reads: the profile ({gpu, p2p, pins} of the inventory), the
-    host's baseline metrics, the tolerance (merged once, ladder/expectations.py), the evidence root, and the
-    runtime options (OPTION_DEFAULTS, overridden by OPTIONS)."""
+    """What a climb judges against and where it reads: the ladder view ({gpu, p2p, pins} of the host model,
+    host_model.ladder_view), the host's baseline metrics, the tolerance (merged once, ladder/expectations.py),
+    the evidence root, and the runtime options (OPTION_DEFAULTS, overridden by OPTIONS)."""
 
-    def __init__(self, root="/", profile=None, baseline=None, tolerance=None, options=None):
+    def __init__(self, root="/", ladder_view=None, baseline=None, tolerance=None, options=None):
         self.root = root or "/"
-        self.profile = profile or {}
+        self.ladder_view = ladder_view or {}
         self.baseline = baseline or {}
-        self.tolerance = expectations.tolerance(self.profile, tolerance)
+        self.tolerance = expectations.tolerance(self.ladder_view, tolerance)
         self.options = dict(OPTION_DEFAULTS)
         self.options.update((k, v) for k, v in (options or {}).items() if v is not None)
 

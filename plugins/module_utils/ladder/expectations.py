@@ -12,31 +12,32 @@ from __future__ import annotations
 DEFAULT_TOLERANCE = {"fail_below": 0.8, "warn_below": 0.95}
 
 
-def p2p_expected(profile, gpus_seen=None):
-    """rigbook_p2p.expected when the profile declares it; otherwise P2P is expected with two or more GPUs,
+def p2p_expected(ladder_view, gpus_seen=None):
+    """rigbook_p2p.expected when the host variables declare it; otherwise P2P is expected with two or more GPUs,
     counted from what the layer saw (GPUS_SEEN: sysfs functions, probe devices) when it saw anything, else
     from rigbook_gpu.count."""
-    p2p = (profile or {}).get("p2p") or {}
+    p2p = (ladder_view or {}).get("p2p") or {}
     if "expected" in p2p:
         return bool(p2p["expected"])
     if gpus_seen is None:
-        gpus_seen = ((profile or {}).get("gpu") or {}).get("count") or 0
+        gpus_seen = ((ladder_view or {}).get("gpu") or {}).get("count") or 0
     return gpus_seen >= 2
 
 
-def declared(profile):
+def declared(ladder_view):
     """Why P2P is not expected, in words (for the verdicts of a host held to the SHM / host-staged path)."""
-    p2p = (profile or {}).get("p2p") or {}
+    p2p = (ladder_view or {}).get("p2p") or {}
     if "expected" in p2p:
         return "P2P is declared unavailable (%s)" % " ".join(str(p2p.get("reason") or "no reason given").split())
     return "P2P is not expected (no rigbook_p2p.expected)"
 
 
-def tolerance(profile=None, override=None, defaults=None):
+def tolerance(ladder_view=None, override=None, defaults=None):
     """The thresholds a layer compares with: DEFAULT_TOLERANCE, then DEFAULTS (a layer's own thresholds),
-    then the profile's `tolerance`, then OVERRIDE (the module's tolerance option, rigbook_tolerance)."""
+    then the ladder view's `tolerance` (the host model's), then OVERRIDE (the module's tolerance option,
+    rigbook_tolerance)."""
     merged = dict(DEFAULT_TOLERANCE)
     merged.update(defaults or {})
-    merged.update((profile or {}).get("tolerance") or {})
+    merged.update((ladder_view or {}).get("tolerance") or {})
     merged.update(override or {})
     return merged

@@ -12,7 +12,7 @@ one entry here plus its collector and judge.
 
 A judge here is called as judge(evidence, ctx): EVIDENCE holds every part collected so far (static parts
 at the top level, as collect_static returns them; runtime parts under their own keys), CTX is the climb's
-Context (profile, baseline, tolerance, root, options). The pure judges under judges/ keep their own explicit
+Context (ladder_view, baseline, tolerance, root, options). The pure judges under judges/ keep their own explicit
 arguments; the small adapters below say what each one reads.
 """
 
@@ -50,31 +50,31 @@ class Layer:
 
 
 def _static(judge):
-    """A static judge reads the whole static evidence and the profile."""
+    """A static judge reads the whole static evidence and the ladder view."""
     def run(evidence, ctx):
-        return judge(evidence, ctx.profile)
+        return judge(evidence, ctx.ladder_view)
     return run
 
 
 def _peer_access(evidence, ctx):
-    return peer_layers.judge_peer_access(evidence.get("probe"), ctx.profile)
+    return peer_layers.judge_peer_access(evidence.get("probe"), ctx.ladder_view)
 
 
 def _p2p_bandwidth(evidence, ctx):
-    return peer_layers.judge_p2p_bandwidth(evidence.get("probe"), ctx.profile, ctx.baseline, ctx.tolerance)
+    return peer_layers.judge_p2p_bandwidth(evidence.get("probe"), ctx.ladder_view, ctx.baseline, ctx.tolerance)
 
 
 def _collectives(evidence, ctx):
-    return collective_layers.judge_collectives(evidence.get("collectives") or {}, ctx.profile, ctx.baseline,
+    return collective_layers.judge_collectives(evidence.get("collectives") or {}, ctx.ladder_view, ctx.baseline,
                                                ctx.tolerance)
 
 
 def _nccl_transport(evidence, ctx):
-    return collective_layers.judge_nccl_transport(evidence.get("nccl_transport") or {}, ctx.profile)
+    return collective_layers.judge_nccl_transport(evidence.get("nccl_transport") or {}, ctx.ladder_view)
 
 
 def _serving(evidence, ctx):
-    return serving_layer.judge_serving(evidence.get("serving") or {}, ctx.profile, ctx.baseline, ctx.tolerance)
+    return serving_layer.judge_serving(evidence.get("serving") or {}, ctx.ladder_view, ctx.baseline, ctx.tolerance)
 
 
 def _runtime(name):
@@ -119,7 +119,7 @@ LAYERS = [
     Layer("firmware", STATIC, ("gpus",), _static(static_layers.judge_firmware),
           summary="UEFI boot, GPU BARs above 4 GiB, VRAM BAR >= VRAM (ReBAR)"),
     Layer("pcie_link", STATIC, ("gpus",), _static(static_layers.judge_pcie_link),
-          summary="link width and speed per GPU against the profile and LnkCap"),
+          summary="link width and speed per GPU against rigbook_gpu.pcie and LnkCap"),
     Layer("dma_window", STATIC, ("gpus", "kernel"), _static(static_layers.judge_dma_window),
           summary="each peer BAR below the GPU's DMA reach"),
     Layer("kernel_state", STATIC, ("gpus", "kernel", "cpu", "nvidia_kernel"), _static(static_layers.judge_kernel_state),

@@ -12,7 +12,7 @@ Pure; standard library only; no imports from the collection, so the controller c
   on the box itself, default_target, display_manager_enabled, model_path_exists, draft_model_path_exists. A key
   is absent when it is not known, and its checks are skipped.
 
-The profile is assumed to have passed meta/profile.schema.json; a value of the wrong type is skipped, never a
+The profile is assumed to have passed meta/host_vars.schema.json; a value of the wrong type is skipped, never a
 traceback.
 """
 

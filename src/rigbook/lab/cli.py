@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from rigbook.errors import UserError, guarded
 
 USAGE_EXAMPLES = """\
 examples:
   provision lab up                          # lab-3080 + lab-r9700
-  provision lab up --hosts 3 --profile x99-r9700
+  provision lab up --hosts 3 --rig x99-r9700
   provision lab up --bare lab-3080          # lab-3080 as a fresh install: for `provision bootstrap`
   provision lab status
   provision lab break lab-r9700 dma-window-above-44bit
@@ -25,19 +26,30 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"lab: {message} (see `provision lab --help`)")
 
 
+class _DeprecatedRigAlias(argparse.Action):
+    """`--profile NAME ...`: the old name of `--rig` (the lab's recorded hardware were "profiles"), still accepted
+    for old scripts, hidden from --help, with a note on stderr."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"provision lab up: {option_string} is deprecated, use --rig", file=sys.stderr)
+        setattr(namespace, self.dest, [*(getattr(namespace, self.dest) or []), *values])
+
+
 def parser() -> argparse.ArgumentParser:
     from rigbook.lab.faults import fault_names
-    from rigbook.lab.hardware_trees import profile_names
+    from rigbook.lab.hardware_trees import rig_names
 
     p = _Parser(prog="provision lab", description="Local simulated rigs: systemd-nspawn containers over SSH "
                 "on 127.0.0.0/8 with recorded GPU hardware trees.", epilog=USAGE_EXAMPLES,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     up = sub.add_parser("up", help="build (once) and boot the lab hosts")
-    up.add_argument("--hosts", type=int, metavar="N", help="number of hosts (default: one per profile)")
-    up.add_argument("--profile", dest="profiles", action="extend", nargs="+", metavar="NAME",
-                    help=f"hardware profiles, cycled over the hosts (known: {', '.join(profile_names())}; "
+    up.add_argument("--hosts", type=int, metavar="N", help="number of hosts (default: one per rig)")
+    up.add_argument("--rig", dest="rigs", action="extend", nargs="+", metavar="NAME",
+                    help=f"lab rigs (recorded hardware), cycled over the hosts (known: {', '.join(rig_names())}; "
                          "default: x99-3080 x99-r9700)")
+    up.add_argument("--profile", dest="rigs", action=_DeprecatedRigAlias, nargs="+", metavar="NAME",
+                    help=argparse.SUPPRESS)
     up.add_argument("--bare", nargs="*", metavar="HOST",
                     help="start these hosts (no names: every host) as a fresh install: no rigbook user, key or "
                          "sudoers drop-in, an admin user with a password, the host key not in known_hosts")
@@ -56,7 +68,7 @@ def run(argv: list) -> int:
 
     args = parser().parse_args(argv)
     if args.command == "up":
-        return lab.up(args.hosts, args.profiles, args.bare)
+        return lab.up(args.hosts, args.rigs, args.bare)
     if args.command == "status":
         return lab.status()
     if args.command == "down":

@@ -164,9 +164,9 @@ def _fill(text: str, ctx: dict) -> str:
     return _PLACEHOLDER.sub(lambda m: str(ctx[m.group(1)]), text)
 
 
-def _targets(edit: dict, profile: dict) -> list:
+def _targets(edit: dict, rig: dict) -> list:
     """(base directory relative to the tree root, placeholder context) for each place the edit hits."""
-    kernel = profile["kernel"]
+    kernel = rig["kernel"]
     ctx = {"release": kernel["release"], "upgraded_release": kernel.get("upgraded_release", kernel["release"]),
            "bdf": "", "index": "", "port": ""}
     scope = edit.get("scope", "tree")
@@ -174,7 +174,7 @@ def _targets(edit: dict, profile: dict) -> list:
         return [("", ctx)]
     wanted = edit.get("gpus", "all")
     out = []
-    for index, gpu in enumerate(hardware_trees.gpus(profile)):
+    for index, gpu in enumerate(hardware_trees.gpus(rig)):
         if wanted != "all" and index not in wanted and gpu["bdf"] not in wanted:
             continue
         gctx = dict(ctx, bdf=gpu["bdf"], index=index, port=gpu["port"], gpu=gpu)
@@ -231,9 +231,9 @@ def _bar(text: str, edit: dict, gctx: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _plan_edit(view: _View, edit: dict, profile: dict) -> None:
+def _plan_edit(view: _View, edit: dict, rig: dict) -> None:
     op = next(op for op in OPS if op in edit)
-    for base, ctx in _targets(edit, profile):
+    for base, ctx in _targets(edit, rig):
         rel = base + _fill(edit[op], ctx) if op != "bar" else base + "resource"
         text = view.read(rel)
         if op == "set":
@@ -262,14 +262,14 @@ def host_root_of(tree: Path) -> Path | None:
     return tree.parents[len(parts) - 1] if tree.parts[-len(parts):] == tuple(parts) else None
 
 
-def plan(fault_name: str, tree: Path, profile: dict, host_root: Path | None = None) -> list:
+def plan(fault_name: str, tree: Path, rig: dict, host_root: Path | None = None) -> list:
     """The changes FAULT_NAME makes to TREE (a host's evidence root) and to the host's files (HOST_ROOT, default the
     root TREE sits in); [] when it changes nothing."""
     fault = get_fault(fault_name)
     vendors = fault.get("vendors")
-    if vendors and profile["vendor"] not in vendors:
+    if vendors and rig["vendor"] not in vendors:
         raise UserError(
-            f"fault {fault_name!r} is for {'/'.join(vendors)} GPUs; profile {profile['name']} has {profile['vendor']}"
+            f"fault {fault_name!r} is for {'/'.join(vendors)} GPUs; rig {rig['name']} has {rig['vendor']}"
         )
     host_root = Path(host_root) if host_root else host_root_of(tree)
     refused = fault.get("refused_when_host_has")
@@ -280,14 +280,14 @@ def plan(fault_name: str, tree: Path, profile: dict, host_root: Path | None = No
     runs = []
     for edit in fault["edits"]:
         if edit.get("scope") != "host":
-            _plan_edit(view, edit, profile)
+            _plan_edit(view, edit, rig)
         elif host_view is None:
             continue
         elif "run" in edit:
             if (host_root / edit["needs"]).exists():
                 runs.append(Change(host_root, None, host_root, edit["run"], tuple(edit.get("backup") or ())))
         else:
-            _plan_edit(host_view, edit, profile)
+            _plan_edit(host_view, edit, rig)
     changes = []
     for v, root in ((view, None), (host_view, host_root)):
         for path, content in (v.changes.items() if v else ()):
@@ -363,8 +363,8 @@ def restart_script(fault_names) -> str | None:
             '[ -z "$units" ] || { systemctl reset-failed $units 2>/dev/null; systemctl restart $units; }')
 
 
-def describe(fault_name: str, profile: dict) -> str:
+def describe(fault_name: str, rig: dict) -> str:
     fault = get_fault(fault_name)
-    kernel = profile["kernel"]
+    kernel = rig["kernel"]
     ctx = {"release": kernel["release"], "upgraded_release": kernel.get("upgraded_release", "")}
     return " ".join(_fill(fault["description"], dict(ctx, bdf="", index="", port="")).split())

@@ -1,6 +1,6 @@
-"""Recorded hardware trees: profiles (YAML) and the materializer that lays them out.
+"""Recorded hardware trees: lab rigs (YAML) and the materializer that lays them out.
 
-A profile (profiles/<name>.yml) describes one box at the evidence boundary: its PCI functions
+A lab rig (rigs/<name>.yml) describes one box at the evidence boundary: its PCI functions
 with their BARs and links, kernel release and command line, loaded modules, literal files and
 recorded command outputs. `materialize(name, dest)` writes that as the tree of docs/evidence.md:
 real directories nested under their upstream port, relative symlinks in sys/bus/pci/devices.
@@ -18,7 +18,7 @@ import yaml
 
 from rigbook.errors import UserError
 
-PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
+RIGS_DIR = Path(__file__).resolve().parent / "rigs"
 COMMANDS_DIR = "var/lib/rigbook/commands"
 RESOURCE_LINES = 13  # 6 BARs, the ROM, 6 SR-IOV BARs: what sysfs prints for an endpoint
 ROM_LINE = 6
@@ -33,20 +33,20 @@ BAR_FLAGS = {
 _SIZE_RE = re.compile(r"^(\d+)\s*([KMGT]?)i?B?$")
 
 
-def profile_names() -> list:
-    return sorted(p.stem for p in PROFILES_DIR.glob("*.yml"))
+def rig_names() -> list:
+    return sorted(p.stem for p in RIGS_DIR.glob("*.yml"))
 
 
 @lru_cache(maxsize=None)
 def _load(name: str) -> dict:
-    with open(PROFILES_DIR / f"{name}.yml", encoding="utf-8") as fh:
+    with open(RIGS_DIR / f"{name}.yml", encoding="utf-8") as fh:
         return yaml.safe_load(fh)
 
 
-def load_profile(name: str) -> dict:
-    """The profile NAME as a dict (a fresh copy); UserError when there is no such profile."""
-    if name not in profile_names():
-        raise UserError(f"unknown profile {name!r} (known: {', '.join(profile_names())})")
+def load_rig(name: str) -> dict:
+    """The rig NAME as a dict (a fresh copy); UserError when there is no such rig."""
+    if name not in rig_names():
+        raise UserError(f"unknown lab rig {name!r} (known: {', '.join(rig_names())})")
     return json.loads(json.dumps(_load(name)))
 
 
@@ -60,18 +60,18 @@ def parse_size(value) -> int:
     return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30, "T": 40}[m.group(2)]
 
 
-def functions(profile: dict) -> list:
+def functions(rig: dict) -> list:
     """Every PCI function below a root port, with its port's BDF, sorted by BDF."""
     out = []
-    for port in profile["pci"]["ports"]:
+    for port in rig["pci"]["ports"]:
         for fn in port.get("functions", []):
             out.append(dict(fn, port=port["bdf"]))
     return sorted(out, key=lambda f: f["bdf"])
 
 
-def gpus(profile: dict) -> list:
+def gpus(rig: dict) -> list:
     """Display-class functions in BDF order: the GPUs faults address by index."""
-    return [f for f in functions(profile) if str(f["class"]).lower().startswith("0x03")]
+    return [f for f in functions(rig) if str(f["class"]).lower().startswith("0x03")]
 
 
 def device_dir(fn_or_port: dict) -> str:
@@ -165,8 +165,8 @@ def _pci(root: Path, pci: dict) -> None:
         _symlink(root, f"sys/bus/pci/devices/{item['bdf']}", "../../../" + d[len("sys/"):])
 
 
-def _kernel(root: Path, profile: dict) -> None:
-    kernel = profile["kernel"]
+def _kernel(root: Path, rig: dict) -> None:
+    kernel = rig["kernel"]
     release = kernel["release"]
     _write(root, "proc/cmdline", " ".join(kernel["cmdline"].split()) + "\n")
     _write(root, "proc/sys/kernel/osrelease", release + "\n")
@@ -177,7 +177,7 @@ def _kernel(root: Path, profile: dict) -> None:
     for standin in kernel.get("standin_releases") or []:
         header = f"# RECONSTRUCTED: the P2P config of {release}, recorded for its lab stand-in {standin}\n"
         _write(root, f"boot/config-{standin}", header + "".join(line + "\n" for line in kernel["config"]))
-    for module in profile.get("modules", []):
+    for module in rig.get("modules", []):
         base = f"sys/module/{module['name']}"
         _write(root, f"{base}/initstate", "live\n")
         if module.get("version"):
@@ -187,22 +187,22 @@ def _kernel(root: Path, profile: dict) -> None:
         _write(root, f"lib/modules/{release}/{module['file']}", "")  # paths only matter
 
 
-def materialize(profile_name: str, dest: Path) -> Path:
-    """Write the recorded tree of PROFILE_NAME into DEST (created; must be absent or empty)."""
-    profile = load_profile(profile_name)
+def materialize(rig_name: str, dest: Path) -> Path:
+    """Write the recorded tree of RIG_NAME into DEST (created; must be absent or empty)."""
+    rig = load_rig(rig_name)
     dest = Path(dest)
     if dest.exists() and any(dest.iterdir()):
         raise UserError(f"{dest} is not empty: will not write an evidence tree over it")
     dest.mkdir(parents=True, exist_ok=True)
-    _write(dest, "RECONSTRUCTED", f"profile {profile['name']}: {' '.join(profile['reconstructed_from'].split())}\n")
-    if profile.get("uefi"):
+    _write(dest, "RECONSTRUCTED", f"rig {rig['name']}: {' '.join(rig['reconstructed_from'].split())}\n")
+    if rig.get("uefi"):
         _write(dest, "sys/firmware/efi/fw_platform_size", "64\n")
-    _kernel(dest, profile)
-    _pci(dest, profile["pci"])
-    for rel, content in (profile.get("files") or {}).items():
+    _kernel(dest, rig)
+    _pci(dest, rig["pci"])
+    for rel, content in (rig.get("files") or {}).items():
         _write(dest, rel, content)
-    for name, content in (profile.get("commands") or {}).items():
+    for name, content in (rig.get("commands") or {}).items():
         _write(dest, f"{COMMANDS_DIR}/{name}.txt", content)
-    for name, data in (profile.get("records") or {}).items():
+    for name, data in (rig.get("records") or {}).items():
         _write(dest, f"{COMMANDS_DIR}/{name}", json.dumps(data, indent=2) + "\n")
     return dest

@@ -1,9 +1,9 @@
 """The inventory of the lab that is actually up, written to <state>/lab/inventory/.
 
 inventory/lab in the repository is the default layout (lab-3080 + lab-r9700). When `lab up` is
-given other profiles or more hosts, this generated inventory lists exactly the hosts that run,
+given other rigs or more hosts, this generated inventory lists exactly the hosts that run,
 with the same groups; its group_vars/ and locks/ are links to inventory/lab's, so the connection
-settings, GPU profiles and locks are the repository's.
+settings, host variables and locks are the repository's.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import yaml
 from rigbook import paths
 from rigbook.lab import state
 
-# The repository's inventory/lab directories every lab inventory shares: the group profiles, and the locks they name
+# The repository's inventory/lab directories every lab inventory shares: the group variables, and the locks they name
 # relative to the inventory directory (rigbook_pins.sglang.lock).
 SHARED = ("group_vars", "locks")
 HEADER = "# Written by `provision lab up`: the lab hosts running now. Use: provision site.yml -i {path}\n"
@@ -27,7 +27,7 @@ def inventory_dir() -> Path:
 
 def _own_bind(host) -> dict:
     """A twin's serve profiles, listening on the twin's own address: the lab's hosts share this machine's network,
-    so a second host of a profile would otherwise take the first one's port (the first keeps inventory/lab's)."""
+    so a second host of a lab rig would otherwise take the first one's port (the first keeps inventory/lab's)."""
     if not host.address.startswith("127.0.11."):
         path = paths.collection_root() / "inventory/lab/group_vars" / f"{host.group}.yml"
         profiles = (yaml.safe_load(path.read_text()) or {}).get("rigbook_serve") if path.is_file() else None

@@ -50,8 +50,8 @@ def _leftovers(lab: Lab) -> list:
     return left
 
 
-def up(count: int | None, profiles: list | None, bare: list | None = None) -> int:
-    hosts = state.plan_hosts(count, profiles, bare)
+def up(count: int | None, rigs: list | None, bare: list | None = None) -> int:
+    hosts = state.plan_hosts(count, rigs, bare)
     system.require_root("up")
     with state.locked():
         existing = state.load()
@@ -112,7 +112,7 @@ def _start(lab: Lab, hosts: list, root) -> None:
         (state.ssh_dir() / "known_hosts").write_text("".join(known))
         machine.start(host, lab.systemd_host)
         state.save(lab)
-        progress(f"{host.name}: booting ({host.profile}, {host.root_mode} root, ssh {host.address}:{host.port})")
+        progress(f"{host.name}: booting ({host.rig}, {host.root_mode} root, ssh {host.address}:{host.port})")
     machine.wait_ready(hosts)
     inventory.write(hosts)
 
@@ -143,12 +143,12 @@ def status() -> int:
     if lab is None:
         print("the lab is not up")
         return 0
-    print(f"{'host':<14} {'profile':<11} {'state':<8} {'ssh':<21} {'boots':>5} {'rss':>8}  faults")
+    print(f"{'host':<14} {'rig':<11} {'state':<8} {'ssh':<21} {'boots':>5} {'rss':>8}  faults")
     for host in lab.hosts:
         running = tracking.is_running(host)
         boots = (host.dir / "boots").read_text().strip() if (host.dir / "boots").exists() else "-"
         rss = f"{tracking.rss_kib(host) / 1024:.0f} MiB" if running else "-"
-        print(f"{host.name:<14} {host.profile:<11} {'running' if running else 'stopped':<8} "
+        print(f"{host.name:<14} {host.rig:<11} {'running' if running else 'stopped':<8} "
               f"{host.address + ':' + str(host.port):<21} {boots:>5} {rss:>8}  {', '.join(host.faults) or '-'}")
     for host in lab.hosts:
         if host.bare:
@@ -176,10 +176,10 @@ def break_(name: str, fault: str) -> int:
         lab, host = _host_for_edit(name, "break")
         if fault in host.faults:
             raise UserError(f"{host.name} already has fault {fault!r}: `provision lab heal {host.name}` first")
-        profile = hardware_trees.load_profile(host.profile)
-        changes = faults.plan(fault, host.evidence, profile)
+        rig = hardware_trees.load_rig(host.rig)
+        changes = faults.plan(fault, host.evidence, rig)
         if not changes:
-            raise UserError(f"fault {fault!r} changes nothing on {host.name}: profile {host.profile} already has "
+            raise UserError(f"fault {fault!r} changes nothing on {host.name}: rig {host.rig} already has "
                             "it, or records nothing it edits")
         faults.apply(changes, runner=lambda script: _run_in_host(host, script), backup_dir=_fault_backups(host))
         host.faults.append(fault)
@@ -189,7 +189,7 @@ def break_(name: str, fault: str) -> int:
             _run_in_host(host, restart)
     layer = faults.get_fault(fault)["layer"]
     progress(f"{host.name}: broke layer {layer} with {fault} ({len(changes)} paths changed): "
-             f"{faults.describe(fault, profile)}")
+             f"{faults.describe(fault, rig)}")
     return 0
 
 
@@ -224,7 +224,7 @@ def heal(name: str) -> int:
         old = host.evidence.with_name(".evidence.old")
         for d in (fresh, old):
             shutil.rmtree(d, ignore_errors=True)
-        hardware_trees.materialize(host.profile, fresh)
+        hardware_trees.materialize(host.rig, fresh)
         host.evidence.rename(old)
         fresh.rename(host.evidence)
         shutil.rmtree(old)
@@ -235,7 +235,7 @@ def heal(name: str) -> int:
         restart = faults.restart_script(healed)
         if restart:
             _run_in_host(host, restart)
-    progress(f"{host.name}: evidence tree restored to profile {host.profile}"
+    progress(f"{host.name}: evidence tree restored to rig {host.rig}"
              + (f" (removed: {', '.join(healed)})" if healed else " (it had no faults)"))
     return 0
 

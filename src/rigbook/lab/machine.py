@@ -113,7 +113,7 @@ def configure(host: Host, client_pubkey: str) -> str:
     _put(root, "etc/hosts", f"127.0.0.1\tlocalhost\n{host.address}\t{host.name}\n"
                             "::1\t\tlocalhost ip6-localhost ip6-loopback\n")
     _put(root, "etc/machine-id", uuid.uuid4().hex + "\n", 0o444)
-    _put(root, "etc/motd", f"\nrigbook lab host {host.name} (profile {host.profile}): a container; its GPUs are "
+    _put(root, "etc/motd", f"\nrigbook lab host {host.name} (lab rig {host.rig}): a container; its GPUs are "
                            f"a recorded tree under {state.EVIDENCE_ROOT}\n\n")
     if host.bare:
         make_bare(host)
@@ -128,7 +128,7 @@ def configure(host: Host, client_pubkey: str) -> str:
     _put(root, f"{STANDIN_MODEL}/config.json", json.dumps({"architectures": ["StandinForCausalLM"],
                                                             "rigbook_lab": "TEST STAND-IN model, no weights"}) + "\n")
     remove_tree(host.evidence)
-    hardware_trees.materialize(host.profile, host.evidence)
+    hardware_trees.materialize(host.rig, host.evidence)
     install_boot_hook(root)
     return " ".join(pub.split()[:2])
 

@@ -1,6 +1,6 @@
 """Where the lab keeps its state (<state>/lab/) and how hosts are named and addressed.
 
-Host k (1, 2, ...) of a profile whose slot is s is named after the profile (lab-3080, then
+Host k (1, 2, ...) of a rig whose slot is s is named after the rig (lab-3080, then
 lab-3080-2, ...) and listens on 127.0.<10+k>.<s>:2222: an address that depends only on the
 host's own name, so the static inventory/lab stays right whichever hosts are up.
 """
@@ -19,9 +19,9 @@ from rigbook.errors import UserError
 from rigbook.lab import hardware_trees
 
 SSH_PORT = 2222
-MAX_PER_PROFILE = 8
+MAX_PER_RIG = 8
 EVIDENCE_ROOT = "/var/lib/rigbook-lab/evidence"  # inside each host: rigbook_evidence_root
-DEFAULT_PROFILES = ["x99-3080", "x99-r9700"]
+DEFAULT_RIGS = ["x99-3080", "x99-r9700"]
 USER = "rigbook"
 BARE_ADMIN = "admin"  # a bare host's existing account: group sudo, a password (no key), as a fresh install has
 
@@ -46,7 +46,7 @@ def lab_id() -> str:
 @dataclass
 class Host:
     name: str
-    profile: str
+    rig: str
     group: str
     address: str
     port: int = SSH_PORT
@@ -87,29 +87,29 @@ class Lab:
         raise UserError(f"no lab host {name!r} (hosts: {', '.join(h.name for h in self.hosts) or 'none'})")
 
 
-def plan_hosts(count: int | None, profiles: list | None, bare: list | None = None) -> list:
-    """The hosts `lab up` will make, checked: known profiles, a sane count; BARE: the names to start bare
+def plan_hosts(count: int | None, rigs: list | None, bare: list | None = None) -> list:
+    """The hosts `lab up` will make, checked: known rigs, a sane count; BARE: the names to start bare
     ([] = every host, None = none)."""
-    names = list(profiles or DEFAULT_PROFILES)
+    names = list(rigs or DEFAULT_RIGS)
     for name in names:
-        hardware_trees.load_profile(name)  # UserError for an unknown profile
+        hardware_trees.load_rig(name)  # UserError for an unknown rig
     if count is None:
         count = len(names)
     if count < 1:
         raise UserError(f"--hosts must be at least 1 (got {count})")
-    if count < len(names) and not profiles:
+    if count < len(names) and not rigs:
         names = names[:count]
     elif count < len(names):
-        raise UserError(f"--hosts {count} is fewer than the {len(names)} profiles given")
+        raise UserError(f"--hosts {count} is fewer than the {len(names)} rigs given")
     hosts, seen = [], {}
     for i in range(count):
-        profile = hardware_trees.load_profile(names[i % len(names)])
-        meta = profile["host"]
-        k = seen[profile["name"]] = seen.get(profile["name"], 0) + 1
-        if k > MAX_PER_PROFILE:
-            raise UserError(f"at most {MAX_PER_PROFILE} hosts per profile (asked for {k} of {profile['name']})")
+        rig = hardware_trees.load_rig(names[i % len(names)])
+        meta = rig["host"]
+        k = seen[rig["name"]] = seen.get(rig["name"], 0) + 1
+        if k > MAX_PER_RIG:
+            raise UserError(f"at most {MAX_PER_RIG} hosts per rig (asked for {k} of {rig['name']})")
         name = meta["name"] if k == 1 else f"{meta['name']}-{k}"
-        hosts.append(Host(name, profile["name"], meta["group"], f"127.0.{10 + k}.{meta['slot']}"))
+        hosts.append(Host(name, rig["name"], meta["group"], f"127.0.{10 + k}.{meta['slot']}"))
     if bare is not None:
         names = [h.name for h in hosts]
         unknown = [b for b in bare if b not in names]
@@ -125,7 +125,14 @@ def load() -> Lab | None:
     if not path.is_file():
         return None
     data = json.loads(path.read_text())
-    return Lab([Host(**h) for h in data["hosts"]], data.get("rootfs", ""), data.get("systemd_host", False))
+    return Lab([Host(**_renamed(h)) for h in data["hosts"]], data.get("rootfs", ""), data.get("systemd_host", False))
+
+
+def _renamed(host: dict) -> dict:
+    """A host as lab.json holds it; a lab brought up before the lab rigs were renamed wrote "profile" for "rig"."""
+    if "profile" in host and "rig" not in host:
+        host = {("rig" if key == "profile" else key): value for key, value in host.items()}
+    return host
 
 
 def save(lab: Lab) -> None:

@@ -1,7 +1,8 @@
 # -*- coding: utf-8 -*-
 # Copyright: rigbook developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The rigbook_* host profile: its JSON Schema (meta/profile.schema.json) and its problems in words a user can act on.
+"""The rigbook_* host variables: their JSON Schema (meta/host_vars.schema.json) and their problems in words a user
+can act on.
 
 Controller side only (needs the Python package jsonschema). One copy serves both checks, so they agree on what is
 valid and say it the same way:
@@ -31,7 +32,7 @@ from ansible_collections.rigbook.homelab.plugins.module_utils.serve import profi
 
 PREFIX = "rigbook_"
 COLLECTION_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
-SCHEMA_FILE = os.path.join(COLLECTION_ROOT, "meta", "profile.schema.json")
+SCHEMA_FILE = os.path.join(COLLECTION_ROOT, "meta", "host_vars.schema.json")
 
 _CACHE = {}
 
@@ -47,7 +48,7 @@ def load_schema(path=None):
             with open(path, encoding="utf-8") as handle:
                 _CACHE[path] = json.load(handle)
         except (OSError, ValueError) as exc:
-            raise SchemaUnavailable("cannot read the rigbook profile schema %s: %s" % (path, exc)) from None
+            raise SchemaUnavailable("cannot read the rigbook host variables schema %s: %s" % (path, exc)) from None
     return _CACHE[path]
 
 
@@ -58,7 +59,7 @@ def validator(path=None):
             import jsonschema
         except ImportError:
             raise SchemaUnavailable(
-                "checking the rigbook_* profile needs the Python package jsonschema (>= 4.18) on the controller: "
+                "checking the rigbook_* variables needs the Python package jsonschema (>= 4.18) on the controller: "
                 "install it into the Python that runs Ansible (%s -m pip install jsonschema)" % sys.executable
             ) from None
         _CACHE[key] = jsonschema.Draft202012Validator(load_schema(path))
@@ -165,7 +166,7 @@ def combination_problems(merged):
         problems.append(("rigbook_p2p", "rigbook_p2p.expected",
                          "true, but rigbook_gpu.count is %s (P2P needs 2 GPUs)" % gpu["count"]))
     if p2p and not gpu:
-        problems.append(("rigbook_p2p", "rigbook_p2p", "set, but the host has no rigbook_gpu profile"))
+        problems.append(("rigbook_p2p", "rigbook_p2p", "set, but the host has no rigbook_gpu"))
     return problems
 
 

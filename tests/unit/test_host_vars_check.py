@@ -1,5 +1,5 @@
-"""The preflight role's first task (action rigbook.homelab.validate_profile): the rigbook_* profile checked against
-meta/profile.schema.json on the controller, with the same verdicts and wording as `provision validate`."""
+"""The preflight role's first task (action rigbook.homelab.validate_profile): the rigbook_* host variables checked
+against meta/host_vars.schema.json on the controller, with the same verdicts and wording as `provision validate`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from ansible_collections.rigbook.homelab.plugins.action import validate_profile
-from ansible_collections.rigbook.homelab.plugins.plugin_utils import profile_schema
+from ansible_collections.rigbook.homelab.plugins.plugin_utils import host_vars_schema
 
 from rigbook import paths
 
@@ -78,7 +78,7 @@ BAD = [
 ]
 
 
-def merged_profiles(inventory: Path) -> dict:
+def merged_host_vars(inventory: Path) -> dict:
     """{host: rigbook_* variables} as ansible-playbook merges them (the task_vars the action gets)."""
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
@@ -90,25 +90,25 @@ def merged_profiles(inventory: Path) -> dict:
     found = {}
     for host in inv.get_hosts():
         variables = manager.get_vars(host=host, include_hostvars=False)
-        found[host.name] = {k: validate_profile.plain(variables[k]) for k in validate_profile.profile_names(variables)}
+        found[host.name] = {k: validate_profile.plain(variables[k]) for k in validate_profile.host_var_names(variables)}
     return found
 
 
 def test_the_schema_file_is_the_collections():
-    assert Path(profile_schema.SCHEMA_FILE) == (paths.collection_root() / "meta" / "profile.schema.json").resolve()
+    assert Path(host_vars_schema.SCHEMA_FILE) == (paths.collection_root() / "meta" / "host_vars.schema.json").resolve()
     from rigbook import validate
 
-    assert validate.schema_file().resolve() == Path(profile_schema.SCHEMA_FILE)
-    assert validate.schema()["title"] == "rigbook host profile variables"
+    assert validate.schema_file().resolve() == Path(host_vars_schema.SCHEMA_FILE)
+    assert validate.schema()["title"] == "rigbook host variables"
 
 
 @pytest.mark.parametrize("name", ["lab", "homelab"])
 def test_shipped_inventories_pass(name):
-    profiles = merged_profiles(REPO / "inventory" / name)
-    assert len(profiles) == 2
-    for host, profile in profiles.items():
-        assert {"rigbook_gpu", "rigbook_p2p", "rigbook_pins"} <= set(profile), host
-        assert validate_profile.check(profile) == [], host
+    merged = merged_host_vars(REPO / "inventory" / name)
+    assert len(merged) == 2
+    for host, host_vars in merged.items():
+        assert {"rigbook_gpu", "rigbook_p2p", "rigbook_pins"} <= set(host_vars), host
+        assert validate_profile.check(host_vars) == [], host
 
 
 @pytest.mark.parametrize("case,rel,key,value,delete,key_path,words", BAD, ids=[c[0] for c in BAD])
@@ -121,8 +121,8 @@ def test_same_verdict_as_provision_validate(tmp_path, case, rel, key, value, del
     with pytest.raises(InventoryInvalid) as info:
         validate(inv)
     cli = [f"{p.key_path}: {p.message}" for p in info.value.problems]
-    found = [f"{where}: {message}" for profile in merged_profiles(inv).values()
-             for where, message in validate_profile.check(profile)]
+    found = [f"{where}: {message}" for host_vars in merged_host_vars(inv).values()
+             for where, message in validate_profile.check(host_vars)]
     matching = [line for line in found if line.startswith(f"{key_path}: ")]
     assert matching, f"no problem names {key_path}: {found}"
     assert any(words in line for line in matching), matching
@@ -130,18 +130,18 @@ def test_same_verdict_as_provision_validate(tmp_path, case, rel, key, value, del
 
 
 def test_failure_message_names_host_key_value_and_what_is_allowed():
-    profile = {"rigbook_gpu": {"vendor": "intel", "count": 2}, "rigbook_gpus": {}}
-    problems = validate_profile.check(profile)
+    host_vars = {"rigbook_gpu": {"vendor": "intel", "count": 2}, "rigbook_gpus": {}}
+    problems = validate_profile.check(host_vars)
     message = validate_profile.failure_message("rig1", problems)
-    assert message.startswith("rig1: the rigbook_* profile is invalid (2 problems, schema ")
+    assert message.startswith("rig1: the rigbook_* variables are invalid (2 problems, schema ")
     assert 'rigbook_gpu.vendor: bad value "intel": allowed values are "nvidia", "amd"' in message
     assert "rigbook_gpus: unknown variable 'rigbook_gpus'" in message and "did you mean 'rigbook_gpu'?" in message
 
 
-def test_runtime_and_extra_variables_are_not_profile_variables():
+def test_runtime_and_extra_variables_are_not_host_variables():
     variables = {"rigbook_gpu": {}, "rigbook_reboot_required": True, "rigbook_baselines": {}, "rigbook_x": 1,
                  "ansible_host": "h", "rigbook_sglang_venv": "/opt/rigbook/sglang/v0.5.18"}
-    assert validate_profile.profile_names(variables, skip={"rigbook_x"}) == ["rigbook_gpu"]
+    assert validate_profile.host_var_names(variables, skip={"rigbook_x"}) == ["rigbook_gpu"]
 
 
 def test_plain_drops_ansible_tags():
@@ -152,9 +152,9 @@ def test_plain_drops_ansible_tags():
 
 
 def test_missing_jsonschema_is_named(monkeypatch):
-    monkeypatch.setattr(profile_schema, "_CACHE", {})
+    monkeypatch.setattr(host_vars_schema, "_CACHE", {})
     monkeypatch.setitem(sys.modules, "jsonschema", None)
-    with pytest.raises(profile_schema.SchemaUnavailable, match="needs the Python package jsonschema"):
+    with pytest.raises(host_vars_schema.SchemaUnavailable, match="needs the Python package jsonschema"):
         validate_profile.check({"rigbook_gpu": {"vendor": "nvidia"}})
 
 

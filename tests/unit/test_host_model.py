@@ -1,0 +1,238 @@
+"""plugins/module_utils/host_model.py: the one model of a host, its readiness, and the rule that no role assert may
+catch what `provision validate` did not (the table of inputs is derived from the roles' asserts)."""
+
+from __future__ import annotations
+
+import copy
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from ansible_collections.rigbook.homelab.plugins.module_utils import host_model
+
+REPO = Path(__file__).resolve().parents[2]
+LAB = REPO / "inventory" / "lab"
+HOMELAB = REPO / "inventory" / "homelab"
+# Asserts that judge what only the box knows (no inventory input): privilege and Python, the owner's files on the
+# box, the engine the sglang role installed in this run. Every other assert of a role checks its readiness.
+HOST_STATE_ASSERTS = {
+    ("preflight", "Check Python, OS, kernel and privileges"),
+    ("preflight", "Check that it is there"),
+    ("serve", "Check that the engine is installed"),
+}
+READINESS = re.compile(r"^rigbook_host\.readiness\.([a-z_0-9]+) \| length == 0$")
+
+
+def _vars(inventory: Path, group: str) -> dict:
+    merged = {}
+    for name in ("lab", group):
+        path = inventory / "group_vars" / f"{name}.yml"
+        if path.is_file():
+            merged.update(yaml.safe_load(path.read_text()) or {})
+    return merged
+
+
+def _role_asserts():
+    """[(role, task name, that)] of every ansible.builtin.assert in the roles' task files."""
+    found = []
+    for tasks_file in sorted((REPO / "roles").glob("*/tasks/*.yml")):
+        role = tasks_file.parts[-3]
+        for task in yaml.safe_load(tasks_file.read_text()) or []:
+            for block in [task] + task.get("block", []):
+                if "ansible.builtin.assert" in block:
+                    found.append((role, block["name"], block["ansible.builtin.assert"]["that"]))
+    return found
+
+
+def _readiness_roles():
+    """The roles whose assert checks their readiness in the host model: the table's rows come from here."""
+    roles = []
+    for role, _name, that in _role_asserts():
+        match = READINESS.match(that) if isinstance(that, str) else None
+        if match:
+            assert match.group(1) == role, f"roles/{role} asserts the readiness of {match.group(1)}"
+            roles.append(role)
+    return roles
+
+
+# --- the model --------------------------------------------------------------------------------------------------
+
+def test_the_lab_twins_models():
+    nvidia = host_model.build(_vars(LAB, "x99_3080"))
+    amd = host_model.build(_vars(LAB, "x99_r9700"))
+    assert nvidia["vendor"] == "nvidia" and nvidia["p2p"] == {
+        "expected": False, "declared": True, "nccl_p2p_level": "",
+        "reason": nvidia["p2p"]["reason"]} and nvidia["p2p"]["reason"].startswith("BAR1 is 256 MiB")
+    assert nvidia["gpu_env_file"] == amd["gpu_env_file"] == "/etc/rigbook/gpu.env"
+    assert nvidia["roles"] == ["bios_checklist", "kernel", "nvidia_p2p_driver", "cuda_toolchain", "multi_user_target",
+                               "p2p_verify", "sglang", "serve"]
+    assert amd["roles"] == ["bios_checklist", "kernel", "amd_rocm", "rccl", "p2p_verify", "sglang", "serve"]
+    assert nvidia["pins"]["nvidia_driver"]["uvm_disable_hmm"] is True  # iommu=pt on the command line
+    assert nvidia["pins"]["nvidia_driver"]["stock_packages"][-2:] == ["nvidia-dkms-615", "nvidia-dkms-615-open"]
+    assert amd["pins"]["rocm"]["version_glob"] == "*.70100-*"
+    assert amd["pins"]["rocm"]["apt_version_pin"] == "/^.*\\.70100\\-.*$/"
+    assert amd["pins"]["rocm"]["env"] == {"HSA_ENABLE_IPC_MODE_LEGACY": "0", "NCCL_P2P_LEVEL": "PHB"}
+    assert [a["sha256"][:8] for a in amd["artifacts"]] == ["e0061f95", "2a40c463", "845e73df", "e9b9a1fe", "f309dbbf",
+                                                           "daff74a3"]
+    assert amd["artifacts"][3]["dest_dir"] == host_model.KEY_DIR
+    (serve,) = nvidia["serve"]
+    assert serve["unit"] == "rigbook-serve-standin.service" and serve["bind"] == "127.0.0.1"
+    assert serve["startup_timeout_s"] == 60 and serve["api_key_file"] is None
+    assert nvidia["box_facts"] == {"gpu_count": 2, "vendor": "nvidia", "p2p_expected": False}
+    assert host_model.readiness(nvidia, inventory_dir=str(LAB)) == []
+    assert host_model.readiness(amd, inventory_dir=str(LAB)) == []
+
+
+def test_p2p_expected_is_one_rule():
+    """Declared wins; undeclared, two or more GPUs expect P2P (ladder/expectations.p2p_expected)."""
+    assert host_model.build({"rigbook_gpu": {"vendor": "nvidia", "count": 2}})["p2p"]["expected"] is True
+    assert host_model.build({"rigbook_gpu": {"vendor": "nvidia", "count": 1}})["p2p"]["expected"] is False
+    declared = host_model.build({"rigbook_gpu": {"count": 2}, "rigbook_p2p": {"expected": False}})
+    assert declared["p2p"]["expected"] is False and declared["box_facts"]["p2p_expected"] is False
+    # undeclared, the judges count the GPUs they saw: the ladder view carries no `expected`
+    assert "expected" not in host_model.ladder_view(host_model.build({"rigbook_gpu": {"count": 2}}))["p2p"]
+
+
+def test_the_kernel_source_is_decided_once():
+    def source(**pin):
+        return host_model.build({"rigbook_pins": {"kernel": pin}})["pins"]["kernel"]["source"]
+
+    assert source(release="6.8.0-90-generic") == "distro"
+    assert source(release="6.1.0-47-amd64") == "distro"
+    assert source(release="6.8.12-r9700-p2p-dma44") == "debs"  # no archive carries it
+    assert source(release="6.1.0-47-amd64", debs=[{"path": "/x.deb", "sha256": "0" * 64}]) == "debs"
+    assert source(release="6.8.12-custom", source="distro") == "distro"  # declared wins
+
+
+def test_wrong_types_read_as_absent():
+    model = host_model.build({"rigbook_gpu": "two", "rigbook_pins": {"kernel": ["x"]}, "rigbook_serve": "qwen"})
+    assert model["vendor"] == "" and model["pins"]["kernel"]["release"] == "" and model["serve"] == []
+    assert model["serve_errors"] == ["rigbook_serve: a list of serve profiles, got 'qwen'"]
+
+
+def test_readiness_says_how_to_get_each_input():
+    model = host_model.build(_vars(HOMELAB, "x99_3080"))
+    by_key = {n["key"]: n for n in host_model.readiness(model)}
+    commit = by_key["rigbook_pins.nvidia_driver.commit"]
+    assert commit["role"] == "nvidia_p2p_driver"
+    assert "git ls-remote https://github.com/aikitoria/open-gpu-kernel-modules refs/heads/" in commit["how"]
+    assert commit["text"].startswith("rigbook_pins.nvidia_driver.commit: needed by the nvidia_p2p_driver role: ")
+    amd = host_model.build(_vars(HOMELAB, "x99_r9700"))
+    debs = {n["key"]: n for n in host_model.readiness(amd)}["rigbook_pins.kernel.debs"]
+    assert "6.8.12-r9700-p2p-dma44 is no distribution kernel" in debs["why"] and "sha256sum" in debs["how"]
+
+
+def test_bad_values_are_named():
+    base = _vars(LAB, "x99_3080")
+    pins = copy.deepcopy(base["rigbook_pins"])
+    pins["cuda_toolchain"]["versions"] = {"nvidia-nvvm": "13.0.48"}
+    pins["nvidia_driver"]["userspace_flags"] = ["--silent"]
+    keys = {n["key"] for n in host_model.readiness(host_model.build(dict(base, rigbook_pins=pins)))}
+    assert keys == {"rigbook_pins.cuda_toolchain.versions", "rigbook_pins.nvidia_driver.userspace_flags"}
+
+
+def test_a_lock_or_patch_that_is_not_beside_the_inventory_is_named(tmp_path):
+    base = _vars(LAB, "x99_3080")
+    pins = copy.deepcopy(base["rigbook_pins"])
+    pins["sglang"]["lock"] = "locks/missing.txt"
+    pins["sglang"]["patches"].append({"path": "patches/mine.patch", "sha256": "0" * 64})
+    model = host_model.build(dict(base, rigbook_pins=pins))
+    keys = [n["key"] for n in host_model.readiness(model, inventory_dir=str(tmp_path))]
+    assert keys == ["rigbook_pins.sglang.lock", "rigbook_pins.sglang.patches[2].path"]
+    assert host_model.readiness(model, inventory_dir=None) == []  # on the box: no controller files are looked for
+
+
+def test_tags_choose_the_roles():
+    assert host_model.roles_for_tags(["all"]) == [name for name, _, _ in host_model.ROLES]
+    assert host_model.roles_for_tags(["serve"]) == ["sglang", "serve"]
+    assert host_model.roles_for_tags(["all"], ["sglang"]) == [r for r, _, _ in host_model.ROLES if r != "sglang"]
+
+
+def test_site_yml_tags_its_roles_as_the_model_says():
+    tags = {}
+    for play in yaml.safe_load((REPO / "playbooks" / "site.yml").read_text()):
+        for entry in play.get("roles") or []:
+            tags.setdefault(entry["role"].rsplit(".", 1)[-1], set()).update(entry.get("tags") or [])
+    assert {role: set(t) for role, t in host_model.ROLE_TAGS.items() if role != "preflight"} == {
+        role: t for role, t in tags.items() if role != "preflight"}
+
+
+# --- no role assert catches what validation could have ----------------------------------------------------------
+
+def test_every_role_assert_is_its_readiness_or_a_host_state_check():
+    for role, name, that in _role_asserts():
+        if (role, name) in HOST_STATE_ASSERTS:
+            continue
+        assert isinstance(that, str) and READINESS.match(that), (
+            f"roles/{role}: the assert {name!r} checks an input the host model's readiness does not: add its rule "
+            f"to plugins/module_utils/host_model.py (readiness, INPUTS) and assert rigbook_host.readiness.{role}")
+    assert sorted(_readiness_roles()) == sorted(host_model.INPUTS)
+
+
+def _table():
+    """(role, key path) for every input the roles' readiness asserts check, in the lab host that runs the role."""
+    rows = []
+    for role in _readiness_roles():
+        for key in host_model.INPUTS[role]:
+            rows.append((role, key))
+    return rows
+
+
+def _lab_copy(tmp_path: Path) -> Path:
+    target = tmp_path / "lab"
+    shutil.copytree(LAB, target)
+    return target
+
+
+def _remove(data: dict, key: str) -> bool:
+    *parents, last = key.split(".")
+    node = data
+    for part in parents:
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    if not isinstance(node, dict) or last not in node:
+        return False
+    del node[last]
+    return True
+
+
+@pytest.mark.parametrize("role,key", _table(), ids=[f"{r}:{k}" for r, k in _table()])
+def test_removing_an_input_a_role_asserts_on_makes_validate_name_it(tmp_path, role, key):
+    inv = _lab_copy(tmp_path)
+    removed = []
+    for group in ("x99_3080", "x99_r9700"):
+        path = inv / "group_vars" / f"{group}.yml"
+        data = yaml.safe_load(path.read_text())
+        model = host_model.build(_vars(LAB, group))
+        if role in model["roles"] and _remove(data, key):
+            path.write_text(yaml.safe_dump(data, sort_keys=False))
+            removed.append(group)
+    assert removed, f"no lab host both runs {role} and sets {key}: the table cannot test it"
+    proc = subprocess.run([sys.executable, "-m", "rigbook", "validate", "-i", str(inv)], capture_output=True,
+                          text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    parent, _, last = key.rpartition(".")
+    # the key itself, or its parent with the key's name in the message (the schema's "missing required key 'x'")
+    lines = [line for line in proc.stderr.splitlines() if f": {key}: " in line
+             or (parent and f": {parent}: " in line and re.search(rf"\b{re.escape(last)}\b", line))]
+    assert lines, f"validate did not name {key}:\n{proc.stderr}"
+
+
+def test_readiness_names_only_the_keys_the_table_knows():
+    """Every key a rule names is in NAMED (so the table and the docs list it); checked on the homelab inventory and
+    on the lab inventory with each input removed."""
+    cases = [_vars(HOMELAB, "x99_3080"), _vars(HOMELAB, "x99_r9700")]
+    for group in ("x99_3080", "x99_r9700"):
+        for _role, key in _table():
+            data = copy.deepcopy(_vars(LAB, group))
+            if _remove(data, key):
+                cases.append(data)
+    for variables in cases:
+        for need in host_model.readiness(host_model.build(variables)):
+            assert re.sub(r"\[\d+\]", "[]", need["key"]) in host_model.NAMED[need["role"]], need

@@ -35,8 +35,10 @@ def simulated_sysfs(root: Path, gpus: list) -> Path:
     return root
 
 
-# The host roles of a simulated AMD pair with no pins (their missing-pin failure is tested once, below).
+# The host roles of a simulated AMD pair with no pins (their missing pins refuse the run before any host is
+# contacted: tested once, below), and of a simulated NVIDIA host.
 HOST_ROLES = "kernel,amd_rocm,rccl"
+NVIDIA_ROLES = "kernel,nvidia_p2p_driver,cuda_toolchain"
 
 
 def local_inventory(tmp_path: Path, host_vars: dict) -> Path:
@@ -93,7 +95,7 @@ def test_gpu_count_mismatch_fails_the_host(tmp_path):
         tmp_path, {"rigbook_evidence_root": str(evidence), "rigbook_gpu": {"vendor": "nvidia", "count": 2}}
     )
     junit = tmp_path / "report.xml"
-    proc = provision("site.yml", "-i", str(inv), "--json", "--junit", str(junit))
+    proc = provision("site.yml", "-i", str(inv), "--json", "--junit", str(junit), "--skip-tags", NVIDIA_ROLES)
     assert proc.returncode == 1, proc.stderr
     host = json.loads(proc.stdout)["hosts"]["localhost"]
     assert host["state"] == "failed" and host["failed"] == 1
@@ -108,11 +110,11 @@ def test_gpu_count_mismatch_fails_the_host(tmp_path):
 def test_gpu_count_match_passes_preflight_and_reaches_the_ladder(tmp_path):
     inv = amd_pair_inventory(tmp_path)
     proc = provision("site.yml", "-i", str(inv), "--json")
-    host = json.loads(proc.stdout)["hosts"]["localhost"]
-    # an AMD host with no pins stops at the kernel role, naming the missing pin
-    assert proc.returncode == 1
-    assert [f["task"] for f in host["failures"]] == ["Check the kernel pin"], host["failures"]
-    assert "rigbook_pins.kernel.release is not set" in host["failures"][0]["msg"]
+    # an AMD host with no pins: the run is refused before any host is contacted, naming every missing pin
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    for key, role in (("rigbook_pins.kernel.release", "kernel"), ("rigbook_pins.rocm.version", "amd_rocm"),
+                      ("rigbook_pins.rocm.repo", "amd_rocm"), ("rigbook_pins.rccl.source", "rccl")):
+        assert f"host localhost: {key}: needed by the {role} role" in proc.stderr, proc.stderr
     proc = provision("site.yml", "-i", str(inv), "--json", "--skip-tags", HOST_ROLES)
     host = json.loads(proc.stdout)["hosts"]["localhost"]
     # preflight passes; the bare simulated tree has no EFI and no BARs, so the ladder stops at firmware

@@ -97,7 +97,7 @@ def test_converge_then_rerun_changes_nothing(lab_artifacts):
     assert "linux-image-6.1.0-47-amd64" in on_host("apt-mark showhold")
     assert on_host("systemctl get-default").strip() == "multi-user.target"
     home = "/opt/rigbook/cuda/lib/python3.11/site-packages/nvidia/cu13"
-    assert f"CUDA_HOME={home}" in on_host("cat /etc/rigbook/cuda.env")
+    assert f"CUDA_HOME={home}" in on_host("cat /etc/rigbook/gpu.env")
     assert on_host(f"readlink {home}/lib64").strip() == "lib"
 
     proc, summary, changed, again = site()

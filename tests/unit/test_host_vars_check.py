@@ -182,7 +182,8 @@ def test_task_in_check_mode_without_contacting_the_hosts(tmp_path):
     names it (readiness of site.yml's roles); a run that applies only the ladder (--tags ladder) needs none of it."""
     proc = _play(tmp_path, REPO / "inventory" / "homelab", "--check", "-e", '{"rigbook_baselines": {}}')
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "rig-r9700: not ready:" in proc.stdout and "rigbook_pins.kernel.debs: needed by the kernel role" in proc.stdout
+    assert "rig-r9700: not ready:" in proc.stdout
+    assert "rigbook_pins.kernel.debs: needed by the kernel role" in proc.stdout
     assert "unreachable=0" in proc.stdout
     proc = _play(tmp_path, REPO / "inventory" / "homelab", "--check", "-e", '{"rigbook_baselines": {}}',
                  "--tags", "ladder")

@@ -42,7 +42,8 @@ def judge_collectives(data, ladder_view, baseline_metrics=None, tolerance=None):
     if not data.get("available", True) or not data.get("results"):
         return make(layer, "unknown", measured=None, expected="sendrecv and all_reduce results",
                     why=data.get("error") or "no collectives result",
-                    remedy="Install nccl-tests/rccl-tests, or set p2p_verify_python to a venv with PyTorch so the bundled benchmark runs.")
+                    remedy="Install nccl-tests/rccl-tests, or set p2p_verify_python to a venv with PyTorch so the "
+                           "bundled benchmark runs.")
     rows = {r["op"]: r for r in data["results"]}
     if data.get("world_size") == 1:
         ran = ", ".join("%s #wrong %s" % (op, r.get("wrong")) for op, r in sorted(rows.items()))

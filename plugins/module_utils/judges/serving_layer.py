@@ -210,7 +210,8 @@ def _check_figures(item, found, metrics, expected, baseline, tol, texts):
 
 
 def _expected_of(item, ladder_view):
-    expected = {"unit": "active, no more restarts than at the last run", "ready_within_s": item.get("startup_timeout_s")}
+    expected = {"unit": "active, no more restarts than at the last run",
+                "ready_within_s": item.get("startup_timeout_s")}
     if item.get("served_model_name"):
         expected["served"] = item["served_model_name"]
     if _transport_matters(item, ladder_view):

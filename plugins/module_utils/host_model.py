@@ -145,6 +145,11 @@ def rocm_tag(version):
     return str(int(parts[0]) * 10000 + int(parts[1]) * 100 + int(parts[2]))
 
 
+def apt_regex(glob):
+    """An fnmatch glob of package versions as apt's preferences regex body: . and + escaped, * and ? as .* and ."""
+    return glob.replace(".", "\\.").replace("+", "\\+").replace("*", ".*").replace("?", ".")
+
+
 def rocm_pin(pins, p2p):
     raw = _dict(pins.get("rocm"))
     version = _str(raw.get("version"))
@@ -158,7 +163,7 @@ def rocm_pin(pins, p2p):
         "version": version,
         "version_glob": glob,
         # apt matches a glob only as a prefix (a trailing *): the preferences pin is an anchored regex instead.
-        "apt_version_pin": "/^%s$/" % re.escape(glob).replace("\\*", ".*").replace("\\?", ".") if glob else "",
+        "apt_version_pin": "/^%s$/" % apt_regex(glob) if glob else "",
         "repo": _dict(raw.get("repo")),
         "debs": _list(raw.get("debs")),
         "packages": _list(raw.get("packages")) or list(ROCM_PACKAGES),

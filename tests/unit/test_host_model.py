@@ -74,7 +74,7 @@ def test_the_lab_twins_models():
     assert nvidia["pins"]["nvidia_driver"]["uvm_disable_hmm"] is True  # iommu=pt on the command line
     assert nvidia["pins"]["nvidia_driver"]["stock_packages"][-2:] == ["nvidia-dkms-615", "nvidia-dkms-615-open"]
     assert amd["pins"]["rocm"]["version_glob"] == "*.70100-*"
-    assert amd["pins"]["rocm"]["apt_version_pin"] == "/^.*\\.70100\\-.*$/"
+    assert amd["pins"]["rocm"]["apt_version_pin"] == "/^.*\\.70100-.*$/"  # the preferences line site.yml writes
     assert amd["pins"]["rocm"]["env"] == {"HSA_ENABLE_IPC_MODE_LEGACY": "0", "NCCL_P2P_LEVEL": "PHB"}
     assert [a["sha256"][:8] for a in amd["artifacts"]] == ["e0061f95", "2a40c463", "845e73df", "e9b9a1fe", "f309dbbf",
                                                            "daff74a3"]

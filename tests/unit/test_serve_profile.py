@@ -136,6 +136,12 @@ TRAPS = [
      "rigbook_serve[0].extra_args[2]", "set speculative.num_steps instead"),
     ("api-key-on-the-command-line", G9700, _field("extra_args", ["--api-key", "sk-secret"]),
      "rigbook_serve[0].extra_args[0]", "never put the API key on the command line"),
+    # the engine's argparse takes unique prefixes: --hos is --host, --api-ke is --api-key
+    ("abbreviated-host-binds-past-the-key-check", G9700, _field("extra_args", ["--hos", "0.0.0.0"]),
+     "rigbook_serve[0].extra_args[0]", "--hos (the engine reads it as --host: its argument parser takes unique "
+     "prefixes): the profile field bind sets it"),
+    ("abbreviated-api-key", G9700, _field("extra_args", ["--api-ke=sk-secret"]), "rigbook_serve[0].extra_args[0]",
+     "--api-ke (the engine reads it as --api-key"),
     ("port-clash", G9700, _second(), "rigbook_serve[1].port", "30000 is also rigbook_serve[0]'s port"),
     ("name-clash", G9700, _second(name="qwen38-27b-awq-mtp", port=30001), "rigbook_serve[1].name",
      "each profile is its own unit"),

@@ -321,12 +321,27 @@ def _draft_model_when_needed(profile, host, where):
              % (algorithm, ", ".join(sorted(NEEDS_DRAFT_MODEL))))]
 
 
+def owned_flag(flag):
+    """(the owned flag FLAG stands for, the profile field that owns it), or (None, None). The engine's argument
+    parser (argparse) takes any unique prefix of a flag, so --hos is --host and --api-ke is --api-key: a prefix of
+    an owned flag counts as that flag (the shortest owned flag it abbreviates is named)."""
+    if flag in OWNED_FLAGS:
+        return flag, OWNED_FLAGS[flag]
+    if len(flag) > 3:
+        longer = sorted((o for o in OWNED_FLAGS if o.startswith(flag)), key=len)
+        if longer:
+            return longer[0], OWNED_FLAGS[longer[0]]
+    return None, None
+
+
 def _extra_args_not_owned(profile, host, where):
     problems = []
-    for index, flag in _extra_flags(profile):
-        field = OWNED_FLAGS.get(flag)
+    for index, given in _extra_flags(profile):
+        flag, field = owned_flag(given)
         if field is None:
             continue
+        if flag != given:
+            flag = "%s (the engine reads it as %s: its argument parser takes unique prefixes)" % (given, flag)
         if field == "api_key_file":
             why = ("never put the API key on the command line (ps and the journal show it): set api_key_file to a "
                    "root-only file holding it")

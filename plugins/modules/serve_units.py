@@ -158,8 +158,10 @@ def unit_text(profile, p, files):
     lines = [
         MARK + ": serve profile %s. Edit rigbook_serve in the inventory, not this file." % profile["name"],
         "[Unit]",
-        "Description=rigbook serve %s (SGLang %s on port %s)" % (profile["name"], profile.get("served_model_name")
-                                                                 or profile["model_path"], serve_profile.port_of(profile)),
+        # % starts a systemd specifier in Description= too: doubled
+        "Description=rigbook serve %s (SGLang %s on port %s)" % (
+            profile["name"], str(profile.get("served_model_name") or profile["model_path"]).replace("%", "%%"),
+            serve_profile.port_of(profile)),
         "After=network-online.target",
         "Wants=network-online.target",
         # Restart=on-failure, but a crash loop stops after 5 starts in 10 minutes instead of hammering the GPUs

@@ -114,7 +114,10 @@ def describe(error):
         wanted = " or ".join(wanted) if isinstance(wanted, list) else wanted
         return [(path, "bad value %s (%s): must be %s" % (show(value), type(value).__name__, _article(wanted)))]
     if kind == "pattern":
-        absolute = " (an absolute path)" if error.validator_value == "^/" else ""
+        if isinstance(value, str) and any(ord(c) < 32 or ord(c) == 127 for c in value):
+            return [(path, "bad value %s: control characters (a newline, a tab, ...) are not allowed: they would "
+                           "write extra lines into the unit or the GRUB drop-in" % show(value))]
+        absolute = " (an absolute path)" if str(error.validator_value).startswith("^/") else ""
         return [(path, "bad value %s: must match %s%s" % (show(value), error.validator_value, absolute))]
     bounds = {
         "minimum": "at least",

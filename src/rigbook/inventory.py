@@ -104,6 +104,16 @@ def _mapping(value, path: Path, what: str) -> dict:
     return value
 
 
+def _check_host_name(path: Path, group: str, host: str) -> None:
+    """A host name becomes a file name under the state directory (baselines/<host>.json, manifests/<host>.json): no
+    path separator, no leading dot, no control character."""
+    bad = ("/" in host or "\\" in host or host.startswith(".") or not host
+           or any(ord(c) < 32 or ord(c) == 127 for c in host))
+    if bad:
+        raise UserError(f"{path}: group {group}: host name {host!r} cannot be used: rigbook stores files named after "
+                        "each host, so a name may not contain / or \\, start with a dot, or hold control characters")
+
+
 class _Loader:
     def __init__(self, inventory: Inventory):
         self.inv = inventory
@@ -126,6 +136,7 @@ class _Loader:
             self.inv.children.setdefault(parent, set()).add(group)
         for host, host_vars in _mapping(body.get("hosts"), path, f"group {group} hosts").items():
             host = str(host)
+            _check_host_name(path, group, host)
             self.inv.hosts.setdefault(host, {"all"}).add(group)
             host_vars = _mapping(host_vars, path, f"host {host}")
             if host_vars:

@@ -60,6 +60,13 @@ def test_the_unit_runs_the_profile_without_a_shell_and_without_the_key(tmp_path)
     assert "sh -c" not in text
 
 
+def test_a_percent_in_the_description_is_no_specifier(tmp_path):
+    text = serve_units.unit_text(profile(tmp_path, served_model_name="qwen-100%"), args(tmp_path, []),
+                                 {"unit": "/u", "env": "/etc/rigbook/serve/qwen.env"})
+    [description] = [line for line in text.splitlines() if line.startswith("Description=")]
+    assert "(SGLang qwen-100%% on port" in description
+
+
 def test_check_mode_on_a_fresh_host_lists_every_file_and_a_start(tmp_path):
     a = args(tmp_path, [profile(tmp_path)])
     run = run_module(serve_units, a, [

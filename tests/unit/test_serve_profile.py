@@ -153,6 +153,13 @@ SCHEMA = [
      "an absolute path"),
     ("startup-timeout-too-short", G3080, _field("startup_timeout_s", 30), "rigbook_serve[0].startup_timeout_s",
      "at least 60"),
+    # a newline would write extra lines ([Service], ExecStartPre=+...) into the unit file
+    ("newline-in-served-name", G3080, _field("served_model_name", "q\n[Service]\nExecStartPre=+/bin/id"),
+     "rigbook_serve[0].served_model_name", "control characters"),
+    ("newline-in-extra-args", G3080, _field("extra_args", ["--page-size=64\nExecStartPre=+/bin/id"]),
+     "rigbook_serve[0].extra_args[0]", "control characters"),
+    ("newline-in-model-path", G3080, _field("model_path", "/srv/m\nUser=root"), "rigbook_serve[0].model_path",
+     "control characters"),
 ]
 
 
@@ -411,3 +418,12 @@ def test_normalize_names_the_key_it_cannot_read():
         [{"name": "Qwen 27B"}])[1][0]
     assert serve.normalize_all("qwen")[1] == ["rigbook_serve: a list of serve profiles, got 'qwen'"]
     assert serve.normalize_all(None) == ([], [])
+
+
+def test_control_characters_are_refused_on_the_box_too():
+    """serve_units runs check_all on the box: a value with a newline never reaches the unit file there either."""
+    errors, _ = serve.check_all([{"name": "q", "model_path": "/srv/m", "served_model_name": "a\tb",
+                                  "extra_args": ["--x=1\n[Service]"], "env": {"A": "1\r"}}], {})
+    assert [e.split(":")[0] for e in errors] == ["rigbook_serve[0].served_model_name", "rigbook_serve[0].extra_args[0]",
+                                                 "rigbook_serve[0].env.A"]
+    assert all("contains a control character" in e for e in errors)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -209,3 +210,22 @@ def test_cli_validate_typo_exits_2_without_traceback(tmp_path):
     assert proc.returncode == 2
     assert "rigbook_pins.nvidia_driver.brnach" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("name", ["../../victim/package", "a/b", ".hidden", "tab\there", "back\\slash"])
+def test_a_host_name_that_would_be_a_path_is_refused(tmp_path, name):
+    """Host names become file names under the state directory (baselines/<host>.json): refused at validation, and
+    a read-only command (report) given such an inventory changes no file."""
+    inv = _copy(tmp_path)
+    hosts = yaml.safe_load((inv / "hosts.yml").read_text())
+    hosts["all"]["children"]["x99_3080"]["hosts"] = {name: {"ansible_host": "127.0.0.1"}}
+    (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    state = tmp_path / "state"
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    for command in (["validate", "-i", str(inv)], ["report", "-i", str(inv), "-o", str(tmp_path / "r.html")]):
+        proc = subprocess.run([sys.executable, "-m", "rigbook", *command], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "RIGBOOK_STATE_DIR": str(state)})
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert f"host name {name!r} cannot be used" in proc.stderr, proc.stderr
+    after = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if not str(p).startswith(str(state)))
+    assert after == before

@@ -351,6 +351,21 @@ def _extra_args_not_owned(profile, host, where):
     return problems
 
 
+def _control_characters(profile, host, where):
+    """A newline or other control character in a value that reaches the unit file would write extra lines into it
+    ([Service], ExecStartPre=+...): refused on the box too, whatever the controller checked."""
+    values = [(key, profile.get(key)) for key in ("model_path", "served_model_name", "api_key_file", "bind")]
+    speculative = profile.get("speculative")
+    if isinstance(speculative, dict):
+        values.append(("speculative.draft_model_path", speculative.get("draft_model_path")))
+    values += [("extra_args[%d]" % i, arg) for i, arg in enumerate(profile.get("extra_args") or [])]
+    env = profile.get("env")
+    values += [("env.%s" % key, value) for key, value in sorted(env.items())] if isinstance(env, dict) else []
+    return [("error", "%s.%s" % (where, key), "%r contains a control character: it would write extra lines into the "
+             "unit file; remove it" % value)
+            for key, value in values if isinstance(value, str) and any(ord(c) < 32 or ord(c) == 127 for c in value)]
+
+
 def is_loopback(bind):
     """Whether BIND is a loopback address (all of 127.0.0.0/8, ::1) or localhost: reachable from this host only."""
     if str(bind) in LOOPBACK_NAMES:
@@ -381,6 +396,7 @@ RULES = (
     _draft_model_when_needed,
     _extra_args_not_owned,
     _exposed_without_key,
+    _control_characters,
 )
 
 

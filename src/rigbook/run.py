@@ -177,11 +177,27 @@ def run_playbook(opts: RunOptions) -> int:
         return _run_locked(opts, playbook, inventory, inv)
 
 
-def _command_line() -> str:
-    argv = list(sys.argv)
+def _command_line(argv=None) -> str:
+    """The command line for the run lock, with every extra-variable value replaced by <redacted>: -e may carry
+    secrets, and the lock file is readable by whoever can read the state directory."""
+    argv = list(sys.argv if argv is None else argv)
     if argv and Path(argv[0]).name in ("provision", "__main__.py"):
         argv[0] = "provision"
-    return shlex.join(argv)
+    shown, hide_next = [], False
+    for arg in argv:
+        if hide_next:
+            shown.append("<redacted>")
+            hide_next = False
+        elif arg in ("-e", "--extra-vars"):
+            shown.append(arg)
+            hide_next = True
+        elif arg.startswith("--extra-vars="):
+            shown.append("--extra-vars=<redacted>")
+        elif arg.startswith("-e") and len(arg) > 2 and not arg.startswith("--"):
+            shown.append("-e<redacted>")
+        else:
+            shown.append(arg)
+    return shlex.join(shown)
 
 
 def _busy_message(state: Path, holder: dict) -> str:

@@ -299,3 +299,14 @@ def test_the_lock_is_held_for_the_run_and_released_after_it(state, inv_path, mon
     assert (state / RUN_LOCK).read_text() == ""
     with state_lock():
         pass
+
+
+def test_the_lock_never_holds_an_extra_variable_value(state, monkeypatch):
+    """-e may carry secrets; the lock file names the run's command with every extra-variable value redacted."""
+    monkeypatch.setattr(sys, "argv", ["/x/bin/provision", "site.yml", "-i", "lab", "-e", "key=sk-secret",
+                                      "--extra-vars", '{"t": "sk-two"}', "--extra-vars=sk-three", "-esk-four"])
+    with state_lock():
+        holder = json.loads((state / RUN_LOCK).read_text())
+    assert holder["command"] == ("provision site.yml -i lab -e '<redacted>' --extra-vars '<redacted>' "
+                                 "'--extra-vars=<redacted>' '-e<redacted>'")
+    assert "sk-" not in json.dumps(holder)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import time
 from pathlib import Path
@@ -15,7 +16,8 @@ RECORD = "run.json"
 def new_run_dir(playbook: Path) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     path = runs_dir() / f"{stamp}-{playbook.stem}-{secrets.token_hex(3)}"
-    path.mkdir(parents=True)
+    path.mkdir(parents=True, mode=0o700)  # a run's artifacts hold its events and variables: the user's alone
+    os.chmod(path, 0o700)
     return path
 
 

@@ -19,7 +19,8 @@ import time
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-NEW_FILE_MODE = 0o644
+# New state files (baselines, history, locks) are the user's alone: a run's figures and lock name its hosts.
+NEW_FILE_MODE = 0o600
 
 
 def lock_path(path: Path) -> Path:
@@ -57,7 +58,7 @@ def locked(path):
 
 def write_json_atomic(path, data, default=None) -> None:
     """Write DATA as indented JSON to PATH: unique temporary file, fsync, os.replace, fsync of the folder. Keeps an
-    existing file's permissions (a new one gets 0644)."""
+    existing file's permissions (a new one gets 0600)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(data, indent=2, default=default) + "\n"

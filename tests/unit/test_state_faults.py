@@ -310,3 +310,18 @@ def test_the_lock_never_holds_an_extra_variable_value(state, monkeypatch):
     assert holder["command"] == ("provision site.yml -i lab -e '<redacted>' --extra-vars '<redacted>' "
                                  "'--extra-vars=<redacted>' '-e<redacted>'")
     assert "sk-" not in json.dumps(holder)
+
+
+def test_new_state_files_and_run_folders_are_the_users_alone(state, tmp_path):
+    from rigbook import runs
+
+    target = tmp_path / "baselines" / "box.json"
+    statefile.write_json_atomic(target, {"metrics": {}})
+    assert target.stat().st_mode & 0o777 == 0o600
+    with statefile.locked(target):
+        assert statefile.lock_path(target).stat().st_mode & 0o777 == 0o600
+    target.chmod(0o640)
+    statefile.write_json_atomic(target, {"metrics": {"x": 1}})
+    assert target.stat().st_mode & 0o777 == 0o640  # an existing file keeps what its owner chose
+    run_dir = runs.new_run_dir(Path("site.yml"))
+    assert run_dir.is_relative_to(state) and run_dir.stat().st_mode & 0o777 == 0o700

@@ -82,13 +82,63 @@ class Inventory:
         return found
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key written twice in one mapping (YAML takes the last one silently)."""
+
+
+def _mapping_without_duplicates(loader, node, deep=False):
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        try:
+            duplicate = key in seen
+            seen.add(key)
+        except TypeError:  # an unhashable key: construct_mapping names it below
+            continue
+        if duplicate:
+            raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is written twice in one mapping",
+                                                    key_node.start_mark)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
+# A file this large is no inventory; a bound on aliases keeps an alias bomb from running for minutes.
+MAX_YAML_BYTES = 4 << 20
+MAX_YAML_ALIASES = 1000
+
+
+def _contains_itself(value, open_ids=()) -> bool:
+    """Whether VALUE holds itself through an alias (a mapping or list on its own path)."""
+    if not isinstance(value, (dict, list)):
+        return False
+    if id(value) in open_ids:
+        return True
+    inner = (*open_ids, id(value))
+    items = value.values() if isinstance(value, dict) else value
+    return any(_contains_itself(item, inner) for item in items)
+
+
 def _read_yaml(path: Path):
     try:
+        if path.stat().st_size > MAX_YAML_BYTES:
+            raise UserError(f"{path}: {path.stat().st_size} bytes: an inventory file is at most {MAX_YAML_BYTES} bytes")
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise UserError(f"{path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text (byte {exc.start}): an inventory file is YAML text") from None
     try:
-        return yaml.safe_load(text)
+        if text.count("*") > MAX_YAML_ALIASES:  # only then count the real aliases (a * in a value is no alias)
+            aliases = sum(1 for token in yaml.scan(text) if isinstance(token, yaml.AliasToken))
+            if aliases > MAX_YAML_ALIASES:
+                raise UserError(f"{path}: {aliases} YAML aliases: an inventory file uses at most {MAX_YAML_ALIASES}")
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        if _contains_itself(data):
+            raise UserError(f"{path}: a YAML alias refers to a mapping or list that contains it (the document "
+                            "nests without end)")
+        return data
+    except RecursionError:
+        raise UserError(f"{path}: a YAML alias refers to itself (the document nests without end)") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""

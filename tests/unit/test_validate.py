@@ -229,3 +229,20 @@ def test_a_host_name_that_would_be_a_path_is_refused(tmp_path, name):
         assert f"host name {name!r} cannot be used" in proc.stderr, proc.stderr
     after = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if not str(p).startswith(str(state)))
     assert after == before
+
+
+@pytest.mark.parametrize("content,words", [
+    (b"\xff\xfe\x00garbage\x81", "not UTF-8 text"),
+    (b"rigbook_serve: &a [{name: a, model_path: /m, extra_args: *a}]\n", "or list that contains it"),
+    (b"rigbook_gpu: {vendor: nvidia}\nrigbook_gpu: {vendor: amd}\n", "key 'rigbook_gpu' is written twice"),
+    (b"a: &k0 [x, x, x, x, x, x, x, x, x]\n"  # an alias bomb: each level three times the one before
+     + b"".join(b"k%d: &k%d [*k%d, *k%d, *k%d]\n" % (i, i, i - 1, i - 1, i - 1) for i in range(1, 400)),
+     "YAML aliases"),
+])
+def test_a_hostile_vars_file_is_one_clear_error(tmp_path, content, words):
+    inv = _copy(tmp_path)
+    (inv / G3080).write_bytes(content)
+    proc = subprocess.run([sys.executable, "-m", "rigbook", "validate", "-i", str(inv)], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert words in proc.stderr and "x99_3080.yml" in proc.stderr, proc.stderr

@@ -142,6 +142,8 @@ TRAPS = [
      "prefixes): the profile field bind sets it"),
     ("abbreviated-api-key", G9700, _field("extra_args", ["--api-ke=sk-secret"]), "rigbook_serve[0].extra_args[0]",
      "--api-ke (the engine reads it as --api-key"),
+    ("mem-fraction-nan", G3080, _field("mem_fraction_static", float("nan")), "rigbook_serve[0].mem_fraction_static",
+     "nan is not a number the engine can use"),
     ("port-clash", G9700, _second(), "rigbook_serve[1].port", "30000 is also rigbook_serve[0]'s port"),
     ("name-clash", G9700, _second(name="qwen38-27b-awq-mtp", port=30001), "rigbook_serve[1].name",
      "each profile is its own unit"),

@@ -351,6 +351,12 @@ def _extra_args_not_owned(profile, host, where):
     return problems
 
 
+def _not_a_number(profile, host, where):
+    """NaN passes every range check (each comparison is false) and would land in the unit: refused."""
+    return [("error", "%s.%s" % (where, key), "%r is not a number the engine can use; set a finite value" % value)
+            for key, value in sorted(profile.items()) if isinstance(value, float) and value != value]
+
+
 def _control_characters(profile, host, where):
     """A newline or other control character in a value that reaches the unit file would write extra lines into it
     ([Service], ExecStartPre=+...): refused on the box too, whatever the controller checked."""
@@ -397,6 +403,7 @@ RULES = (
     _extra_args_not_owned,
     _exposed_without_key,
     _control_characters,
+    _not_a_number,
 )
 
 

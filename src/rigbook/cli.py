@@ -225,6 +225,24 @@ def _verify_or_snapshot(name: str, args) -> int:
     return snapshot(opts, args.output)
 
 
+def _check_playbook_word(word: str) -> None:
+    """A first word that is no command must name a playbook (a .yml file, or one of the collection's): otherwise it
+    is a mistyped command, said as such (not "-i is required")."""
+    from pathlib import Path
+
+    from rigbook.errors import UserError
+    from rigbook.run import resolve_playbook
+
+    if word.endswith((".yml", ".yaml")) or Path(word).exists():
+        return
+    try:
+        resolve_playbook(word)
+    except UserError:
+        commands = ", ".join(sorted(set(SUBCOMMANDS) | {"report"}))
+        raise UserError(f"unknown command {word!r}: the commands are {commands}; anything else is a playbook "
+                        "(site.yml, verify.yml or a path to a .yml file)") from None
+
+
 def _dispatch(argv: list) -> int:
     if argv and argv[0] == "report":  # one HTML page of an inventory, from the saved state (rigbook/report.py)
         from rigbook.report import main as report_main
@@ -257,6 +275,8 @@ def _dispatch(argv: list) -> int:
         if name in ("manifest", "diff"):
             return _manifest_or_diff(name, args)
         return _verify_or_snapshot(name, args)
+    if argv and not argv[0].startswith("-"):
+        _check_playbook_word(argv[0])
     args = _playbook_parser().parse_args(argv)
     from rigbook.run import RunOptions, run_playbook
 

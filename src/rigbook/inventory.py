@@ -225,6 +225,10 @@ def load(path: Path) -> Inventory:
     inv = Inventory(path=path)
     loader = _Loader(inv)
     if path.is_dir():
+        for entry in sorted(path.iterdir()):
+            if entry.suffix in YAML_SUFFIXES and not entry.name.startswith(".") and not entry.is_file():
+                what = "a folder" if entry.is_dir() else "a link that leads nowhere (or in a loop)"
+                raise UserError(f"{entry}: {what}, not an inventory file (a YAML file of groups and hosts)")
         files = sorted(
             p
             for p in path.iterdir()

@@ -246,3 +246,17 @@ def test_a_hostile_vars_file_is_one_clear_error(tmp_path, content, words):
                           text=True, timeout=60)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert words in proc.stderr and "x99_3080.yml" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("kind", ["folder", "loop"])
+def test_a_hosts_file_that_is_no_file_is_named(tmp_path, kind):
+    inv = tmp_path / "inv"
+    inv.mkdir()
+    if kind == "folder":
+        (inv / "hosts.yml").mkdir()
+    else:
+        (inv / "hosts.yml").symlink_to(inv / "hosts.yml")
+    with pytest.raises(Exception) as info:
+        validate(inv)
+    assert "hosts.yml: " in str(info.value) and "not an inventory file" in str(info.value)
+    assert ("a folder" if kind == "folder" else "a link that leads nowhere") in str(info.value)

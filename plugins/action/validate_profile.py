@@ -65,7 +65,7 @@ def findings(host_vars):
 
 
 def model_of(host_vars, task_vars):
-    """The host model with its readiness ({role: [need]}, every role of the host) and the roles this run applies."""
+    """The host model with its readiness ({role: [need]}, every role of the host; run_needs picks this run's)."""
     model = host_model.build(host_vars)
     inventory_dir = task_vars.get("inventory_dir")
     model["readiness"] = host_model.by_role(host_model.readiness(model, None, inventory_dir))
@@ -103,16 +103,15 @@ class ActionModule(ActionBase):
             skip = set()
         names = host_var_names(task_vars, skip)
         try:
-            host_vars = {name: plain(self._templar.template(task_vars[name])) for name in names}
-            problems, warnings = findings(host_vars)
+            # Templated once: the schema checks the inventory's variables, the model reads them with any -e given.
+            every = {name: plain(self._templar.template(task_vars[name])) for name in host_var_names(task_vars)}
+            problems, warnings = findings({name: every[name] for name in names})
         except host_vars_schema.SchemaUnavailable as exc:
             return {**result, "failed": True, "msg": "%s: %s" % (host, exc)}
         except Exception as exc:  # noqa: BLE001 - a template in a host variable's value that does not render
             return {**result, "failed": True, "msg": "%s: cannot read the rigbook_* variables: %s" % (host, exc)}
         result["checked"] = names
         if not problems:
-            # The model reads what the roles will read: the inventory's variables and any -e given for them.
-            every = {name: plain(self._templar.template(task_vars[name])) for name in host_var_names(task_vars)}
             model = model_of(every, task_vars)
             result["host_model"] = model
             roles = self._task.args.get("roles")

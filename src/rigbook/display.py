@@ -33,9 +33,12 @@ PLAIN_WIDTH = 100_000
 
 
 def make_console(stream: TextIO) -> Console:
+    """The one place the CLI makes a rich console. Markup and emoji codes are off: what it prints (paths, host
+    names, messages, values from files) is text as it is, so `[/x]` or `[bold]` in a name is printed, never read as
+    a style (nor a MarkupError); styles are given as Text(..., style=...) only."""
     tty = stream.isatty()
     return Console(file=stream, force_terminal=tty, no_color=not tty, highlight=False, soft_wrap=not tty,
-                   width=None if tty else PLAIN_WIDTH)
+                   width=None if tty else PLAIN_WIDTH, markup=False, emoji=False)
 
 
 PROGRESS_EVERY_ENV = "RIGBOOK_PROGRESS_EVERY"

@@ -4,6 +4,7 @@ built later held to it (issue 14: a twin at half the busbw used to pass for want
 from __future__ import annotations
 
 import io
+import json
 
 import pytest
 from ansible_collections.rigbook.homelab.plugins.module_utils.judges.collective_layers import judge_collectives
@@ -158,3 +159,24 @@ def test_cli_record_group_of_a_parent_group_exits_2_before_any_host(tmp_path):
     assert "Traceback" not in proc.stderr
     proc = provision("baseline", "show", "--group", env={"RIGBOOK_STATE_DIR": str(tmp_path)})
     assert proc.returncode == 2 and "--group is for record" in proc.stderr
+
+
+def test_show_prints_brackets_in_host_names_and_the_state_path_as_they_are(tmp_path):
+    """`provision baseline show` with `[/x]` / `[bold]` in a host name and in the state directory's path: printed
+    as text (rich markup used to raise MarkupError, a traceback)."""
+    state = tmp_path / "state[/x]"
+    env = {"RIGBOOK_STATE_DIR": str(state)}
+    proc = provision("baseline", "show", env=env)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"no baselines yet under {state / 'baselines'}" in proc.stdout
+    host = "rig[bold]"  # a file name: no slash
+    data = {"host": host, "recorded": {"at": "2024-01-01 00:00:00", "metrics": {"m[/x]": 1.5},
+                                       "versions": {"kernel": "6.8[/bold]"}}, "history": []}
+    (state / "baselines").mkdir(parents=True)
+    (state / "baselines" / f"{host}.json").write_text(json.dumps(data))
+    proc = provision("baseline", "show", env=env)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"{host}: baseline of 2024-01-01 00:00:00 (kernel 6.8[/bold])" in proc.stdout
+    assert "m[/x]" in proc.stdout
+    proc = provision("baseline", "show", "other[/x]", env=env)
+    assert proc.returncode == 0 and "other[/x]: no baseline recorded" in proc.stdout, proc.stderr

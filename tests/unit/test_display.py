@@ -106,3 +106,48 @@ def test_verify_replay_in_a_pipe_prints_every_figure_of_its_json(fixtures):
                 checked += 1
     assert checked > 30
     assert "H2D 55.27 GB/s" in text  # the live probe's figure, recorded in the snapshot
+
+
+class Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+ODD = "[/x][bold]:smile:"  # a closing tag that matches nothing, an opening one, an emoji code
+
+
+def test_brackets_in_host_names_messages_and_paths_are_printed_as_they_are():
+    """Host names, task names, messages and run folders reach the console as text: `[/x]` is no markup (it made rich
+    raise MarkupError), `:smile:` no emoji; on a terminal and in a pipe alike."""
+    from rigbook.tracker import Tracker
+
+    tracker = Tracker()
+    host = tracker.host(f"rig{ODD}")
+    host.state = "failed"
+    host.failures.append({"task": f"task {ODD}", "msg": f"msg {ODD}"})
+    host.reboot_requested = True
+    host.ladder = [{"layer": f"layer{ODD}", "status": "fail", "measured": {ODD: ODD}, "why": f"why {ODD}"}]
+    tracker.errors.append(f"error {ODD}")
+    for stream in (Pipe(), Tty()):
+        console = display.make_console(stream)
+        display.print_summary(tracker, console, f"/state{ODD}/runs/1")
+        console.print(f"a plain string {ODD}")
+        text = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", stream.getvalue()).split())  # a terminal wraps long lines
+        for said in (f"rig{ODD}: FAILED at task 'task {ODD}': msg {ODD}", f"rig{ODD}: a reboot is needed",
+                     f"error {ODD}", f"run artifacts: /state{ODD}/runs/1", f"a plain string {ODD}"):
+            assert said in text, (type(stream).__name__, said)
+        assert f"layer{ODD}" in text and f"why {ODD}" in text
+
+
+def test_verify_replay_of_a_path_with_brackets(fixtures, tmp_path):
+    """`provision verify --replay PATH` where PATH holds `[/x]` and `[bold]`: the path is printed whole, no
+    traceback."""
+    folder = tmp_path / "odd[bold]" / "snap[" / "x]"
+    folder.mkdir(parents=True)
+    snapshot = folder / "h200[bold].tar.gz"
+    snapshot.write_bytes((fixtures / "device" / "h200-snapshot.tar.gz").read_bytes())
+    proc = subprocess.run([sys.executable, "-m", "rigbook", "verify", "--replay", str(snapshot)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert f"replayed 1 host(s) from {snapshot}: ok" in proc.stdout

@@ -22,7 +22,6 @@ goes on without that baseline. `provision baseline show` only names a corrupt fi
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -53,7 +52,13 @@ class CorruptBaseline(UserError):
                          "run again to go on without it (or move a good copy back in place first)")
 
 
+def _mapping_problem(value, what: str) -> str | None:
+    return None if value is None or isinstance(value, dict) else f"{what} is not an object but {type(value).__name__}"
+
+
 def _problem(data) -> str | None:
+    """What is wrong with the shape of a baselines file's DATA (a host's or a group's), or None: the one place that
+    decides it, so every reader (show, the runs, the report) can use what it reads as it is."""
     if not isinstance(data, dict):
         return f"not a JSON object but {type(data).__name__}"
     history, recorded = data.get("history", []), data.get("recorded")
@@ -61,6 +66,17 @@ def _problem(data) -> str | None:
         return "its history is not a list of objects"
     if recorded is not None and not (isinstance(recorded, dict) and isinstance(recorded.get("metrics", {}), dict)):
         return "its recorded baseline is not an object with metrics"
+    if recorded is not None:
+        problem = _mapping_problem(recorded.get("versions"), "its recorded baseline's versions")
+        if problem:
+            return problem
+    for number, entry in enumerate(history, 1):
+        for key in ("metrics", "versions", "statuses"):
+            problem = _mapping_problem(entry.get(key), f"history entry {number}: {key}")
+            if problem:
+                return problem
+        if entry.get("run_dir") is not None and not isinstance(entry["run_dir"], str):
+            return f"history entry {number}: run_dir is not a string but {type(entry['run_dir']).__name__}"
     return None
 
 
@@ -68,18 +84,12 @@ def _read(path: Path) -> tuple:
     """(data, None) for a sound file, (None, None) for a missing one, (None, problem) for a corrupt one. Touches
     nothing: `provision baseline show` uses it as it is."""
     try:
-        raw = path.read_bytes()
+        data, problem = statefile.read_json(path)
     except FileNotFoundError:
         return None, None
     except OSError as exc:
         raise UserError(f"baselines file {path}: cannot read: {exc.strerror}") from None
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        return None, f"not UTF-8 text: {exc.reason} at byte {exc.start}"
-    except ValueError as exc:
-        return None, f"not valid JSON: {exc}"
-    problem = _problem(data)
+    problem = problem or _problem(data)
     return (None, problem) if problem else (data, None)
 
 

@@ -12,10 +12,12 @@ printed whole, never shortened.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from rigbook import runs
 from rigbook.errors import UserError
+from rigbook.statefile import read_json
 
 MANIFEST_DIR = "manifests"
 PLAYBOOK = "manifest.yml"
@@ -24,10 +26,7 @@ EXIT_SAME, EXIT_PINNED_DIFFER = 0, 1
 
 def manifest_runs() -> list:
     """The run folders holding manifests, newest first."""
-    base = runs.runs_dir()
-    if not base.is_dir():
-        return []
-    return [path for path in sorted(base.iterdir(), reverse=True)
+    return [path for path in runs.run_dirs()
             if (path / MANIFEST_DIR).is_dir() and any((path / MANIFEST_DIR).glob("*.json"))]
 
 
@@ -37,36 +36,56 @@ def last_manifest_run() -> Path | None:
     return found[0] if found else None
 
 
-def _run_inventory(run_dir: Path) -> Path | None:
-    """The inventory RUN_DIR's run was made with (its run.json), resolved; None when unknown."""
+def _run_inventory(run_dir: Path, warn) -> Path | None:
+    """The inventory RUN_DIR's run was made with (its run.json), resolved; None when unknown (no record, or a bad
+    one: named through WARN)."""
     try:
-        record = json.loads((run_dir / runs.RECORD).read_text())
-    except (OSError, ValueError):
+        record = runs.read_record(run_dir)
+    except runs.BadRecord as exc:
+        warn(f"warning: {exc}: its manifests are left out")
         return None
-    given = record.get("inventory") if isinstance(record, dict) else None
-    return Path(given).resolve() if isinstance(given, str) and given else None
+    given = (record or {}).get("inventory")
+    return Path(given).resolve() if given else None
 
 
-def latest_of_inventory(inventory: Path) -> dict:
-    """{host: its newest stored manifest file} over the manifest runs made with INVENTORY."""
+def latest_of_inventory(inventory: Path, warn=None) -> dict:
+    """{host: its newest stored manifest file} over the manifest runs made with INVENTORY; a run whose record is bad
+    is named through WARN (default: a line on stderr) and left out."""
+    warn = warn or (lambda line: print(line, file=sys.stderr))
     want, found = Path(inventory).resolve(), {}
     for run_dir in manifest_runs():
-        if _run_inventory(run_dir) != want:
+        if _run_inventory(run_dir, warn) != want:
             continue
         for path in (run_dir / MANIFEST_DIR).glob("*.json"):
             found.setdefault(path.stem, path)
     return found
 
 
+def _manifest_problem(data) -> str | None:
+    """What is wrong with the shape of a manifest, or None: the one place that decides it."""
+    if not isinstance(data, dict):
+        return f"not a JSON object but {type(data).__name__}"
+    items = data.get("items")
+    if not isinstance(items, dict):
+        return "no items object"
+    for key, item in items.items():
+        if not isinstance(item, dict):
+            return f"item {key!r} is not an object but {type(item).__name__}"
+        if item.get("group") is not None and not isinstance(item["group"], str):
+            return f"item {key!r}: group is not a string but {type(item['group']).__name__}"
+    return None
+
+
 def read_manifest(path: Path) -> dict:
+    """The manifest in PATH; UserError (exit 2) naming the file and the problem when it cannot be read, is not
+    UTF-8 JSON or not a manifest's shape."""
     try:
-        data = json.loads(Path(path).read_text())
+        data, problem = read_json(path)
     except OSError as exc:
-        raise UserError(f"{path}: cannot read: {exc.strerror}") from None
-    except ValueError:
-        raise UserError(f"{path}: not a manifest (not valid JSON)") from None
-    if not isinstance(data, dict) or not isinstance(data.get("items"), dict):
-        raise UserError(f"{path}: not a manifest (no items; make one with `provision manifest -i INV`)")
+        raise UserError(f"manifest {path}: cannot read: {exc.strerror or exc}") from None
+    problem = problem or _manifest_problem(data)
+    if problem:
+        raise UserError(f"{path}: not a manifest ({problem}; make one with `provision manifest -i INV`)")
     return data
 
 

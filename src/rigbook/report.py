@@ -85,23 +85,13 @@ def _tolerance(inv, host: str) -> dict:
     return host_model_of(inv, host)["tolerance"]
 
 
-def _run_records() -> list:
-    """Every saved run record, newest first (by start time, then folder name)."""
+def _run_records(notes: list) -> list:
+    """Every saved run record, newest first (by start time, then folder name); a bad one is left out and named in
+    NOTES."""
     from rigbook import runs
 
-    base = runs.runs_dir()
-    if not base.is_dir():
-        return []
-    found = []
-    for path in base.iterdir():
-        record_file = path / runs.RECORD
-        try:
-            record = json.loads(record_file.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(record, dict):
-            record["dir"] = str(path)
-            found.append(record)
+    found, bad = runs.read_records()
+    notes += [f"{exc}: left out" for exc in bad]
     return sorted(found, key=lambda r: (str(r.get("started") or ""), Path(r["dir"]).name), reverse=True)
 
 
@@ -148,17 +138,18 @@ def _groups(inv, hosts: list) -> list:
 def gather(inventory: str) -> ReportData:
     """Everything the page shows, read from the state directory for the hosts of INVENTORY (a name or a path)."""
     from rigbook import baselines, manifests
+    from rigbook.errors import UserError
     from rigbook.run import resolve_inventory
     from rigbook.validate import validate
 
     path = resolve_inventory(inventory)
     inv = validate(path)
     names = list(inv.hosts)
-    records = _run_records()
     manifest_run = manifests.last_manifest_run()
     data = ReportData(inventory=path.name, inventory_path=str(path),
                       generated=time.strftime("%Y-%m-%d %H:%M:%S %Z"), hosts=[], groups=_groups(inv, names),
                       manifest_run=str(manifest_run) if manifest_run else None)
+    records = _run_records(data.notes)
     for name in names:
         host = HostData(name, tolerance=_tolerance(inv, name))
         try:
@@ -173,8 +164,8 @@ def gather(inventory: str) -> ReportData:
         if manifest_run and (manifest_run / manifests.MANIFEST_DIR / f"{name}.json").is_file():
             try:
                 host.manifest = manifests.read_manifest(manifest_run / manifests.MANIFEST_DIR / f"{name}.json")
-            except Exception as exc:  # noqa: BLE001 - a bad manifest file is named, the page is still made
-                data.notes.append(f"manifest of {name}: {exc}")
+            except UserError as exc:  # a bad manifest file is named (on the page and stderr), the page still made
+                data.notes.append(f"manifest of {name}: {exc}: left out")
         data.hosts.append(host)
     return data
 
@@ -629,6 +620,8 @@ def main(argv: list) -> int:
     args = parser.parse_args(argv)
     started = time.monotonic()
     path, data = write_report(args.inventory, args.output)
+    for note in data.notes:  # each is on the page too
+        print(f"warning: {note}", file=sys.stderr)
     figures = sum(len(series(h, m)) for h in data.hosts for m in host_metrics(h))
     print(f"report of {data.inventory} ({len(data.hosts)} host(s), {figures} charted point(s), "
           f"{path.stat().st_size // 1024} KiB, {time.monotonic() - started:.2f} s): {path}",

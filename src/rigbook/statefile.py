@@ -81,6 +81,19 @@ def write_json_atomic(path, data, default=None) -> None:
     _fsync_dir(path.parent)
 
 
+def read_json(path) -> tuple:
+    """How every state file of JSON is decoded (baselines, run records, manifests): (data, None) for UTF-8 JSON
+    text, (None, problem) when it is not UTF-8 or not JSON. OSErrors (no such file, a folder, no permission) are
+    raised: the caller says what a missing file means and names the file."""
+    raw = Path(path).read_bytes()
+    try:
+        return json.loads(raw.decode("utf-8")), None
+    except UnicodeDecodeError as exc:
+        return None, f"not UTF-8 text: {exc.reason} at byte {exc.start}"
+    except ValueError as exc:
+        return None, f"not valid JSON: {exc}"
+
+
 def keep_aside(path) -> Path:
     """Move PATH to `NAME.corrupt-YYYYMMDDTHHMMSSZ` beside it (`...Z-2`, `-3`, ... when that name is taken: an earlier
     kept copy is never replaced) and return the new path. The bytes are not touched. Call it holding locked(PATH)."""

@@ -180,3 +180,26 @@ def test_show_prints_brackets_in_host_names_and_the_state_path_as_they_are(tmp_p
     assert "m[/x]" in proc.stdout
     proc = provision("baseline", "show", "other[/x]", env=env)
     assert proc.returncode == 0 and "other[/x]: no baseline recorded" in proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize("data,problem", [
+    ({"host": "box-a", "history": [{"metrics": ["x"]}]}, "history entry 1: metrics is not an object but list"),
+    ({"host": "box-a", "history": [{}, {"versions": "6.8"}]}, "history entry 2: versions is not an object but str"),
+    ({"host": "box-a", "history": [{"statuses": 1}]}, "history entry 1: statuses is not an object but int"),
+    ({"host": "box-a", "history": [{"run_dir": ["/r"]}]}, "history entry 1: run_dir is not a string but list"),
+    ({"host": "box-a", "recorded": {"metrics": {}, "versions": []}},
+     "its recorded baseline's versions is not an object but list"),
+    ({"host": "box-a", "recorded": {"metrics": [1]}}, "its recorded baseline is not an object with metrics"),
+    ({"host": "box-a", "history": "none"}, "its history is not a list of objects"),
+    (["box-a"], "not a JSON object but list"),
+], ids=lambda value: value if isinstance(value, str) else None)
+def test_a_baselines_file_of_the_wrong_shape_is_named_by_show(tmp_path, data, problem):
+    """Every reader gets a file whose shape baselines._problem checked: one of the wrong shape is named with what is
+    wrong (show: exit 2, moves nothing), never a traceback further on."""
+    path = tmp_path / "baselines" / "box-a.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(data))
+    proc = provision("baseline", "show", env={"RIGBOOK_STATE_DIR": str(tmp_path)})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"error: baselines file {path} is corrupt ({problem})" in proc.stderr
+    assert json.loads(path.read_text()) == data

@@ -97,3 +97,41 @@ def test_runs_with_no_history(tmp_path):
     proc = provision("runs", env={"RIGBOOK_STATE_DIR": str(tmp_path)})
     assert proc.returncode == 0
     assert "no runs yet" in proc.stdout
+
+
+@pytest.mark.parametrize("raw,problem", [
+    (b'"a string"', "not a JSON object but str"),
+    (b'["a", "list"]', "not a JSON object but list"),
+    (b'{"hosts": ["rig-a"]}', "hosts is not an object but list"),
+    (b'{"hosts": {"rig-a": "ok"}}', "hosts.rig-a is not an object but str"),
+    (b'{"hosts": {"rig-a": {"state": ["failed"]}}}', "hosts.rig-a.state is not a string but list"),
+    (b'{"hosts": {"rig-a": {"failures": "boom"}}}', "hosts.rig-a.failures is not a list of objects"),
+    (b'{"exit_code": [1]}', "exit_code is not a whole number but list"),
+    (b'{"started": 5}', "started is not a string but int"),
+    (b"{not json", "not valid JSON"),
+    (b"\xff\xfe{}", "not UTF-8 text"),
+], ids=lambda value: value if isinstance(value, str) else None)
+def test_runs_names_a_bad_run_record_and_lists_the_others(tmp_path, raw, problem):
+    """`provision runs` over a run.json of the wrong shape: a warning line naming the file and what is wrong, the run
+    listed as a bad record, the other runs listed as before; exit 0, no traceback."""
+    runs = tmp_path / "runs"
+    good, bad = runs / "20250101-000000-site-aaaaaa", runs / "20250102-000000-site-bbbbbb"
+    good.mkdir(parents=True)
+    bad.mkdir()
+    (good / "run.json").write_text('{"started": "2025-01-01 00:00:00", "playbook": "site.yml", "inventory": "lab", '
+                                   '"exit_code": 1, "hosts": {"rig-a": {"state": "failed"}}}')
+    (bad / "run.json").write_bytes(raw)
+    proc = provision("runs", env={"RIGBOOK_STATE_DIR": str(tmp_path)})
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith(f"warning: run record {bad / 'run.json'} is unusable: {problem}")
+    assert proc.stderr.count("\n") == 1 and proc.stderr.endswith("; listed as a bad record\n")
+    assert proc.stdout.splitlines() == ["?  bad record  ? -i ?  hosts=0", f"    {bad}",
+                                        "2025-01-01 00:00:00  failed      site.yml -i lab  hosts=1  failed: rig-a",
+                                        f"    {good}"]
+
+
+def test_runs_names_a_run_record_that_cannot_be_read(tmp_path):
+    (tmp_path / "runs" / "20250102-000000-site-bbbbbb" / "run.json").mkdir(parents=True)
+    proc = provision("runs", env={"RIGBOOK_STATE_DIR": str(tmp_path)})
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "run.json is unusable: cannot read: Is a directory" in proc.stderr

@@ -282,3 +282,36 @@ def test_parsers_on_their_edges():
     assert collector.parse_ip_addr("1: lo    inet 127.0.0.1/8 scope host lo\n2: eno1    inet 192.0.2.5/24 brd x\n") \
         == ["eno1 192.0.2.5/24"]
     assert collector.parse_dpkg_status("") == {}
+
+
+@pytest.mark.parametrize("raw,problem", [
+    (b'{"items": {"kernel.release": "6.8"}}', "item 'kernel.release' is not an object but str"),
+    (b'{"items": {"kernel.release": {"group": ["kernel"], "value": "6.8"}}}',
+     "item 'kernel.release': group is not a string but list"),
+    (b'{"items": ["kernel.release"]}', "no items object"),
+    (b'"a string"', "not a JSON object but str"),
+    (b"\xff{}", "not UTF-8 text"),
+    (b"{not json", "not valid JSON"),
+], ids=lambda value: value if isinstance(value, str) else None)
+def test_cli_diff_of_a_malformed_manifest_exits_2_naming_it(twins, tmp_path, raw, problem):
+    state = tmp_path / "state"
+    run = manifest_run(state, {"rig-a": collect(twins[0]), "rig-b": collect(twins[1])})
+    (run / "manifests" / "rig-b.json").write_bytes(raw)
+    saved = save(tmp_path / "saved.json", collect(twins[0]))
+    for args in (("rig-a", "rig-b"), (saved, run / "manifests" / "rig-b.json")):
+        proc = provision("diff", *args, env={"RIGBOOK_STATE_DIR": str(state)})
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stdout == "", proc.stderr
+        assert f"error: {run / 'manifests' / 'rig-b.json'}: not a manifest ({problem}" in proc.stderr
+
+
+def test_cli_diff_with_an_inventory_names_a_bad_run_record_and_leaves_its_run_out(twins, tmp_path, rig_inventory):
+    state = tmp_path / "state"
+    a, b = collect(twins[0]), collect(twins[1])
+    inventory_run(state, "20250101-000000-manifest-aaaaaa", rig_inventory, {"rig-a": a, "rig-b": b})
+    bad = inventory_run(state, "20250102-000000-manifest-bbbbbb", rig_inventory, {"rig-b": {"items": {}}})
+    (bad / "run.json").write_text('{"inventory": ["rigs"]}')
+    proc = provision("diff", "-i", rig_inventory, "rig-a", "rig-b", env={"RIGBOOK_STATE_DIR": str(state)})
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr == (f"warning: run record {bad / 'run.json'} is unusable: inventory is not a string but "
+                           "list: its manifests are left out\n")
+    assert "rig-a vs rig-b: no pinned item differs" in proc.stdout

@@ -167,3 +167,44 @@ def test_provision_report_command(history, tmp_path):
     assert proc.returncode == 0 and out.is_file(), proc.stderr
     proc = provision("report", "-i", "no-such-inventory", env=env, timeout=120)
     assert proc.returncode == 2 and "not found" in proc.stderr
+
+
+def test_bad_run_records_baselines_and_manifests_are_named_and_left_out(history, tmp_path):
+    """A run record, baselines file or manifest of the wrong shape (a string or list where an object belongs, not
+    JSON, not UTF-8) is named with its problem on stderr and on the page, and left out: the page is still made,
+    with no traceback."""
+    from rigbook import manifests
+
+    state = tmp_path / "state"
+    runs_dir = state / "runs"
+    bad_runs = {"20990101-000000-verify-aaaaaa": b'"a string"', "20990101-000000-verify-bbbbbb": b'{"hosts": [1]}',
+                "20990101-000000-verify-cccccc": b'{"hosts": {"lab-3080": {"ladder": "fine"}}}',
+                "20990101-000000-verify-dddddd": b"\xff\xfe{}", "20990101-000000-verify-eeeeee": b"{not json"}
+    for name, raw in bad_runs.items():
+        (runs_dir / name).mkdir(parents=True)
+        (runs_dir / name / "run.json").write_bytes(raw)
+    host_file = state / "baselines" / "lab-r9700.json"
+    data = json.loads(host_file.read_text())
+    data["history"][0]["metrics"] = ["peer_gbs_0_1"]
+    host_file.write_text(json.dumps(data))
+    manifest_file = runs_dir / "20990102-000000-manifest-ffffff" / manifests.MANIFEST_DIR / "lab-3080.json"
+    manifest_file.parent.mkdir(parents=True)
+    manifest_file.write_text(json.dumps({"host": "lab-3080", "items": {"kernel.release": "6.8"}}))
+    out = tmp_path / "page.html"
+    proc = provision("report", "-i", "lab", "-o", out, env={"RIGBOOK_STATE_DIR": str(state)}, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and out.is_file()
+    runs = runs_dir
+    said = [f"run record {runs}/20990101-000000-verify-aaaaaa/run.json is unusable: not a JSON object but str",
+            f"run record {runs}/20990101-000000-verify-bbbbbb/run.json is unusable: hosts is not an object but list",
+            f"{runs}/20990101-000000-verify-cccccc/run.json is unusable: hosts.lab-3080.ladder is not a list of "
+            "objects", f"{runs}/20990101-000000-verify-dddddd/run.json is unusable: not UTF-8 text",
+            f"{runs}/20990101-000000-verify-eeeeee/run.json is unusable: not valid JSON",
+            f"baselines file {host_file} is corrupt (history entry 1: metrics is not an object but list)",
+            f"manifest of lab-3080: {manifest_file}: not a manifest (item 'kernel.release' is not an object but str"]
+    page = out.read_text()
+    for words in said:
+        assert words in proc.stderr, words
+        assert report._e(words) in page, words
+    assert proc.stderr.count("warning: ") == len(said)
+    assert "55 charted point(s)" not in proc.stdout  # lab-r9700's history is left out with its file

@@ -21,6 +21,7 @@ import argparse
 import functools
 import html
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -591,16 +592,40 @@ def default_output(inventory_name: str) -> Path:
     return state_dir() / "reports" / f"{inventory_name}-{stamp}.html"
 
 
-def write_report(inventory: str, output: str | None = None) -> tuple:
-    """Gather, render and write the page; (path, data)."""
-    import os
+def _umask_mode() -> int:
+    """The mode open() would give a new file (0666 less the umask): a page written where the user asked for it."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
 
+
+def write_report(inventory: str, output: str | None = None) -> tuple:
+    """Gather, render and write the page; (path, data). OUTPUT: a file in an existing folder (its permissions kept
+    when it exists); by default <state>/reports/<inventory>-<UTC time>.html (the folder made, the file 0600). The
+    page goes through a temporary file of unpredictable name in the same folder, then os.replace: a reader never
+    sees half a page, and nothing is left behind when the write fails (a UserError naming the path, exit 2)."""
+    from rigbook import statefile
+    from rigbook.errors import UserError
+
+    if output:
+        path = Path(output)
+        if path.is_dir():
+            raise UserError(f"report -o {output}: is a directory; give the HTML file to write, e.g. "
+                            f"{path / 'report.html'}")
+        if not path.parent.is_dir():
+            what = "is not a folder" if path.parent.exists() else "does not exist"
+            raise UserError(f"report -o {output}: {path.parent} {what}")
+        new_mode = _umask_mode()
     data = gather(inventory)
-    path = Path(output) if output else default_output(data.inventory)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    partial.write_text(render(data), encoding="utf-8")
-    os.replace(partial, path)  # a reader never sees half a page
+    if not output:
+        path = default_output(data.inventory)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        new_mode = statefile.NEW_FILE_MODE
+    page = render(data)
+    try:
+        statefile.write_text_atomic(path, page, new_mode)
+    except OSError as exc:
+        raise UserError(f"report: cannot write {path}: {exc.strerror or exc}") from None
     return path, data
 
 

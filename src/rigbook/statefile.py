@@ -56,16 +56,15 @@ def locked(path):
         os.close(fd)  # closing the only descriptor releases the lock
 
 
-def write_json_atomic(path, data, default=None) -> None:
-    """Write DATA as indented JSON to PATH: unique temporary file, fsync, os.replace, fsync of the folder. Keeps an
-    existing file's permissions (a new one gets 0600)."""
+def write_text_atomic(path, text: str, new_mode: int = NEW_FILE_MODE) -> None:
+    """Write TEXT to PATH: a unique temporary file in PATH's folder (tempfile.mkstemp: no predictable name), fsync,
+    os.replace, fsync of the folder; the temporary file is removed on any failure. Keeps an existing file's
+    permissions (a new one gets NEW_MODE). The folder must exist; OSError as the system said it."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(data, indent=2, default=default) + "\n"
     try:
         mode = path.stat().st_mode & 0o7777
     except FileNotFoundError:
-        mode = NEW_FILE_MODE
+        mode = new_mode
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
@@ -79,6 +78,14 @@ def write_json_atomic(path, data, default=None) -> None:
             os.unlink(tmp)
         raise
     _fsync_dir(path.parent)
+
+
+def write_json_atomic(path, data, default=None) -> None:
+    """Write DATA as indented JSON to PATH (its folder made if missing) through write_text_atomic: a reader sees the
+    old file or the new one; an existing file keeps its permissions, a new one gets 0600."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(data, indent=2, default=default) + "\n")
 
 
 def read_json(path) -> tuple:

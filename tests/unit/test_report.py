@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 from helpers import html_elements, lab_report_history, provision
@@ -208,3 +209,62 @@ def test_bad_run_records_baselines_and_manifests_are_named_and_left_out(history,
         assert report._e(words) in page, words
     assert proc.stderr.count("warning: ") == len(said)
     assert "55 charted point(s)" not in proc.stdout  # lab-r9700's history is left out with its file
+
+
+def test_report_to_a_folder_or_a_missing_one_exits_2_and_leaves_nothing(tmp_path):
+    env = {"RIGBOOK_STATE_DIR": str(tmp_path / "state")}
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "a-file").write_text("")
+    for target, words in ((out, f"report -o {out}: is a directory; give the HTML file to write"),
+                          (out / "nowhere" / "r.html", f"report -o {out / 'nowhere' / 'r.html'}: {out / 'nowhere'} "
+                                                       "does not exist"),
+                          (out / "a-file" / "r.html", f"{out / 'a-file'} is not a folder")):
+        proc = provision("report", "-i", "lab", "-o", target, env=env, timeout=120)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stdout == "", proc.stderr
+        assert proc.stderr.startswith("error: report -o ") and words in proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["a-file"]
+    assert [p.name for p in tmp_path.iterdir() if p.name != "state"] == ["out"]  # none beside the folder either
+
+
+@pytest.mark.parametrize("failing", ["tempfile.mkstemp", "os.replace"])
+def test_a_failed_write_is_one_clear_error_and_leaves_no_temporary_file(tmp_path, monkeypatch, capsys, failing):
+    """An unwritable folder (as root, simulated: mkstemp refused) or a failed rename: exit 2 naming the path, no
+    temporary file left; the page's temporary file is mkstemp's (no predictable name)."""
+    import os
+    import tempfile
+
+    from rigbook.cli import main
+
+    monkeypatch.setenv("RIGBOOK_STATE_DIR", str(tmp_path / "state"))
+    out = tmp_path / "out"
+    out.mkdir()
+    made = []
+    real_mkstemp, real_replace = tempfile.mkstemp, os.replace
+
+    def mkstemp(*args, **kwargs):
+        if failing == "tempfile.mkstemp" and Path(kwargs["dir"]) == out:
+            raise PermissionError(13, "Permission denied")
+        made.append(real_mkstemp(*args, **kwargs))
+        return made[-1]
+
+    def replace(src, dst):
+        if Path(dst) == out / "r.html":
+            raise PermissionError(13, "Permission denied")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    if failing == "os.replace":
+        monkeypatch.setattr(os, "replace", replace)
+    assert main(["report", "-i", "lab", "-o", str(out / "r.html")]) == 2
+    assert capsys.readouterr().err == f"error: report: cannot write {out / 'r.html'}: Permission denied\n"
+    assert list(out.iterdir()) == []
+    assert len(made) == (1 if failing == "os.replace" else 0)
+    assert all(Path(name).parent == out and not Path(name).exists() for _, name in made)
+
+
+def test_report_files_written_by_default_are_the_users_alone(tmp_path, monkeypatch):
+    monkeypatch.setenv("RIGBOOK_STATE_DIR", str(tmp_path / "state"))
+    path, _ = report.write_report("lab")
+    assert path.parent == tmp_path / "state" / "reports"
+    assert path.stat().st_mode & 0o077 == 0 and path.parent.stat().st_mode & 0o077 == 0

@@ -92,13 +92,13 @@ status:
 """
 
 import os
-import posixpath
 import re
 import shutil
 import tarfile
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.rigbook.homelab.plugins.module_utils import safe_untar
 from ansible_collections.rigbook.homelab.plugins.module_utils.file_digest import sha256_of
 
 STAMP = ".rigbook-source-sha256"
@@ -137,34 +137,19 @@ class Dkms(object):
         return out.strip() if rc == 0 else None
 
 
-def _unsafe(member):
-    """What in a tarball member points outside the unpack directory: its name, or the target of a link (None: all
-    inside; a symlink may point up as long as it stays in the tree)."""
-    if member.name.startswith("/") or ".." in member.name.split("/"):
-        return member.name
-    if member.issym() or member.islnk():
-        base = posixpath.dirname(member.name) if member.issym() else ""
-        target = posixpath.normpath(posixpath.join(base, member.linkname))
-        if member.linkname.startswith("/") or target == ".." or target.startswith("../"):
-            return member.linkname
-    return None
-
-
 def extract(module, src, tmp):
     """The source tree of SRC (a tarball with one top directory, or a directory), checked to hold dkms.conf.
 
-    A tarball is unpacked into TMP. Fails the module, before anything on the host was changed, when SRC is not a
-    readable tarball, holds an unsafe path, or has no dkms.conf at its top level."""
+    A tarball is unpacked into TMP (an empty folder) by safe_untar, every member checked first. Fails the module,
+    before anything on the host was changed, when SRC is not a readable tarball, is unsafe (a member that would
+    land or point outside TMP, a device, over the size caps), or has no dkms.conf at its top level."""
     if os.path.isdir(src):
         top = src
     else:
         try:
-            with tarfile.open(src) as tar:
-                for member in tar.getmembers():
-                    bad = _unsafe(member)
-                    if bad is not None:
-                        module.fail_json(msg="%s: unsafe path %s in the tarball" % (src, bad))
-                tar.extractall(tmp)
+            safe_untar.unpack(src, tmp)
+        except safe_untar.UnsafeArchive as exc:
+            module.fail_json(msg="%s: unsafe tarball, nothing was installed: %s" % (src, exc))
         except (tarfile.TarError, EOFError, OSError) as exc:
             module.fail_json(msg="cannot unpack %s: %s" % (src, exc))
         entries = os.listdir(tmp)

@@ -184,7 +184,6 @@ stamp:
 
 import json
 import os
-import posixpath
 import re
 import shutil
 import tarfile
@@ -192,22 +191,10 @@ import tempfile
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.rigbook.homelab.plugins.module_utils import build_lock, patch_set
+from ansible_collections.rigbook.homelab.plugins.module_utils import build_lock, patch_set, safe_untar
 from ansible_collections.rigbook.homelab.plugins.module_utils.file_digest import sha256_of
 
 STAMP = ".rigbook-build.json"
-
-
-def _unsafe(member):
-    """What in a tarball member points outside the unpack directory (None: all inside)."""
-    if member.name.startswith("/") or ".." in member.name.split("/"):
-        return member.name
-    if member.issym() or member.islnk():
-        base = posixpath.dirname(member.name) if member.issym() else ""
-        target = posixpath.normpath(posixpath.join(base, member.linkname))
-        if member.linkname.startswith("/") or target == ".." or target.startswith("../"):
-            return member.linkname
-    return None
 
 
 class Build(object):
@@ -330,12 +317,9 @@ class Build(object):
         else:
             os.makedirs(tree)
             try:
-                with tarfile.open(src) as tar:
-                    for member in tar.getmembers():
-                        bad = _unsafe(member)
-                        if bad is not None:
-                            self.fail("%s: unsafe path %s in the tarball" % (src, bad))
-                    tar.extractall(tree)
+                safe_untar.unpack(src, tree)
+            except safe_untar.UnsafeArchive as exc:
+                self.fail("%s: unsafe tarball, nothing was built: %s" % (src, exc))
             except (tarfile.TarError, EOFError, OSError) as exc:
                 self.fail("cannot unpack %s: %s" % (src, exc))
             entries = os.listdir(tree)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import tarfile
@@ -19,6 +20,18 @@ def _module_utils():
     from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence
 
     return static_evidence
+
+
+def _safe_untar():
+    link_collection()
+    from ansible_collections.rigbook.homelab.plugins.module_utils import safe_untar
+
+    return safe_untar
+
+
+# Caps on one evidence tarball (a host's evidence.tar.gz, a snapshot to replay): a real one is kilobytes.
+EVIDENCE_MAX_MEMBERS = 100_000
+EVIDENCE_MAX_BYTES = 256 << 20
 
 
 def judge_tree(tree: str, ladder_view: dict, baseline_metrics: dict | None = None) -> list:
@@ -66,8 +79,7 @@ def snapshot(opts, output: str | None) -> int:
             host = archive.parent.name
             target = bundle / host
             target.mkdir(parents=True)
-            with tarfile.open(archive) as tar:
-                tar.extractall(target, filter="data")
+            _unpack(archive, target, f"the evidence of {host} ({archive.name})", "an evidence tarball")
             ladder_view = ladder_view_of(inv, host) if host in inv.hosts else {}
             (target / LADDER_VIEW_FILE).write_text(json.dumps(ladder_view, indent=2) + "\n")
             collected = static_evidence.collect_static(str(target / "tree"))
@@ -87,6 +99,18 @@ def snapshot(opts, output: str | None) -> int:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def _unpack(archive: Path, dest: Path, what: str, kind: str) -> None:
+    """ARCHIVE into the empty folder DEST, every member checked (module_utils/safe_untar.py). A refused archive is a
+    UserError naming WHAT and the member; an unreadable one says WHAT is not KIND ("a snapshot tarball")."""
+    safe_untar = _safe_untar()
+    try:
+        safe_untar.unpack(str(archive), str(dest), max_members=EVIDENCE_MAX_MEMBERS, max_bytes=EVIDENCE_MAX_BYTES)
+    except safe_untar.UnsafeArchive as exc:
+        raise UserError(f"{what}: refused: {exc}") from None
+    except (tarfile.TarError, OSError) as exc:
+        raise UserError(f"{what}: not {kind} ({exc})") from None
+
+
 def _host_dirs(base: Path) -> list:
     found = sorted({p.parent for name in (LADDER_VIEW_FILE, OLD_LADDER_VIEW_FILE) for p in base.rglob(name)
                     if (p.parent / "tree").is_dir()})
@@ -95,11 +119,41 @@ def _host_dirs(base: Path) -> list:
     return found
 
 
-def _ladder_view(host_dir: Path) -> dict:
+def _ladder_view(host_dir: Path, base: Path, shown: str) -> dict:
+    """HOST_DIR's ladder view ({} when it has none). BASE and SHOWN: the replay folder and its name for errors."""
     for name in (LADDER_VIEW_FILE, OLD_LADDER_VIEW_FILE):
         if (host_dir / name).is_file():
-            return json.loads((host_dir / name).read_text())
+            try:
+                view = json.loads((host_dir / name).read_text())
+            except (OSError, ValueError) as exc:
+                raise UserError(f"--replay {shown}: {(host_dir / name).relative_to(base)}: not a ladder view ({exc})"
+                                ) from None
+            if not isinstance(view, dict):
+                raise UserError(f"--replay {shown}: {(host_dir / name).relative_to(base)}: not a ladder view "
+                                "(not a JSON object)")
+            return view
     return {}
+
+
+def _inside(base: Path, path: Path, shown: str) -> None:
+    """PATH's real path must lie in BASE's: a recorded tree that leads out (a link to /) would make the judges read,
+    or run, the live controller. SHOWN names the replay in the UserError."""
+    real_base, real = os.path.realpath(base), os.path.realpath(path)
+    if os.path.commonpath([real_base, real]) != real_base:
+        rel = path.relative_to(base) if path.is_relative_to(base) else path
+        raise UserError(f"--replay {shown}: {rel} leads out of the replay folder (to {real}); nothing was judged")
+
+
+def _check_host_dir(base: Path, host_dir: Path, shown: str) -> None:
+    """HOST, HOST/tree, its ladder view and every symlink under the tree must resolve inside BASE."""
+    for path in (host_dir, host_dir / "tree", host_dir / LADDER_VIEW_FILE, host_dir / OLD_LADDER_VIEW_FILE):
+        if path.exists() or path.is_symlink():
+            _inside(base, path, shown)
+    for folder, dirs, files in os.walk(host_dir / "tree"):
+        for name in dirs + files:
+            path = Path(folder) / name
+            if path.is_symlink():
+                _inside(base, path, shown)
 
 
 def replay(path: str, as_json: bool) -> int:
@@ -113,20 +167,18 @@ def replay(path: str, as_json: bool) -> int:
     try:
         if source.is_file():
             workdir = Path(tempfile.mkdtemp(prefix="rigbook-replay-"))
-            try:
-                with tarfile.open(source) as tar:
-                    tar.extractall(workdir, filter="data")
-            except (tarfile.TarError, OSError) as exc:
-                raise UserError(f"--replay {path}: not a snapshot tarball ({exc})") from None
+            _unpack(source, workdir, f"--replay {path}", "a snapshot tarball")
             base = workdir
         else:
             base = source
         host_dirs = _host_dirs(base)
         if not host_dirs:
             raise UserError(f"--replay {path}: no host evidence (HOST/tree and HOST/ladder_view.json) inside")
+        for host_dir in host_dirs:
+            _check_host_dir(base, host_dir, path)
         hosts = {}
         for host_dir in host_dirs:
-            hosts[host_dir.name] = {"ladder": judge_tree(str(host_dir / "tree"), _ladder_view(host_dir))}
+            hosts[host_dir.name] = {"ladder": judge_tree(str(host_dir / "tree"), _ladder_view(host_dir, base, path))}
     finally:
         if workdir:
             shutil.rmtree(workdir, ignore_errors=True)

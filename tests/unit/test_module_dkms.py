@@ -343,10 +343,15 @@ def test_missing_headers_fail_naming_the_kernel(host):
 @pytest.mark.parametrize("kind,message", [
     ("not-a-tarball", "cannot unpack {src}: "),
     ("no-dkms-conf", "{src} has no dkms.conf at its top level"),
-    ("dotdot", "{src}: unsafe path nvidia-615.71.09/../../evil in the tarball"),
-    ("symlink-out", "{src}: unsafe path /etc/shadow in the tarball"),
-    ("symlink-up-and-out", "{src}: unsafe path ../../etc in the tarball"),
-], ids=["not-a-tarball", "no-dkms-conf", "dotdot", "symlink-out", "symlink-up-and-out"])
+    ("dotdot", "{src}: unsafe tarball, nothing was installed: member 'nvidia-615.71.09/../../evil' has a '..' "
+               "component"),
+    ("symlink-out", "{src}: unsafe tarball, nothing was installed: member 'nvidia-615.71.09/shadow' is a symlink to "
+                    "'/etc/shadow', an absolute path"),
+    ("symlink-up-and-out", "{src}: unsafe tarball, nothing was installed: member 'nvidia-615.71.09/etc' is a symlink "
+                           "to '../../etc', which leads out of the folder"),
+    ("symlink-chain", "{src}: unsafe tarball, nothing was installed: member 'nvidia-615.71.09/x/y' lies under the "
+                      "symlink 'nvidia-615.71.09/x'"),
+], ids=["not-a-tarball", "no-dkms-conf", "dotdot", "symlink-out", "symlink-up-and-out", "symlink-chain"])
 def test_a_bad_tarball_fails_before_the_old_build_is_touched(host, kind, message):
     unpacked(host, sha="0" * 64)  # an older source of the same version is built and installed
     path = host.tmp / "artifacts" / f"{kind}.tar.gz"
@@ -358,6 +363,8 @@ def test_a_bad_tarball_fails_before_the_old_build_is_touched(host, kind, message
         tarball(path, {**FORK, "nvidia-615.71.09/../../evil": "x"})
     elif kind == "symlink-out":
         tarball(path, FORK, links={"nvidia-615.71.09/shadow": "/etc/shadow"})
+    elif kind == "symlink-chain":  # x -> . then x/y -> ../../evil: each link stays inside on its own
+        tarball(path, FORK, links={"nvidia-615.71.09/x": ".", "nvidia-615.71.09/x/y": "../../evil"})
     else:
         tarball(path, FORK, links={"nvidia-615.71.09/etc": "../../etc"})
     pinned(host, path)

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import sys
+import tarfile
 from pathlib import Path
 from unittest import mock
 
@@ -122,6 +123,24 @@ def test_bad_patch_sha256_is_refused_naming_the_patch(tmp_path, tarballs):
     a["components"][0]["patches"][0]["sha256"] = "1" * 64
     run = run_module(source_build, a, [])
     assert run.failed and f"refused patch {PATCH}" in run.msg and not (tmp_path / "opt").exists()
+
+
+def test_an_unsafe_source_tarball_fails_before_any_command(tmp_path, tarballs):
+    # x -> . then x/y -> ../../../outside: each link stays inside on its own (module_utils/safe_untar.py's suite
+    # is the one for every pattern; this is the module's use of it)
+    bad = tmp_path / "rccl-chain.tar.gz"
+    with tarfile.open(bad, "w:gz") as tar:
+        for name, target in (("rccl/x", "."), ("rccl/x/y", "../../../outside")):
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            tar.addfile(info)
+    a = args(tmp_path, tarballs)
+    a["components"][0].update(src=str(bad), sha256=sha256(bad))
+    run = run_module(source_build, a, [])
+    assert run.failed and run.msg == (f"{bad}: unsafe tarball, nothing was built: member 'rccl/x/y' lies under the "
+                                      "symlink 'rccl/x'"), run.msg
+    assert not (tmp_path / "outside").exists() and not (tmp_path / "opt" / "current").exists()
+    assert list((tmp_path / "build").iterdir()) == []  # the unpack folder is removed
 
 
 def test_directory_source_needs_a_source_id(tmp_path, tarballs):

@@ -1,14 +1,19 @@
 """`provision parse KIND FILE`: run one of the collection's text parsers and print JSON.
 
 The parsers live in the collection (plugins/module_utils/parse/*.py) so the targets run the
-same code (output formats: docs/parse-formats.md); this module only picks one, reads the input and prints the result.
+same code (output formats: docs/parse-formats.md); this module only picks one, streams the input to it (line by
+line: a file of any size is never held whole) and prints the result, or says on stderr that the input holds nothing
+of KIND (exit 2).
 """
 
 from __future__ import annotations
 
 import importlib
+import io
 import json
+import re
 import sys
+from contextlib import contextmanager
 from typing import Callable, Dict
 
 from rigbook.errors import UserError
@@ -28,9 +33,17 @@ _PARSERS = {
     "kernel-log": ("kernel_log", "parse"),
 }
 
+# A line longer than this reaches the parser in pieces of this size (no tool prints such a line; a file of one
+# endless line still never sits in memory whole).
+MAX_LINE = 1 << 20
 
-def _loader(module: str, func: str) -> Callable[[str], dict]:
-    def run(text: str) -> dict:
+# A kernel log line: dmesg's `[  12.345678]` or `[Fri Aug 30 11:43:09 2024]` (--ctime), journald's `host kernel: `.
+_KERNEL_LINE_RE = re.compile(r"^\s*\[\s*\d+\.\d+\]|^\s*\[[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}\]"
+                             r"|^\S.* kernel: ")
+
+
+def _loader(module: str, func: str) -> Callable:
+    def run(text) -> dict:
         link_collection()
         return getattr(importlib.import_module(_MODULE_UTILS + module), func)(text)
 
@@ -38,25 +51,84 @@ def _loader(module: str, func: str) -> Callable[[str], dict]:
     return run
 
 
-KINDS: Dict[str, Callable[[str], dict]] = {kind: _loader(m, f) for kind, (m, f) in _PARSERS.items()}
+KINDS: Dict[str, Callable] = {kind: _loader(m, f) for kind, (m, f) in _PARSERS.items()}
 
 
-def read_input(file: str) -> str:
+def _found_any(*values) -> bool:
+    return any(value not in (None, False, "", [], {}) for value in values)
+
+
+# kind -> whether a result holds anything of that kind: the one place that decides "not recognised" (exit 2).
+# kernel-log: a log with no error line is a fine result, so it is recognised by its lines (see recognised()).
+_RECOGNISED = {
+    "lspci": lambda r: _found_any(r["devices"]),
+    "nvidia-smi-q": lambda r: _found_any(r["gpus"], r["driver_version"], r["cuda_version"]),
+    "nvidia-smi-topo": lambda r: _found_any(r["gpus"], r["links"]),
+    "nccl-tests": lambda r: _found_any(r["rows"], r["avg_busbw_gbs"], r["out_of_bounds"], r["collective"]),
+    "nccl-log": lambda r: _found_any(r["nccl_version"], r["channels"], r["all_direct_p2p"]),
+    "p2p-bandwidth": lambda r: _found_any(*r["matrices"].values(), r["p2p_connectivity"],
+                                          r["unidirectional_p2p_enabled_reads"], r["latency_us"], r["devices"],
+                                          r["can_access_peer"]),
+    "sglang-log": lambda r: _found_any(r["version"], r["ready"], r["load_weight_s"], r["cuda_graph_s"],
+                                       r["nccl_version"], r["transports"], r["gen_throughput_tok_s"],
+                                       r["accept_len"], r["error_count"], r["server_args"]),
+    "kernel-log": lambda r: _found_any(*(entry["count"] for key, entry in r.items() if isinstance(entry, dict))),
+}
+
+
+def recognised(kind: str, result: dict, kernel_lines: int = 0) -> bool:
+    """Whether RESULT (KIND's parse) holds anything of KIND; a kernel log also by KERNEL_LINES, its lines with a
+    kernel log's prefix."""
+    return (kind == "kernel-log" and kernel_lines > 0) or _RECOGNISED[kind](result)
+
+
+def _lines(handle, counter: dict):
+    """HANDLE's lines, one at a time (at most MAX_LINE characters each); COUNTER["kernel"] counts those with a kernel
+    log's prefix."""
+    while True:
+        line = handle.readline(MAX_LINE)
+        if not line:
+            return
+        if _KERNEL_LINE_RE.match(line):
+            counter["kernel"] += 1
+        yield line
+
+
+@contextmanager
+def open_input(file: str):
+    """FILE (- for stdin) as a text stream: UTF-8, a bad byte read as U+FFFD, any line end read as one."""
     if file == "-":
-        data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode()
-        return data.decode("utf-8", errors="replace")
+        raw = getattr(sys.stdin, "buffer", None)
+        if raw is None:  # a text stream with no bytes under it (a test's StringIO)
+            yield sys.stdin
+            return
+        stream = io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline=None)
+        try:
+            yield stream
+        finally:
+            stream.detach()  # stdin stays open for whoever owns it
+        return
     try:
-        with open(file, "rb") as handle:
-            return handle.read().decode("utf-8", errors="replace")
+        handle = open(file, encoding="utf-8", errors="replace", newline=None)  # noqa: SIM115 - closed below
     except OSError as exc:
         raise UserError(f"cannot read {file}: {exc.strerror or exc}") from None
+    with handle:
+        yield handle
 
 
 def main(kind: str, file: str) -> int:
     parser = KINDS.get(kind)
     if parser is None:
         raise UserError("unknown parse kind {!r}; known kinds: {}".format(kind, ", ".join(KINDS)))
-    text = read_input(file)
-    result = parser(text)
+    counter = {"kernel": 0}
+    with open_input(file) as handle:
+        try:
+            result = parser(_lines(handle, counter))
+        except OSError as exc:  # a read error part way (EIO, a file that is a folder)
+            raise UserError(f"cannot read {file}: {exc.strerror or exc}") from None
+    if not recognised(kind, result, counter["kernel"]):
+        where = "stdin" if file == "-" else file
+        raise UserError(f"{where}: the {kind} parser found nothing it reads in it (not {kind} output, or a part "
+                        f"with none of its lines: docs/parse-formats.md says what each kind reads); nothing printed")
     sys.stdout.write(json.dumps(result, indent=2) + "\n")
     return 0

@@ -52,11 +52,20 @@ def classify(line):
     return None, None
 
 
+def _lines(text):
+    """TEXT's lines as given: TEXT is the whole log (a str) or an iterable of lines (an open file, read as it is
+    iterated)."""
+    if text is None or isinstance(text, str):
+        return (text or "").splitlines()
+    return (line for chunk in text for line in chunk.splitlines())
+
+
 def parse(text, keep=KEEP_LINES):
     """{category: {count, lines (the last KEEP), and for xid numbers {"79": 1}}, "lines_read": N}."""
     out = empty()
-    lines = (text or "").splitlines()
-    for line in lines:
+    read = 0
+    for line in _lines(text):
+        read += 1
         name, xid = classify(line)
         if name is None:
             continue
@@ -67,5 +76,5 @@ def parse(text, keep=KEEP_LINES):
             del entry["lines"][0]
         if xid is not None:
             entry["numbers"][str(xid)] = entry["numbers"].get(str(xid), 0) + 1
-    out["lines_read"] = len(lines)
+    out["lines_read"] = read
     return out

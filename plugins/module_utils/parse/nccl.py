@@ -150,48 +150,63 @@ def _family(transport: str) -> str:
     return "other"
 
 
-def parse_log(text: str) -> dict:
-    version = None
-    library = None
-    channels = []
-    transports = []
-    direct = []
-    for raw in parse_text.lines(text):
-        if version is None:
+class LogReader:
+    """parse_log one line at a time: feed() each normalised line (parse_text.lines), then result()."""
+
+    def __init__(self):
+        self.version = None
+        self.library = None
+        self.channels = []
+        self.transports = []
+        self.direct = []
+
+    def feed(self, raw: str) -> None:
+        if self.version is None:
             m = _VERSION_RE.search(raw)
             if m:
-                library, version = m.group(1), m.group(2)
+                self.library, self.version = m.group(1), m.group(2)
         m = _DIRECT_RE.search(raw)
         if m:
-            direct.append(m.group(1) != "0")
+            self.direct.append(m.group(1) != "0")
         m = _CHANNEL_RE.search(raw)
         if not m:
-            continue
+            return
         transport = _transport(m.group("via"))
-        channels.append({
+        self.channels.append({
             "channel": int(m.group("ch")),
             "from_rank": int(m.group("from")),
             "to_rank": int(m.group("to")),
             "transport": transport,
             "direction": m.group("dir"),
         })
-        if transport not in transports:
-            transports.append(transport)
-    families = {_family(c["transport"]) for c in channels}
-    if not channels:
-        path = "unknown"
-    elif len(families) == 1 and families != {"other"}:
-        path = families.pop()
-    else:
-        path = "mixed"
-    return {
-        "nccl_version": version,
-        "library": library,
-        "channels": channels,
-        "transports": transports,
-        "all_direct_p2p": (all(direct) if direct else None),
-        "path": path,
-    }
+        if transport not in self.transports:
+            self.transports.append(transport)
+
+    def result(self) -> dict:
+        channels = self.channels
+        families = {_family(c["transport"]) for c in channels}
+        if not channels:
+            path = "unknown"
+        elif len(families) == 1 and families != {"other"}:
+            path = families.pop()
+        else:
+            path = "mixed"
+        return {
+            "nccl_version": self.version,
+            "library": self.library,
+            "channels": channels,
+            "transports": self.transports,
+            "all_direct_p2p": (all(self.direct) if self.direct else None),
+            "path": path,
+        }
+
+
+def parse_log(text) -> dict:
+    """TEXT: the whole log (a str) or an iterable of its lines (parse_text.lines)."""
+    reader = LogReader()
+    for raw in parse_text.lines(text):
+        reader.feed(raw)
+    return reader.result()
 
 
 parse = parse_log

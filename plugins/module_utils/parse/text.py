@@ -33,13 +33,24 @@ def normalise(text: str) -> str:
     return text
 
 
-def lines(text: str) -> list:
-    """Normalised lines, with mpirun output tags removed."""
-    out = []
-    for line in normalise(text).split("\n"):
-        line = _MPI_TAG_RE.sub("", line)
-        out.append(line.rstrip())
-    return out
+def clean_line(line: str) -> str:
+    """One normalised line with its mpirun output tag removed and its trailing blanks stripped."""
+    return _MPI_TAG_RE.sub("", line).rstrip()
+
+
+def lines(source):
+    """Normalised lines, with mpirun output tags removed, one at a time. SOURCE is the whole text (a str) or an
+    iterable of lines (an open text file, read as it is iterated: a large input is never held whole)."""
+    if source is None or isinstance(source, str):
+        for line in normalise(source).split("\n"):
+            yield clean_line(line)
+        return
+    for chunk in source:
+        chunk = normalise(chunk)
+        if chunk.endswith("\n"):
+            chunk = chunk[:-1]
+        for line in chunk.split("\n"):
+            yield clean_line(line)
 
 
 def normalise_slot(value: str):

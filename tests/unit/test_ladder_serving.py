@@ -513,3 +513,25 @@ def test_the_ladder_module_runs_the_serving_phase(tmp_path):
     assert "SERVED pass 44.04" in out
     assert "BAD serving: fail: serve[0].port: 'x' is not a port number" in out
     assert "Traceback" not in out
+
+
+def test_a_journal_that_shows_the_key_leaves_no_trace_of_it_in_the_evidence(engine_server, tmp_path):
+    """An unpatched SGLang logs api_key in its server_args line, and an error line can carry a command line: the
+    evidence says a key was logged (api_key_logged) and holds neither that key nor the profile's."""
+    port = engine_server(Engine(ttft=0.01, rate=2000.0, key=KEY))
+    key_file = tmp_path / "api-key"
+    key_file.write_text(KEY + "\n")
+    profile = dict(_profile(port, api_key_file=str(key_file)), unit="rigbook-serve-standin.service")
+    text = (f"[2026-01-01 10:00:00] server_args=ServerArgs(model_path='/m', api_key='{KEY}', "
+            "admin_api_key='adm-other', port=30000)\n"
+            "[2026-01-01 10:00:01] RuntimeError: bad launch: python -m sglang.launch_server --api-key other-key\n")
+
+    def journal(unit, started_epoch):
+        return text, {"lines": 2, "error": None}
+
+    item = serving.measure_profile(profile, str(tmp_path / "s.json"), True, _systemctl(0), journal)
+    assert item["log"]["api_key_logged"] is True and item["log"]["errors"]
+    dumped = json.dumps(item)
+    for secret in (KEY, "adm-other", "other-key"):
+        assert secret not in dumped
+    assert "--api-key <redacted>" in dumped

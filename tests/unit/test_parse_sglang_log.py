@@ -58,6 +58,30 @@ def test_api_key_in_server_args_is_reported():
         assert sglang_log.parse(text.replace("api_key=None,", f"api_key={redacted},", 1))["api_key_logged"] is False
 
 
+@pytest.mark.parametrize("line, shown", [
+    ("server_args=ServerArgs(model_path='/m', api_key='s3c,r)e\\'t', admin_api_key=None, port=1)",
+     "server_args=ServerArgs(model_path='/m', api_key='<redacted>', admin_api_key=None, port=1)"),
+    ("server_args={'api_key': 's3cret', 'admin_api_key': \"a'b\", 'port': 1}",
+     "server_args={'api_key': '<redacted>', 'admin_api_key': '<redacted>', 'port': 1}"),
+    ("launch_command: python -m sglang.launch_server --api-key s3cret --port 1 --admin-api-key=adm",
+     "launch_command: python -m sglang.launch_server --api-key <redacted> --port 1 --admin-api-key=<redacted>"),
+    ("argv ['--api-key', 's3cret', '--port', '1']", "argv ['--api-key', '<redacted>', '--port', '1']"),
+    ('api-key: "s3cret"', "api-key: '<redacted>'"),
+    ("x_api_key='kept' --my-api-key kept --api-key --port 1", "x_api_key='kept' --my-api-key kept --api-key --port 1"),
+])
+def test_redact_hides_the_api_keys_values(line, shown):
+    assert sglang_log.redact(line) == shown
+
+
+def test_redact_hides_given_secrets_and_parse_keeps_none_in_its_errors():
+    assert sglang_log.redact("token=abc; again abc", ["abc", ""]) == "token=<redacted>; again <redacted>"
+    text = "RuntimeError: launch failed: python -m sglang.launch_server --api-key s3cret\n"
+    assert sglang_log.parse(text)["errors"] == [
+        "RuntimeError: launch failed: python -m sglang.launch_server --api-key <redacted>"]
+    logged = sglang_log.parse(sglang_log.redact("server_args=ServerArgs(api_key='s3cret', port=1)"))
+    assert logged["api_key_logged"] is False  # <redacted> is what the collection's SGLang patch logs too
+
+
 def test_server_args_dict_form_of_newer_releases():
     # engine.py logs f"server_args={server_args.resolved_dict()}" in newer releases (a dict, not the dataclass repr).
     line = ("[2026-09-12 10:00:00] server_args={'model_path': '/m', 'tp_size': 2, 'port': 30000, "

@@ -18,7 +18,8 @@ readiness poll, /v1/models, one streaming and one plain chat completion, and the
   JOURNAL_HEAD_LINES and last JOURNAL_TAIL_LINES lines, read by parse/sglang_log.py; the text itself is never
   kept in the evidence.
 - The API key is read from api_key_file and sent as a Bearer token; it is never put in the evidence (every
-  string of a measured part is scrubbed of it).
+  string of a measured part is scrubbed of it and of any api_key value an engine log line shows:
+  sglang_log.redact). The journal is parsed before that, so api_key_logged still says the engine logged a key.
 - Connects only to the profile's bind address (0.0.0.0 / :: are reached through loopback).
 
 Under a recorded root, var/lib/rigbook/commands/serving-<name>.json holds a profile's whole measured part and is
@@ -427,11 +428,10 @@ def timed_chat(endpoint, model, ttft_s, max_tokens=DECODE_MAX_TOKENS, clock=time
 # --------------------------------------------------------------------------------------------- one profile
 
 def _redact(value, secret):
-    """VALUE with every occurrence of SECRET in its strings replaced."""
-    if not secret:
-        return value
+    """VALUE with, in each of its strings, SECRET and the API keys' values an engine log line may show replaced
+    (parse/sglang_log.py's redact: the one redaction of engine log text)."""
     if isinstance(value, str):
-        return value.replace(secret, "[redacted]")
+        return sglang_log.redact(value, [secret] if secret else [])
     if isinstance(value, list):
         return [_redact(v, secret) for v in value]
     if isinstance(value, dict):

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 """Parse an SGLang server log (`python -m sglang.launch_server` / `sglang serve` output).
 
-Pure function `parse(text) -> dict`; standard library only, Python 3.8+.
+Pure functions `parse(text) -> dict` and `redact(text, secrets) -> str`; standard library only, Python 3.8+.
 
 Reads plain stdout or journald output: a journald prefix (`Dec 03 10:00:00 host python[123]: ` or the
 short-iso form) and SGLang's own prefix (`[2025-06-01 10:00:00 TP0] `, `[... DP0 TP0 EP0] `, optionally
@@ -12,7 +12,12 @@ end. Time elapsed: %.2f s" and the newer "Capture ... CUDA graph end. elapsed=%.
 ... accept len: %.2f ... gen throughput (token/s): %.2f" (scheduler_metrics_mixin), "The server is fired
 up and ready to roll!" (http_server), "server_args=ServerArgs(...)" (dataclass repr) or
 "server_args={...}" (resolved_dict() in newer releases). SGLang does not redact api_key in that line
-(sgl-project/sglang#37457; the redaction PRs #18518 and #39449 were open, #19328 closed unmerged).
+(sgl-project/sglang#37457; the redaction PRs #18518 and #39449 were open, #19328 closed unmerged; the collection's
+roles/sglang/files/patches/api-key-out-of-logs.patch does for 0.5.23).
+
+redact() is the one redaction of engine log text rigbook keeps, prints or reports (the error lines of parse(), the
+serving evidence, serve_units' failure message): the values of api_key / admin_api_key in a server_args line (either
+form), of --api-key / --admin-api-key on a logged command line, and every given secret.
 """
 
 from __future__ import annotations
@@ -29,6 +34,19 @@ SERVER_ARG_KEYS = (
 )
 _SECRET_KEYS = ("api_key", "admin_api_key")
 _REDACTED = ("", "[REDACTED]", "REDACTED", "***", "****", "<redacted>")
+REDACTED = "<redacted>"
+_SECRET_FLAG = r"(?<![\w-])--(?:admin-)?api-key"
+_SECRET_NAME = r"(?<![\w-])(?:admin[_-])?api[_-]key"
+_QUOTED = r"(?:'(?:\\.|[^'\\])*'|\"(?:\\.|[^\"\\])*\")"
+# api_key='x' (the repr), 'api_key': 'x' (the dict), '--api-key', 'x' (an argv list), --api-key x / --api-key=x (a
+# command line), api-key: x (YAML)
+_SECRET_RES = (
+    re.compile(r"(%s\s*=\s*)%s" % (_SECRET_NAME, _QUOTED)),
+    re.compile(r"((['\"])%s\2\s*:\s*)%s" % (_SECRET_NAME, _QUOTED)),
+    re.compile(r"((['\"])%s\2\s*,\s*)%s" % (_SECRET_FLAG, _QUOTED)),
+    re.compile(r"(%s(?:=|\s+))(?!None\b)(?!--)\S+" % _SECRET_FLAG),
+    re.compile(r"(^\s*%s\s*:\s+)(?!(?:null|~)\s*$)\S.*$" % _SECRET_NAME, re.M),
+)
 MAX_ERRORS = 100
 
 _JOURNALD_RE = re.compile(
@@ -65,6 +83,21 @@ _ERROR_RES = (
     re.compile(r"Scheduler hit an exception|Received sigquit from a child process"),
     re.compile(r"\bNCCL WARN\b|Fatal Python error|Segmentation fault"),
 )
+
+
+def redact(text, secrets=()) -> str:
+    """TEXT (engine log lines) with the API keys' values replaced by <redacted>: those of api_key and admin_api_key
+    wherever SGLang logs them (server_args, a command line, a config file) and every string of SECRETS (the keys
+    rigbook knows)."""
+    if not isinstance(text, str) or not text:
+        return text
+    for pattern in _SECRET_RES:
+        text = pattern.sub(lambda m: m.group(1) + (repr(REDACTED) if m.group(0)[len(m.group(1)):][:1] in "'\""
+                                                  else REDACTED), text)
+    for secret in secrets or ():
+        if isinstance(secret, str) and secret:
+            text = text.replace(secret, REDACTED)
+    return text
 
 
 def _strip_prefixes(raw: str):
@@ -176,7 +209,8 @@ def _is_error(message: str) -> bool:
     return any(pattern.search(message) for pattern in _ERROR_RES)
 
 
-def parse(text: str) -> dict:
+def parse(text) -> dict:
+    """TEXT: the whole log (a str) or an iterable of its lines (an open file: read line by line)."""
     version = None
     ready = False
     sglang_nccl = None
@@ -185,10 +219,10 @@ def parse(text: str) -> dict:
     error_count = 0
     car_off = car_on = False
     args = {}
-    cleaned = []
+    nccl_reader = parse_nccl.LogReader()  # the NCCL/RCCL lines, read in the same pass (nothing is kept whole)
     for raw in parse_text.lines(text):
         ranks, message, line = _strip_prefixes(raw)
-        cleaned.append(line)
+        nccl_reader.feed(parse_text.clean_line(line))
         if _SERVER_ARGS_RE.search(message):
             args = parse_server_args(message)
             continue
@@ -215,8 +249,8 @@ def parse(text: str) -> dict:
         if _is_error(message):
             error_count += 1
             if len(errors) < MAX_ERRORS:
-                errors.append(line.strip())
-    nccl = parse_nccl.parse_log("\n".join(cleaned))
+                errors.append(redact(line.strip()))
+    nccl = nccl_reader.result()
     return {
         "version": version,
         "ready": ready,

@@ -17,9 +17,17 @@ begin", load_seconds with the port not bound, "Load weight end. elapsed=...", NC
 on, SGLang's "Custom allreduce is disabled because ..." warning when --enable-p2p-check meets an SHM transport,
 and no line at all for --disable-custom-all-reduce, which SGLang only shows in server_args), then the HTTP port,
 /health* answering 503 during warmup_seconds, then "The server is fired up and ready to roll!".
+`--config FILE.yaml` is merged as SGLang's prepare_server_args does (sglang/srt/utils/server_args_config_parser.py,
+ConfigArgumentMerger): only the exact word `--config`, once, followed by a path ending in .yaml or .yml that exists;
+the file is one mapping whose keys become flags as written (`api-key: x` -> `--api-key x`; true -> the bare flag for
+a store_true flag, false -> nothing; a list -> the flag and its items; a mapping -> its JSON), put before the command
+line, so the command line wins. With --api-key (either way) every endpoint but /health* and /metrics needs
+`Authorization: Bearer KEY`.
 Differences from SGLang, on purpose: the first line is `sglang version: X` (the format of `sglang version`; the
 real server log carries no version), unknown flags are logged and ignored instead of refused, every request
-decodes exactly max_tokens tokens, and a Decode batch line is also logged at the end of each generation.
+decodes exactly max_tokens tokens, a Decode batch line is also logged at the end of each generation, and without
+PyYAML (a lab host's python3) the config file is read as the flat mapping rigbook writes (`key: scalar` lines,
+comments; a nested value is refused).
 """
 
 from __future__ import annotations
@@ -98,6 +106,109 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-server-warmup", action="store_true")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"])
     return p
+
+
+CONFIG_FLAG = "--config"
+
+
+def _scalar(text: str, where: str):
+    """One YAML scalar of a flat mapping: quoted ("JSON-style" or 'single'), true/false, null/~, a number, or
+    plain text (a trailing ` # comment` dropped)."""
+    text = text.strip()
+    if text.startswith('"'):
+        try:
+            value, end = json.JSONDecoder().raw_decode(text)
+        except ValueError:
+            raise StandinError(f"{where}: unreadable double-quoted value") from None
+        if text[end:].strip() and not text[end:].strip().startswith("#"):
+            raise StandinError(f"{where}: text after the quoted value")
+        return value
+    if text.startswith("'"):
+        close = text.find("'", 1)
+        while close != -1 and text[close + 1:close + 2] == "'":
+            close = text.find("'", close + 2)
+        if close == -1:
+            raise StandinError(f"{where}: unterminated single-quoted value")
+        return text[1:close].replace("''", "'")
+    text = text.split(" #", 1)[0].strip()
+    if text.startswith(("[", "{", "|", ">", "&", "*", "!")):
+        raise StandinError(f"{where}: the stand-in reads flat mappings of scalars only (without PyYAML)")
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered in ("", "null", "~"):
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def read_config(path: Path):
+    """The YAML file at PATH: PyYAML's safe_load where installed (as SGLang), else the flat subset (_scalar)."""
+    text = path.read_text(encoding="utf-8")
+    try:
+        import yaml
+    except ImportError:
+        yaml = None
+    if yaml is not None:
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise StandinError(f"config file {path}: {exc}") from None
+    data = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#") or line.strip() == "---":
+            continue
+        if line[:1].isspace() or ":" not in line:
+            raise StandinError(f"{path}:{number}: the stand-in reads flat `key: value` lines only (without PyYAML)")
+        key, _, value = line.partition(":")
+        data[key.strip()] = _scalar(value, f"{path}:{number}")
+    return data or None
+
+
+def merge_config(argv, parser: argparse.ArgumentParser):
+    """ARGV with its `--config FILE.yaml` replaced by the file's flags, put first (SGLang's ConfigArgumentMerger)."""
+    found = [i for i, arg in enumerate(argv) if arg == CONFIG_FLAG]
+    if not found:
+        return list(argv)
+    if len(found) > 1:
+        raise StandinError("Multiple config files specified! Only one allowed.")
+    index = found[0]
+    if index == len(argv) - 1:
+        raise StandinError("No config file specified after --config flag!")
+    path = Path(argv[index + 1])
+    if path.suffix.lower() not in (".yaml", ".yml"):
+        raise StandinError(f"Config file must be YAML format, got: {path.suffix}")
+    if not path.exists():
+        raise StandinError(f"Config file not found: {path}")
+    try:
+        data = read_config(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise StandinError(f"config file {path}: {exc}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise StandinError("Config file must contain a dictionary at root level")
+    store_true = {opt[2:].replace("-", "_") for action in parser._actions
+                  if isinstance(action, argparse._StoreTrueAction) for opt in action.option_strings}
+    merged = []
+    for key, value in data.items():
+        key = str(key)
+        if isinstance(value, bool):
+            if key.replace("-", "_") in store_true:
+                merged += [f"--{key}"] if value else []
+            else:
+                merged += [f"--{key}", str(value).lower()]
+        elif isinstance(value, list):
+            merged += [f"--{key}"] + [str(item) for item in value] if value else []
+        elif isinstance(value, dict):
+            merged += [f"--{key}", json.dumps(value)]
+        else:
+            merged += [f"--{key}", str(value)]
+    return merged + list(argv[:index]) + list(argv[index + 2:])
 
 
 def evidence_path() -> Path:
@@ -523,7 +634,8 @@ def bind(state: Standin) -> ThreadingHTTPServer:
 # --- main --------------------------------------------------------------------------------------------------------
 
 def run(argv) -> int:
-    args, unknown = build_parser().parse_known_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(merge_config(argv, parser))
     ev = load_evidence()
     config = model_config(args.model_path)
     state = Standin(args, ev, config)

@@ -225,6 +225,79 @@ def test_api_key_guards_everything_but_health(launch):
     assert sglang_log.parse(server.text())["api_key_logged"] is True  # SGLang does not redact it either
 
 
+def write_config(tmp_path, text, name="api-key.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_the_key_from_a_config_file_guards_as_the_flag_does(launch, tmp_path):
+    """What the serve unit does: `--config %d/api-key.yaml`, the key never on the command line."""
+    config = write_config(tmp_path, '# Managed by rigbook\napi-key: "s3 cr#t\\"x"\n')
+    server = launch(FAST, "--config", config)
+    server.wait_for(READY)
+    assert server.request("/v1/models")[0] == 401
+    assert server.request("/v1/models", key='s3 cr#t"x')[0] == 200
+    assert server.request("/health_generate")[0] == 200
+    args = sglang_log.parse_server_args(next(line for line in server.lines if "server_args=" in line))
+    assert args["api_key"] == 's3 cr#t"x'  # merged in-process, as SGLang: logged like the flag (unpatched SGLang)
+
+
+def test_the_command_line_wins_over_the_config_file(launch, tmp_path):
+    config = write_config(tmp_path, "api-key: from-file\nserved-model-name: from-file\ndisable-cuda-graph: true\n"
+                                    "enable-p2p-check: false\n")
+    server = launch(FAST, "--served-model-name", "from-cli", "--config", config)
+    server.wait_for(READY)
+    assert server.request("/v1/models", key="from-file")[1]["data"][0]["id"] == "from-cli"
+    args = sglang_log.parse_server_args(next(line for line in server.lines if "server_args=" in line))
+    assert args["disable_cuda_graph"] is True and args["enable_p2p_check"] is False
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--config", "{cfg}", "--config", "{cfg}"], "Multiple config files specified"),
+    (["--config"], "No config file specified after --config flag"),
+    (["--config", "{txt}"], "Config file must be YAML format, got: .txt"),
+    (["--config", "{missing}"], "Config file not found"),
+    (["--config", "{list}"], "Config file must contain a dictionary at root level"),
+])
+def test_config_file_mistakes_are_one_error_line_and_exit_1(launch, tmp_path, flags, needle):
+    paths = {"cfg": write_config(tmp_path, "api-key: k\n"), "txt": write_config(tmp_path, "api-key: k\n", "k.txt"),
+             "missing": str(tmp_path / "absent.yaml"), "list": write_config(tmp_path, "- a\n- b\n", "l.yml")}
+    server = launch(FAST, *[flag.format(**paths) for flag in flags])
+    assert server.exit_code() == 1
+    assert [line for line in server.lines if needle in line and "StandinError:" in line], server.text()
+
+
+def test_only_the_exact_config_word_is_a_config_file(launch, tmp_path):
+    """SGLang's merger looks for the word --config alone: --config=FILE is not merged (argparse keeps it)."""
+    server = launch(FAST, "--config=" + write_config(tmp_path, "api-key: k\n"))
+    server.wait_for(READY)
+    assert server.request("/v1/models")[0] == 200  # no key was set
+
+
+def test_the_flat_reader_without_pyyaml_reads_what_rigbook_writes(tmp_path, monkeypatch):
+    """A lab host's python3 has no PyYAML: the stand-in's own reader of flat mappings gives what PyYAML gives."""
+    standin = load_standin()
+    path = tmp_path / "k.yaml"
+    path.write_text('# comment\n---\napi-key: "a\\"b # c"\nport: 8000\nratio: 0.5\nflag: true\nname: x # note\n'
+                    "quoted: 'it''s'\nnone: ~\n")
+    with_pyyaml = standin.read_config(path)
+    monkeypatch.setitem(sys.modules, "yaml", None)  # import yaml raises ImportError
+    assert standin.read_config(path) == with_pyyaml == {
+        "api-key": 'a"b # c', "port": 8000, "ratio": 0.5, "flag": True, "name": "x", "quoted": "it's", "none": None}
+    path.write_text("api-key:\n  nested: 1\n")
+    with pytest.raises(standin.StandinError, match="flat"):
+        standin.read_config(path)
+
+
+def load_standin():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("sglang_standin", STANDIN)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_bad_requests_are_400(launch):
     server = launch(FAST)
     server.wait_for(READY)

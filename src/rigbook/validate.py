@@ -2,8 +2,10 @@
 contacted.
 
 Then, per host, the checks that need its merged view: combinations of keys, and the serve profiles' traps
-(rigbook_serve, judged with the box's GPU count, vendor and rigbook_p2p.expected). Errors stop the command (exit 2,
-naming file, host and key path); warnings are printed on stderr and do not stop it.
+(rigbook_serve, judged with the box's GPU count, vendor and rigbook_p2p.expected). A host in groups that say
+different GPU vendors (rigbook_gpu.vendor in their group variables, neither group the other's parent), or listed in
+the other vendor's gpu_vendor_<vendor> play group of site.yml, is an error naming the host and the groups. Errors
+stop the command (exit 2, naming file, host and key path); warnings are printed on stderr and do not stop it.
 """
 
 from __future__ import annotations
@@ -138,6 +140,63 @@ def _host_problems(inv, host: str) -> list:
     return problems
 
 
+# site.yml sorts hosts into gpu_vendor_<rigbook_host.vendor> (group_by) and runs each vendor's roles on its group.
+VENDOR_GROUP_PREFIX = "gpu_vendor_"
+
+
+def _descends(inv, group: str, ancestor: str) -> bool:
+    """Whether GROUP is ANCESTOR's child, grandchild, ... (its variables override ANCESTOR's, as Ansible means)."""
+    seen, todo = set(), [ancestor]
+    while todo:
+        for kid in inv.children.get(todo.pop(), ()):
+            if kid == group:
+                return True
+            if kid not in seen:
+                seen.add(kid)
+                todo.append(kid)
+    return False
+
+
+def _vendor_group_problems(inv, host: str) -> list:
+    """A host in groups that say different GPU vendors (their group variables set rigbook_gpu.vendor): which value
+    wins would be an accident of group names, and with it which vendor's roles run. A child group overriding its
+    parent's value is Ansible's rule, not a conflict."""
+    claims = {}
+    for source in inv.host_sources(host):
+        gpu = source.variables.get("rigbook_gpu")
+        vendor = gpu.get("vendor") if isinstance(gpu, dict) else None
+        if source.owner.startswith("group ") and isinstance(vendor, str):
+            claims.setdefault(source.owner[6:], (vendor, source.file))
+    conflicting = {group for group, (vendor, _) in claims.items()
+                   for other, (said, _) in claims.items()
+                   if said != vendor and not _descends(inv, group, other) and not _descends(inv, other, group)}
+    problems = []
+    if conflicting:
+        listed = ", ".join(f"group {group} (vendor {claims[group][0]}, in {claims[group][1]})"
+                           for group in sorted(conflicting))
+        problems.append(Problem(inv.path, f"host {host}", "rigbook_gpu.vendor",
+                                f"host {host} is in groups that say different GPU vendors: {listed}; a host has "
+                                "one GPU vendor: list it in the groups of one vendor only"))
+    return problems
+
+
+def _play_group_problems(inv, host: str) -> list:
+    """HOST listed in a group gpu_vendor_<vendor> (the group site.yml runs that vendor's roles on) that its own
+    rigbook_gpu.vendor contradicts: it would get both vendors' roles. Needs the host model (a schema-valid host)."""
+    problems = []
+    vendor = host_model_of(inv, host)["vendor"]  # what site.yml's group_by reads (rigbook_host.vendor)
+    for group in sorted(g for g in inv.groups_of(host) if g.startswith(VENDOR_GROUP_PREFIX)):
+        named = group[len(VENDOR_GROUP_PREFIX):]
+        if named != (vendor or "none"):
+            source = inv.provenance(host, "rigbook_gpu")
+            where = f" (set in {source.owner}, {source.file})" if source and vendor else ""
+            problems.append(Problem(inv.path, f"host {host}", "rigbook_gpu.vendor",
+                                    f"host {host} is listed in group {group}, the group site.yml runs the {named} "
+                                    f"roles on, but its rigbook_gpu.vendor is {vendor or 'not set'}{where}: take it "
+                                    f"out of {group} (site.yml puts each host in gpu_vendor_<its vendor> itself)"))
+    return problems
+
+
 def _serve_findings(inv, host: str) -> tuple:
     """(errors, warnings) as Problems: the host's rigbook_serve traps, judged with what its inventory says."""
     shared = _shared()
@@ -158,9 +217,12 @@ def check(inventory_path: Path, roles=None) -> tuple:
     problems, warnings = [], []
     for source in inv.sources:
         problems.extend(_source_problems(source))
+    for host in sorted(inv.hosts):
+        problems.extend(_vendor_group_problems(inv, host))
     if not problems:
         for host in sorted(inv.hosts):
             problems.extend(_host_problems(inv, host))
+            problems.extend(_play_group_problems(inv, host))
             serve_errors, serve_warnings = _serve_findings(inv, host)
             problems.extend(serve_errors)
             warnings.extend(serve_warnings)

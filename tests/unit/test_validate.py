@@ -260,3 +260,68 @@ def test_a_hosts_file_that_is_no_file_is_named(tmp_path, kind):
         validate(inv)
     assert "hosts.yml: " in str(info.value) and "not an inventory file" in str(info.value)
     assert ("a folder" if kind == "folder" else "a link that leads nowhere") in str(info.value)
+
+
+def _also_list(inv: Path, host: str, group: str) -> None:
+    def mutate(data):
+        data["all"]["children"].setdefault(group, {}).setdefault("hosts", {})[host] = None
+
+    _edit(inv, "hosts.yml", mutate)
+
+
+def test_a_host_in_two_vendor_groups_names_the_host_and_both_groups(tmp_path):
+    """rig-3080 listed in x99_r9700 too: one group says nvidia, the other amd; which wins used to be an accident of
+    group names (silently valid). Now one problem naming the host, both groups, their vendors and files; exit 2."""
+    inv = _copy(tmp_path)
+    _also_list(inv, "rig-3080", "x99_r9700")
+    with pytest.raises(InventoryInvalid) as info:
+        validate(inv)
+    [problem] = [p for p in info.value.problems if p.key_path == "rigbook_gpu.vendor"]
+    assert problem.owner == "host rig-3080" and problem.file == inv
+    assert (f"host rig-3080 is in groups that say different GPU vendors: group x99_3080 (vendor nvidia, in "
+            f"{inv / G3080}), group x99_r9700 (vendor amd, in {inv / G9700}); a host has one GPU vendor") \
+        in problem.message
+    proc = subprocess.run([sys.executable, "-m", "rigbook", "validate", "-i", str(inv)], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "RIGBOOK_STATE_DIR": str(tmp_path / "state")})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "host rig-3080 is in groups that say different GPU vendors: group x99_3080" in proc.stderr
+    assert "group x99_r9700 (vendor amd" in proc.stderr
+
+
+def test_a_run_stops_on_a_host_in_two_vendor_groups_before_any_host(tmp_path, monkeypatch, capsys):
+    """Every run validates first: the same problem, exit 2, ansible never started."""
+    import ansible_runner
+
+    from rigbook.cli import main
+
+    inv = _copy(tmp_path)
+    _also_list(inv, "rig-r9700", "x99_3080")
+    monkeypatch.setenv("RIGBOOK_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setattr(ansible_runner, "run", lambda **kw: pytest.fail("ansible was started"))
+    assert main(["verify.yml", "-i", str(inv)]) == 2
+    err = capsys.readouterr().err
+    assert "host rig-r9700 is in groups that say different GPU vendors: group x99_3080 (vendor nvidia" in err
+
+
+def test_a_child_group_overriding_its_parents_vendor_is_no_conflict(tmp_path):
+    inv = _copy(tmp_path)
+    _edit(inv, "group_vars/all.yml", _set("rigbook_gpu", {"vendor": "amd", "count": 2}))
+    _edit(inv, "hosts.yml", _set("all.children.rigs.children", {"x99_3080": None}))
+    _edit(inv, "group_vars/rigs.yml", _set("rigbook_gpu", {"vendor": "amd", "count": 2}))
+    loaded = validate(inv)  # x99_3080 (nvidia) is a child of rigs (amd): the child's value is meant to win
+    assert loaded.host_vars("rig-3080")["rigbook_gpu"]["vendor"] == "nvidia"
+
+
+def test_a_host_listed_in_the_other_vendors_play_group_is_named(tmp_path):
+    """site.yml runs the AMD roles on gpu_vendor_amd: an NVIDIA host listed there statically would get both."""
+    inv = _copy(tmp_path)
+    _also_list(inv, "rig-3080", "gpu_vendor_amd")
+    with pytest.raises(InventoryInvalid) as info:
+        validate(inv)
+    [problem] = [p for p in info.value.problems if p.key_path == "rigbook_gpu.vendor"]
+    assert problem.message.startswith("host rig-3080 is listed in group gpu_vendor_amd, the group site.yml runs the "
+                                      f"amd roles on, but its rigbook_gpu.vendor is nvidia (set in group x99_3080, "
+                                      f"{inv / G3080})")
+    inv = _copy(tmp_path / "again")
+    _also_list(inv, "rig-3080", "gpu_vendor_nvidia")  # the group it would be in anyway: fine
+    validate(inv)

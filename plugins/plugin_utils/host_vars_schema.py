@@ -25,6 +25,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import re
 import sys
 
 from ansible_collections.rigbook.homelab.plugins.module_utils import host_model
@@ -52,17 +53,49 @@ def load_schema(path=None):
     return _CACHE[path]
 
 
+def end_anchored(pattern):
+    """PATTERN (the schema's regex dialect, ECMA-262) for Python's re: each end anchor `$` becomes `\\Z`. In the
+    schema's dialect `$` is the end of the text; Python's `$` also matches before a newline that ends it, so "name\\n"
+    would pass ^[a-z]+$ and a trailing newline would reach a unit, an environment file or the GRUB drop-in."""
+    out, index, in_class = [], 0, False
+    while index < len(pattern):
+        char = pattern[index]
+        if char == "\\":
+            out.append(pattern[index:index + 2])
+            index += 2
+            continue
+        if in_class:
+            in_class = char != "]"
+        elif char == "[":
+            in_class = True
+        elif char == "$":
+            char = "\\Z"
+        out.append(char)
+        index += 1
+    return "".join(out)
+
+
+def _pattern_keyword(validator_, pattern, instance, schema):
+    """JSON Schema's pattern, with `$` the end of the text as the schema means it (end_anchored)."""
+    from jsonschema.exceptions import ValidationError
+
+    if validator_.is_type(instance, "string") and not re.search(end_anchored(pattern), instance):
+        yield ValidationError("%r does not match %r" % (instance, pattern))
+
+
 def validator(path=None):
     key = ("validator", path or SCHEMA_FILE)
     if key not in _CACHE:
         try:
             import jsonschema
+            from jsonschema import validators
         except ImportError:
             raise SchemaUnavailable(
                 "checking the rigbook_* variables needs the Python package jsonschema (>= 4.18) on the controller: "
                 "install it into the Python that runs Ansible (%s -m pip install jsonschema)" % sys.executable
             ) from None
-        _CACHE[key] = jsonschema.Draft202012Validator(load_schema(path))
+        checker = validators.extend(jsonschema.Draft202012Validator, {"pattern": _pattern_keyword})
+        _CACHE[key] = checker(load_schema(path))
     return _CACHE[key]
 
 
@@ -82,6 +115,10 @@ def _article(word):
     return ("an " if word[:1] in "aeiou" else "a ") + word
 
 
+def _has_control(value):
+    return isinstance(value, str) and any(ord(c) < 32 or ord(c) == 127 for c in value)
+
+
 def describe(error):
     """[(key path, message)] for one jsonschema error."""
     path = key_path(error)
@@ -89,7 +126,8 @@ def describe(error):
     value = error.instance
     sub = error.schema if isinstance(error.schema, dict) else {}
     if "propertyNames" in error.absolute_schema_path:
-        return [(path, "bad key %s: names must match %s" % (show(value), error.validator_value))]
+        control = " (control characters such as a newline are not allowed)" if _has_control(value) else ""
+        return [(path, "bad key %s: names must match %s%s" % (show(value), error.validator_value, control))]
     if kind == "additionalProperties":
         allowed = sorted(sub.get("properties", {}))
         unknown = sorted(set(value) - set(allowed))
@@ -114,9 +152,9 @@ def describe(error):
         wanted = " or ".join(wanted) if isinstance(wanted, list) else wanted
         return [(path, "bad value %s (%s): must be %s" % (show(value), type(value).__name__, _article(wanted)))]
     if kind == "pattern":
-        if isinstance(value, str) and any(ord(c) < 32 or ord(c) == 127 for c in value):
+        if _has_control(value):
             return [(path, "bad value %s: control characters (a newline, a tab, ...) are not allowed: they would "
-                           "write extra lines into the unit or the GRUB drop-in" % show(value))]
+                           "write extra lines into a unit, an environment file or the GRUB drop-in" % show(value))]
         absolute = " (an absolute path)" if str(error.validator_value).startswith("^/") else ""
         return [(path, "bad value %s: must match %s%s" % (show(value), error.validator_value, absolute))]
     bounds = {

@@ -196,3 +196,20 @@ def test_task_in_check_mode_without_contacting_the_hosts(tmp_path):
     assert "rigbook_gpu.pcie.width: bad value 12: allowed values are 1, 2, 4, 8, 16" in proc.stdout
     assert "rig-r9700" in proc.stdout and "failed=1" in proc.stdout
     shutil.rmtree(inv)
+
+
+@pytest.mark.parametrize("pattern,text,matches", [
+    ("^[a-z]+$", "name", True),
+    ("^[a-z]+$", "name\n", False),  # Python's $ alone matches before that newline: the schema's does not
+    ("^[^\\u0000-\\u001f\\u007f]*$", "value\n", False),
+    ("^[^\\u0000-\\u001f\\u007f]*$", "value", True),
+    ("^[$]+$", "$$", True),  # a $ in a class is a dollar sign
+    ("^a\\$$", "a$", True),  # so is an escaped one
+    ("^(https?|file)://", "https://x\n", True),  # no end anchor: nothing changes
+])
+def test_an_end_anchor_is_the_end_of_the_text(pattern, text, matches):
+    import re
+
+    assert bool(re.search(host_vars_schema.end_anchored(pattern), text)) is matches
+    errors = list(host_vars_schema.validator().evolve(schema={"type": "string", "pattern": pattern}).iter_errors(text))
+    assert (not errors) is matches

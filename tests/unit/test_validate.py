@@ -135,6 +135,20 @@ INVALID = [
     ("rocm-package-bad-name", G9700, _set("rigbook_pins.rocm.packages", ["ROCm Core"]),
      "rigbook_pins.rocm.packages[0]", "must match"),
     ("rocm-typo", G9700, _set("rigbook_pins.rocm.dkm", True), "rigbook_pins.rocm.dkm", "did you mean 'dkms'"),
+    # A control character in an environment value or name would write extra lines into an environment file or unit.
+    ("gpu-env-newline", G9700, _set("rigbook_pins.rocm.hsa_env.HSA_ENABLE_IPC_MODE_LEGACY", "0\nLD_PRELOAD=/x.so"),
+     "rigbook_pins.rocm.hsa_env.HSA_ENABLE_IPC_MODE_LEGACY", "control characters (a newline, a tab, ...) are not"),
+    ("gpu-env-trailing-newline", G9700, _set("rigbook_pins.rocm.hsa_env.HSA_ENABLE_IPC_MODE_LEGACY", "0\n"),
+     "rigbook_pins.rocm.hsa_env.HSA_ENABLE_IPC_MODE_LEGACY", "control characters"),
+    ("gpu-env-carriage-return", G9700, _set("rigbook_pins.rocm.hsa_env.HSA_X", "a\rb"),
+     "rigbook_pins.rocm.hsa_env.HSA_X", "control characters"),
+    ("gpu-env-name-newline", G9700, _set("rigbook_pins.rocm.hsa_env", {"HSA_X\n": "1"}),
+     "rigbook_pins.rocm.hsa_env", "bad key \"HSA_X\\n\": names must match ^[A-Za-z_][A-Za-z0-9_]*$ (control"),
+    ("serve-env-trailing-newline", G9700, _serve("env", {"NCCL_P2P_LEVEL": "PHB\n"}),
+     "rigbook_serve[0].env.NCCL_P2P_LEVEL", "control characters"),
+    ("serve-env-name-newline", G9700, _serve("env", {"NCCL_P2P_LEVEL\n": "PHB"}), "rigbook_serve[0].env",
+     "bad key"),
+    ("serve-name-trailing-newline", G9700, _serve("name", "qwen\n"), "rigbook_serve[0].name", "control characters"),
 ]
 
 

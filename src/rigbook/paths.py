@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import stat
 import sys
 from pathlib import Path
 
@@ -42,12 +43,39 @@ def collection_root() -> Path:
 
 
 def state_dir() -> Path:
-    """Per-user state: run artifacts, the collection link, lab state. RIGBOOK_STATE_DIR overrides."""
+    """Per-user state: run artifacts, the collection link, lab state. RIGBOOK_STATE_DIR overrides. Made 0700 when
+    missing; an existing one that group or others may read is tightened to the owner's alone (a run's artifacts hold
+    its variables, -e included); UserError when that cannot be done."""
     override = os.environ.get("RIGBOOK_STATE_DIR")
     if override:
-        return Path(override).expanduser()
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "rigbook"
+        path = Path(override).expanduser()
+    else:
+        path = Path(os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")) / "rigbook"
+    _guard_state_dir(path)
+    return path
+
+
+def _guard_state_dir(path: Path) -> None:
+    from rigbook import statefile
+
+    try:
+        statefile.private_dir(path)
+        info = path.stat()
+    except OSError as exc:
+        raise UserError(f"state directory {path}: cannot make it: {exc.strerror or exc} (set RIGBOOK_STATE_DIR to a "
+                        "folder of your own)") from None
+    mode = stat.S_IMODE(info.st_mode)
+    if not mode & 0o077:
+        return
+    if mode & (stat.S_ISVTX | stat.S_IWOTH) or info.st_uid != os.geteuid():
+        raise UserError(f"state directory {path} is a shared folder (mode {mode:04o}, owner uid {info.st_uid}): "
+                        "rigbook keeps each run's variables there, so it must be a folder of your own; set "
+                        "RIGBOOK_STATE_DIR to one")
+    try:
+        os.chmod(path, mode & ~0o077)
+    except OSError as exc:
+        raise UserError(f"state directory {path}: others may read it (mode {mode:04o}) and it cannot be made yours "
+                        f"alone: {exc.strerror or exc}") from None
 
 
 def runs_dir() -> Path:
@@ -63,7 +91,9 @@ def link_collection() -> Path:
     root = collection_root()
     base = state_dir() / "collections"
     link = base / "ansible_collections" / COLLECTION_NAMESPACE / COLLECTION_NAME
-    link.parent.mkdir(parents=True, exist_ok=True)
+    from rigbook.statefile import private_dir
+
+    private_dir(link.parent)
     if not (link.is_symlink() and Path(os.readlink(link)) == root):
         if link.exists() and not link.is_symlink():
             link.unlink()

@@ -619,7 +619,7 @@ def write_report(inventory: str, output: str | None = None) -> tuple:
     data = gather(inventory)
     if not output:
         path = default_output(data.inventory)
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        statefile.private_dir(path.parent)
         new_mode = statefile.NEW_FILE_MODE
     page = render(data)
     try:

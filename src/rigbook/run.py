@@ -177,24 +177,48 @@ def run_playbook(opts: RunOptions) -> int:
         return _run_locked(opts, playbook, inventory, inv)
 
 
+# Short options of the commands that take -e and take no value: they may stand before -e in one cluster (-Ce K=V).
+_FLAGS_BEFORE_E = set("CDvh")
+
+
+def _extra_vars_arg(arg: str):
+    """How ARG carries extra variables, as argparse reads it: "next" (the value is the next argument), "joined" (it
+    holds the value) or None. argparse takes a unique prefix of a long option (--ext for --extra-vars) and short
+    flags clustered before -e (-Ce, -vvek=v)."""
+    if arg.startswith("--"):
+        name, joined, _ = arg.partition("=")
+        if len(name) >= 3 and "--extra-vars".startswith(name):
+            return "joined" if joined else "next"
+        return None
+    if arg.startswith("-") and len(arg) > 1:
+        cluster = arg[1:]
+        for index, char in enumerate(cluster):
+            if char == "e":
+                return "joined" if cluster[index + 1:] else "next"
+            if char not in _FLAGS_BEFORE_E:
+                return None
+    return None
+
+
 def _command_line(argv=None) -> str:
     """The command line for the run lock, with every extra-variable value replaced by <redacted>: -e may carry
     secrets, and the lock file is readable by whoever can read the state directory."""
     argv = list(sys.argv if argv is None else argv)
     if argv and Path(argv[0]).name in ("provision", "__main__.py"):
         argv[0] = "provision"
-    shown, hide_next = [], False
-    for arg in argv:
+    shown, hide_next = argv[:1], False
+    for arg in argv[1:]:
         if hide_next:
             shown.append("<redacted>")
             hide_next = False
-        elif arg in ("-e", "--extra-vars"):
+            continue
+        how = _extra_vars_arg(arg)
+        if how == "next":
             shown.append(arg)
             hide_next = True
-        elif arg.startswith("--extra-vars="):
-            shown.append("--extra-vars=<redacted>")
-        elif arg.startswith("-e") and len(arg) > 2 and not arg.startswith("--"):
-            shown.append("-e<redacted>")
+        elif how == "joined":
+            option = arg.partition("=")[0] if arg.startswith("--") else arg[:arg.index("e") + 1]
+            shown.append(f"{option}=<redacted>" if arg.startswith("--") else f"{option}<redacted>")
         else:
             shown.append(arg)
     return shlex.join(shown)
@@ -240,7 +264,7 @@ def _run_locked(opts: RunOptions, playbook: Path, inventory: Path, inv) -> int:
 
     import ansible_runner
 
-    from rigbook import display, junit, runs
+    from rigbook import display, junit, runs, statefile
     from rigbook.tracker import Tracker
 
     tracker = Tracker()
@@ -260,7 +284,7 @@ def _run_locked(opts: RunOptions, playbook: Path, inventory: Path, inv) -> int:
     extra = list(opts.extra_vars) + [json.dumps({"rigbook_run_dir": str(run_dir)})]
     if given is not None:
         baseline_file = run_dir / "baselines.json"
-        baseline_file.write_text(json.dumps(given, indent=2))
+        statefile.write_json_atomic(baseline_file, given)
         extra.append("@" + str(baseline_file))
     opts = RunOptions(**{**opts.__dict__, "extra_vars": extra})
 
@@ -318,6 +342,10 @@ def _run_locked(opts: RunOptions, playbook: Path, inventory: Path, inv) -> int:
             )
     finally:
         signal.signal(signal.SIGINT, previous)
+        # ansible-runner's artifacts (the command line with every -e, each event) and Ansible's fact cache are
+        # written with their programs' own modes: made the user's alone, as every state file is
+        for written in (run_dir, paths.state_dir() / "facts", paths.state_dir() / "tmp"):
+            statefile.make_private(written)
     duration = time.time() - started
 
     if interrupted["flag"] or runner.status == "canceled":

@@ -17,8 +17,10 @@ RECORD = "run.json"
 
 def new_run_dir(playbook: Path) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    path = runs_dir() / f"{stamp}-{playbook.stem}-{secrets.token_hex(3)}"
-    path.mkdir(parents=True, mode=0o700)  # a run's artifacts hold its events and variables: the user's alone
+    from rigbook.statefile import private_dir
+
+    path = private_dir(runs_dir()) / f"{stamp}-{playbook.stem}-{secrets.token_hex(3)}"
+    path.mkdir(mode=0o700)  # a run's artifacts hold its events and variables: the user's alone
     os.chmod(path, 0o700)
     return path
 

@@ -14,6 +14,7 @@ import errno
 import fcntl
 import json
 import os
+import stat
 import tempfile
 import time
 from contextlib import contextmanager, suppress
@@ -21,6 +22,40 @@ from pathlib import Path
 
 # New state files (baselines, history, locks) are the user's alone: a run's figures and lock name its hosts.
 NEW_FILE_MODE = 0o600
+# And so are the state directory and every folder under it.
+PRIVATE_DIR_MODE = 0o700
+
+
+def private_dir(path) -> Path:
+    """PATH made a folder, each missing level (PATH and the folders above it) created 0700; an existing one is left
+    as it is (paths.state_dir tightens the state directory itself). Returns PATH."""
+    path = Path(path)
+    if path.is_dir():
+        return path
+    if path.parent != path:
+        private_dir(path.parent)
+    try:
+        path.mkdir(mode=PRIVATE_DIR_MODE)
+    except FileExistsError:
+        if not path.is_dir():
+            raise
+    return path
+
+
+def make_private(root) -> None:
+    """Take group and other permissions off ROOT and everything under it (files and folders; a symbolic link is not
+    followed): for what another program wrote under the state directory with its own modes (ansible-runner's
+    artifacts, Ansible's fact cache). Missing ROOT: nothing to do."""
+    root = Path(root)
+    if not root.exists() or root.is_symlink():
+        return
+    todo = [root]
+    for folder, dirs, files in os.walk(root):
+        todo += [Path(folder, name) for name in (*dirs, *files)]
+    for path in todo:
+        info = path.lstat()
+        if not stat.S_ISLNK(info.st_mode) and info.st_mode & 0o077:
+            os.chmod(path, stat.S_IMODE(info.st_mode) & ~0o077)
 
 
 def lock_path(path: Path) -> Path:
@@ -47,7 +82,7 @@ def locked(path):
     processes and threads (flock: one lock per open file, so two holders in one process exclude each other too;
     do not nest it for the same PATH)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     fd = os.open(lock_path(path), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, NEW_FILE_MODE)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -81,10 +116,10 @@ def write_text_atomic(path, text: str, new_mode: int = NEW_FILE_MODE) -> None:
 
 
 def write_json_atomic(path, data, default=None) -> None:
-    """Write DATA as indented JSON to PATH (its folder made if missing) through write_text_atomic: a reader sees the
-    old file or the new one; an existing file keeps its permissions, a new one gets 0600."""
+    """Write DATA as indented JSON to PATH (its folder made 0700 if missing) through write_text_atomic: a reader
+    sees the old file or the new one; an existing file keeps its permissions, a new one gets 0600."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     write_text_atomic(path, json.dumps(data, indent=2, default=default) + "\n")
 
 
@@ -156,7 +191,7 @@ def exclusive(path, info: dict):
     holds it. INFO (JSON-able) is written into the file while held and removed on release; the file's content is
     only informational: a killed holder's lock dies with it, and its stale content blocks nobody."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, NEW_FILE_MODE)
     try:
         try:

@@ -266,3 +266,21 @@ def test_long_tasks_print_still_in_lines_in_a_pipe_and_quick_ones_none(tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "  TASK Say 4" in proc.stdout and "summary" in proc.stdout
     assert "still in" not in proc.stdout + proc.stderr
+
+
+def test_a_real_run_leaves_nothing_under_the_state_directory_others_can_read(tmp_path):
+    """ansible-runner's artifacts (its command file holds every -e), the run record, baselines.json, the fact cache
+    and Ansible's local temp: after a real run all are the user's alone, and a loose (0755) state directory is
+    tightened to 0700."""
+    state = tmp_path / "state"
+    state.mkdir()
+    state.chmod(0o755)
+    proc = provision("verify", "-i", "localhost", "--json", "-e", "rigbook_test_secret=sk-local",
+                     env={"RIGBOOK_STATE_DIR": str(state)})
+    assert proc.returncode in (0, 1), proc.stderr
+    run_dir = Path(json.loads(proc.stdout)["run_dir"])
+    assert "sk-local" in next(run_dir.glob("artifacts/*/command")).read_text()  # why the folder is private
+    assert "sk-local" not in (state / "run.lock").read_text()
+    loose = [f"{oct(p.lstat().st_mode & 0o777)} {p}" for p in [state, *state.rglob("*")]
+             if not p.is_symlink() and p.lstat().st_mode & 0o077]
+    assert loose == []

@@ -325,3 +325,79 @@ def test_new_state_files_and_run_folders_are_the_users_alone(state, tmp_path):
     assert target.stat().st_mode & 0o777 == 0o640  # an existing file keeps what its owner chose
     run_dir = runs.new_run_dir(Path("site.yml"))
     assert run_dir.is_relative_to(state) and run_dir.stat().st_mode & 0o777 == 0o700
+
+
+def test_extra_variables_are_redacted_in_every_form_argparse_takes(monkeypatch):
+    """argparse takes a unique prefix of --extra-vars (--ext, --e) and -e after clustered flags (-Ce, -vek=v): each
+    value is redacted in the lock's command line, as -e and --extra-vars are."""
+    from rigbook.cli import _playbook_parser
+    from rigbook.run import _command_line
+
+    argv = ["provision", "site.yml", "-i", "lab", "--extra", "a=sk-1", "--ext=sk-2", "--e", "sk-3", "-Ce", "sk-4",
+            "-vvesk-5", "-l", "e", "--limit", "-e"]
+    assert _playbook_parser().parse_args(argv[1:-2]).extra_vars == ["a=sk-1", "sk-2", "sk-3", "sk-4", "sk-5"]
+    assert _command_line(argv) == ("provision site.yml -i lab --extra '<redacted>' '--ext=<redacted>' --e "
+                                   "'<redacted>' -Ce '<redacted>' '-vve<redacted>' -l e --limit -e")
+
+
+def _loose(root: Path) -> list:
+    """Every file and folder under ROOT (ROOT too) that group or others may read, write or enter (links left out)."""
+    found = [root] if root.stat().st_mode & 0o077 else []
+    for path in root.rglob("*"):
+        info = path.lstat()
+        if not path.is_symlink() and info.st_mode & 0o077:
+            found.append(f"{oct(info.st_mode & 0o777)} {path.relative_to(root)}")
+    return found
+
+
+def test_the_state_directory_is_made_0700_and_a_loose_one_tightened(tmp_path, monkeypatch):
+    from rigbook.paths import state_dir
+
+    monkeypatch.setenv("RIGBOOK_STATE_DIR", str(tmp_path / "new" / "state"))
+    assert state_dir().stat().st_mode & 0o777 == 0o700
+    loose = tmp_path / "loose"
+    loose.mkdir(mode=0o755)
+    loose.chmod(0o755)
+    monkeypatch.setenv("RIGBOOK_STATE_DIR", str(loose))
+    assert state_dir() == loose and loose.stat().st_mode & 0o777 == 0o700
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    monkeypatch.setenv("RIGBOOK_STATE_DIR", str(shared))
+    with pytest.raises(UserError, match=f"state directory {shared} is a shared folder .mode 1777"):
+        state_dir()
+    assert shared.stat().st_mode & 0o7777 == 0o1777  # a shared folder is never changed
+
+
+def test_after_a_run_nothing_under_the_state_directory_is_readable_by_others(state, inv_path, monkeypatch, capsys):
+    """A run through the real writers (run folder, run record, baselines.json, the baselines history, the lock);
+    ansible-runner stands in as it writes: artifacts and Ansible's fact cache with their own (0644/0755) modes.
+    The state directory was made loose (0755) first: afterwards, nothing in it is group/other readable."""
+    state.mkdir(mode=0o755)
+    state.chmod(0o755)
+
+    def runner(**kwargs):
+        artifacts = Path(kwargs["private_data_dir"]) / "artifacts" / "ident"
+        (artifacts / "job_events").mkdir(parents=True, mode=0o755)
+        for name in ("command", "stdout", "rc", "status", "job_events/1-abc.json"):
+            fd = os.open(artifacts / name, os.O_WRONLY | os.O_CREAT, 0o644)
+            os.write(fd, b"-e secret=sk-1\n")
+            os.close(fd)
+        facts = Path(kwargs["envvars"]["ANSIBLE_CACHE_PLUGIN_CONNECTION"])
+        facts.mkdir(mode=0o755, exist_ok=True)
+        fd = os.open(facts / "box-a", os.O_WRONLY | os.O_CREAT, 0o644)
+        os.close(fd)
+        events = [{"event": "playbook_on_play_start", "event_data": {"play": "verify", "hosts": ["box-a"]}},
+                  {"event": "runner_on_ok", "event_data": {"host": "box-a", "task": "ladder",
+                                                           "res": {"ladder": ladder(FIGURES)}}},
+                  {"event": "playbook_on_stats", "event_data": {"ok": {"box-a": 1}}}]
+        for event in events:
+            kwargs["event_handler"](event)
+        return SimpleNamespace(status="successful", rc=0, stdout=None)
+
+    monkeypatch.setattr(ansible_runner, "run", runner)
+    assert main(["verify", "-i", str(inv_path), "-e", "secret=sk-1"]) == 0, capsys.readouterr()
+    [run_dir] = (state / "runs").iterdir()
+    assert (run_dir / "baselines.json").is_file() and (run_dir / "artifacts" / "ident" / "command").is_file()
+    assert (state / "baselines" / "box-a.json").is_file() and (state / "facts" / "box-a").is_file()
+    assert _loose(state) == []

@@ -60,6 +60,10 @@ def _host_problem(host: str, entry) -> str | None:
         problem = _list_of_objects(entry.get(key), f"hosts.{host}.{key}")
         if problem:
             return problem
+    for number, verdict in enumerate(entry.get("ladder") or []):
+        for key in ("layer", "status"):
+            if verdict.get(key) is not None and not isinstance(verdict[key], str):
+                return f"hosts.{host}.ladder[{number}].{key} is not a string but {_type(verdict[key])}"
     return None
 
 

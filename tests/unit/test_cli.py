@@ -106,6 +106,8 @@ def test_runs_with_no_history(tmp_path):
     (b'{"hosts": {"rig-a": "ok"}}', "hosts.rig-a is not an object but str"),
     (b'{"hosts": {"rig-a": {"state": ["failed"]}}}', "hosts.rig-a.state is not a string but list"),
     (b'{"hosts": {"rig-a": {"failures": "boom"}}}', "hosts.rig-a.failures is not a list of objects"),
+    (b'{"hosts": {"rig-a": {"ladder": [{"layer": "x", "status": ["fail"]}]}}}',
+     "hosts.rig-a.ladder[0].status is not a string but list"),
     (b'{"exit_code": [1]}', "exit_code is not a whole number but list"),
     (b'{"started": 5}', "started is not a string but int"),
     (b"{not json", "not valid JSON"),

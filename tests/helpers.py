@@ -1,6 +1,7 @@
 """Helpers shared by the tests: import them as `helpers` (tests/conftest.py puts tests/ on sys.path).
 
 - `provision()`: the `provision` command as a subprocess (`python -m rigbook`).
+- `tree_listing()`: what is under a folder, to show that a command changed nothing there.
 - Parse fixtures: `FIXTURES`, `expected()`, `cases()`, `fixture_names()`, `read()`, `check()`.
 - The lab: `LAB_MARKS` (root only, marker `lab`) and `leftovers()`.
 - Ansible module glue run in-process: `run_module()` with a table of expected commands (`ok()`, `fail()`),
@@ -11,10 +12,12 @@ No test module imports another test module; what two of them share lives here or
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 from contextlib import ExitStack, contextmanager
@@ -39,6 +42,32 @@ def provision(*args, env=None, timeout=600) -> subprocess.CompletedProcess:
     """Run `provision ARGS` (as `python -m rigbook`) with this environment plus ENV; capture text output."""
     return subprocess.run(provision_argv(*args), capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})})
+
+
+# --- what a command changed ----------------------------------------------------------------------------------
+
+def tree_listing(root: Path, skip=()) -> dict:
+    """Every path under ROOT (links not followed; the paths in SKIP and what is under them left out) -> (its
+    type, its mode, a file's sha256 or a link's target). Two listings are equal when nothing under ROOT was
+    created, removed, rewritten, re-linked or re-moded."""
+    skip = {Path(p) for p in skip}
+    seen = {}
+    for folder, dirs, files in os.walk(root):
+        here = Path(folder)
+        dirs[:] = [d for d in dirs if here / d not in skip]
+        for name in dirs + files:
+            path = here / name
+            if path in skip:
+                continue
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode):
+                what = os.readlink(path)
+            elif stat.S_ISREG(st.st_mode):
+                what = hashlib.sha256(path.read_bytes()).hexdigest()
+            else:
+                what = None
+            seen[str(path.relative_to(root))] = (stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode), what)
+    return seen
 
 
 # --- parse fixtures (tests/fixtures/parse/KIND/NAME.txt and KIND/expected.yml) --------------------------------

@@ -11,13 +11,13 @@ import gzip
 import io
 import json
 import os
-import stat
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
 import pytest
+from helpers import tree_listing
 
 from rigbook.snapshots import EVIDENCE_MAX_BYTES
 
@@ -29,20 +29,6 @@ def replay(path: Path, tmp: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120, env={**os.environ, "TMPDIR": str(tmp)})
 
 
-def listing(root: Path) -> dict:
-    """Every path under ROOT (links not followed) -> (its type, a file's bytes or a link's target)."""
-    seen = {}
-    for folder, dirs, files in os.walk(root):
-        for name in dirs + files:
-            path = Path(folder) / name
-            mode = os.lstat(path).st_mode
-            if stat.S_ISLNK(mode):
-                seen[str(path.relative_to(root))] = ("link", os.readlink(path))
-            elif stat.S_ISREG(mode):
-                seen[str(path.relative_to(root))] = ("file", path.read_bytes())
-            else:
-                seen[str(path.relative_to(root))] = (stat.S_IFMT(mode), None)
-    return seen
 
 
 @pytest.fixture
@@ -136,10 +122,10 @@ def test_a_crafted_tarball_exits_2_and_writes_nothing_outside(scene, kind):
     with tarfile.open(archive, "w:gz", format=tarfile.PAX_FORMAT) as tar:
         for info, data in build(scene):
             tar.addfile(info, io.BytesIO(data) if data is not None else None)
-    before = listing(scene)
+    before = tree_listing(scene)
     proc = replay(archive, scene / "tmp")
     refused(proc, f"error: --replay {archive}: refused: ", words)
-    assert listing(scene) == before  # tmp/ is empty again: no rigbook-replay-* left
+    assert tree_listing(scene) == before  # tmp/ is empty again: no rigbook-replay-* left
 
 
 def test_a_tarball_that_declares_3_gib_in_a_few_bytes_exits_2(scene):
@@ -147,9 +133,9 @@ def test_a_tarball_that_declares_3_gib_in_a_few_bytes_exits_2(scene):
     info.size = 3 << 30  # the header of a 3 MB gzip that unpacks to 3 GiB; here the stream ends after it
     archive = scene / "bomb.tar"
     archive.write_bytes(info.tobuf(tarfile.GNU_FORMAT, "utf-8", "surrogateescape") + bytes(4096))
-    before = listing(scene)
+    before = tree_listing(scene)
     refused(replay(archive, scene / "tmp"), "member 'h200/tree/huge' brings the archive's files over the cap of")
-    assert listing(scene) == before
+    assert tree_listing(scene) == before
 
 
 def test_a_gzip_that_expands_past_the_cap_exits_2(scene):
@@ -164,10 +150,10 @@ def test_a_gzip_that_expands_past_the_cap_exits_2(scene):
             out.write(gzip.compress(info.tobuf(tarfile.GNU_FORMAT, "utf-8", "surrogateescape")) + zeros)
         out.write(gzip.compress(bytes(1024)))
     assert (scene / "zeros.tar.gz").stat().st_size < 1 << 20
-    before = listing(scene)
+    before = tree_listing(scene)
     refused(replay(scene / "zeros.tar.gz", scene / "tmp"),
             f"member 'h200/tree/z{members - 1}' brings the archive's files over the cap of {EVIDENCE_MAX_BYTES} bytes")
-    assert listing(scene) == before
+    assert tree_listing(scene) == before
 
 
 # --- crafted folders ---------------------------------------------------------------------------------------------
@@ -183,10 +169,10 @@ def _folder(scene):
 def test_a_folder_whose_tree_links_to_root_exits_2_before_any_judge(scene):
     host = _folder(scene)
     (host / "tree").symlink_to("/")
-    before = listing(scene)
+    before = tree_listing(scene)
     refused(replay(scene / "snap", scene / "tmp"), "h200/tree leads out of the replay folder (to /)",
             "nothing was judged")
-    assert listing(scene) == before
+    assert tree_listing(scene) == before
 
 
 def test_a_folder_whose_tree_climbs_out_exits_2(scene):

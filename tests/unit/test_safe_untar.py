@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from ansible_collections.rigbook.homelab.plugins.module_utils import safe_untar
 from ansible_collections.rigbook.homelab.plugins.module_utils.safe_untar import UnsafeArchive, unpack
+from helpers import tree_listing
 
 # --- building tarballs -----------------------------------------------------------------------------------------
 
@@ -79,20 +80,6 @@ def cve_2025_4517(dest: Path, outside: Path):
 # --- the scene: tmp_path/archive.tar.gz, tmp_path/dest (empty), tmp_path/outside/keep -------------------------
 
 
-def listing(root: Path) -> dict:
-    """Every path under ROOT (links not followed) -> (its type, a file's bytes or a link's target)."""
-    seen = {}
-    for folder_, dirs, files in os.walk(root):
-        for name in dirs + files:
-            path = Path(folder_) / name
-            mode = os.lstat(path).st_mode
-            if stat.S_ISLNK(mode):
-                seen[str(path.relative_to(root))] = ("link", os.readlink(path))
-            elif stat.S_ISREG(mode):
-                seen[str(path.relative_to(root))] = ("file", path.read_bytes())
-            else:
-                seen[str(path.relative_to(root))] = (stat.S_IFMT(mode), None)
-    return seen
 
 
 @pytest.fixture
@@ -106,13 +93,13 @@ def scene(tmp_path):
 def refused(scene: Path, members, reason: str, member=None, **caps) -> UnsafeArchive:
     """Unpacking MEMBERS is refused with REASON (naming MEMBER when given) and leaves SCENE as it was."""
     archive = tarball(scene / "archive.tar.gz", *members)
-    before = listing(scene)
+    before = tree_listing(scene)
     with pytest.raises(UnsafeArchive) as caught:
         unpack(str(archive), str(scene / "dest"), **caps)
     assert reason in str(caught.value), str(caught.value)
     if member is not None:
         assert caught.value.member == member and str(caught.value).startswith(f"member {member!r} ")
-    assert listing(scene) == before
+    assert tree_listing(scene) == before
     assert list((scene / "dest").iterdir()) == []
     return caught.value
 
@@ -231,10 +218,10 @@ def test_a_header_that_claims_more_than_the_stream_holds(scene):
     info.size = 3 << 30
     archive = scene / "liar.tar"
     archive.write_bytes(info.tobuf(tarfile.GNU_FORMAT, "utf-8", "surrogateescape") + bytes(4096))
-    before = listing(scene)
+    before = tree_listing(scene)
     with pytest.raises(UnsafeArchive, match="member 'huge' brings the archive's files over the cap of"):
         unpack(str(archive), str(scene / "dest"), max_bytes=1 << 30)
-    assert listing(scene) == before
+    assert tree_listing(scene) == before
 
 
 def test_an_extended_header_larger_than_the_stream_cap(scene):
@@ -242,10 +229,10 @@ def test_an_extended_header_larger_than_the_stream_cap(scene):
     info = tarfile.TarInfo("f")
     info.pax_headers = {"comment": "a" * (4 << 20)}
     archive = tarball(scene / "pax.tar.gz", (info, b""))
-    before = listing(scene)
+    before = tree_listing(scene)
     with pytest.raises(UnsafeArchive, match="the archive's stream .* is over the cap of"):
         unpack(str(archive), str(scene / "dest"), max_members=10, max_bytes=1 << 20)
-    assert listing(scene) == before
+    assert tree_listing(scene) == before
 
 
 # --- accepted --------------------------------------------------------------------------------------------------
@@ -258,7 +245,7 @@ def test_a_good_archive_unpacks_with_its_internal_links(scene, mode):
                       symlink("top/link", "a.txt"), symlink("top/sub/up", "../a.txt"), symlink("top/self", "."),
                       symlink("top/sub/back", "../self/sub/deep.txt"), hardlink("top/hard", "./top/a.txt"),
                       folder("top"), mode=mode)
-    before = listing(scene)
+    before = tree_listing(scene)
     assert unpack(str(archive), str(scene / "dest")) == 9  # the repeated folder is counted once
     dest = scene / "dest" / "top"
     assert (dest / "a.txt").read_text() == "hello\n" and (dest / "sub" / "deep.txt").read_text() == "deep\n"
@@ -266,8 +253,8 @@ def test_a_good_archive_unpacks_with_its_internal_links(scene, mode):
     assert (dest / "sub" / "back").read_text() == "deep\n"
     assert os.stat(dest / "hard").st_ino == os.stat(dest / "a.txt").st_ino
     assert stat.S_IMODE(os.stat(dest / "run.sh").st_mode) == 0o755  # no setuid/setgid, no group/other write
-    assert {k: v for k, v in listing(scene).items() if not k.startswith("dest/")} == before
-    assert {k for k in listing(scene) if k.startswith("dest/")} == {
+    assert {k: v for k, v in tree_listing(scene).items() if not k.startswith("dest/")} == before
+    assert {k for k in tree_listing(scene) if k.startswith("dest/")} == {
         "dest/top", "dest/top/a.txt", "dest/top/run.sh", "dest/top/sub", "dest/top/sub/deep.txt", "dest/top/link",
         "dest/top/sub/up", "dest/top/self", "dest/top/sub/back", "dest/top/hard"}
 
@@ -307,10 +294,10 @@ def test_a_truncated_archive_leaves_the_folder_empty(scene):
 
 def test_a_failure_while_writing_empties_the_folder_again(scene):
     archive = tarball(scene / "a.tar.gz", file("first/a", b"a\n"), file("second/" + "n" * 300, b"b\n"))
-    before = listing(scene)
+    before = tree_listing(scene)
     with pytest.raises(OSError, match="File name too long"):
         unpack(str(archive), str(scene / "dest"))
-    assert listing(scene) == before and list((scene / "dest").iterdir()) == []
+    assert tree_listing(scene) == before and list((scene / "dest").iterdir()) == []
 
 
 def test_resolves_inside(tmp_path):

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from rigbook import statefile
 from rigbook.errors import UserError
-from rigbook.paths import state_dir
+from rigbook.paths import name_file, name_of_file, state_dir
 
 HISTORY_LIMIT = 200
 
@@ -38,7 +38,7 @@ def _dir() -> Path:
 
 
 def _file(host: str) -> Path:
-    return _dir() / f"{host}.json"
+    return _dir() / name_file(host)
 
 
 class CorruptBaseline(UserError):
@@ -176,7 +176,7 @@ NO_GROUP_BASELINE = ("all", "ungrouped")
 
 
 def _group_file(group: str) -> Path:
-    return _dir() / "groups" / f"{group}.json"
+    return _dir() / "groups" / name_file(group)
 
 
 def load_group(group: str) -> dict:
@@ -212,14 +212,28 @@ def _usable(recorded) -> bool:
     return bool(recorded and recorded.get("metrics"))
 
 
-def resolve(host: str, inv=None) -> tuple:
+def _read_only(path: Path, empty: dict, notes: list) -> dict:
+    """PATH's data (EMPTY when missing) for a command that only reads: a corrupt file is named in NOTES and left
+    out, never moved."""
+    data, problem = _read(path)
+    if problem:
+        notes.append(f"baselines file {path} is corrupt ({problem}): left out (the file was not moved)")
+        return empty
+    return data if data is not None else empty
+
+
+def resolve(host: str, inv=None, notes=None) -> tuple:
     """(label, recorded) of the baseline that judges HOST: its own ("host NAME"), else the first of its groups'
-    in inventory order ("group NAME"), else ("none", None)."""
-    own = load(host).get("recorded")
+    in inventory order ("group NAME"), else ("none", None). NOTES, a list, makes it read only (the report): a
+    corrupt file is named there and left out; without it a corrupt file is kept aside (CorruptBaseline)."""
+    def read(path: Path, empty: dict) -> dict:
+        return _load(path, empty) if notes is None else _read_only(path, empty, notes)
+
+    own = read(_file(host), {"host": host, "recorded": None, "history": []}).get("recorded")
     if _usable(own):
         return f"host {host}", own
     for group in host_groups(inv, host):
-        recorded = load_group(group).get("recorded")
+        recorded = read(_group_file(group), {"group": group, "recorded": None}).get("recorded")
         if _usable(recorded):
             return f"group {group}", recorded
     return "none", None
@@ -329,12 +343,12 @@ def _append(host: str, entry: dict, recorded: dict | None = None) -> None:
 def hosts_with_data() -> list:
     if not _dir().is_dir():
         return []
-    return sorted(p.stem for p in _dir().glob("*.json"))
+    return sorted(name_of_file(p) for p in _dir().glob("*.json"))
 
 
 def groups_with_data() -> list:
     base = _dir() / "groups"
-    return sorted(p.stem for p in base.glob("*.json")) if base.is_dir() else []
+    return sorted(name_of_file(p) for p in base.glob("*.json")) if base.is_dir() else []
 
 
 def _say_corrupt(path: Path, problem: str) -> None:

@@ -7,6 +7,7 @@ import secrets
 import stat
 import sys
 from pathlib import Path
+from urllib.parse import quote, unquote
 
 from rigbook.errors import UserError
 
@@ -40,6 +41,21 @@ def collection_root() -> Path:
         "reinstall rigbook (`pip install .` or, from a checkout, `pip install -e .`), or set "
         "RIGBOOK_COLLECTION_ROOT to a directory holding the collection"
     )
+
+
+def name_file(name: str, suffix: str = ".json") -> str:
+    """The file name under the state directory for a host or group NAME: NAME percent-encoded (anything but
+    letters, digits and _.-~; a leading dot too) plus SUFFIX, so no name can climb out of its folder, hide, or hold a
+    control character, whatever the inventory let through. Names as inventories write them are unchanged."""
+    stem = quote(name, safe="")
+    if stem.startswith("."):
+        stem = "%2E" + stem[1:]
+    return stem + suffix
+
+
+def name_of_file(path: Path) -> str:
+    """The host or group name a state file is named after (name_file's inverse)."""
+    return unquote(path.stem)
 
 
 def state_dir() -> Path:

@@ -153,18 +153,15 @@ def gather(inventory: str) -> ReportData:
     records = _run_records(data.notes)
     for name in names:
         host = HostData(name, tolerance=_tolerance(inv, name))
-        try:
-            host.baseline_label, host.baseline = baselines.resolve(name, inv)
-        except baselines.CorruptBaseline as exc:
-            data.notes.append(str(exc))
-        file_data, problem = baselines._read(baselines._file(name))
-        if problem:
-            data.notes.append(f"baselines file of {name} is corrupt ({problem}): its history is left out")
+        # The report only reads: a corrupt baselines file is named in the notes and left out, never moved.
+        host.baseline_label, host.baseline = baselines.resolve(name, inv, notes=data.notes)
+        file_data, _problem = baselines._read(baselines._file(name))
         host.history = list((file_data or {}).get("history") or [])
         host.runs = [r for r in records if ((r.get("hosts") or {}).get(name) or {}).get("ladder")]
-        if manifest_run and (manifest_run / manifests.MANIFEST_DIR / f"{name}.json").is_file():
+        manifest_file = manifest_run / manifests.MANIFEST_DIR / f"{name}.json" if manifest_run else None
+        if manifest_file and manifest_file.is_file():  # names validated: the playbook named the file after the host
             try:
-                host.manifest = manifests.read_manifest(manifest_run / manifests.MANIFEST_DIR / f"{name}.json")
+                host.manifest = manifests.read_manifest(manifest_file)
             except UserError as exc:  # a bad manifest file is named (on the page and stderr), the page still made
                 data.notes.append(f"manifest of {name}: {exc}: left out")
         data.hosts.append(host)

@@ -13,6 +13,7 @@ from helpers import provision
 from rigbook import baselines
 from rigbook.errors import UserError
 from rigbook.inventory import load
+from rigbook.paths import name_file
 
 # Seed 004 (X99 + 2x R9700): RCCL SendRecv 1 GB 9.75 GB/s, AllReduce busbw 9.51 GB/s.
 SEED_004 = {"sendrecv_busbw_gbs": 9.75, "all_reduce_busbw_gbs": 9.51}
@@ -169,11 +170,11 @@ def test_show_prints_brackets_in_host_names_and_the_state_path_as_they_are(tmp_p
     proc = provision("baseline", "show", env=env)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     assert f"no baselines yet under {state / 'baselines'}" in proc.stdout
-    host = "rig[bold]"  # a file name: no slash
+    host = "rig[bold]"
     data = {"host": host, "recorded": {"at": "2024-01-01 00:00:00", "metrics": {"m[/x]": 1.5},
                                        "versions": {"kernel": "6.8[/bold]"}}, "history": []}
     (state / "baselines").mkdir(parents=True)
-    (state / "baselines" / f"{host}.json").write_text(json.dumps(data))
+    (state / "baselines" / name_file(host)).write_text(json.dumps(data))
     proc = provision("baseline", "show", env=env)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     assert f"{host}: baseline of 2024-01-01 00:00:00 (kernel 6.8[/bold])" in proc.stdout
@@ -203,3 +204,17 @@ def test_a_baselines_file_of_the_wrong_shape_is_named_by_show(tmp_path, data, pr
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert f"error: baselines file {path} is corrupt ({problem})" in proc.stderr
     assert json.loads(path.read_text()) == data
+
+
+@pytest.mark.parametrize("name,file", [
+    ("rig-3080", "rig-3080.json"), ("box.lan", "box.lan.json"), ("10.0.0.7", "10.0.0.7.json"),
+    ("../../victim/package", "%2E.%2F..%2Fvictim%2Fpackage.json"), (".hidden", "%2Ehidden.json"),
+    ("..", "%2E..json"), ("a\\b", "a%5Cb.json"), ("a\nb", "a%0Ab.json"),
+])
+def test_a_name_becomes_one_file_name_inside_its_folder(tmp_path, monkeypatch, name, file):
+    monkeypatch.setenv("RIGBOOK_STATE_DIR", str(tmp_path / "state"))
+    path = baselines._file(name)
+    assert path.name == file and path.parent == tmp_path / "state" / "baselines"
+    baselines.record(name, [{"layer": "p2p_bandwidth", "status": "pass", "metrics": {"gbps": 20.0}}], "run")
+    assert baselines.hosts_with_data() == [name]
+    assert sorted(p.name for p in (tmp_path / "state").rglob("*.json")) == [file]

@@ -209,6 +209,9 @@ def test_bad_run_records_baselines_and_manifests_are_named_and_left_out(history,
         assert report._e(words) in page, words
     assert proc.stderr.count("warning: ") == len(said)
     assert "55 charted point(s)" not in proc.stdout  # lab-r9700's history is left out with its file
+    # The report only reads: the corrupt baselines file is where it was, as it was, and nothing was kept aside.
+    assert json.loads(host_file.read_text()) == data
+    assert not [p.name for p in host_file.parent.iterdir() if ".corrupt-" in p.name]
 
 
 def test_report_to_a_folder_or_a_missing_one_exits_2_and_leaves_nothing(tmp_path):

@@ -7,6 +7,7 @@ sources and loses that, so this module keeps each source separately.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,7 +63,7 @@ class Inventory:
         mine = [
             s
             for s in self.sources
-            if (s.owner.startswith("group ") and s.owner[6:] in groups) or s.owner == f"host {host}"
+            if (s.owner.startswith("group ") and s.owner[6:] in groups) or s.owner in (f"host {host}", EXTRA_VARS_OWNER)
         ]
         return sorted(mine, key=lambda s: s.rank)
 
@@ -107,15 +108,28 @@ MAX_YAML_BYTES = 4 << 20
 MAX_YAML_ALIASES = 1000
 
 
-def _contains_itself(value, open_ids=()) -> bool:
-    """Whether VALUE holds itself through an alias (a mapping or list on its own path)."""
+MAX_YAML_NODES = 1_000_000
+
+
+def _expanded_size(value, sizes: dict, open_ids: set) -> int:
+    """How many values VALUE holds once every alias is written out (each shared mapping or list counted once per
+    use, sized once: SIZES), or -1 when it holds itself (a mapping or list on its own path: OPEN_IDS)."""
     if not isinstance(value, (dict, list)):
-        return False
-    if id(value) in open_ids:
-        return True
-    inner = (*open_ids, id(value))
-    items = value.values() if isinstance(value, dict) else value
-    return any(_contains_itself(item, inner) for item in items)
+        return 1
+    key = id(value)
+    if key in open_ids:
+        return -1
+    if key not in sizes:
+        open_ids.add(key)
+        total = 1
+        for item in (value.values() if isinstance(value, dict) else value):
+            inner = _expanded_size(item, sizes, open_ids)
+            if inner < 0:
+                return -1
+            total += inner
+        open_ids.discard(key)
+        sizes[key] = total
+    return sizes[key]
 
 
 def _read_yaml(path: Path):
@@ -127,23 +141,64 @@ def _read_yaml(path: Path):
         raise UserError(f"{path}: cannot read: {exc.strerror}") from None
     except UnicodeDecodeError as exc:
         raise UserError(f"{path}: not UTF-8 text (byte {exc.start}): an inventory file is YAML text") from None
+    return _parse_yaml(text, str(path))
+
+
+def _parse_yaml(text: str, where: str):
+    """TEXT as YAML (safe types only, no key twice, at most MAX_YAML_ALIASES aliases, nothing that contains
+    itself); UserError naming WHERE otherwise."""
     try:
         if text.count("*") > MAX_YAML_ALIASES:  # only then count the real aliases (a * in a value is no alias)
             aliases = sum(1 for token in yaml.scan(text) if isinstance(token, yaml.AliasToken))
             if aliases > MAX_YAML_ALIASES:
-                raise UserError(f"{path}: {aliases} YAML aliases: an inventory file uses at most {MAX_YAML_ALIASES}")
+                raise UserError(f"{where}: {aliases} YAML aliases: an inventory file uses at most {MAX_YAML_ALIASES}")
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
-        if _contains_itself(data):
-            raise UserError(f"{path}: a YAML alias refers to a mapping or list that contains it (the document "
+        size = _expanded_size(data, {}, set())
+        if size < 0:
+            raise UserError(f"{where}: a YAML alias refers to a mapping or list that contains it (the document "
                             "nests without end)")
+        if size > MAX_YAML_NODES:  # a few aliases of aliases can stand for billions of values (an alias bomb)
+            raise UserError(f"{where}: its aliases expand to {size} values: an inventory file holds at most "
+                            f"{MAX_YAML_NODES}")
         return data
     except RecursionError:
-        raise UserError(f"{path}: a YAML alias refers to itself (the document nests without end)") from None
+        raise UserError(f"{where}: a YAML alias refers to itself (the document nests without end)") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
+        line = f" line {mark.line + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise UserError(f"{path}:{where}: not valid YAML: {problem}") from None
+        raise UserError(f"{where}:{line}: not valid YAML: {problem}") from None
+
+
+# The variables given with -e on the command line: one source above every inventory file, for every host.
+EXTRA_VARS_OWNER = "extra variables"
+EXTRA_VARS_FILE = Path("-e (command line)")
+
+
+def extra_vars_source(items) -> VarSource | None:
+    """The -e ITEMS (KEY=VALUE words, @FILE, or a JSON/YAML mapping), merged in order as ansible-playbook does, as
+    one VarSource (None when none). UserError, naming the item by its form (never its value: it may be a secret),
+    when one cannot be read."""
+    merged: dict = {}
+    for number, item in enumerate(items, 1):
+        what = f"-e number {number}"
+        if item.startswith("@"):
+            path = Path(item[1:])
+            if not path.is_file():
+                raise UserError(f"-e {item}: file {path} does not exist")
+            data = _mapping(_read_yaml(path), path, "an -e @FILE")
+        elif item.lstrip().startswith("{"):
+            data = _mapping(_parse_yaml(item, what), Path(what), "an -e mapping")
+        else:
+            try:
+                words = shlex.split(item)
+            except ValueError as exc:
+                raise UserError(f"{what}: {exc}: expected KEY=VALUE, @FILE or a JSON/YAML mapping") from None
+            if not words or any("=" not in word or word.startswith("=") for word in words):
+                raise UserError(f"-e {item!r}: expected KEY=VALUE, @FILE or a JSON/YAML mapping")
+            data = dict(word.split("=", 1) for word in words)
+        merged.update(data)
+    return VarSource(EXTRA_VARS_FILE, EXTRA_VARS_OWNER, merged, (10, 0, "")) if items else None
 
 
 def _mapping(value, path: Path, what: str) -> dict:
@@ -217,8 +272,9 @@ class _Loader:
                 self.inv.sources.append(VarSource(file, owner, data, rank))
 
 
-def load(path: Path) -> Inventory:
-    """Load a YAML inventory file or directory. Raises UserError on anything unreadable."""
+def load(path: Path, extra_vars=()) -> Inventory:
+    """Load a YAML inventory file or directory, with the -e items EXTRA_VARS as the highest source of every host.
+    Raises UserError on anything unreadable."""
     path = Path(path)
     if not path.exists():
         raise UserError(f"inventory {path} does not exist")
@@ -261,4 +317,7 @@ def load(path: Path) -> Inventory:
             source.rank = (source.rank[0], 0, "", source.rank[2])
     if not inv.hosts:
         raise UserError(f"inventory {path} defines no hosts")
+    extra = extra_vars_source(extra_vars)
+    if extra:
+        inv.sources.append(extra)
     return inv

@@ -150,25 +150,15 @@ def _cmdline(opts: RunOptions) -> str:
     return " ".join(shlex.quote(p) for p in parts)
 
 
-def _check_extra_vars(items: list) -> None:
-    for item in items:
-        if item.startswith("@"):
-            path = Path(item[1:])
-            if not path.is_file():
-                raise UserError(f"-e {item}: file {path} does not exist")
-        elif "=" not in item and not item.lstrip().startswith("{"):
-            raise UserError(f"-e {item!r}: expected KEY=VALUE, @FILE or a JSON/YAML mapping")
-
-
 def run_playbook(opts: RunOptions) -> int:
     """Validate, run, report. Returns the process exit code."""
     from rigbook.validate import run_roles, validate
 
     playbook = resolve_playbook(opts.playbook)
     inventory = resolve_inventory(opts.inventory)
-    _check_extra_vars(opts.extra_vars)
-    # Before any host is contacted: the variables, and every input the play's roles need.
-    inv = validate(inventory, roles=run_roles(playbook, opts.tags, opts.skip_tags))
+    # Before any host is contacted: the variables (the -e ones too, by the same schema), and every input the
+    # play's roles need.
+    inv = validate(inventory, roles=run_roles(playbook, opts.tags, opts.skip_tags), extra_vars=opts.extra_vars)
     if opts.baseline_mode == "record":
         from rigbook.baselines import check_group
 

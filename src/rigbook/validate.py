@@ -209,11 +209,12 @@ def _serve_findings(inv, host: str) -> tuple:
             [Problem(file, f"host {host}", key_path, message) for key_path, message in warnings])
 
 
-def check(inventory_path: Path, roles=None) -> tuple:
+def check(inventory_path: Path, roles=None, extra_vars=()) -> tuple:
     """(Inventory, problems, warnings): the schema per file; when it passes, each host's combinations and serve
     profiles, and, for the roles ROLES of a play (None: no play), every input they need and the inventory lacks.
-    Raises UserError when the inventory cannot be read."""
-    inv = inventory_mod.load(inventory_path)
+    EXTRA_VARS, a run's -e items, are one more source above every file (as in ansible-playbook), checked alike.
+    Raises UserError when the inventory or an -e item cannot be read."""
+    inv = inventory_mod.load(inventory_path, extra_vars)
     problems, warnings = [], []
     for source in inv.sources:
         problems.extend(_source_problems(source))
@@ -232,11 +233,11 @@ def check(inventory_path: Path, roles=None) -> tuple:
     return inv, problems, warnings
 
 
-def validate(inventory_path: Path, warn=None, roles=None):
+def validate(inventory_path: Path, warn=None, roles=None, extra_vars=()):
     """Load and validate; returns the Inventory or raises InventoryInvalid / UserError (exit 2). ROLES: the roles
     of the play about to run, whose missing inputs are problems too (None: the variables only). Warnings are
     printed on WARN (default stderr, so a --json stdout stays JSON) and do not stop anything."""
-    inv, problems, warnings = check(inventory_path, roles)
+    inv, problems, warnings = check(inventory_path, roles, extra_vars)
     stream = warn if warn is not None else sys.stderr
     for warning in warnings:
         print(f"warning: {warning}", file=stream, flush=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rigbook.errors import UserError
 from rigbook.validate import InventoryInvalid, validate
 
 HOMELAB = Path(__file__).resolve().parents[2] / "inventory" / "homelab"
@@ -339,3 +341,40 @@ def test_a_host_listed_in_the_other_vendors_play_group_is_named(tmp_path):
     inv = _copy(tmp_path / "again")
     _also_list(inv, "rig-3080", "gpu_vendor_nvidia")  # the group it would be in anyway: fine
     validate(inv)
+
+
+@pytest.mark.parametrize("item,words", [
+    ('{"rigbook_pins": {"kernel": {"release": "6.8.0-31-generic", "cmdline": ["iommu=pt $(reboot)"]}}}',
+     '-e (command line): extra variables: rigbook_pins.kernel.cmdline[0]: bad value "iommu=pt $(reboot)"'),
+    ("rigbook_gpu=nvidia", "-e (command line): extra variables: rigbook_gpu: bad value"),
+    ('{"rigbook_serve": [{"name": "x", "model_path": "/m\\n[Service]"}]}', "rigbook_serve[0].model_path"),
+])
+def test_extra_variables_meet_the_same_schema_before_any_host(tmp_path, monkeypatch, capsys, item, words):
+    """-e is the highest source of every host (as in ansible-playbook): the schema, the combinations and the serve
+    rules read it too, so a command line cannot slip shell into the kernel command line or a line into a unit."""
+    import ansible_runner
+
+    from rigbook.cli import main
+
+    monkeypatch.setenv("RIGBOOK_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setattr(ansible_runner, "run", lambda **kw: pytest.fail("ansible was started"))
+    assert main(["verify.yml", "-i", str(_copy(tmp_path)), "-e", item]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err
+
+
+def test_extra_variables_override_the_inventory_for_every_host(tmp_path):
+    inv = validate(_copy(tmp_path), extra_vars=['{"rigbook_p2p": {"expected": true, "reason": "on the command line"}}'])
+    for host in inv.hosts:
+        assert inv.host_vars(host)["rigbook_p2p"] == {"expected": True, "reason": "on the command line"}
+
+
+@pytest.mark.parametrize("item,words", [
+    ("novalue", "expected KEY=VALUE"), ("a=1 b", "expected KEY=VALUE"), ("=1", "expected KEY=VALUE"),
+    ("a='unclosed", "-e number 1: No closing quotation"), ("@/nonexistent/vars.yml", "does not exist"),
+    ('{"a": 1, "a": 2}', "key 'a' is written twice"), ("{a: [}", "-e number 1: line 1: not valid YAML"),
+    ('{"a": *x}', "not valid YAML"),
+])
+def test_an_extra_variable_that_cannot_be_read_is_one_error(tmp_path, item, words):
+    with pytest.raises(UserError, match=re.escape(words)):
+        validate(_copy(tmp_path), extra_vars=[item])

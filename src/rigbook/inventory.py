@@ -36,6 +36,9 @@ class Inventory:
     hosts: dict = field(default_factory=dict)  # host -> set of groups (including "all")
     children: dict = field(default_factory=dict)  # group -> set of child groups
     sources: list = field(default_factory=list)  # VarSource
+    # The run's -e variables (VarSource or None): checked by the schema on the controller; merged into each host
+    # by Ansible itself (a --limit run may give one host's values to the whole inventory).
+    extra_vars: VarSource | None = None
 
     def groups_of(self, host: str) -> set:
         return set(self.hosts.get(host, ()))
@@ -63,7 +66,7 @@ class Inventory:
         mine = [
             s
             for s in self.sources
-            if (s.owner.startswith("group ") and s.owner[6:] in groups) or s.owner in (f"host {host}", EXTRA_VARS_OWNER)
+            if (s.owner.startswith("group ") and s.owner[6:] in groups) or s.owner == f"host {host}"
         ]
         return sorted(mine, key=lambda s: s.rank)
 
@@ -170,7 +173,7 @@ def _parse_yaml(text: str, where: str):
         raise UserError(f"{where}:{line}: not valid YAML: {problem}") from None
 
 
-# The variables given with -e on the command line: one source above every inventory file, for every host.
+# The variables given with -e on the command line.
 EXTRA_VARS_OWNER = "extra variables"
 EXTRA_VARS_FILE = Path("-e (command line)")
 
@@ -273,8 +276,8 @@ class _Loader:
 
 
 def load(path: Path, extra_vars=()) -> Inventory:
-    """Load a YAML inventory file or directory, with the -e items EXTRA_VARS as the highest source of every host.
-    Raises UserError on anything unreadable."""
+    """Load a YAML inventory file or directory, and the -e items EXTRA_VARS (Inventory.extra_vars). Raises
+    UserError on anything unreadable."""
     path = Path(path)
     if not path.exists():
         raise UserError(f"inventory {path} does not exist")
@@ -317,7 +320,5 @@ def load(path: Path, extra_vars=()) -> Inventory:
             source.rank = (source.rank[0], 0, "", source.rank[2])
     if not inv.hosts:
         raise UserError(f"inventory {path} defines no hosts")
-    extra = extra_vars_source(extra_vars)
-    if extra:
-        inv.sources.append(extra)
+    inv.extra_vars = extra_vars_source(extra_vars)
     return inv

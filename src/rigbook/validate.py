@@ -107,9 +107,15 @@ def schema() -> dict:
 
 
 def _source_problems(source) -> list:
+    """The schema's problems of one source. Of the -e source only the host variables the schema defines are checked:
+    other rigbook_* names there are the roles' own knobs (rigbook_reboot_timeout, ...), which no inventory file sets."""
     shared = _shared()
+    variables = source.variables
+    if source.owner == inventory_mod.EXTRA_VARS_OWNER:
+        known = set(schema().get("properties") or {})
+        variables = {key: value for key, value in variables.items() if key in known}
     try:
-        found = shared.schema_problems(source.variables, str(schema_file()))
+        found = shared.schema_problems(variables, str(schema_file()))
     except shared.SchemaUnavailable as exc:
         raise UserError(str(exc)) from None
     return [Problem(source.file, source.owner, key_path, message) for key_path, message in found]
@@ -212,11 +218,11 @@ def _serve_findings(inv, host: str) -> tuple:
 def check(inventory_path: Path, roles=None, extra_vars=()) -> tuple:
     """(Inventory, problems, warnings): the schema per file; when it passes, each host's combinations and serve
     profiles, and, for the roles ROLES of a play (None: no play), every input they need and the inventory lacks.
-    EXTRA_VARS, a run's -e items, are one more source above every file (as in ansible-playbook), checked alike.
+    EXTRA_VARS, a run's -e items: the host variables among them meet the same schema.
     Raises UserError when the inventory or an -e item cannot be read."""
     inv = inventory_mod.load(inventory_path, extra_vars)
     problems, warnings = [], []
-    for source in inv.sources:
+    for source in inv.sources + ([inv.extra_vars] if inv.extra_vars else []):
         problems.extend(_source_problems(source))
     for host in sorted(inv.hosts):
         problems.extend(_vendor_group_problems(inv, host))

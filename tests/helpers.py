@@ -2,6 +2,7 @@
 
 - `provision()`: the `provision` command as a subprocess (`python -m rigbook`).
 - `tree_listing()`: what is under a folder, to show that a command changed nothing there.
+- `edit_yaml()`, `set_key()`: change one value of an inventory file.
 - Parse fixtures: `FIXTURES`, `expected()`, `cases()`, `fixture_names()`, `read()`, `check()`.
 - The lab: `LAB_MARKS` (root only, marker `lab`) and `leftovers()`.
 - Ansible module glue run in-process: `run_module()` with a table of expected commands (`ok()`, `fail()`),
@@ -68,6 +69,29 @@ def tree_listing(root: Path, skip=()) -> dict:
                 what = None
             seen[str(path.relative_to(root))] = (stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode), what)
     return seen
+
+
+# --- inventories edited by a test ---------------------------------------------------------------------------
+
+def edit_yaml(path: Path, mutate) -> Path:
+    """Load the YAML file PATH ({} when missing), let MUTATE change the data in place, write it back."""
+    data = yaml.safe_load(path.read_text()) if path.exists() else {}
+    mutate(data)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def set_key(dotted: str, value):
+    """A mutation for edit_yaml: set the key path DOTTED (a.b.c, mappings made on the way) to VALUE."""
+    def mutate(data):
+        node = data
+        keys = dotted.split(".")
+        for key in keys[:-1]:
+            node = node.setdefault(key, {})
+        node[keys[-1]] = value
+
+    return mutate
 
 
 # --- parse fixtures (tests/fixtures/parse/KIND/NAME.txt and KIND/expected.yml) --------------------------------

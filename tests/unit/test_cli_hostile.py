@@ -22,7 +22,7 @@ from typing import Callable
 
 import pytest
 import yaml
-from helpers import provision, tree_listing
+from helpers import edit_yaml, provision, set_key, tree_listing
 
 HOMELAB = Path(__file__).resolve().parents[2] / "inventory" / "homelab"
 G3080 = "group_vars/x99_3080.yml"
@@ -49,11 +49,7 @@ class Work:
         return dest
 
     def edit(self, inv: Path, rel: str, mutate: Callable) -> Path:
-        path = inv / rel
-        data = yaml.safe_load(path.read_text()) if path.exists() else {}
-        mutate(data)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        edit_yaml(inv / rel, mutate)
         return inv
 
     def write(self, rel: str, content) -> Path:
@@ -73,16 +69,6 @@ class Work:
 
 
 # --- builders: each takes a Work and returns the provision arguments ----------------------------------------
-
-def _set(path: str, value):
-    def mutate(data):
-        node = data
-        keys = path.split(".")
-        for key in keys[:-1]:
-            node = node.setdefault(key, {})
-        node[keys[-1]] = value
-    return mutate
-
 
 def _serve(key: str, value):
     def mutate(data):
@@ -259,14 +245,14 @@ CASES = [
     Case("host-name-leading-dot", hosts_yml(_hosts(".hidden")), ".hidden"),
     Case("host-name-control-char", hosts_yml(_hosts("rig\tx")), "host name"),
     Case("host-in-two-vendor-groups", two_vendor_groups, "rig-3080"),
-    Case("unknown-rigbook-variable", validate_edit(G3080, _set("rigbook_gpus", 2)), "unknown variable"),
-    Case("vendor-is-a-list", validate_edit(G3080, _set("rigbook_gpu.vendor", ["nvidia"])), "rigbook_gpu.vendor"),
+    Case("unknown-rigbook-variable", validate_edit(G3080, set_key("rigbook_gpus", 2)), "unknown variable"),
+    Case("vendor-is-a-list", validate_edit(G3080, set_key("rigbook_gpu.vendor", ["nvidia"])), "rigbook_gpu.vendor"),
     Case("cmdline-command-substitution",
-         validate_edit(G3080, _set("rigbook_pins.kernel.cmdline", ["iommu=pt $(reboot)"])),
+         validate_edit(G3080, set_key("rigbook_pins.kernel.cmdline", ["iommu=pt $(reboot)"])),
          "rigbook_pins.kernel.cmdline"),
-    Case("cmdline-backticks", validate_edit(G3080, _set("rigbook_pins.kernel.cmdline", ["x=`id`"])),
+    Case("cmdline-backticks", validate_edit(G3080, set_key("rigbook_pins.kernel.cmdline", ["x=`id`"])),
          "rigbook_pins.kernel.cmdline"),
-    Case("cmdline-newline", validate_edit(G3080, _set("rigbook_pins.kernel.cmdline", ["iommu=pt\nGRUB_X=1"])),
+    Case("cmdline-newline", validate_edit(G3080, set_key("rigbook_pins.kernel.cmdline", ["iommu=pt\nGRUB_X=1"])),
          "rigbook_pins.kernel.cmdline"),
     Case("extra-var-shell-in-cmdline", extra_var('{"rigbook_pins": {"kernel": {"cmdline": ["$(id)"]}}}'),
          'rigbook_pins.kernel.cmdline[0]: bad value "$(id)"'),

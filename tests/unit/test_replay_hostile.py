@@ -29,8 +29,6 @@ def replay(path: Path, tmp: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120, env={**os.environ, "TMPDIR": str(tmp)})
 
 
-
-
 @pytest.fixture
 def scene(tmp_path):
     """tmp_path/tmp (the replay's TMPDIR, empty) and tmp_path/outside/keep."""

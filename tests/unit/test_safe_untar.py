@@ -80,8 +80,6 @@ def cve_2025_4517(dest: Path, outside: Path):
 # --- the scene: tmp_path/archive.tar.gz, tmp_path/dest (empty), tmp_path/outside/keep -------------------------
 
 
-
-
 @pytest.fixture
 def scene(tmp_path):
     (tmp_path / "dest").mkdir()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import edit_yaml, set_key
 
 from rigbook.errors import UserError
 from rigbook.validate import InventoryInvalid, validate
@@ -25,22 +26,7 @@ def _copy(tmp_path: Path) -> Path:
 
 
 def _edit(inv: Path, rel: str, mutate) -> None:
-    path = inv / rel
-    data = yaml.safe_load(path.read_text()) if path.exists() else {}
-    mutate(data)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-
-
-def _set(path: str, value):
-    def mutate(data):
-        node = data
-        keys = path.split(".")
-        for key in keys[:-1]:
-            node = node.setdefault(key, {})
-        node[keys[-1]] = value
-
-    return mutate
+    edit_yaml(inv / rel, mutate)
 
 
 def _delete(path: str):
@@ -71,37 +57,37 @@ G9700 = "group_vars/x99_r9700.yml"
 
 # (case id, file edited, mutation, key path expected in the message, words expected in the message)
 INVALID = [
-    ("typo-in-pin-key", G3080, _set("rigbook_pins.cuda_toolchain.verison", "13.0.88"),
+    ("typo-in-pin-key", G3080, set_key("rigbook_pins.cuda_toolchain.verison", "13.0.88"),
      "rigbook_pins.cuda_toolchain.verison", "did you mean 'version'"),
-    ("unknown-top-variable", G3080, _set("rigbook_gpus", {"count": 2}), "rigbook_gpus", "unknown variable"),
-    ("bad-vendor", G3080, _set("rigbook_gpu.vendor", "intel"), "rigbook_gpu.vendor", '"nvidia", "amd"'),
-    ("count-as-string", G3080, _set("rigbook_gpu.count", "two"), "rigbook_gpu.count", "must be an integer"),
-    ("count-too-large", G3080, _set("rigbook_gpu.count", 64), "rigbook_gpu.count", "at most 16"),
-    ("bad-pcie-width", G3080, _set("rigbook_gpu.pcie.width", 12), "rigbook_gpu.pcie.width", "allowed values"),
-    ("pcie-gen-zero", G3080, _set("rigbook_gpu.pcie.gen", 0), "rigbook_gpu.pcie.gen", "at least 1"),
+    ("unknown-top-variable", G3080, set_key("rigbook_gpus", {"count": 2}), "rigbook_gpus", "unknown variable"),
+    ("bad-vendor", G3080, set_key("rigbook_gpu.vendor", "intel"), "rigbook_gpu.vendor", '"nvidia", "amd"'),
+    ("count-as-string", G3080, set_key("rigbook_gpu.count", "two"), "rigbook_gpu.count", "must be an integer"),
+    ("count-too-large", G3080, set_key("rigbook_gpu.count", 64), "rigbook_gpu.count", "at most 16"),
+    ("bad-pcie-width", G3080, set_key("rigbook_gpu.pcie.width", 12), "rigbook_gpu.pcie.width", "allowed values"),
+    ("pcie-gen-zero", G3080, set_key("rigbook_gpu.pcie.gen", 0), "rigbook_gpu.pcie.gen", "at least 1"),
     ("p2p-false-without-reason", G3080, _delete("rigbook_p2p.reason"), "rigbook_p2p", "missing required key 'reason'"),
-    ("p2p-expected-string", G9700, _set("rigbook_p2p.expected", "yes"), "rigbook_p2p.expected", "boolean"),
-    ("bad-p2p-level", G9700, _set("rigbook_p2p.nccl_p2p_level", "ANY"), "rigbook_p2p.nccl_p2p_level", "PHB"),
-    ("driver-version-garbled", G3080, _set("rigbook_pins.nvidia_driver.version", "615-p2p"),
+    ("p2p-expected-string", G9700, set_key("rigbook_p2p.expected", "yes"), "rigbook_p2p.expected", "boolean"),
+    ("bad-p2p-level", G9700, set_key("rigbook_p2p.nccl_p2p_level", "ANY"), "rigbook_p2p.nccl_p2p_level", "PHB"),
+    ("driver-version-garbled", G3080, set_key("rigbook_pins.nvidia_driver.version", "615-p2p"),
      "rigbook_pins.nvidia_driver.version", "must match"),
-    ("cuda-version-two-parts", G3080, _set("rigbook_pins.cuda_toolchain.version", "13.0"),
+    ("cuda-version-two-parts", G3080, set_key("rigbook_pins.cuda_toolchain.version", "13.0"),
      "rigbook_pins.cuda_toolchain.version", "13.0"),
-    ("cmdline-with-space", G3080, _set("rigbook_pins.kernel.cmdline", ["intel_iommu=on iommu=pt"]),
+    ("cmdline-with-space", G3080, set_key("rigbook_pins.kernel.cmdline", ["intel_iommu=on iommu=pt"]),
      "rigbook_pins.kernel.cmdline[0]", "must match"),
-    ("cmdline-shell-substitution", G3080, _set("rigbook_pins.kernel.cmdline", ["iommu=$(reboot)"]),
+    ("cmdline-shell-substitution", G3080, set_key("rigbook_pins.kernel.cmdline", ["iommu=$(reboot)"]),
      "rigbook_pins.kernel.cmdline[0]", "must match"),
-    ("cmdline-backtick", G3080, _set("rigbook_pins.kernel.cmdline", ["quiet`id`"]),
+    ("cmdline-backtick", G3080, set_key("rigbook_pins.kernel.cmdline", ["quiet`id`"]),
      "rigbook_pins.kernel.cmdline[0]", "must match"),
-    ("artifact-without-sha", G9700, _set("rigbook_pins.kernel.debs", [{"path": "/srv/linux-image.deb"}]),
+    ("artifact-without-sha", G9700, set_key("rigbook_pins.kernel.debs", [{"path": "/srv/linux-image.deb"}]),
      "rigbook_pins.kernel.debs[0]", "missing required key 'sha256'"),
-    ("artifact-short-sha", G9700, _set("rigbook_pins.kernel.debs", [{"path": "/srv/k.deb", "sha256": "abc"}]),
+    ("artifact-short-sha", G9700, set_key("rigbook_pins.kernel.debs", [{"path": "/srv/k.deb", "sha256": "abc"}]),
      "rigbook_pins.kernel.debs[0].sha256", "must match"),
     ("artifact-url-and-path", G9700,
-     _set("rigbook_pins.kernel.debs", [{"path": "/a", "url": "https://x.invalid/a", "sha256": "0" * 64}]),
+     set_key("rigbook_pins.kernel.debs", [{"path": "/a", "url": "https://x.invalid/a", "sha256": "0" * 64}]),
      "rigbook_pins.kernel.debs[0]", "exactly one of"),
-    ("sglang-neither-version-nor-repo", G9700, _set("rigbook_pins.sglang", {"lock": "locks/sglang.txt"}),
+    ("sglang-neither-version-nor-repo", G9700, set_key("rigbook_pins.sglang", {"lock": "locks/sglang.txt"}),
      "rigbook_pins.sglang", "exactly one of"),
-    ("sglang-branch-is-not-a-pin", G9700, _set("rigbook_pins.sglang", {"repo": {"url": "https://x.invalid/s",
+    ("sglang-branch-is-not-a-pin", G9700, set_key("rigbook_pins.sglang", {"repo": {"url": "https://x.invalid/s",
                                                                                  "commit": "main"}}),
      "rigbook_pins.sglang.repo.commit", "must match"),
     ("mem-fraction-one", G3080, _serve("mem_fraction_static", 1.0),
@@ -109,42 +95,42 @@ INVALID = [
     ("serve-without-model", G3080, _serve("model_path", delete=True), "rigbook_serve[0]", "'model_path'"),
     ("env-bad-name", G9700, _serve("env", {"1BAD": "x"}), "rigbook_serve[0].env", "bad key"),
     ("port-out-of-range", G9700, _serve("port", 70000), "rigbook_serve[0].port", "at most 65535"),
-    ("serve-as-one-mapping", G9700, _set("rigbook_serve", {"name": "a", "model_path": "/srv/m"}), "rigbook_serve",
+    ("serve-as-one-mapping", G9700, set_key("rigbook_serve", {"name": "a", "model_path": "/srv/m"}), "rigbook_serve",
      "must be an array"),
     ("serve-tp-above-gpu-count", G3080, _serve("tp_size", 4), "rigbook_serve[0].tp_size", "the box has 2 GPUs"),
-    ("tolerance-above-one", "group_vars/all.yml", _set("rigbook_tolerance", {"fail_below": 1.2}),
+    ("tolerance-above-one", "group_vars/all.yml", set_key("rigbook_tolerance", {"fail_below": 1.2}),
      "rigbook_tolerance.fail_below", "at most 1"),
-    ("evidence-root-relative", "host_vars/rig-3080.yml", _set("rigbook_evidence_root", "evidence"),
+    ("evidence-root-relative", "host_vars/rig-3080.yml", set_key("rigbook_evidence_root", "evidence"),
      "rigbook_evidence_root", "must match"),
-    ("rocm-pinned-on-nvidia-box", G3080, _set("rigbook_pins.rocm", {"version": "7.2"}),
+    ("rocm-pinned-on-nvidia-box", G3080, set_key("rigbook_pins.rocm", {"version": "7.2"}),
      "rigbook_pins.rocm", "vendor is nvidia"),
-    ("p2p-expected-with-one-gpu", G9700, _set("rigbook_gpu.count", 1), "rigbook_p2p.expected", "P2P needs 2 GPUs"),
+    ("p2p-expected-with-one-gpu", G9700, set_key("rigbook_gpu.count", 1), "rigbook_p2p.expected", "P2P needs 2 GPUs"),
     ("rocm-repo-without-key-sha", G9700,
-     _set("rigbook_pins.rocm.repo", {"url": "https://repo.example.invalid/rocm/apt/7.1", "suite": "noble",
+     set_key("rigbook_pins.rocm.repo", {"url": "https://repo.example.invalid/rocm/apt/7.1", "suite": "noble",
                                      "key_url": "https://repo.example.invalid/rocm/rocm.gpg.key"}),
      "rigbook_pins.rocm.repo", "missing required key 'key_sha256'"),
     ("rocm-repo-key-short-sha", G9700,
-     _set("rigbook_pins.rocm.repo", {"url": "file:///srv/rocm", "suite": "noble", "key_url": "file:///srv/k.asc",
+     set_key("rigbook_pins.rocm.repo", {"url": "file:///srv/rocm", "suite": "noble", "key_url": "file:///srv/k.asc",
                                      "key_sha256": "abc"}), "rigbook_pins.rocm.repo.key_sha256", "must match"),
     ("rocm-repo-and-debs", G9700,
-     _set("rigbook_pins.rocm", {"version": "7.1.0", "debs": [{"path": "/srv/rocm-core.deb", "sha256": "0" * 64}],
+     set_key("rigbook_pins.rocm", {"version": "7.1.0", "debs": [{"path": "/srv/rocm-core.deb", "sha256": "0" * 64}],
                                 "repo": {"url": "file:///srv/rocm", "suite": "noble", "key_url": "file:///srv/k",
                                          "key_sha256": "0" * 64}}),
      "rigbook_pins.rocm", "set only one of repo or debs"),
-    ("rocm-deb-without-sha", G9700, _set("rigbook_pins.rocm.debs", [{"path": "/srv/rocm-core.deb"}]),
+    ("rocm-deb-without-sha", G9700, set_key("rigbook_pins.rocm.debs", [{"path": "/srv/rocm-core.deb"}]),
      "rigbook_pins.rocm.debs[0]", "missing required key 'sha256'"),
-    ("rocm-dkms-string", G9700, _set("rigbook_pins.rocm.dkms", "no"), "rigbook_pins.rocm.dkms", "boolean"),
-    ("rocm-package-bad-name", G9700, _set("rigbook_pins.rocm.packages", ["ROCm Core"]),
+    ("rocm-dkms-string", G9700, set_key("rigbook_pins.rocm.dkms", "no"), "rigbook_pins.rocm.dkms", "boolean"),
+    ("rocm-package-bad-name", G9700, set_key("rigbook_pins.rocm.packages", ["ROCm Core"]),
      "rigbook_pins.rocm.packages[0]", "must match"),
-    ("rocm-typo", G9700, _set("rigbook_pins.rocm.dkm", True), "rigbook_pins.rocm.dkm", "did you mean 'dkms'"),
+    ("rocm-typo", G9700, set_key("rigbook_pins.rocm.dkm", True), "rigbook_pins.rocm.dkm", "did you mean 'dkms'"),
     # A control character in an environment value or name would write extra lines into an environment file or unit.
-    ("gpu-env-newline", G9700, _set("rigbook_pins.rocm.hsa_env.HSA_ENABLE_IPC_MODE_LEGACY", "0\nLD_PRELOAD=/x.so"),
+    ("gpu-env-newline", G9700, set_key("rigbook_pins.rocm.hsa_env.HSA_ENABLE_IPC_MODE_LEGACY", "0\nLD_PRELOAD=/x.so"),
      "rigbook_pins.rocm.hsa_env.HSA_ENABLE_IPC_MODE_LEGACY", "control characters (a newline, a tab, ...) are not"),
-    ("gpu-env-trailing-newline", G9700, _set("rigbook_pins.rocm.hsa_env.HSA_ENABLE_IPC_MODE_LEGACY", "0\n"),
+    ("gpu-env-trailing-newline", G9700, set_key("rigbook_pins.rocm.hsa_env.HSA_ENABLE_IPC_MODE_LEGACY", "0\n"),
      "rigbook_pins.rocm.hsa_env.HSA_ENABLE_IPC_MODE_LEGACY", "control characters"),
-    ("gpu-env-carriage-return", G9700, _set("rigbook_pins.rocm.hsa_env.HSA_X", "a\rb"),
+    ("gpu-env-carriage-return", G9700, set_key("rigbook_pins.rocm.hsa_env.HSA_X", "a\rb"),
      "rigbook_pins.rocm.hsa_env.HSA_X", "control characters"),
-    ("gpu-env-name-newline", G9700, _set("rigbook_pins.rocm.hsa_env", {"HSA_X\n": "1"}),
+    ("gpu-env-name-newline", G9700, set_key("rigbook_pins.rocm.hsa_env", {"HSA_X\n": "1"}),
      "rigbook_pins.rocm.hsa_env", "bad key \"HSA_X\\n\": names must match ^[A-Za-z_][A-Za-z0-9_]*$ (control"),
     ("serve-env-trailing-newline", G9700, _serve("env", {"NCCL_P2P_LEVEL": "PHB\n"}),
      "rigbook_serve[0].env.NCCL_P2P_LEVEL", "control characters"),
@@ -172,11 +158,11 @@ def test_a_rocm_repository_pin_and_an_offline_one_are_valid(tmp_path):
     inv = _copy(tmp_path)
     repo = {"url": "https://repo.example.invalid/rocm/apt/7.1", "suite": "noble", "components": ["main"],
             "key_url": "https://repo.example.invalid/rocm/rocm.gpg.key", "key_sha256": "a" * 64}
-    _edit(inv, G9700, _set("rigbook_pins.rocm", {"version": "7.1.0", "repo": repo, "dkms": False,
+    _edit(inv, G9700, set_key("rigbook_pins.rocm", {"version": "7.1.0", "repo": repo, "dkms": False,
                                                  "packages": ["rocm-core", "rocminfo"], "version_glob": "*.70100-*"}))
     validate(inv)
     debs = [{"path": "/srv/r.deb", "sha256": "b" * 64}]
-    _edit(inv, G9700, _set("rigbook_pins.rocm", {"version": "7.1.0", "debs": debs}))
+    _edit(inv, G9700, set_key("rigbook_pins.rocm", {"version": "7.1.0", "debs": debs}))
     validate(inv)
 
 
@@ -193,10 +179,10 @@ def test_homelab_is_valid():
 
 def test_host_vars_override_group_vars(tmp_path):
     inv = _copy(tmp_path)
-    _edit(inv, "host_vars/rig-3080.yml", _set("rigbook_gpu", {"vendor": "nvidia", "count": 1}))
+    _edit(inv, "host_vars/rig-3080.yml", set_key("rigbook_gpu", {"vendor": "nvidia", "count": 1}))
     with pytest.raises(InventoryInvalid, match=r"host rig-3080: rigbook_serve\[0\].tp_size: 2, but the box has 1 GPU"):
         validate(inv)  # the group's tp_size 2 profile is judged against the host's own GPU count
-    _edit(inv, "host_vars/rig-3080.yml", _set("rigbook_serve", [{"name": "one-gpu", "model_path": "/srv/models/m"}]))
+    _edit(inv, "host_vars/rig-3080.yml", set_key("rigbook_serve", [{"name": "one-gpu", "model_path": "/srv/models/m"}]))
     loaded = validate(inv)
     assert loaded.host_vars("rig-3080")["rigbook_gpu"]["count"] == 1
     assert loaded.provenance("rig-3080", "rigbook_gpu").file.name == "rig-3080.yml"
@@ -219,7 +205,7 @@ def test_ini_inventory_is_refused_clearly(tmp_path):
 
 def test_cli_validate_typo_exits_2_without_traceback(tmp_path):
     inv = _copy(tmp_path)
-    _edit(inv, G3080, _set("rigbook_pins.nvidia_driver.brnach", "615.71.09-p2p"))
+    _edit(inv, G3080, set_key("rigbook_pins.nvidia_driver.brnach", "615.71.09-p2p"))
     proc = subprocess.run(
         [sys.executable, "-m", "rigbook", "validate", "-i", str(inv)], capture_output=True, text=True, timeout=60
     )
@@ -321,9 +307,9 @@ def test_a_run_stops_on_a_host_in_two_vendor_groups_before_any_host(tmp_path, mo
 
 def test_a_child_group_overriding_its_parents_vendor_is_no_conflict(tmp_path):
     inv = _copy(tmp_path)
-    _edit(inv, "group_vars/all.yml", _set("rigbook_gpu", {"vendor": "amd", "count": 2}))
-    _edit(inv, "hosts.yml", _set("all.children.rigs.children", {"x99_3080": None}))
-    _edit(inv, "group_vars/rigs.yml", _set("rigbook_gpu", {"vendor": "amd", "count": 2}))
+    _edit(inv, "group_vars/all.yml", set_key("rigbook_gpu", {"vendor": "amd", "count": 2}))
+    _edit(inv, "hosts.yml", set_key("all.children.rigs.children", {"x99_3080": None}))
+    _edit(inv, "group_vars/rigs.yml", set_key("rigbook_gpu", {"vendor": "amd", "count": 2}))
     loaded = validate(inv)  # x99_3080 (nvidia) is a child of rigs (amd): the child's value is meant to win
     assert loaded.host_vars("rig-3080")["rigbook_gpu"]["vendor"] == "nvidia"
 

@@ -13,15 +13,30 @@ description:
     path missing here, a memory fraction above 0.88 with a desktop...); an error fails the task before anything is
     written or restarted.
   - Renders, per profile, C(rigbook-serve-<name>.service) (ExecStart built from the profile with no shell, the GPU
-    environment file plus the profile's own environment file, an unprivileged user in video/render,
-    Restart=on-failure with a start limit, TimeoutStartSec from the profile, LimitMEMLOCK, journald) and
-    C(<config_dir>/<name>.env); with an API key file, a root-only C(<name>.key.env) that the unit reads and the
-    engine gets as C(--api-key ${RIGBOOK_SERVE_API_KEY}), so the key is never in the unit, the argv on disk, the
-    task result or the diff. Units of profiles no longer listed are stopped, disabled and removed.
+    environment file plus the profile's own root-only environment file C(<config_dir>/<name>.env) (mode 0600,
+    as systemd reads it as root), an unprivileged user in video/render, Restart=on-failure with a start limit,
+    TimeoutStartSec from the profile, LimitMEMLOCK, journald) and a sandbox that C(systemd-analyze security) rates 1.8
+    (OK; 8.7 EXPOSED before) - no capabilities, ProtectSystem=strict with the home writable, ProtectHome (read-only
+    when the model lies under /home), the kernel, clock, hostname, control groups and other users' processes
+    protected, a system call deny list, RestrictAddressFamilies (AF_UNIX, AF_INET, AF_INET6, AF_NETLINK), UMask=0077,
+    and DevicePolicy=closed with only the vendor's GPU nodes allowed (NVIDIA C(char-nvidia*), AMD C(char-kfd),
+    C(char-drm)); what stays out and why (PrivateDevices hides the GPUs, MemoryDenyWriteExecute breaks the JIT,
+    ...) is written in the unit.
+  - With an API key file, a root-only C(<config_dir>/<name>.key.yaml) (mode 0600, one YAML mapping of C(api-key) to the key) that the unit
+    hands to the engine as a systemd credential (C(LoadCredential=api-key.yaml:...)); the engine reads it with
+    C(--config %d/api-key.yaml) (SGLang merges a --config YAML file's keys as flags, in-process). So the key is never
+    in the unit, any process's argv or environment, the task result or the diff. The key file of the older scheme
+    (C(<name>.key.env), expanded into the argv) is removed, as is the key file of a profile that dropped its key.
+    SGLang 0.5.23 logs its resolved arguments, the key included, at start; the sglang role's
+    C(api-key-out-of-logs.patch) redacts it there; the failure message's journal lines are redacted here.
+  - On an NVIDIA host, C(<modules_load_dir>/rigbook-serve.conf) loads nvidia-uvm at boot (and it is loaded now when
+    the driver is but it is not), as the unit's device allow-list is made when it starts and the engine (no
+    privileges) cannot load the module itself.
+  - Units of profiles no longer listed are stopped, disabled and removed, with their files.
   - One C(systemctl show) reads every unit's state. Files are written only when their content differs;
     C(daemon-reload) only when a unit file changed; a unit is restarted only when its unit, environment or key file
-    changed or O(restart) is set, started when it is not running, enabled for multi-user.target. A converged host
-    restarts nothing.
+    changed or O(restart) is set (a file whose mode or owner alone was wrong is fixed without a restart), started
+    when it is not running, enabled for multi-user.target. A converged host restarts nothing.
   - After a (re)start it waits for readiness, as SGLang has no sd_notify - C(/health_generate) polled until 200 (at
     most one request per 2 s, the unit's state checked in between), then one real chat completion - within the
     profile's C(startup_timeout_s); on a timeout or a unit that failed it fails with the unit's last journal lines.
@@ -69,9 +84,13 @@ options:
     type: path
     default: /etc/systemd/system
   config_dir:
-    description: Where the profiles' environment files go.
+    description: Where the profiles' environment and key files go.
     type: path
     default: /etc/rigbook/serve
+  modules_load_dir:
+    description: Where the NVIDIA host's modules-load.d file (nvidia-uvm) goes.
+    type: path
+    default: /etc/modules-load.d
   restart:
     description: Restart every unit even when nothing of it changed (the GPU stack it runs on changed).
     type: bool
@@ -100,7 +119,8 @@ account:
   type: list
   elements: str
 units:
-  description: Per profile name - unit, changed (what changed of unit/env/key), restarted, ready_s, started_at.
+  description: Per profile name - unit, changed (what changed of unit/env/key), restarted, started, enabled, ready_s,
+    started_at, files_removed (old key files), modes_fixed (files whose mode or owner was fixed).
   returned: always
   type: dict
 removed:
@@ -108,6 +128,11 @@ removed:
   returned: always
   type: list
   elements: str
+modules_load:
+  description: On an NVIDIA host - file (the modules-load.d file), changed (written), load (nvidia-uvm loaded now);
+    null elsewhere.
+  returned: always
+  type: dict
 warnings_found:
   description: The profile checks' warnings (also shown as task warnings).
   returned: always
@@ -120,20 +145,26 @@ import re
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.rigbook.homelab.plugins.module_utils import account as service_account
+from ansible_collections.rigbook.homelab.plugins.module_utils.parse import sglang_log
 from ansible_collections.rigbook.homelab.plugins.module_utils.serve import profile as serve_profile
 from ansible_collections.rigbook.homelab.plugins.module_utils.serve import readiness
 
 MARK = "# Managed by rigbook (serve role)"
 PREFIX = serve_profile.UNIT_PREFIX
+# The profile's API key for the engine's --config (root-only; the unit hands it over with LoadCredential=), and where
+# rigbook kept it before (an EnvironmentFile= the engine's argv expanded: removed on converge).
+KEY_SUFFIX = ".key.yaml"
+OLD_KEY_SUFFIX = ".key.env"
 _PLAIN = re.compile(r"^[A-Za-z0-9_@+=:,./-]+$")
 
 
 def systemd_quote(arg, keep=()):
-    """ARG as one word of an ExecStart= line: % and $ escaped (except the references in KEEP), quoted when needed."""
-    text = arg.replace("%", "%%")
-    if arg not in keep:
-        text = text.replace("$", "$$")
-    if _PLAIN.match(text) or arg in keep:
+    """ARG as one word of an ExecStart= line: % and $ escaped (but not in the words of KEEP: a specifier or a
+    reference systemd must expand), quoted when needed."""
+    if arg in keep:
+        return arg
+    text = arg.replace("%", "%%").replace("$", "$$")
+    if _PLAIN.match(text):
         return text
     return '"%s"' % text.replace("\\", "\\\\").replace('"', '\\"')
 
@@ -150,11 +181,128 @@ def env_text(profile):
     return "\n".join(lines) + "\n"
 
 
+# The GPU device nodes the engine opens, by vendor, as systemd device groups (names in /proc/devices, globbed):
+# NVIDIA's nvidia-frontend or nvidia (/dev/nvidia0..N, /dev/nvidiactl, 195:*), nvidia-uvm (/dev/nvidia-uvm, CUDA's
+# unified memory: a dynamic major), nvidia-caps and nvidia-nvlink; AMD's kfd (/dev/kfd, ROCm's compute queues) and drm
+# (/dev/dri/renderD*, card*). A vendor not known here gets both lists.
+DEVICE_GROUPS = {
+    "nvidia": ("char-nvidia*",),
+    "amd": ("char-kfd", "char-drm"),
+}
+# The module whose device group the allow-list needs when the unit starts: the list is fixed then, and NVIDIA's
+# userspace loads nvidia-uvm only on demand, through the setuid nvidia-modprobe, which NoNewPrivileges= disarms.
+NVIDIA_UVM = "nvidia-uvm"
+MODULES_LOAD_FILE = "rigbook-serve.conf"
+# The profile's env variables that name a directory the engine writes (caches moved out of HOME): writable too.
+WRITABLE_ENV = re.compile(r"^(TMPDIR|.*_(HOME|CACHE|CACHE_DIR|CACHE_PATH|CACHE_ROOT|DB_PATH|WORKSPACE_BASE))$")
+HOME_TREES = ("/home", "/root", "/run/user")
+
+# The sandbox of every serve unit. `systemd-analyze security` rated the unit 8.7 (EXPOSED) with NoNewPrivileges,
+# ProtectSystem=full and PrivateTmp alone; with these 1.8 (OK, `systemd-analyze security --offline=true`, systemd 252). Each line is what a GPU inference engine (PyTorch,
+# Triton, NCCL/RCCL, SGLang's HTTP server and its ZMQ-connected ranks) still works with.
+HARDENING = (
+    "NoNewPrivileges=yes",
+    # runs as an unprivileged user and needs no capability: LimitMEMLOCK= lifts the pinned-memory limit instead
+    "CapabilityBoundingSet=",
+    "AmbientCapabilities=",
+    # the OS read-only; writable: the home (caches, ReadWritePaths= below), a private /tmp, and /dev/shm (NCCL's SHM
+    # transport and PyTorch's shared tensors, left shared between the engine's own processes)
+    "ProtectSystem=strict",
+    "PrivateTmp=yes",
+    "UMask=0077",
+    "ProtectKernelTunables=yes",
+    "ProtectKernelModules=yes",
+    "ProtectKernelLogs=yes",
+    "ProtectControlGroups=yes",
+    "ProtectClock=yes",
+    "ProtectHostname=yes",
+    # other users' processes hidden; the engine's own ranks stay visible (SGLang kills its process tree with psutil)
+    "ProtectProc=invisible",
+    "PrivateMounts=yes",
+    "RestrictSUIDSGID=yes",
+    "RestrictNamespaces=yes",
+    "RestrictRealtime=yes",
+    "LockPersonality=yes",
+    # AF_INET/AF_INET6: the API and the ranks' NCCL/Gloo bootstrap; AF_UNIX: SGLang's ZMQ ipc sockets, NCCL's cuMem
+    # handle exchange, multiprocessing; AF_NETLINK: getifaddrs(), which NCCL and Gloo use to pick an interface
+    "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK",
+    "SystemCallArchitectures=native",
+    # a filtered call fails with EPERM instead of killing the engine mid-request
+    "SystemCallFilter=~@clock @cpu-emulation @module @mount @obsolete @privileged @raw-io @reboot @swap",
+    "SystemCallErrorNumber=EPERM",
+    # every device node closed but the standard pseudo devices and the GPU's (DeviceAllow= lines below)
+    "DevicePolicy=closed",
+)
+# Left out on purpose, each one's reason (systemd-analyze security still counts them):
+LEFT_OUT = (
+    "PrivateDevices=yes: a private /dev without the GPU nodes (/dev/nvidia*, /dev/kfd, /dev/dri); DevicePolicy=closed "
+    "with the GPU groups allowed is the allow-list instead",
+    "MemoryDenyWriteExecute=yes: PyTorch, Triton and the CUDA/HIP drivers JIT-compile kernels into writable "
+    "executable memory",
+    "PrivateNetwork=yes, IPAddressDeny=: the engine serves over the network (the bind address decides who reaches "
+    "it) and NCCL/Gloo bootstrap its ranks over the host's interface address, not only loopback",
+    "SystemCallFilter=~@resources: NCCL and PyTorch pin threads and memory to the GPU's NUMA node "
+    "(sched_setaffinity, set_mempolicy, mbind)",
+    "SystemCallFilter=~@debug: PyTorch shares CUDA memory between the engine's processes with pidfd_getfd "
+    "(expandable segments), and profilers use perf_event_open",
+    "ProcSubset=pid: psutil and PyTorch read /proc/meminfo, /proc/stat and /proc/cpuinfo",
+    "PrivateUsers=yes: the GPU nodes are reached through the video and render groups, which a user namespace leaves "
+    "unmapped",
+    "RemoveIPC=yes: every serve unit runs as the same user; stopping one would remove the others' POSIX shared "
+    "memory (/dev/shm, NCCL's SHM transport)",
+    "RestrictAddressFamilies= without AF_NETLINK: NCCL and Gloo choose their interface with getifaddrs(), which "
+    "asks over netlink (AF_PACKET and the other families stay denied)",
+)
+
+
+def device_groups(vendor):
+    """The DeviceAllow= groups of VENDOR's GPU nodes (both vendors' when VENDOR is not known)."""
+    if vendor in DEVICE_GROUPS:
+        return DEVICE_GROUPS[vendor]
+    return tuple(g for groups in DEVICE_GROUPS.values() for g in groups)
+
+
+def _under(path, trees):
+    path = str(path or "")
+    return any(path == tree or path.startswith(tree + "/") for tree in trees)
+
+
+def _unit_path(path):
+    """PATH as a word of a path-list setting (ReadWritePaths=): % doubled; None when it holds a space or quote."""
+    if not path.startswith("/") or any(c.isspace() or c in "\"'\\:" for c in path):
+        return None
+    return path.replace("%", "%%")
+
+
+def writable_paths(profile, p):
+    """ReadWritePaths= words: the home, then the profile's env cache directories (prefixed -: absent is fine)."""
+    words = [_unit_path(p["home"]) or p["home"]]
+    env = profile.get("env") or {}
+    for key in sorted(env):
+        value = _unit_path(str(env[key]))
+        if WRITABLE_ENV.match(key) and value and value != words[0]:
+            words.append("-" + value)
+    return words
+
+
+def protect_home(profile, p):
+    """yes: /home, /root, /run/user hidden; read-only when the model, the draft model, the engine or the home lies
+    under one of them (a model under /home/USER is common)."""
+    speculative = profile.get("speculative") or {}
+    paths = [profile.get("model_path"), speculative.get("draft_model_path") if isinstance(speculative, dict) else None,
+             p["engine"][0] if p["engine"] else None, p["home"]]
+    return "read-only" if any(_under(path, HOME_TREES) for path in paths if path) else "yes"
+
+
 def unit_text(profile, p, files):
-    argv = serve_profile.engine_argv(profile, p["engine"]) + serve_profile.api_key_args(profile)
-    keep = tuple(a for a in serve_profile.api_key_args(profile) if a.startswith("${"))
+    key_args = serve_profile.api_key_args(profile)
+    argv = serve_profile.engine_argv(profile, p["engine"]) + key_args
+    keep = tuple(a for a in key_args if a.startswith("%d/"))
     timeout = int(profile.get("startup_timeout_s") or serve_profile.DEFAULT_STARTUP_TIMEOUT_S)
-    env_files = list(p["env_files"]) + [files["env"]] + ([files["key"]] if "key" in files else [])
+    env_files = list(p["env_files"]) + [files["env"]]
+    credential = (["LoadCredential=%s:%s" % (serve_profile.API_KEY_CREDENTIAL, files["key"])] if "key" in files
+                  else [])
+    vendor = (p.get("host") or {}).get("vendor")
     lines = [
         MARK + ": serve profile %s. Edit rigbook_serve in the inventory, not this file." % profile["name"],
         "[Unit]",
@@ -162,7 +310,7 @@ def unit_text(profile, p, files):
         "Description=rigbook serve %s (SGLang %s on port %s)" % (
             profile["name"], str(profile.get("served_model_name") or profile["model_path"]).replace("%", "%%"),
             serve_profile.port_of(profile)),
-        "After=network-online.target",
+        "After=network-online.target systemd-modules-load.service",
         "Wants=network-online.target",
         # Restart=on-failure, but a crash loop stops after 5 starts in 10 minutes instead of hammering the GPUs
         "StartLimitIntervalSec=600",
@@ -175,7 +323,8 @@ def unit_text(profile, p, files):
         "SupplementaryGroups=%s" % " ".join(p["supplementary_groups"]),
         "WorkingDirectory=%s" % p["home"],
         "Environment=HOME=%s" % p["home"],
-    ] + ["EnvironmentFile=%s" % path for path in env_files] + [
+    ] + ["EnvironmentFile=%s" % path for path in env_files] + credential + [
+        # the API key, if any, is no word of this line: the engine reads it from its credential (%d) with --config
         "ExecStart=%s" % " ".join(systemd_quote(a, keep) for a in argv),
         "Restart=on-failure",
         "RestartSec=10",
@@ -186,9 +335,14 @@ def unit_text(profile, p, files):
         "StandardOutput=journal",
         "StandardError=journal",
         "SyslogIdentifier=%s%s" % (PREFIX, profile["name"]),
-        "NoNewPrivileges=yes",
-        "ProtectSystem=full",
-        "PrivateTmp=yes",
+        "",
+        "# The sandbox (systemd-analyze security; roles/serve/README.md).",
+    ] + list(HARDENING) + [
+        "ReadWritePaths=%s" % " ".join(writable_paths(profile, p)),
+        "ProtectHome=%s" % protect_home(profile, p),
+    ] + ["DeviceAllow=%s rw" % group for group in device_groups(vendor)] + [
+        "# Left out on purpose:",
+    ] + ["# - %s" % why for why in LEFT_OUT] + [
         "",
         "[Install]",
         "WantedBy=multi-user.target",
@@ -266,22 +420,46 @@ def profile_facts(facts, profile):
     return out
 
 
-def key_env(profile, module):
-    """The root-only environment file text holding the profile's API key (read from its key file on the host)."""
+def key_config(profile, module):
+    """(the root-only config file text holding the profile's API key for the engine's --config, the key), the key
+    read from the profile's api_key_file on the host."""
     path = profile["api_key_file"]
     try:
         st = os.stat(path)
         with open(path) as handle:
             key = handle.read().strip()
-    except OSError as exc:
-        module.fail_json(msg="serve profile %s: api_key_file %s: %s" % (profile["name"], path, exc.strerror or exc))
+    except (OSError, UnicodeDecodeError) as exc:
+        module.fail_json(msg="serve profile %s: api_key_file %s: %s" % (
+            profile["name"], path, getattr(exc, "strerror", None) or exc))
     if st.st_mode & 0o077:
         module.fail_json(msg="serve profile %s: api_key_file %s is mode %04o; make it 0600 (readable by root only)"
                          % (profile["name"], path, st.st_mode & 0o777))
     if not key or "\n" in key:
         module.fail_json(msg="serve profile %s: api_key_file %s must hold the key alone, on one line"
                          % (profile["name"], path))
-    return "%s=%s\n" % (serve_profile.API_KEY_ENV, key), key
+    return serve_profile.api_key_config(key, profile["name"]), key
+
+
+def file_state(path, text, mode):
+    """(content differs, mode or owner differs) of the file at PATH against TEXT written with MODE by this user."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return True, False
+    if read(path) != text:
+        return True, False
+    return False, (st.st_mode & 0o7777) != mode or st.st_uid != os.geteuid()
+
+
+def modules_text():
+    return ("# %s: the device group of %s must exist when a serve unit starts (its DeviceAllow= list is fixed then)\n"
+            "%s\n" % (MARK[2:], NVIDIA_UVM, NVIDIA_UVM))
+
+
+def uvm_missing(sys_module="/sys/module"):
+    """Whether NVIDIA's driver is loaded here but nvidia-uvm is not."""
+    return os.path.isdir(os.path.join(sys_module, "nvidia")) and not os.path.isdir(
+        os.path.join(sys_module, NVIDIA_UVM.replace("-", "_")))
 
 
 def main():
@@ -296,6 +474,7 @@ def main():
             host=dict(type="dict", default={}),
             unit_dir=dict(type="path", default="/etc/systemd/system"),
             config_dir=dict(type="path", default="/etc/rigbook/serve"),
+            modules_load_dir=dict(type="path", default="/etc/modules-load.d"),
             restart=dict(type="bool", default=False),
             wait=dict(type="bool", default=True),
         ),
@@ -321,20 +500,33 @@ def main():
 
     plan = []
     for profile in profiles:
+        base = os.path.join(p["config_dir"], profile["name"])
         item = dict(profile=profile, key=None, unit=unit_name(profile),
-                    files={"unit": os.path.join(p["unit_dir"], unit_name(profile)),
-                           "env": os.path.join(p["config_dir"], "%s.env" % profile["name"])})
-        texts = {"env": (env_text(profile), 0o644)}
+                    files={"unit": os.path.join(p["unit_dir"], unit_name(profile)), "env": base + ".env"})
+        # the profile's env is root's alone too: systemd reads EnvironmentFile= as root
+        texts = {"env": (env_text(profile), 0o600)}
         if profile.get("api_key_file"):
-            item["files"]["key"] = os.path.join(p["config_dir"], "%s.key.env" % profile["name"])
-            text, item["key"] = key_env(profile, module)
+            item["files"]["key"] = base + KEY_SUFFIX
+            text, item["key"] = key_config(profile, module)
             texts["key"] = (text, 0o600)
         texts["unit"] = (unit_text(profile, p, item["files"]), 0o644)
         item["texts"] = texts
-        item["changed"] = [kind for kind in ("unit", "env", "key")
-                           if kind in item["files"] and read(item["files"][kind]) != texts[kind][0]]
+        item["changed"], item["chmod"] = [], []
+        for kind in ("unit", "env", "key"):
+            if kind in item["files"]:
+                differs, mode = file_state(item["files"][kind], *texts[kind])
+                item["changed"] += [kind] if differs else []
+                item["chmod"] += [kind] if mode else []
+        # the key's old places: the environment file of rigbook before the credential, a key the profile dropped
+        item["remove"] = [path for path in [base + OLD_KEY_SUFFIX] + ([] if "key" in item["files"] else
+                                                                       [base + KEY_SUFFIX]) if os.path.lexists(path)]
         plan.append(item)
     secrets = [item["key"] for item in plan if item["key"]]
+
+    modules = None
+    if (p["host"] or {}).get("vendor") == "nvidia":
+        path = os.path.join(p["modules_load_dir"], MODULES_LOAD_FILE)
+        modules = dict(file=path, changed=read(path) != modules_text(), load=uvm_missing())
 
     listed = set(item["unit"] for item in plan)
     stale = sorted(name for name in (os.listdir(p["unit_dir"]) if os.path.isdir(p["unit_dir"]) else [])
@@ -342,9 +534,11 @@ def main():
                    and (read(os.path.join(p["unit_dir"], name)) or "").startswith(MARK))
     states = u.show(sorted(listed) + stale)
     account = service_account.changes(p["user"], p["supplementary_groups"], p["home"], create=True)
-    result = dict(changed=bool(stale or account), units={}, removed=stale, warnings_found=warnings,
-                  account=[what for what, _ in account])
+    result = dict(changed=bool(stale or account or (modules and (modules["changed"] or modules["load"]))),
+                  units={}, removed=stale, warnings_found=warnings, account=[what for what, _ in account],
+                  modules_load=modules)
     diff_before, diff_after = [], []
+    hidden = "(the API key: not shown)\n"
     for item in plan:
         state = states.get(item["unit"], {})
         running = state.get("ActiveState") in ("active", "activating", "reloading")
@@ -353,43 +547,62 @@ def main():
         result["units"][item["profile"]["name"]] = dict(
             unit=item["unit"], changed=item["changed"], restarted=item["restart"] and running,
             started=item["restart"] and not running, enabled=item["enabled"],
-            started_at=state.get("ExecMainStartTimestamp"))
-        if item["changed"] or item["restart"] or not item["enabled"]:
+            started_at=state.get("ExecMainStartTimestamp"), files_removed=item["remove"],
+            modes_fixed=[item["files"][kind] for kind in item["chmod"]])
+        if item["changed"] or item["restart"] or not item["enabled"] or item["remove"] or item["chmod"]:
             result["changed"] = True
         for kind in item["changed"]:
             path, before = item["files"][kind], read(item["files"][kind])
-            hidden = "(the API key: not shown)\n"
             diff_before.append("%s:\n%s" % (path, "(absent)\n" if before is None else hidden if kind == "key"
                                               else before))
             diff_after.append("%s:\n%s" % (path, hidden if kind == "key" else item["texts"][kind][0]))
+        for path in item["remove"]:
+            diff_before.append("%s: present (it may hold the API key: not shown)\n" % path)
+            diff_after.append("%s: removed\n" % path)
     if module._diff and result["changed"]:
         result["diff"] = dict(before="".join(diff_before) + "".join("%s: present\n" % s for s in stale),
                               after="".join(diff_after) + "".join("%s: removed\n" % s for s in stale))
     if module.check_mode or not result["changed"]:
         module.exit_json(**result)
-    apply(module, u, plan, stale, secrets, result, account)
+    apply(module, u, plan, stale, secrets, result, account, modules)
     module.exit_json(**result)
 
 
-def apply(module, u, plan, stale, secrets, result, account):
-    """Make the account, write what differs, remove stale units, reload, enable, (re)start and wait for readiness."""
+def apply(module, u, plan, stale, secrets, result, account, modules):
+    """Make the account, write what differs, remove stale units and old key files, reload, enable, (re)start and
+    wait for readiness."""
     p = module.params
     service_account.apply(account, u.run, p["home"], p["user"])
     if not os.path.isdir(p["config_dir"]):
         os.makedirs(p["config_dir"], 0o755)
+    if modules and modules["changed"]:
+        if not os.path.isdir(p["modules_load_dir"]):
+            os.makedirs(p["modules_load_dir"], 0o755)
+        write(modules["file"], modules_text(), 0o644)
+    if modules and modules["load"]:
+        # before any (re)start: the unit's device allow-list is made from /proc/devices when it starts
+        rc, _, err = u.run(["modprobe", NVIDIA_UVM], check=False)
+        if rc != 0:
+            module.warn("modprobe %s failed (%s): a serve unit started now cannot open /dev/nvidia-uvm"
+                        % (NVIDIA_UVM, (err or "").strip()[-300:]))
     reload_needed = bool(stale)
     for item in plan:
         for kind in item["changed"]:
             text, mode = item["texts"][kind]
             write(item["files"][kind], text, mode)
             reload_needed = reload_needed or kind == "unit"
+        for kind in item["chmod"]:
+            os.chown(item["files"][kind], os.geteuid(), os.getegid())
+            os.chmod(item["files"][kind], item["texts"][kind][1])
+        for path in item["remove"]:
+            os.unlink(path)
     for name in stale:
         u.run(["systemctl", "disable", "--now", name], check=False)
         os.unlink(os.path.join(p["unit_dir"], name))
         base = name[len(PREFIX):-len(".service")]
-        for suffix in (".env", ".key.env"):
+        for suffix in (".env", KEY_SUFFIX, OLD_KEY_SUFFIX):
             path = os.path.join(p["config_dir"], base + suffix)
-            if os.path.exists(path):
+            if os.path.lexists(path):
                 os.unlink(path)
     if reload_needed:
         u.run(["systemctl", "daemon-reload"])
@@ -406,9 +619,8 @@ def apply(module, u, plan, stale, secrets, result, account):
         outcome = readiness.wait(item["profile"], item["key"], lambda unit=unit: u.show([unit]).get(unit, {}))
         entry = result["units"][item["profile"]["name"]]
         if not outcome["ready"]:
-            journal = u.journal(unit)
-            for secret in secrets:
-                journal = journal.replace(secret, "(API key)")
+            # the engine's own start-up line holds the key unless SGLang is patched (roles/sglang): redacted here
+            journal = sglang_log.redact(u.journal(unit), secrets)
             module.fail_json(msg="%s is not ready: %s. Its last journal lines:\n%s" % (unit, outcome["why"], journal),
                              units=result["units"])
         entry["ready_s"] = outcome["seconds"]

@@ -341,9 +341,27 @@ def test_api_key_never_on_the_command_line():
     assert "--api-key" not in argv and not any("a.key" in a for a in argv)
     assert argv[-4:] == ["--host", "0.0.0.0", "--port", "8000"]
     assert argv[argv.index("--served-model-name") + 1] == "qwen"
-    assert serve.api_key_args(profile) == ["--api-key", "${RIGBOOK_SERVE_API_KEY}"]
+    # the engine reads the key from its systemd credential (%d: the credentials directory) with --config
+    assert serve.api_key_args(profile) == ["--config", "%d/api-key.yaml"]
     assert serve.api_key_args({"name": "a", "model_path": "/m"}) == []
     assert serve.check(profile, {}) == ([], [])  # exposed, but with a key
+
+
+@pytest.mark.parametrize("key", ["s3cret", "123", "true", "null", "*x", "# y", "a: b", "it's \"q\" \\", "ключ"])
+def test_the_key_config_reads_back_as_the_same_string(key):
+    text = serve.api_key_config(key, "qwen")
+    assert yaml.safe_load(text) == {"api-key": key}  # SGLang: --api-key KEY
+    assert text.startswith("# Managed by rigbook (serve role), serve profile qwen")
+
+
+def test_a_config_file_of_its_own_clashes_with_the_key():
+    """SGLang takes one --config; with api_key_file it is the key's."""
+    profile = {"name": "a", "model_path": "/m", "api_key_file": "/k", "extra_args": ["--page-size", "64", "--config",
+                                                                                    "/etc/x.yaml"]}
+    errors, _ = serve.check(profile, {})
+    assert [e.split(":")[0] for e in errors] == ["rigbook_serve[0].extra_args[2]"]
+    assert "one --config file" in errors[0]
+    assert serve.check(dict(profile, api_key_file=None), {}) == ([], [])
 
 
 def test_lab_serve_profiles_point_the_stand_in_at_the_evidence_root():

@@ -6,7 +6,7 @@
 Pure; standard library only; no imports from the collection, so the controller can load this file by path.
 
 - engine_argv(profile, engine): the engine's argv in SGLang's flag spelling, deterministic (a unit file built
-  from it is stable), never with the API key (api_key_args gives the reference to the unit's environment).
+  from it is stable), never with the API key (api_key_args: the engine reads it from a file, api_key_config).
 - check(profile, host, index) / check_all(profiles, host): (errors, warnings), lists of "key path: why". HOST is
   what is known about the box: gpu_count, vendor, p2p_expected (inventory: rigbook_gpu, rigbook_p2p), and, only
   on the box itself, default_target, display_manager_enabled, model_path_exists, draft_model_path_exists. A key
@@ -19,6 +19,7 @@ traceback.
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 
 DEFAULT_PORT = 30000
@@ -30,8 +31,12 @@ UNIT_TEMPLATE = UNIT_PREFIX + "{name}.service"
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 # Seed 000: a desktop holds ~80 MB of GPU0; 0.90 OOMs in warm-up, 0.88 works.
 DESKTOP_SAFE_MEM_FRACTION = 0.88
-# The variable of the unit's root-only EnvironmentFile that holds the key (the serve role writes it).
-API_KEY_ENV = "RIGBOOK_SERVE_API_KEY"
+# The API key reaches the engine as a file, never as a word of its argv or its environment: the serve role writes a
+# root-only YAML file holding it, the unit hands that file to the engine as a systemd credential (LoadCredential=,
+# under this name in the unit's credentials directory, %d) and the engine reads it with `--config FILE.yaml`
+# (SGLang's prepare_server_args merges the mapping's keys as flags, the command line winning).
+API_KEY_CREDENTIAL = "api-key.yaml"
+CONFIG_FLAG = "--config"
 DISABLE_CUSTOM_ALL_REDUCE = "--disable-custom-all-reduce"
 # Algorithms that draft with a separate model; NEXTN (a model's own MTP head) and NGRAM need none.
 NEEDS_DRAFT_MODEL = frozenset(("EAGLE", "EAGLE3", "STANDALONE", "DFLASH"))
@@ -117,11 +122,21 @@ def engine_argv(profile, engine):
 
 
 def api_key_args(profile):
-    """["--api-key", "${RIGBOOK_SERVE_API_KEY}"] when the profile has api_key_file, else []: systemd expands the
-    reference from the unit's root-only EnvironmentFile, so the key is never in the unit or the argv on disk."""
+    """["--config", "%d/api-key.yaml"] when the profile has api_key_file, else []: %d is systemd's specifier for the
+    unit's credentials directory, where LoadCredential= puts the root-only key file (api_key_config), so the key
+    is never in the unit, the argv or the engine's environment."""
     if isinstance(profile, dict) and profile.get("api_key_file"):
-        return ["--api-key", "${%s}" % API_KEY_ENV]
+        return [CONFIG_FLAG, "%d/" + API_KEY_CREDENTIAL]
     return []
+
+
+def api_key_config(key, name=None):
+    """The text of the key's config file for the engine's --config: one YAML mapping, `api-key: "KEY"` (SGLang
+    turns each key into the flag --KEY, so the flag's spelling, not the field's; the value JSON-quoted, which YAML
+    reads as the same string whatever it looks like: digits, true, a leading `*` or `#`)."""
+    head = "# Managed by rigbook (serve role)%s: the engine's API key, handed to it by systemd (LoadCredential=).\n" % (
+        "" if name is None else ", serve profile %s" % name)
+    return head + "api-key: %s\n" % json.dumps(str(key))
 
 
 def port_of(profile):
@@ -348,6 +363,12 @@ def _extra_args_not_owned(profile, host, where):
         else:
             why = "the profile field %s sets it; set %s instead of the flag" % (field, field)
         problems.append(("error", "%s.extra_args[%d]" % (where, index), "%s: %s" % (flag, why)))
+    if profile.get("api_key_file"):
+        for index, arg in enumerate(profile.get("extra_args") or []):
+            if arg == CONFIG_FLAG:
+                problems.append(("error", "%s.extra_args[%d]" % (where, index),
+                                 "%s: with api_key_file the engine reads its API key through its one %s file (SGLang "
+                                 "takes only one); put those options in extra_args instead" % (arg, CONFIG_FLAG)))
     return problems
 
 

@@ -205,7 +205,7 @@ def test_changing_the_serve_profiles_restarts_only_what_changed_and_a_key_shows_
     address = state.load().host(host).address  # 127.0.11.2: this host's own loopback address, beside 127.0.0.1
     key = "lab-" + secrets.token_urlsafe(24)
     on_host(host, f"umask 077; cat > {KEY_FILE}", stdin=key + "\n")
-    # custom_all_reduce set: an -e value reaches every host's checks, the P2P-less lab-3080's too (--limit or not)
+    # custom_all_reduce set: -e gives this list to every host of the inventory, the P2P-less lab-3080 too
     keyed = dict(profile(host)[0], name="keyed", served_model_name="keyed", bind=address, port=KEYED_PORT,
                  api_key_file=KEY_FILE, custom_all_reduce=False)
     changed = extra(tmp_path, rigbook_serve=profile(host, extra_args=["--log-level", "info"],

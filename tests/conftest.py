@@ -20,13 +20,7 @@ if TESTS not in sys.path:  # `import helpers` in any import mode (pytest's defau
 
 # The whole test session gets its own state directory, so runs, links and lab state never
 # touch the user's ~/.local/state/rigbook.
-# Under pytest-xdist each worker is a session of its own, with its own state directory.
-_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
-if os.environ.get("RIGBOOK_TEST_STATE_DIR"):
-    _SESSION_STATE = os.path.join(os.environ["RIGBOOK_TEST_STATE_DIR"], _WORKER)
-else:
-    _SESSION_STATE = tempfile.mkdtemp(prefix=f"rigbook-test-state-{_WORKER}-" if _WORKER else "rigbook-test-state-")
-os.makedirs(_SESSION_STATE, mode=0o700, exist_ok=True)
+_SESSION_STATE = os.environ.get("RIGBOOK_TEST_STATE_DIR") or tempfile.mkdtemp(prefix="rigbook-test-state-")
 os.environ["RIGBOOK_STATE_DIR"] = _SESSION_STATE
 
 from rigbook.paths import link_collection  # noqa: E402
@@ -43,11 +37,3 @@ def repo() -> Path:
 def fixtures() -> Path:
     return REPO / "tests" / "fixtures"
 
-
-def pytest_collection_modifyitems(items):
-    """Every test of the lab marker in one pytest-xdist group (`--dist loadgroup` runs a group on one worker, in
-    collection order): the lab's hosts have fixed loopback addresses, so two lab tests may never run at once, while
-    the unit, local, wheel, lint and browser tests run on the other workers beside the lab's reboots and waits."""
-    for item in items:
-        if item.get_closest_marker("lab"):
-            item.add_marker(pytest.mark.xdist_group("lab"))

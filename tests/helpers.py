@@ -140,6 +140,7 @@ def check(parse, kind, name, facts):
 
 # --- the lab ---------------------------------------------------------------------------------------------------
 
+# scripts/test runs the tests marked lab in one pytest process, every other test in a second one beside it.
 LAB_MARKS = [
     pytest.mark.lab,
     pytest.mark.skipif(os.geteuid() != 0, reason="lab hosts need root (systemd-nspawn, mounts)"),

@@ -207,7 +207,7 @@ def test_a_baselines_file_of_the_wrong_shape_is_named_by_show(tmp_path, data, pr
 
 
 @pytest.mark.parametrize("name,file", [
-    ("rig-3080", "rig-3080.json"), ("box.lan", "box.lan.json"), ("10.0.0.7", "10.0.0.7.json"),
+    ("rig-3080", "rig-3080.json"), ("box.lan", "box.lan.json"), ("127.0.0.7", "127.0.0.7.json"),
     ("../../victim/package", "%2E.%2F..%2Fvictim%2Fpackage.json"), (".hidden", "%2Ehidden.json"),
     ("..", "%2E..json"), ("a\\b", "a%5Cb.json"), ("a\nb", "a%0Ab.json"),
 ])

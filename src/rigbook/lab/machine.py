@@ -127,10 +127,29 @@ def configure(host: Host, client_pubkey: str) -> str:
     # config.json, as SGLang checks the model directory holds one.
     _put(root, f"{STANDIN_MODEL}/config.json", json.dumps({"architectures": ["StandinForCausalLM"],
                                                             "rigbook_lab": "TEST STAND-IN model, no weights"}) + "\n")
+    _put(root, "etc/dpkg/dpkg.cfg.d/50-rigbook-lab", LAB_DPKG_CFG)
+    _put(root, "etc/initramfs-tools/conf.d/50-rigbook-lab", LAB_INITRAMFS_CONF)
     remove_tree(host.evidence)
     hardware_trees.materialize(host.rig, host.evidence)
     install_boot_hook(root)
     return " ".join(pub.split()[:2])
+
+
+# A lab host is a container: it never loads a kernel module or boots an initrd, so a kernel package's own module
+# tree (395 MiB for linux-image-6.1.0-47-amd64) is not unpacked and its initramfs is a small one. apt, dpkg, the
+# package's maintainer scripts, DKMS and update-initramfs still run as on a box; dpkg does not fsync each file.
+# Measured on a lab host: `dpkg -i` of a kernel image 78 s -> 5 s. The DKMS builds land in updates/dkms, kept.
+LAB_DPKG_CFG = """\
+# rigbook lab host only (see rigbook/lab/machine.py): no fsync per file; no kernel module tree
+force-unsafe-io
+path-exclude=/lib/modules/*/kernel/*
+path-exclude=/usr/lib/modules/*/kernel/*
+"""
+LAB_INITRAMFS_CONF = """\
+# rigbook lab host only (see rigbook/lab/machine.py): the container boots no initrd
+MODULES=list
+COMPRESSLEVEL=1
+"""
 
 
 BARE_SSHD = """\

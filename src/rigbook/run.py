@@ -50,9 +50,17 @@ def resolve_playbook(name: str) -> Path:
 
 
 def resolve_inventory(name: str) -> Path:
+    """NAME as a path, else the collection's inventory of that name; `lab` is the lab that is up when its layout is
+    not inventory/lab's (rigbook.lab.inventory.running_inventory)."""
     given = Path(name)
     if given.exists():
         return given.resolve()
+    if name == "lab":
+        from rigbook.lab.inventory import running_inventory
+
+        running = running_inventory()
+        if running is not None:
+            return running
     base = paths.collection_root() / "inventory"
     candidate = base / name
     if candidate.exists():

@@ -15,6 +15,8 @@ each step; see pytest_collection_modifyitems):
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from helpers import leftovers, provision
 
@@ -30,10 +32,42 @@ def _step(item) -> int | None:
     return next((step for name, step in STEPS if name in names), None)
 
 
+# Lab groups: scripts/test runs each group's lab tests in a pytest process of its own, side by side, each with its
+# own state directory and address block (RIGBOOK_TEST_LAB_GROUP, RIGBOOK_LAB_ADDRESS_BLOCK), so no two tests ever
+# touch one lab at once. A test asking for `no_lab` brings up labs of its own ("own"); the files of CONVERGED start
+# from a converged session lab of their own; every other lab test (the fresh lab: role tests, lab checks, the
+# faults of a run) is "roles". Without RIGBOOK_TEST_LAB_GROUP every lab test runs, on one lab, in step order.
+LAB_GROUPS = ("roles", "converged", "own")
+CONVERGED = {"test_serving_lab.py", "test_ladder_lab.py", "test_rccl_lab.py", "test_output_lab.py"}
+
+
+def lab_group(item) -> str | None:
+    """The lab group of ITEM (None: it uses no lab)."""
+    if _step(item) is None:
+        return None
+    if "no_lab" in getattr(item, "fixturenames", ()):
+        return "own"
+    return "converged" if item.path.name in CONVERGED else "roles"
+
+
+def _deselect_other_groups(config, items) -> None:
+    group = os.environ.get("RIGBOOK_TEST_LAB_GROUP", "").strip()
+    if not group:
+        return
+    if group not in LAB_GROUPS:
+        raise pytest.UsageError(f"RIGBOOK_TEST_LAB_GROUP={group!r}: not one of {', '.join(LAB_GROUPS)}")
+    kept = [item for item in items if lab_group(item) in (None, group)]
+    gone = [item for item in items if lab_group(item) not in (None, group)]
+    if gone:
+        config.hook.pytest_deselected(items=gone)
+        items[:] = kept
+
+
 @pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(items):
-    """Run the tests that use the lab together, where the first of them stood, in step order (file order within
-    a step); every other test keeps its place."""
+def pytest_collection_modifyitems(config, items):
+    """Only this process's lab group (RIGBOOK_TEST_LAB_GROUP), then the tests that use the lab together, where the
+    first of them stood, in step order (file order within a step); every other test keeps its place."""
+    _deselect_other_groups(config, items)
     places = [i for i, item in enumerate(items) if _step(item) is not None]
     if not places:
         return
@@ -101,3 +135,30 @@ def lab_last(lab):
 def no_lab():
     """No lab running in this session's state directory: takes the session's lab down first if it is still up."""
     take_down()
+
+
+@pytest.fixture(scope="module")
+def three_hosts(tmp_path_factory):
+    """Three lab hosts (lab-3080, lab-r9700, lab-3080-2 started bare) for tests/integration/test_three_hosts_lab.py,
+    up once for that module in a state directory of its own; yields the generated inventory's path. The session's
+    lab is taken down first (it may hold the same addresses when one process runs every test)."""
+    take_down()
+    before = os.environ.get("RIGBOOK_STATE_DIR")
+    os.environ["RIGBOOK_STATE_DIR"] = str(tmp_path_factory.mktemp("three-hosts") / "state")
+    try:
+        up = provision("lab", "up", "--hosts", "3", "--rig", "x99-3080", "x99-r9700", "x99-3080",
+                       "--bare", "lab-3080-2", timeout=900)
+        try:
+            assert up.returncode == 0, up.stdout + up.stderr
+            generated = state.lab_dir() / "inventory"
+            assert f"-i {generated}" in up.stdout, up.stdout
+            yield str(generated)
+        finally:
+            down = provision("lab", "down")
+            assert down.returncode == 0, down.stdout + down.stderr
+            assert leftovers() == []
+    finally:
+        if before is None:
+            os.environ.pop("RIGBOOK_STATE_DIR", None)
+        else:
+            os.environ["RIGBOOK_STATE_DIR"] = before

@@ -1,9 +1,10 @@
 """The P2P ladder end to end: `provision verify -i lab` over real SSH against the lab's simulated rigs.
 
 The session's lab (tests/integration/conftest.py), converged by site.yml first (fixture `converged_lab`).
-Healthy rigs, baseline recording, the 3080 box with P2P flipped to expected, and every fault of
-src/rigbook/lab/faults.yml broken on a host, verified, and healed (heal runs the lab's boot hook again, so the
-healed tree shows the kernel the host booted). Needs root (the lab).
+Healthy rigs, baseline recording, the 3080 box with P2P flipped to expected, and one fault of each kind of evidence
+broken on a host, verified, and healed (heal runs the lab's boot hook again, so the healed tree shows the kernel the
+host booted); every fault of src/rigbook/lab/faults.yml is judged in-process by tests/unit/test_lab_ladder.py.
+Needs root (the lab).
 """
 
 from __future__ import annotations
@@ -13,34 +14,29 @@ import json
 import pytest
 from helpers import LAB_MARKS, provision
 
-from rigbook.lab import faults, hardware_trees
+from rigbook.lab import faults
 
 pytestmark = LAB_MARKS
-HOSTS = {"x99-r9700": "lab-r9700", "x99-3080": "lab-3080"}
-# Faults each host already has (`lab break` refuses them) or that are firmware faults on the box that
-# declares P2P unavailable (a warning there, covered by tests/unit/test_lab_ladder.py).
-# nccl-shm-fallback on the AMD host: refused there once site.yml built rccl-tests (their run writes the NCCL log;
-# tests/integration/test_rccl_lab.py breaks the build instead and checks the refusal).
-SKIP = {("bar1-256m", "lab-3080"), ("rebar-off", "lab-3080"), ("nccl-shm-fallback", "lab-3080"),
-        ("busbw-half", "lab-3080"), ("csm-boot", "lab-3080"), ("nccl-shm-fallback", "lab-r9700")}
+# Over SSH, one fault for each kind of evidence a lab fault edits (and each phase of the climb): the full matrix of
+# src/rigbook/lab/faults.yml, every fault on every rig it applies to, runs in-process in tests/unit/test_lab_ladder.py
+# (the same recorded trees and judges, the same fault edits). These cases check what only the lab adds: the fault
+# applied on a running host, read back through SSH by the ladder module, the play failed at that layer, the heal.
+# Engine faults (serving phase): tests/integration/test_serving_lab.py; faults of what the roles built (the RCCL
+# build): tests/integration/test_rccl_lab.py.
+SSH_CASES = [
+    ("link-x8", "lab-r9700"),                          # static phase, a sysfs edit (link width of GPUs and ports)
+    ("driver-userspace-mismatch", "lab-3080"),         # static phase, a recorded command output (nvidia-smi -q)
+    ("kernel-upgraded-module-missing", "lab-3080"),    # static phase, a kernel change (osrelease, cmdline)
+    ("aer-fatal", "lab-3080"),                         # runtime phase, an error counter (AER totals, kernel log)
+    ("p2p-bandwidth-half", "lab-r9700"),               # runtime phase, a probe result (the HIP probe's figures)
+    ("busbw-half", "lab-r9700"),                       # runtime phase, a collectives output (rccl-tests figures)
+]
 
 
 def verify(*args):
     proc = provision("verify", "-i", "lab", "--json", *args)
     assert proc.stdout, proc.stderr
     return proc.returncode, json.loads(proc.stdout)["hosts"]
-
-
-def fault_cases():
-    for name in faults.fault_names():
-        if any(edit.get("scope") == "host" for edit in faults.get_fault(name)["edits"]):
-            continue  # faults of what the AMD roles built (rccl-unpatched, p2p-level-unset): test_rccl_lab.py
-        if faults.get_fault(name).get("restart_units"):
-            continue  # faults of the running engine: test_serving_lab.py
-        vendors = faults.get_fault(name).get("vendors")
-        for rig, host in HOSTS.items():
-            if (not vendors or hardware_trees.load_rig(rig)["vendor"] in vendors) and (name, host) not in SKIP:
-                yield name, host
 
 
 def test_healthy_lab_passes_and_the_3080_warns_on_bar1(converged_lab):
@@ -86,7 +82,7 @@ def test_baseline_record_then_compare(converged_lab):
     assert "sendrecv_busbw_gbs 9.75 vs baseline 9.75 (1.00x)" in collectives["why"]
 
 
-@pytest.mark.parametrize("fault,host", list(fault_cases()))
+@pytest.mark.parametrize("fault,host", SSH_CASES)
 def test_fault_fails_the_play_at_its_layer(converged_lab, fault, host):
     layer = faults.get_fault(fault)["layer"]
     broke = provision("lab", "break", host, fault)

@@ -104,8 +104,9 @@ def test_site_converged_both_hosts_to_a_ready_server(converged_lab):
     env = on_host("lab-r9700", f"systemctl cat {UNIT}")
     assert "EnvironmentFile=/etc/rigbook/gpu.env" in env and "EnvironmentFile=/etc/rigbook/serve/standin.env" in env
     assert "--disable-custom-all-reduce" in on_host("lab-3080", f"systemctl cat {UNIT}")  # no P2P on the 3080 box
+    bound = re.search(r"--host[= ](\S+)", on_host("lab-r9700", f"systemctl cat {UNIT}")).group(1)
     models = on_host("lab-r9700", "python3 -c \"import urllib.request; "
-                                  "print(urllib.request.urlopen('http://127.0.0.1:30001/v1/models').read().decode())\"")
+                                  f"print(urllib.request.urlopen('http://{bound}:30001/v1/models').read().decode())\"")
     assert json.loads(models)["data"][0]["id"] == "standin"
     measured = serving(summary["hosts"], "lab-r9700")["measured"]
     assert "isAllDirectP2p" in json.dumps(measured) or "p2p" in json.dumps(measured), measured
@@ -202,7 +203,7 @@ def test_changing_the_serve_profiles_restarts_only_what_changed_and_a_key_shows_
     its unit rates 4.5 or better in `systemd-analyze security`. Back to the inventory's profile, the keyed unit and
     its files are gone."""
     host = "lab-r9700"
-    address = state.load().host(host).address  # 127.0.11.2: this host's own loopback address, beside 127.0.0.1
+    address = state.load().host(host).address  # this host's own loopback address (127.0.11.2 in block 0)
     key = "lab-" + secrets.token_urlsafe(24)
     on_host(host, f"umask 077; cat > {KEY_FILE}", stdin=key + "\n")
     # custom_all_reduce set: -e gives this list to every host of the inventory, the P2P-less lab-3080 too
@@ -285,9 +286,12 @@ def test_the_unit_comes_back_after_a_reboot_and_serving_passes(converged_lab):
     assert unit(host, "ActiveState") == "active"
 
 
-@pytest.mark.parametrize("fault,host", [("serve-shm", "lab-r9700"), ("decode-half", "lab-r9700"),
-                                        ("serve-slow-start", "lab-3080"), ("serve-crashloop", "lab-3080")])
-def test_each_serve_fault_fails_the_serving_layer_and_only_it(converged_lab, fault, host):
+# Over SSH, one engine fault (the running engine's own log shows SHM). The serving judge's other faults (a crash loop
+# from NRestarts, not ready within the timeout, decode below the baseline) are checked in
+# tests/unit/test_ladder_serving.py: the judge, and the collectors against an HTTP engine stand-in and recorded
+# `systemctl show` and journal output.
+@pytest.mark.parametrize("fault,host", [("serve-shm", "lab-r9700")])
+def test_a_serve_fault_fails_the_serving_layer_and_only_it(converged_lab, fault, host):
     recorded = provision("baseline", "record", "-i", "lab", "--limit", host, "--json", timeout=900)
     assert recorded.returncode == 0, recorded.stderr[-3000:]
     broke = provision("lab", "break", host, fault, timeout=600)

@@ -5,8 +5,9 @@
 Run by hand from the checkout (with its .venv: `bash scripts/test` makes it), never beside another lab user: a
 bug's tests may bring up the lab. For each bug: `find` must occur exactly once in its file; the file is rewritten
 with `replace`, its tests run in one pytest process, and the file's original bytes are written back whatever
-happens (a test failure, an error, Ctrl-C). A bug is CAUGHT when pytest reports failed tests (exit 1), MISSED when
-every test passed (exit 0); any other exit (no tests, a usage or collection error) is an ERROR, never a catch.
+happens (a test failure, an error, Ctrl-C). A bug is CAUGHT when tests failed (exit 1) and none errored, MISSED
+when every test passed (exit 0); anything else (a setup error such as a lab that did not come up, no tests, a
+usage or collection error) is an ERROR, never a catch.
 Prints one line per bug and the tests that failed; exit 0 only when every bug run was caught.
 """
 
@@ -36,15 +37,18 @@ def load() -> list:
     return mutations
 
 
-def failed_tests(junit: Path) -> list:
-    """The node names of the failed or errored test cases in a pytest JUnit XML file."""
-    if not junit.is_file():
-        return []
-    names = []
-    for case in ET.parse(junit).getroot().iter("testcase"):
-        if case.find("failure") is not None or case.find("error") is not None:
-            names.append(f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}")
-    return names
+def outcomes(junit: Path) -> tuple:
+    """([failed test], [errored test]) of a pytest JUnit XML file, as node names. A failure is an assertion of the
+    test itself; an error is its setup or teardown breaking (a lab that did not come up), which catches nothing."""
+    failed, errored = [], []
+    if junit.is_file():
+        for case in ET.parse(junit).getroot().iter("testcase"):
+            name = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
+            if case.find("failure") is not None:
+                failed.append(name)
+            elif case.find("error") is not None:
+                errored.append(name)
+    return failed, errored
 
 
 def plant(mutation: dict, pytest_args: list) -> tuple:
@@ -64,8 +68,10 @@ def plant(mutation: dict, pytest_args: list) -> tuple:
                                    f"--junitxml={junit}", *mutation["tests"], *pytest_args], cwd=REPO)
         finally:
             path.write_bytes(original)
-        failed = failed_tests(junit)
+        failed, errored = outcomes(junit)
     elapsed = time.monotonic() - started
+    if errored:
+        return f"ERROR: {len(errored)} tests could not run ({errored[0]})", failed, elapsed
     if proc.returncode == 1 and failed:
         return "CAUGHT", failed, elapsed
     if proc.returncode == 0:

@@ -218,3 +218,18 @@ def test_a_name_becomes_one_file_name_inside_its_folder(tmp_path, monkeypatch, n
     baselines.record(name, [{"layer": "p2p_bandwidth", "status": "pass", "metrics": {"gbps": 20.0}}], "run")
     assert baselines.hosts_with_data() == [name]
     assert sorted(p.name for p in (tmp_path / "state").rglob("*.json")) == [file]
+
+
+def test_each_write_is_a_new_file_renamed_over_the_old_one(inv):
+    """A baseline write never rewrites the file in place (a crash mid-write would leave half a file, a reader could
+    see one): every record and history entry is a new file, written whole, then renamed over the old one."""
+    baselines.record("box-a", ladder(SEED_004), "/runs/x")
+    path = baselines._file("box-a")
+    first = path.stat()
+    baselines.append_history("box-a", ladder(SEED_004), {"collectives": "pass"}, "/runs/y")
+    second = path.stat()
+    assert second.st_ino != first.st_ino  # renamed over, not truncated and rewritten
+    assert (second.st_mode & 0o777) == 0o600
+    # no temporary file left beside it (the lock file is the writers' fcntl lock, kept)
+    assert sorted(p.name for p in path.parent.iterdir()) == sorted([path.name, f".{path.name}.lock"])
+    assert [e["run_dir"] for e in baselines.load("box-a")["history"]] == ["/runs/x", "/runs/y"]

@@ -30,6 +30,8 @@ def lab(*args, env=None):
         (["break", "lab-3080"], "the following arguments are required: fault"),
         (["heal"], "the following arguments are required: host"),
         (["up", "--bogus"], "unrecognized arguments: --bogus"),
+        (["up", "--address-block", "100"], "--address-block: not a whole number from 0 to 99: '100'"),
+        (["up", "--address-block", "-1"], "--address-block: not a whole number from 0 to 99: '-1'"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message):
@@ -190,6 +192,46 @@ def test_a_twin_serves_on_its_own_address(tmp_path, monkeypatch):
     ports = {(p.get("bind", "127.0.0.1"), p["port"]) for name in ("lab-3080", "lab-r9700", "lab-3080-2")
              for p in checked.host_vars(name)["rigbook_serve"]}
     assert len(ports) == 3
+
+
+def test_an_address_block_moves_every_host_and_gets_its_own_inventory_and_binds(tmp_path, monkeypatch):
+    """Two labs side by side (two state directories): the second in block 2 listens on 127.2.x.x; `-i lab` then means
+    its generated inventory, in which every host serves on its own address (127.0.0.1 is the first lab's)."""
+    from rigbook import paths, validate
+    from rigbook.lab import inventory
+    from rigbook.run import resolve_inventory
+
+    hosts = state.plan_hosts(3, ["x99-3080", "x99-r9700"], block=2)
+    assert [(h.name, h.address) for h in hosts] == [
+        ("lab-3080", "127.2.11.1"), ("lab-r9700", "127.2.11.2"), ("lab-3080-2", "127.2.12.1")]
+    monkeypatch.setenv("RIGBOOK_STATE_DIR", str(tmp_path))
+    assert resolve_inventory("lab").name == "lab"  # no lab up: the repository's inventory/lab
+    written = inventory.write(hosts)
+    state.save(state.Lab(hosts=hosts))
+    assert resolve_inventory("lab") == written
+    checked = validate.validate(written)
+    assert [checked.host_vars(h.name)["rigbook_serve"][0]["bind"] for h in hosts] == [h.address for h in hosts]
+    # the default layout in block 0 is the repository's inventory
+    state.save(state.Lab(hosts=state.plan_hosts(None, None)))
+    assert resolve_inventory("lab") == paths.collection_root() / "inventory" / "lab"
+    state.state_file().write_text("{not json")
+    with pytest.raises(UserError, match="the lab's state file .* cannot be read"):
+        resolve_inventory("lab")
+
+
+@pytest.mark.parametrize("value, block", [("", 0), ("3", 3), (" 7 ", 7)])
+def test_the_block_defaults_to_the_environment(monkeypatch, value, block):
+    monkeypatch.setenv("RIGBOOK_LAB_ADDRESS_BLOCK", value)
+    assert cli.default_block() == block
+
+
+@pytest.mark.parametrize("value", ["x", "100", "-1", "1.5"])
+def test_a_bad_block_in_the_environment_is_named(monkeypatch, value):
+    monkeypatch.setenv("RIGBOOK_LAB_ADDRESS_BLOCK", value)
+    with pytest.raises(UserError, match="RIGBOOK_LAB_ADDRESS_BLOCK: not a whole number from 0 to 99"):
+        cli.default_block()
+    with pytest.raises(UserError, match="--address-block must be a whole number"):
+        state.plan_hosts(None, None, block=-1)
 
 
 def test_one_lab_command_at_a_time_per_state_directory(tmp_path, monkeypatch):

@@ -14,6 +14,7 @@ site.yml finds there, offline:
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import re
 import shutil
@@ -203,7 +204,17 @@ def sglang_artifacts(pins: dict) -> None:
 
 
 def prepare() -> None:
-    """Everything site.yml needs offline on the lab hosts; idempotent."""
+    """Everything site.yml needs offline on the lab hosts; idempotent. Under an exclusive lock beside the artifact
+    directory: two labs started at once (two state directories, two address blocks) prepare it one after the other,
+    the second finding everything present."""
+    folder = source_dir()
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f".{folder.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _prepare()
+
+
+def _prepare() -> None:
     pins = lab_pins()
     pack_standins(pins)
     download_wheels(pins)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from rigbook.errors import UserError, guarded
@@ -12,6 +13,7 @@ examples:
   provision lab up                          # lab-3080 + lab-r9700
   provision lab up --hosts 3 --rig x99-r9700
   provision lab up --bare lab-3080          # lab-3080 as a fresh install: for `provision bootstrap`
+  RIGBOOK_STATE_DIR=/tmp/lab2 provision lab up --address-block 1   # a second lab beside the first (127.1.x.x)
   provision lab status
   provision lab break lab-r9700 dma-window-above-44bit
   provision lab heal lab-r9700
@@ -35,6 +37,25 @@ class _DeprecatedRigAlias(argparse.Action):
         setattr(namespace, self.dest, [*(getattr(namespace, self.dest) or []), *values])
 
 
+def _block(text: str) -> int:
+    from rigbook.lab.state import MAX_ADDRESS_BLOCK
+
+    if not text.isdigit() or int(text) > MAX_ADDRESS_BLOCK:
+        raise argparse.ArgumentTypeError(f"not a whole number from 0 to {MAX_ADDRESS_BLOCK}: {text!r}")
+    return int(text)
+
+
+def default_block() -> int:
+    """The address block of `lab up` without --address-block: $RIGBOOK_LAB_ADDRESS_BLOCK, else 0."""
+    text = os.environ.get("RIGBOOK_LAB_ADDRESS_BLOCK", "").strip()
+    if not text:
+        return 0
+    try:
+        return _block(text)
+    except argparse.ArgumentTypeError as err:
+        raise UserError(f"RIGBOOK_LAB_ADDRESS_BLOCK: {err}") from None
+
+
 def parser() -> argparse.ArgumentParser:
     from rigbook.lab.faults import fault_names
     from rigbook.lab.hardware_trees import rig_names
@@ -53,6 +74,10 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--bare", nargs="*", metavar="HOST",
                     help="start these hosts (no names: every host) as a fresh install: no rigbook user, key or "
                          "sudoers drop-in, an admin user with a password, the host key not in known_hosts")
+    up.add_argument("--address-block", type=_block, default=None, metavar="B",
+                    help="listen on 127.B.x.x (default: $RIGBOOK_LAB_ADDRESS_BLOCK, else 0): a second lab, in its "
+                         "own state directory, runs beside the first in another block; a block other than 0 gets "
+                         "its own inventory (printed)")
     sub.add_parser("status", help="the lab hosts, their state, boots, memory and faults")
     sub.add_parser("down", help="stop every lab host and remove what `up` made")
     brk = sub.add_parser("break", help="apply a fault to a host's recorded hardware tree")
@@ -68,7 +93,8 @@ def run(argv: list) -> int:
 
     args = parser().parse_args(argv)
     if args.command == "up":
-        return lab.up(args.hosts, args.rigs, args.bare)
+        block = default_block() if args.address_block is None else args.address_block
+        return lab.up(args.hosts, args.rigs, args.bare, block)
     if args.command == "status":
         return lab.status()
     if args.command == "down":

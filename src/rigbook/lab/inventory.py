@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from rigbook import paths
+from rigbook.errors import UserError
 from rigbook.lab import state
 
 # The repository's inventory/lab directories every lab inventory shares: the group variables, and the locks they name
@@ -27,7 +28,8 @@ def inventory_dir() -> Path:
 
 def _own_bind(host) -> dict:
     """A twin's serve profiles, listening on the twin's own address: the lab's hosts share this machine's network,
-    so a second host of a lab rig would otherwise take the first one's port (the first keeps inventory/lab's)."""
+    so a second host of a lab rig, or a host of a second lab (another address block), would otherwise take the
+    first one's port (the first host of each rig in block 0 keeps inventory/lab's)."""
     if not host.address.startswith("127.0.11."):
         path = paths.collection_root() / "inventory/lab/group_vars" / f"{host.group}.yml"
         profiles = (yaml.safe_load(path.read_text()) or {}).get("rigbook_serve") if path.is_file() else None
@@ -48,6 +50,21 @@ def is_default(hosts: list) -> bool:
     """Whether the static inventory/lab describes exactly these hosts."""
     static = yaml.safe_load((paths.collection_root() / "inventory/lab/hosts.yml").read_text())
     return render(hosts) == static
+
+
+def running_inventory() -> Path | None:
+    """What `-i lab` names while this state directory's lab is up in a layout of its own (more hosts, other rigs, an
+    address block other than 0): the generated inventory of exactly those hosts. None for the default layout (the
+    repository's inventory/lab describes it) or when no lab is up."""
+    try:
+        lab = state.load()
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise UserError(f"-i lab: the lab's state file {state.state_file()} cannot be read ({type(err).__name__}: "
+                        f"{err}); name an inventory path instead") from None
+    if lab is None or not lab.hosts or is_default(lab.hosts):
+        return None
+    generated = inventory_dir()
+    return generated if (generated / "hosts.yml").is_file() else None
 
 
 def write(hosts: list) -> Path:

@@ -50,8 +50,8 @@ def _leftovers(lab: Lab) -> list:
     return left
 
 
-def up(count: int | None, rigs: list | None, bare: list | None = None) -> int:
-    hosts = state.plan_hosts(count, rigs, bare)
+def up(count: int | None, rigs: list | None, bare: list | None = None, block: int = 0) -> int:
+    hosts = state.plan_hosts(count, rigs, bare, block)
     system.require_root("up")
     with state.locked():
         existing = state.load()

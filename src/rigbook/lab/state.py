@@ -1,8 +1,10 @@
 """Where the lab keeps its state (<state>/lab/) and how hosts are named and addressed.
 
 Host k (1, 2, ...) of a rig whose slot is s is named after the rig (lab-3080, then
-lab-3080-2, ...) and listens on 127.0.<10+k>.<s>:2222: an address that depends only on the
-host's own name, so the static inventory/lab stays right whichever hosts are up.
+lab-3080-2, ...) and listens on 127.<b>.<10+k>.<s>:2222: an address that depends only on the
+host's own name and the lab's address block b (0 unless `lab up --address-block`), so the static
+inventory/lab stays right whichever hosts of block 0 are up, and two labs (two state directories)
+can run on one machine side by side in two blocks.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from rigbook.lab import hardware_trees
 
 SSH_PORT = 2222
 MAX_PER_RIG = 8
+MAX_ADDRESS_BLOCK = 99  # 127.<block>.x.x; 127.0.0.0/8 is loopback as a whole on Linux
 EVIDENCE_ROOT = "/var/lib/rigbook-lab/evidence"  # inside each host: rigbook_evidence_root
 DEFAULT_RIGS = ["x99-3080", "x99-r9700"]
 USER = "rigbook"
@@ -87,9 +90,11 @@ class Lab:
         raise UserError(f"no lab host {name!r} (hosts: {', '.join(h.name for h in self.hosts) or 'none'})")
 
 
-def plan_hosts(count: int | None, rigs: list | None, bare: list | None = None) -> list:
+def plan_hosts(count: int | None, rigs: list | None, bare: list | None = None, block: int = 0) -> list:
     """The hosts `lab up` will make, checked: known rigs, a sane count; BARE: the names to start bare
-    ([] = every host, None = none)."""
+    ([] = every host, None = none); BLOCK: the address block (127.<BLOCK>.x.x)."""
+    if not isinstance(block, int) or isinstance(block, bool) or not 0 <= block <= MAX_ADDRESS_BLOCK:
+        raise UserError(f"--address-block must be a whole number from 0 to {MAX_ADDRESS_BLOCK} (got {block!r})")
     names = list(rigs or DEFAULT_RIGS)
     for name in names:
         hardware_trees.load_rig(name)  # UserError for an unknown rig
@@ -109,7 +114,7 @@ def plan_hosts(count: int | None, rigs: list | None, bare: list | None = None) -
         if k > MAX_PER_RIG:
             raise UserError(f"at most {MAX_PER_RIG} hosts per rig (asked for {k} of {rig['name']})")
         name = meta["name"] if k == 1 else f"{meta['name']}-{k}"
-        hosts.append(Host(name, rig["name"], meta["group"], f"127.0.{10 + k}.{meta['slot']}"))
+        hosts.append(Host(name, rig["name"], meta["group"], f"127.{block}.{10 + k}.{meta['slot']}"))
     if bare is not None:
         names = [h.name for h in hosts]
         unknown = [b for b in bare if b not in names]

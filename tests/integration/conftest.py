@@ -10,7 +10,8 @@ each step; see pytest_collection_modifyitems):
 2. `lab`: any running lab.
 3. `converged_lab`: site.yml has converged both hosts (run once, its result kept for the tests).
 4. `lab_last`: the test takes the lab down itself, after every other test that uses it.
-5. `no_lab`: no lab may be running (takes the session's lab down first if it is still up).
+5. `no_lab`: no lab may be running (takes the session's lab down first if it is still up); `three_hosts`: a
+   three-host lab of its own, in its own state directory (the session's lab taken down first).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from helpers import leftovers, provision
 from rigbook.lab import artifacts, state
 
 # The step of each fixture, the most particular first: fresh_lab, converged_lab and lab_last all ask for `lab`.
-STEPS = (("no_lab", 5), ("lab_last", 4), ("converged_lab", 3), ("fresh_lab", 1), ("lab", 2))
+STEPS = (("no_lab", 5), ("three_hosts", 5), ("lab_last", 4), ("converged_lab", 3), ("fresh_lab", 1), ("lab", 2))
 
 
 def _step(item) -> int | None:
@@ -34,7 +35,7 @@ def _step(item) -> int | None:
 
 # Lab groups: scripts/test runs each group's lab tests in a pytest process of its own, side by side, each with its
 # own state directory and address block (RIGBOOK_TEST_LAB_GROUP, RIGBOOK_LAB_ADDRESS_BLOCK), so no two tests ever
-# touch one lab at once. A test asking for `no_lab` brings up labs of its own ("own"); the files of CONVERGED start
+# touch one lab at once. A test asking for `no_lab` or `three_hosts` brings up labs of its own ("own"); the files of CONVERGED start
 # from a converged session lab of their own; every other lab test (the fresh lab: role tests, lab checks, the
 # faults of a run) is "roles". Without RIGBOOK_TEST_LAB_GROUP every lab test runs, on one lab, in step order.
 LAB_GROUPS = ("roles", "converged", "own")
@@ -45,7 +46,7 @@ def lab_group(item) -> str | None:
     """The lab group of ITEM (None: it uses no lab)."""
     if _step(item) is None:
         return None
-    if "no_lab" in getattr(item, "fixturenames", ()):
+    if {"no_lab", "three_hosts"} & set(getattr(item, "fixturenames", ())):
         return "own"
     return "converged" if item.path.name in CONVERGED else "roles"
 

@@ -17,7 +17,7 @@ one apt proxy share a mirror), so the second twin's kernel install met "Could no
 /var/cache/apt/archives/lock" while the first one installed. Here the first twin also has its dpkg lock held at the
 start (as unattended-upgrades holds it for minutes after a fresh boot): rigbook's package runs wait for both.
 
-The lab runs after every test of the session's lab (`no_lab` takes that one down first when one process runs every
+The lab runs after every test of the session's lab (the fixture takes that one down first when one process runs every
 test) and is taken down at the end of the module. Only 127.0.0.0/8 is contacted.
 """
 
@@ -55,7 +55,7 @@ def _ssh_as_rigbook(host, command: str) -> subprocess.CompletedProcess:
     return subprocess.run(machine.ssh_command(host, command), capture_output=True, text=True, timeout=60)
 
 
-def test_bootstrap_of_the_bare_twin(no_lab, three_hosts):
+def test_bootstrap_of_the_bare_twin(three_hosts):
     bootstrap_steps()
 
 
@@ -135,7 +135,7 @@ def bootstrap_steps():
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
-def test_more_hosts_get_their_own_inventory_and_ansible_reaches_them(no_lab, three_hosts):
+def test_more_hosts_get_their_own_inventory_and_ansible_reaches_them(three_hosts):
     proc = provision("site.yml", "-i", three_hosts, "--tags", "preflight", "--json", timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads(proc.stdout)["hosts"]
@@ -143,7 +143,7 @@ def test_more_hosts_get_their_own_inventory_and_ansible_reaches_them(no_lab, thr
     assert {entry["failed"] for entry in summary.values()} == {0}, summary
 
 
-def test_two_twins_converge_in_parallel_diff_clean_and_the_twin_is_held_to_the_group_baseline(no_lab, three_hosts):
+def test_two_twins_converge_in_parallel_diff_clean_and_the_twin_is_held_to_the_group_baseline(three_hosts):
     inventory = three_hosts
     first, twin = LabHost(FIRST), LabHost(TWIN)
 

@@ -23,11 +23,12 @@ from helpers import LAB_MARKS, REPO, provision
 
 from rigbook import paths
 from rigbook.lab import machine, state
+from rigbook.run import resolve_inventory
+from rigbook.validate import validate
 
 pytestmark = [*LAB_MARKS, pytest.mark.usefixtures("lab")]
 UNIT = "rigbook-serve-standin.service"
 HOSTS = ("lab-3080", "lab-r9700")
-GROUP = {"lab-3080": "x99_3080", "lab-r9700": "x99_r9700"}
 
 
 SCORE = re.compile(r"Overall exposure level for \S+: ([0-9.]+) ")
@@ -67,9 +68,10 @@ def verify(*args):
 
 
 def profile(host: str, **changes) -> list:
-    """The host's lab serve profile with CHANGES, as a one-item rigbook_serve."""
-    data = yaml.safe_load((REPO / "inventory/lab/group_vars" / f"{GROUP[host]}.yml").read_text())
-    return [dict(data["rigbook_serve"][0], **changes)]
+    """The host's serve profile in the running lab's inventory (`-i lab`: in an address block other than 0 it binds
+    the host's own address) with CHANGES, as a one-item rigbook_serve."""
+    served = validate(resolve_inventory("lab")).host_vars(host)["rigbook_serve"]
+    return [dict(served[0], **changes)]
 
 
 def extra(tmp_path, **variables) -> str:
@@ -288,8 +290,8 @@ def test_the_unit_comes_back_after_a_reboot_and_serving_passes(converged_lab):
 
 # Over SSH, one engine fault (the running engine's own log shows SHM). The serving judge's other faults (a crash loop
 # from NRestarts, not ready within the timeout, decode below the baseline) are checked in
-# tests/unit/test_ladder_serving.py: the judge, and the collectors against an HTTP engine stand-in and recorded
-# `systemctl show` and journal output.
+# tests/unit/plugins/module_utils/judges/test_ladder_serving.py: the judge, and the collectors against an HTTP
+# engine stand-in and recorded `systemctl show` and journal output.
 @pytest.mark.parametrize("fault,host", [("serve-shm", "lab-r9700")])
 def test_a_serve_fault_fails_the_serving_layer_and_only_it(converged_lab, fault, host):
     recorded = provision("baseline", "record", "-i", "lab", "--limit", host, "--json", timeout=900)

@@ -400,7 +400,8 @@ def local_playbook(tmp_path, tasks: list, check: bool = True) -> subprocess.Comp
     return subprocess.run(argv + [str(playbook)], capture_output=True, text=True, env=env, timeout=300)
 
 
-# --- a lab run history for `provision report` (tests/unit/test_report.py, tests/integration/test_report_browser.py)
+# --- a lab run history for `provision report` ----------------------------------------------------------------
+# (tests/unit/rigbook/test_report.py, tests/integration/test_report_browser.py)
 
 REPORT_HISTORY = (  # (when, playbook, fault on lab-r9700 or None); the first run records the baselines
     ("2026-03-02 09:14:05", "baseline", None),

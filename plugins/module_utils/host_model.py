@@ -327,8 +327,9 @@ def box_facts(model):
 # --- readiness -----------------------------------------------------------------------------------------------
 
 # The inputs each role needs that have no default: removing any one from a converging inventory makes readiness
-# name it (tests/unit/test_host_model.py removes each from the lab inventory, role by role). NAMED: every key path a
-# readiness rule of the role may name (alternatives such as a fork's commit for its source, and bad values).
+# name it (tests/unit/plugins/module_utils/test_host_model.py removes each from the lab inventory, role by role).
+# NAMED: every key path a readiness rule of the role may name (alternatives such as a fork's commit for its source,
+# and bad values).
 INPUTS = {
     "kernel": ("rigbook_pins.kernel.release", "rigbook_pins.kernel.debs"),
     "nvidia_p2p_driver": ("rigbook_pins.nvidia_driver.version", "rigbook_pins.nvidia_driver.source",

@@ -2,8 +2,9 @@
 
 TEST ARTIFACTS: tests/artifacts/nvidia-fork-standin/ (a tiny real kernel module with the P2P fork's
 DKMS layout) and nvidia-installer-standin.run (a stand-in for the userspace .run installer). The lab
-inventory pins their sha256 (inventory/lab/group_vars/x99_3080.yml); tests/unit/test_standin_artifacts.py
-checks the pins match. Run as root to fill the lab's artifact directory:
+inventory pins their sha256 (inventory/lab/group_vars/x99_3080.yml); tests/unit/rigbook/test_nvidia_roles.py
+(test_standin_artifacts_are_reproducible_and_pinned) checks the pins match. Run as root to fill the lab's artifact
+directory:
 
     .venv/bin/python tests/artifacts/pack.py            # -> /var/cache/rigbook/artifacts
 """

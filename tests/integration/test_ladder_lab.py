@@ -3,8 +3,8 @@
 The session's lab (tests/integration/conftest.py), converged by site.yml first (fixture `converged_lab`).
 Healthy rigs, baseline recording, the 3080 box with P2P flipped to expected, and one fault of each kind of evidence
 broken on a host, verified, and healed (heal runs the lab's boot hook again, so the healed tree shows the kernel the
-host booted); every fault of src/rigbook/lab/faults.yml is judged in-process by tests/unit/test_lab_ladder.py.
-Needs root (the lab).
+host booted); every fault of src/rigbook/lab/faults.yml is judged in-process by
+tests/unit/rigbook/lab/test_lab_ladder.py. Needs root (the lab).
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from rigbook.lab import faults
 
 pytestmark = LAB_MARKS
 # Over SSH, one fault for each kind of evidence a lab fault edits (and each phase of the climb): the full matrix of
-# src/rigbook/lab/faults.yml, every fault on every rig it applies to, runs in-process in tests/unit/test_lab_ladder.py
-# (the same recorded trees and judges, the same fault edits). These cases check what only the lab adds: the fault
-# applied on a running host, read back through SSH by the ladder module, the play failed at that layer, the heal.
+# src/rigbook/lab/faults.yml, every fault on every rig it applies to, runs in-process in
+# tests/unit/rigbook/lab/test_lab_ladder.py (the same recorded trees and judges, the same fault edits). These cases
+# check what only the lab adds: the fault applied on a running host, read back through SSH by the ladder module, the
+# play failed at that layer, the heal.
 # Engine faults (serving phase): tests/integration/test_serving_lab.py; faults of what the roles built (the RCCL
 # build): tests/integration/test_rccl_lab.py.
 SSH_CASES = [

@@ -1,6 +1,6 @@
 """`provision report` in a real headless browser: Debian's Chromium, the network off, a screenshot kept.
 
-The run history is the one tests/unit/test_report.py checks (helpers.lab_report_history): `provision baseline
+The run history is the one tests/unit/rigbook/test_report.py checks (helpers.lab_report_history): `provision baseline
 record -i lab` and four verify runs written through rigbook's own writers, every ladder the real climb over the
 lab's recorded hardware trees, the fourth with `lab break lab-r9700 busbw-half` applied to the R9700 twin's tree.
 It is built from those trees in-process, not from live lab hosts (the lab is shared; the figures are the same

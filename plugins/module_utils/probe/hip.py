@@ -6,8 +6,8 @@
 NOT YET RUN ON REAL AMD HARDWARE. Written from the HIP API reference and headers (signatures,
 error codes, the hipIpcMemLazyEnablePeerAccess flag that is 0x01 in current HIP and 0 in old
 releases); its pure parts and its calls against a fake library are unit-tested
-(tests/unit/test_hip_probe.py). The first run on an R9700/7900 box should be checked by hand
-against TransferBench before its figures are trusted as a baseline.
+(tests/unit/plugins/module_utils/probe/test_hip_probe.py). The first run on an R9700/7900 box
+should be checked by hand against TransferBench before its figures are trusted as a baseline.
 
 Same contract and result as probe/cuda.py's probe() (the measurement engine, probe/engine.py, is
 shared), with "api": "hip" and, per ordered pair, an inter-process check the write-up's

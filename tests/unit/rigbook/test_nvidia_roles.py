@@ -18,7 +18,7 @@ from rigbook import run
 from rigbook.lab import hardware_trees
 from rigbook.validate import InventoryInvalid, validate
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "tests" / "artifacts"))
 import pack  # noqa: E402
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rigbook import parse_cmd
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 # Notes that live outside the repository (the project's working notes): the repository must not send readers there.
 OUTSIDE = re.compile(
     r"/work/|PARSE-FORMATS|DESIGN\.md|research (?:notes|[A-F]\d)|next-stage-facts|p2p-stack-facts|anchors-healthchecks"

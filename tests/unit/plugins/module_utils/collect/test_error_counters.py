@@ -16,7 +16,7 @@ from ansible_collections.rigbook.homelab.plugins.module_utils.parse import kerne
 from rigbook import parse_cmd
 from rigbook.lab import faults, hardware_trees
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "parse" / "kernel-log"
+FIXTURES = Path(__file__).resolve().parents[4] / "fixtures" / "parse" / "kernel-log"
 GPU0, PORT0, GPU1, PORT1 = "0000:03:00.0", "0000:00:02.0", "0000:04:00.0", "0000:00:03.0"
 
 

@@ -23,7 +23,7 @@ from rigbook.lab import faults
 
 H200 = {"gpu": {"vendor": "nvidia", "count": 1, "vram_gib": 141, "pcie": {"gen": 5, "width": 16}},
         "pins": {"nvidia_driver": {"version": "580.159.04"}}}
-ROLE = Path(__file__).resolve().parents[2] / "roles" / "p2p_verify"
+ROLE = Path(__file__).resolve().parents[5] / "roles" / "p2p_verify"
 
 
 def test_the_role_tags_each_task_with_the_layers_of_its_phase():

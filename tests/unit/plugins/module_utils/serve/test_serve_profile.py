@@ -21,7 +21,7 @@ from ansible_collections.rigbook.homelab.plugins.module_utils.serve import profi
 from rigbook import paths
 from rigbook.validate import InventoryInvalid, validate
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[5]
 BIN = Path(sys.executable).parent
 G3080 = "group_vars/x99_3080.yml"
 G9700 = "group_vars/x99_r9700.yml"

@@ -396,7 +396,7 @@ def test_module_documentation_parses():
     import yaml
 
     for name in ("ladder",):
-        source = Path(__file__).resolve().parents[2] / "plugins" / "modules" / (name + ".py")
+        source = Path(__file__).resolve().parents[5] / "plugins" / "modules" / (name + ".py")
         for node in ast.parse(source.read_text()).body:
             if isinstance(node, ast.Assign) and node.targets[0].id in ("DOCUMENTATION", "EXAMPLES", "RETURN"):
                 assert yaml.safe_load(node.value.value), (name, node.targets[0].id)

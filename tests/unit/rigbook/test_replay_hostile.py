@@ -2,8 +2,8 @@
 
 Each must exit 2 with one clear line (no traceback), judge nothing, and leave tmp_path as it was: nothing written
 outside the replay's temporary folder (TMPDIR points into tmp_path, so the temporary folder is seen too, and must
-be gone). The patterns themselves are module_utils/safe_untar.py's suite (tests/unit/test_safe_untar.py); these are
-the command's use of it."""
+be gone). The patterns themselves are module_utils/safe_untar.py's suite
+(tests/unit/plugins/module_utils/test_safe_untar.py); these are the command's use of it."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from ansible_collections.rigbook.homelab.plugins.module_utils import host_model
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[4]
 LAB = REPO / "inventory" / "lab"
 HOMELAB = REPO / "inventory" / "homelab"
 # Asserts that judge what only the box knows (no inventory input): privilege and Python, the owner's files on the

@@ -12,7 +12,7 @@ from ansible_collections.rigbook.homelab.plugins.module_utils.judges.collective_
 )
 from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import baseline_compare as baseline
 
-LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "parse" / "nccl-log"
+LOGS = Path(__file__).resolve().parents[4] / "fixtures" / "parse" / "nccl-log"
 P2P = {"gpu": {"count": 2}, "p2p": {"expected": True, "nccl_p2p_level": "PHB"}}
 NO_P2P = {"gpu": {"count": 2}, "p2p": {"expected": False, "reason": "BAR1 256 MiB"}}
 # The X99 + 2x R9700 write-up: RCCL SendRecv 1 GB 9.75 GB/s, AllReduce busbw 9.51 GB/s.

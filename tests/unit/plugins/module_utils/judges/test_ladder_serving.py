@@ -26,7 +26,7 @@ from rigbook import baselines, snapshots
 
 P2P = {"gpu": {"vendor": "amd", "count": 2}, "p2p": {"expected": True, "nccl_p2p_level": "PHB"}}
 NO_P2P = {"gpu": {"vendor": "nvidia", "count": 2}, "p2p": {"expected": False, "reason": "BAR1 256 MiB"}}
-SGLANG_LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "parse" / "sglang"
+SGLANG_LOGS = Path(__file__).resolve().parents[4] / "fixtures" / "parse" / "sglang"
 TTFT, DECODE = metric_names("qwen")
 SEED_004_BASELINE = {TTFT: 0.654, DECODE: 44.04}
 KEY = "sk-serving-test-7f3a9c"

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from ansible_collections.rigbook.homelab.plugins.module_utils.parse import sglang_log
 
-STANDIN = Path(__file__).resolve().parents[1] / "artifacts" / "sglang_standin.py"
+STANDIN = Path(__file__).resolve().parents[4] / "artifacts" / "sglang_standin.py"
 FAST = {"load_seconds": 0.3, "warmup_seconds": 0.3, "ttft_s": 0.1, "decode_tok_s": 200.0}
 READY = "The server is fired up and ready to roll!"
 

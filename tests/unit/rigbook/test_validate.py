@@ -16,7 +16,7 @@ from helpers import edit_yaml, set_key
 from rigbook.errors import UserError
 from rigbook.validate import InventoryInvalid, validate
 
-HOMELAB = Path(__file__).resolve().parents[2] / "inventory" / "homelab"
+HOMELAB = Path(__file__).resolve().parents[3] / "inventory" / "homelab"
 
 
 def _copy(tmp_path: Path) -> Path:
@@ -167,7 +167,7 @@ def test_a_rocm_repository_pin_and_an_offline_one_are_valid(tmp_path):
 
 
 def test_lab_inventory_is_valid():
-    validate(Path(__file__).resolve().parents[2] / "inventory" / "lab")
+    validate(Path(__file__).resolve().parents[3] / "inventory" / "lab")
 
 
 def test_homelab_is_valid():

@@ -16,7 +16,7 @@ from ansible_collections.rigbook.homelab.plugins.plugin_utils import host_vars_s
 
 from rigbook import paths
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[4]
 BIN = Path(sys.executable).parent
 G3080 = "group_vars/x99_3080.yml"
 G9700 = "group_vars/x99_r9700.yml"
@@ -44,7 +44,7 @@ def _edit(inv: Path, rel: str, path: str, value=None, delete=False) -> None:
     file.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
-# Bad values `provision validate` names (tests/unit/test_validate.py has the full list), one per kind of check:
+# Bad values `provision validate` names (tests/unit/rigbook/test_validate.py has the full list), one per kind of check:
 # (case id, file edited, key set, value (None with delete), delete, key path named, words expected).
 BAD = [
     ("typo-in-pin-key", G3080, "rigbook_pins.cuda_toolchain.verison", "13.0.88", False,

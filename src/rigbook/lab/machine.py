@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -215,11 +216,37 @@ STANDIN_MODEL = "srv/models/standin-model"
 APT_CACHE_DIR = Path("/var/cache/rigbook/lab-apt-archives")
 
 
-def shared_dirs() -> list:
-    """[(source on this machine, target inside the host, ro|rw)], from RIGBOOK_LAB_ARTIFACTS / _APT_CACHE too."""
+def apt_cache_dir(block: int = 0) -> Path:
+    """The apt archive cache the hosts of address block BLOCK share: block 0's is the machine's one cache
+    (RIGBOOK_LAB_APT_CACHE moves it); another block's is a folder of its own beside it, seeded with hard links of
+    block 0's .debs (seed_apt_cache). apt locks a cache folder as a whole for a run, so two labs side by side on one
+    cache would fail each other's plain `apt-get install` (E: Could not get lock /var/cache/apt/archives/lock)."""
+    base = Path(os.environ.get("RIGBOOK_LAB_APT_CACHE") or APT_CACHE_DIR)
+    return base if block == 0 else base.with_name(f"{base.name}-block{block}")
+
+
+def seed_apt_cache(block: int) -> None:
+    """Block BLOCK's cache gets every .deb block 0's has (a hard link; a copy across file systems): what one lab
+    downloaded, the next one does not download again."""
+    if block == 0:
+        return
+    source, target = apt_cache_dir(0), apt_cache_dir(block)
+    (target / "partial").mkdir(parents=True, exist_ok=True)
+    for deb in sorted(source.glob("*.deb")) if source.is_dir() else []:
+        copy = target / deb.name
+        if copy.exists() or deb.is_symlink() or not deb.is_file():
+            continue
+        try:
+            os.link(deb, copy)
+        except OSError:
+            shutil.copyfile(deb, copy)
+
+
+def shared_dirs(block: int = 0) -> list:
+    """[(source on this machine, target inside the host, ro|rw)] for a host of address block BLOCK, from
+    RIGBOOK_LAB_ARTIFACTS / _APT_CACHE too."""
     artifacts = Path(os.environ.get("RIGBOOK_LAB_ARTIFACTS") or ARTIFACTS_DIR)
-    apt_cache = Path(os.environ.get("RIGBOOK_LAB_APT_CACHE") or APT_CACHE_DIR)
-    return [(artifacts, str(ARTIFACTS_DIR), "ro"), (apt_cache, "/var/cache/apt/archives", "rw")]
+    return [(artifacts, str(ARTIFACTS_DIR), "ro"), (apt_cache_dir(block), "/var/cache/apt/archives", "rw")]
 
 
 # Lab-only boot hook (docs/lab.md, "Kernels in the lab"): a container runs the machine's kernel, so the
@@ -271,7 +298,7 @@ def nspawn_command(host: Host, systemd_host: bool) -> list:
     cmd = ["systemd-nspawn", "--boot", f"--directory={host.root}", f"--machine={host.name}",
            f"--hostname={host.name}", "--register=no", "--link-journal=no", "--resolv-conf=copy-host",
            "--console=read-only", "--settings=no", "--private-users=no"]
-    for source, target, mode in shared_dirs():
+    for source, target, mode in shared_dirs(host.block):
         cmd.append(f"--bind{'-ro' if mode == 'ro' else ''}={source}:{target}")
     if not systemd_host:
         cmd.append("--keep-unit")  # stay in the cgroups the supervisor joined (no systemd to ask for a scope)
@@ -279,8 +306,9 @@ def nspawn_command(host: Host, systemd_host: bool) -> list:
 
 
 def start(host: Host, systemd_host: bool) -> None:
-    for source, _target, _mode in shared_dirs():
+    for source, _target, _mode in shared_dirs(host.block):
         source.mkdir(parents=True, exist_ok=True)
+    seed_apt_cache(host.block)
     host.cgroups = [] if systemd_host else make_cgroups(host)
     spec = {"dir": str(host.dir), "cgroups": host.cgroups, "console": str(host.dir / "console.log"),
             "nspawn": nspawn_command(host, systemd_host)}

@@ -64,6 +64,11 @@ class Host:
         return lab_dir() / "hosts" / self.name
 
     @property
+    def block(self) -> int:
+        """The lab's address block: B of 127.B.x.x."""
+        return int(self.address.split(".")[1])
+
+    @property
     def admin_password_file(self) -> Path:
         """A bare host's admin password (mode 0600), for `provision bootstrap`."""
         return self.dir / "admin-password"

@@ -1,7 +1,8 @@
 """Shared test setup: an isolated state directory, the collection on the import path, tests/ on sys.path.
 
-Helpers shared by several test modules live in tests/helpers.py (`import helpers`); fixtures in the conftest.py
-files. No test module imports another.
+Helpers shared by several test modules live in the package tests/helpers/, one module per job (`from helpers.cli
+import provision`; tests/helpers/__init__.py lists them); fixtures in the conftest.py files. No test module imports
+another.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = str(REPO / "tests")
-if TESTS not in sys.path:  # `import helpers` in any import mode (pytest's default prepend mode adds it too)
+if TESTS not in sys.path:  # `import helpers.cli` in any import mode (pytest's default prepend mode adds it too)
     sys.path.insert(0, TESTS)
 
 # The whole test session gets its own state directory, so runs, links and lab state never

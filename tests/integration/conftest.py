@@ -19,7 +19,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from helpers import leftovers, provision
+from helpers.cli import provision
+from helpers.lab_host import leftovers
 
 from rigbook.lab import artifacts, state
 
@@ -35,9 +36,10 @@ def _step(item) -> int | None:
 
 # Lab groups: scripts/test runs each group's lab tests in a pytest process of its own, side by side, each with its
 # own state directory and address block (RIGBOOK_TEST_LAB_GROUP, RIGBOOK_LAB_ADDRESS_BLOCK), so no two tests ever
-# touch one lab at once. A test asking for `no_lab` or `three_hosts` brings up labs of its own ("own"); the files of CONVERGED start
-# from a converged session lab of their own; every other lab test (the fresh lab: role tests, lab checks, the
-# faults of a run) is "roles". Without RIGBOOK_TEST_LAB_GROUP every lab test runs, on one lab, in step order.
+# touch one lab at once. A test asking for `no_lab` or `three_hosts` brings up labs of its own ("own"); the files of
+# CONVERGED start from a converged session lab of their own; every other lab test (the fresh lab: role tests, lab
+# checks, the faults of a run) is "roles". Without RIGBOOK_TEST_LAB_GROUP every lab test runs, on one lab, in step
+# order.
 LAB_GROUPS = ("roles", "converged", "own")
 CONVERGED = {"test_serving_lab.py", "test_ladder_lab.py", "test_rccl_lab.py", "test_output_lab.py"}
 

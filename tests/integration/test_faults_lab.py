@@ -16,7 +16,8 @@ import subprocess
 import time
 
 import pytest
-from helpers import LAB_MARKS, LabHost, provision_argv
+from helpers.cli import provision_argv
+from helpers.lab_host import LAB_MARKS, LabHost
 
 from rigbook.lab import machine
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import ansible_runner
 import yaml
-from helpers import LAB_MARKS, REPO, leftovers, provision
+from helpers.cli import REPO, provision
+from helpers.lab_host import LAB_MARKS, leftovers
 
 from rigbook.lab import cli as lab_cli
 from rigbook.lab import machine, state, tracking

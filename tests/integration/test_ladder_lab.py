@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import LAB_MARKS, provision
+from helpers.cli import provision
+from helpers.lab_host import LAB_MARKS
 
 from rigbook.lab import faults
 

@@ -8,7 +8,9 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import LAB_MARKS, leaves, provision
+from helpers.cli import provision
+from helpers.lab_host import LAB_MARKS
+from helpers.report import leaves
 
 pytestmark = [*LAB_MARKS, pytest.mark.usefixtures("converged_lab")]
 

@@ -17,7 +17,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import yaml
-from helpers import provision, provision_argv
+from helpers.cli import provision, provision_argv
 
 
 def simulated_sysfs(root: Path, gpus: list) -> Path:

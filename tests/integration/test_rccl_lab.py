@@ -15,7 +15,8 @@ import subprocess
 
 import pytest
 import yaml
-from helpers import LAB_MARKS, REPO, provision
+from helpers.cli import REPO, provision
+from helpers.lab_host import LAB_MARKS
 
 from rigbook.lab import machine, state
 

@@ -1,8 +1,9 @@
 """`provision report` in a real headless browser: Debian's Chromium, the network off, a screenshot kept.
 
-The run history is the one tests/unit/rigbook/test_report.py checks (helpers.lab_report_history): `provision baseline
-record -i lab` and four verify runs written through rigbook's own writers, every ladder the real climb over the
-lab's recorded hardware trees, the fourth with `lab break lab-r9700 busbw-half` applied to the R9700 twin's tree.
+The run history is the one tests/unit/rigbook/test_report.py checks (helpers.report.lab_report_history):
+`provision baseline record -i lab` and four verify runs written through rigbook's own writers, every ladder the real
+climb over the lab's recorded hardware trees, the fourth with `lab break lab-r9700 busbw-half` applied to the R9700
+twin's tree.
 It is built from those trees in-process, not from live lab hosts (the lab is shared; the figures are the same
 recorded trees the lab hosts read).
 
@@ -17,7 +18,9 @@ import os
 import shutil
 import time
 
-from helpers import REPO, browse, chromium, lab_report_history, page_dom
+from helpers.browser import browse, chromium, page_dom
+from helpers.cli import REPO
+from helpers.report import lab_report_history
 
 from rigbook import report
 from rigbook.baselines import metrics_of

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import LAB_MARKS, REPO, LabHost, provision
+from helpers.cli import REPO, provision
+from helpers.lab_host import LAB_MARKS, LabHost
 
 pytestmark = [*LAB_MARKS, pytest.mark.usefixtures("fresh_lab")]
 HOST = "lab-r9700"

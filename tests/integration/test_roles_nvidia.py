@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import LAB_MARKS, REPO, LabHost, provision
+from helpers.cli import REPO, provision
+from helpers.lab_host import LAB_MARKS, LabHost
 
 # The session's lab (tests/integration/conftest.py) while it is fresh: these tests run right after the `lab up`
 # checks, before anything else converges or reboots a host, and converge lab-3080 themselves.

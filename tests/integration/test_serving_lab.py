@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import LAB_MARKS, REPO, provision
+from helpers.cli import REPO, provision
+from helpers.lab_host import LAB_MARKS
 
 from rigbook import paths
 from rigbook.lab import machine, state

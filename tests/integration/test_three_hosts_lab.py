@@ -32,7 +32,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from helpers import LAB_MARKS, REPO, LabHost, browse, chromium, page_dom, provision
+from helpers.browser import browse, chromium, page_dom
+from helpers.cli import REPO, provision
+from helpers.lab_host import LAB_MARKS, LabHost
 
 from rigbook.lab import machine, state
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 from ansible_collections.rigbook.homelab.plugins.module_utils.judges.collective_layers import judge_collectives
-from helpers import provision
+from helpers.cli import provision
 
 from rigbook import baselines
 from rigbook.errors import UserError

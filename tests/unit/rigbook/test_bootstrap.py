@@ -14,11 +14,10 @@ import subprocess
 import threading
 from pathlib import Path
 
-import helpers
 import paramiko
 import pytest
 import yaml
-from helpers import provision
+from helpers.cli import provision, provision_argv
 
 from rigbook import bootstrap
 from rigbook.errors import UserError
@@ -226,7 +225,7 @@ def test_bad_input_exits_2(tmp_path, args, message):
 def test_no_password_without_a_terminal(tmp_path):
     (tmp_path / "ssh").mkdir()
     _keypair(tmp_path / "ssh", "id_ed25519")
-    proc = subprocess.run(helpers.provision_argv("bootstrap", "box", "-i", _inventory(tmp_path, _free_port())),
+    proc = subprocess.run(provision_argv("bootstrap", "box", "-i", _inventory(tmp_path, _free_port())),
                           capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60,
                           env={k: v for k, v in os.environ.items() if k != bootstrap.PASSWORD_ENV})
     assert proc.returncode == 2

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from helpers import provision
+from helpers.cli import provision
 
 from rigbook.errors import UserError
 from rigbook.run import resolve_inventory, resolve_playbook

@@ -22,7 +22,7 @@ from typing import Callable
 
 import pytest
 import yaml
-from helpers import edit_yaml, provision, set_key, tree_listing
+from helpers.cli import edit_yaml, provision, set_key, tree_listing
 
 HOMELAB = Path(__file__).resolve().parents[3] / "inventory" / "homelab"
 G3080 = "group_vars/x99_3080.yml"

@@ -13,7 +13,7 @@ import re
 import subprocess
 import sys
 
-from helpers import leaves
+from helpers.report import leaves
 
 from rigbook import display
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import manifest as collector
 from ansible_collections.rigbook.homelab.plugins.modules import host_manifest
-from helpers import provision, run_module
+from helpers.cli import provision
+from helpers.modules import run_module
 
 from rigbook import manifests
 from rigbook.errors import UserError

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import FIXTURES
+from helpers.parse_fixtures import FIXTURES
 
 from rigbook import parse_cmd
 from rigbook.errors import UserError
@@ -63,7 +63,7 @@ def test_input_a_parser_does_not_recognise_is_said_on_stderr_with_exit_2(tmp_pat
 
 
 def test_unrecognised_stdin_through_provision():
-    from helpers import provision_argv
+    from helpers.cli import provision_argv
 
     proc = subprocess.run(provision_argv("parse", "nccl-log", "-"), input="hello\n", capture_output=True,
                           text=True, timeout=60)
@@ -149,7 +149,7 @@ def test_sglang_log_kind(capsys):
 
 
 def test_sglang_log_through_provision(tmp_path):
-    from helpers import provision
+    from helpers.cli import provision
 
     log = tmp_path / "journal.txt"
     text = (FIXTURES / "sglang" / "nvidia_sglang8974_nccl_p2p_ipc.txt").read_text()

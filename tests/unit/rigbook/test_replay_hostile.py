@@ -17,7 +17,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from helpers import tree_listing
+from helpers.cli import tree_listing
 
 from rigbook.snapshots import EVIDENCE_MAX_BYTES
 

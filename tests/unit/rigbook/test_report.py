@@ -1,7 +1,7 @@
 """`provision report`: one self-contained HTML page of a lab run history, checked from its DOM.
 
-The history (helpers.lab_report_history): `provision baseline record -i lab` then four verify runs written through
-rigbook's own writers, every ladder the real climb over the lab's recorded hardware trees, the fourth with the
+The history (helpers.report.lab_report_history): `provision baseline record -i lab` then four verify runs written
+through rigbook's own writers, every ladder the real climb over the lab's recorded hardware trees, the fourth with the
 `busbw-half` fault on the R9700 twin. The manifests are the real H200 capture's (tests/fixtures/evidence/
 h200-vm.manifest.json), one item changed for the second host. The same page in headless Chromium:
 tests/integration/test_report_browser.py.
@@ -15,7 +15,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import html_elements, lab_report_history, provision
+from helpers.cli import provision
+from helpers.report import html_elements, lab_report_history
 
 from rigbook import baselines, report
 from rigbook.baselines import metrics_of

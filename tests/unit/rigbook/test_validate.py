@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import edit_yaml, set_key
+from helpers.cli import edit_yaml, set_key
 
 from rigbook.errors import UserError
 from rigbook.validate import InventoryInvalid, validate

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from ansible_collections.rigbook.homelab.plugins.module_utils import safe_untar
 from ansible_collections.rigbook.homelab.plugins.module_utils.safe_untar import UnsafeArchive, unpack
-from helpers import tree_listing
+from helpers.cli import tree_listing
 
 # --- building tarballs -----------------------------------------------------------------------------------------
 

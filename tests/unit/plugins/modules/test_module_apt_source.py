@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from ansible_collections.rigbook.homelab.plugins.modules import apt_source
-from helpers import fail, ok, run_module
+from helpers.modules import fail, ok, run_module
 
 ARMORED = b"-----BEGIN PGP PUBLIC KEY BLOCK-----\n\nmDMEtest\n-----END PGP PUBLIC KEY BLOCK-----\n"
 UPDATE = ["apt-get", "-q", "update"]

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 from ansible_collections.rigbook.homelab.plugins.modules import artifact
-from helpers import run_module
+from helpers.modules import run_module
 
 DATA = b"rigbook stand-in artifact\n" * 64
 SHA = hashlib.sha256(DATA).hexdigest()

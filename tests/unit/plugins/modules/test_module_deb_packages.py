@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from ansible_collections.rigbook.homelab.plugins.modules import deb_packages
-from helpers import fail, ok, run_module
+from helpers.modules import fail, ok, run_module
 
 IMAGE, HEADERS = "linux-image-6.1.0-47-amd64", "linux-headers-6.1.0-47-amd64"
 NAMES = [IMAGE, HEADERS]

@@ -9,7 +9,7 @@ from unittest import mock
 import pytest
 from ansible_collections.rigbook.homelab.plugins.module_utils import account
 from ansible_collections.rigbook.homelab.plugins.modules import device_groups
-from helpers import ok, run_module
+from helpers.modules import ok, run_module
 
 
 def databases(groups: dict, users=("rigbook",)):

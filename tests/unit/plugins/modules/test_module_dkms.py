@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 from ansible_collections.rigbook.homelab.plugins.modules import dkms_module
-from helpers import fail, ok, run_module
+from helpers.modules import fail, ok, run_module
 
 K = "6.1.0-47-amd64"
 K2 = "6.1.0-50-amd64"

@@ -6,7 +6,7 @@ import os
 
 import pytest
 from ansible_collections.rigbook.homelab.plugins.modules import gpu_env
-from helpers import run_module
+from helpers.modules import run_module
 
 HEADER = "".join(line + "\n" for line in gpu_env.HEADER)
 ROCM = {"HSA_ENABLE_IPC_MODE_LEGACY": "0", "NCCL_P2P_LEVEL": "PHB"}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from ansible_collections.rigbook.homelab.plugins.modules import pinned_venv
-from helpers import run_module_real
+from helpers.modules import run_module_real
 
 SOURCE = "def gather(enabled):\n    return enabled\n"
 PATCH = """--- a/demo/core.py

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from ansible_collections.rigbook.homelab.plugins.modules import rocm_check
-from helpers import fail, ok, run_module
+from helpers.modules import fail, ok, run_module
 
 from rigbook.lab import hardware_trees
 

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 from ansible_collections.rigbook.homelab.plugins.modules import serve_units
-from helpers import ok, run_module
+from helpers.modules import ok, run_module
 
 ENGINE = ["/opt/rigbook/sglang/0.5.23-abc/bin/python", "-m", "sglang.launch_server"]
 

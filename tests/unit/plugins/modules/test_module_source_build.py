@@ -17,7 +17,8 @@ from unittest import mock
 
 import pytest
 from ansible_collections.rigbook.homelab.plugins.modules import source_build
-from helpers import REPO, fail, ok, run_module, run_module_real
+from helpers.cli import REPO
+from helpers.modules import fail, ok, run_module, run_module_real
 
 sys.path.insert(0, str(REPO / "tests" / "artifacts"))
 import rccl_standin  # noqa: E402  (the stand-in packer lives with the stand-ins)

@@ -16,7 +16,7 @@ from ansible_collections.rigbook.homelab.plugins.module_utils.collect import run
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence as evidence
 from ansible_collections.rigbook.homelab.plugins.module_utils.judges import peer_layers as R
 from ansible_collections.rigbook.homelab.plugins.module_utils.ladder.climb import message
-from helpers import local_playbook
+from helpers.modules import local_playbook
 
 
 def probe(n=2, api="cuda", can=True, enable="ok", peer=(10.29, 10.29), staged=5.6, bidir=19.7, pattern=True,

@@ -20,7 +20,7 @@ from ansible_collections.rigbook.homelab.plugins.module_utils.collect import ser
 from ansible_collections.rigbook.homelab.plugins.module_utils.judges.serving_layer import judge_serving, metric_names
 from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import climb, registry
 from ansible_collections.rigbook.homelab.plugins.module_utils.serve import profile as serve_profile
-from helpers import local_playbook
+from helpers.modules import local_playbook
 
 from rigbook import baselines, snapshots
 

@@ -7,7 +7,7 @@ import re
 import pytest
 from ansible_collections.rigbook.homelab.plugins.module_utils.parse import lspci as parse_lspci
 from ansible_collections.rigbook.homelab.plugins.module_utils.parse import text as parse_text
-from helpers import cases, check, expected, fixture_names, read
+from helpers.parse_fixtures import cases, check, expected, fixture_names, read
 
 KIND = "lspci"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from ansible_collections.rigbook.homelab.plugins.module_utils.parse import nccl as parse_nccl
-from helpers import cases, check, expected, fixture_names, read
+from helpers.parse_fixtures import cases, check, expected, fixture_names, read
 
 
 @pytest.mark.parametrize("name,facts", cases("nccl-tests"))

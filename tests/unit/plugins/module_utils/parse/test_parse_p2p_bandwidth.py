@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from ansible_collections.rigbook.homelab.plugins.module_utils.parse import p2p_bandwidth as parse_p2p_bandwidth
-from helpers import cases, check, expected, fixture_names, read
+from helpers.parse_fixtures import cases, check, expected, fixture_names, read
 
 KIND = "p2p-bandwidth"
 

@@ -6,7 +6,7 @@ import re
 
 import pytest
 from ansible_collections.rigbook.homelab.plugins.module_utils.parse import sglang_log
-from helpers import cases, check, expected, fixture_names, read
+from helpers.parse_fixtures import cases, check, expected, fixture_names, read
 
 ROCM = "rocm_tp2_r9700_mattbucci_qwen36"
 

@@ -14,7 +14,8 @@ from helpers.cli import provision
 
 # --- the lab ---------------------------------------------------------------------------------------------------
 
-# scripts/test runs the tests marked lab in one pytest process, every other test in a second one beside it.
+# scripts/test runs the tests marked lab in four lab groups (tests/integration/conftest.py), each in a pytest
+# process of its own, every other test in a fifth one beside them.
 LAB_MARKS = [
     pytest.mark.lab,
     pytest.mark.skipif(os.geteuid() != 0, reason="lab hosts need root (systemd-nspawn, mounts)"),

@@ -37,11 +37,13 @@ def _step(item) -> int | None:
 # Lab groups: scripts/test runs each group's lab tests in a pytest process of its own, side by side, each with its
 # own state directory and address block (RIGBOOK_TEST_LAB_GROUP, RIGBOOK_LAB_ADDRESS_BLOCK), so no two tests ever
 # touch one lab at once. A test asking for `no_lab` or `three_hosts` brings up labs of its own ("own"); the files of
-# CONVERGED start from a converged session lab of their own; every other lab test (the fresh lab: role tests, lab
-# checks, the faults of a run) is "roles". Without RIGBOOK_TEST_LAB_GROUP every lab test runs, on one lab, in step
-# order.
-LAB_GROUPS = ("roles", "converged", "own")
+# CONVERGED start from a converged session lab of their own; the NVIDIA role tests converge lab-3080 on a lab of
+# their own ("nvidia"); every other lab test (the lab's own checks, the AMD role tests, the faults of a run on the
+# AMD host) shares the session's lab in block 0 ("amd"). Without RIGBOOK_TEST_LAB_GROUP every lab test runs, on one
+# lab, in step order.
+LAB_GROUPS = ("amd", "nvidia", "converged", "own")
 CONVERGED = {"test_serving_lab.py", "test_ladder_lab.py", "test_rccl_lab.py", "test_output_lab.py"}
+NVIDIA = {"test_roles_nvidia.py"}
 
 
 def lab_group(item) -> str | None:
@@ -50,7 +52,9 @@ def lab_group(item) -> str | None:
         return None
     if {"no_lab", "three_hosts"} & set(getattr(item, "fixturenames", ())):
         return "own"
-    return "converged" if item.path.name in CONVERGED else "roles"
+    if item.path.name in CONVERGED:
+        return "converged"
+    return "nvidia" if item.path.name in NVIDIA else "amd"
 
 
 def _deselect_other_groups(config, items) -> None:

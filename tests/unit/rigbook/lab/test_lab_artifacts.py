@@ -47,3 +47,26 @@ def test_wheels_already_there_are_not_downloaded(artifact_dir, capsys, monkeypat
     monkeypatch.setattr(artifacts.subprocess, "run", no_download)
     artifacts.download_wheels(PINS)
     assert "wheels present" in capsys.readouterr().out
+
+
+def test_each_address_block_has_its_own_apt_cache_seeded_from_block_0(tmp_path, monkeypatch):
+    """apt locks its archive folder for a whole run: two labs side by side get a folder each. Another block's starts
+    with block 0's .debs as hard links (downloaded once per machine); a .deb it has already is left as it is."""
+    from rigbook.lab import machine
+
+    monkeypatch.setenv("RIGBOOK_LAB_APT_CACHE", str(tmp_path / "apt"))
+    base = machine.apt_cache_dir(0)
+    assert base == tmp_path / "apt" and machine.apt_cache_dir(2) == tmp_path / "apt-block2"
+    assert dict((t, s) for s, t, _ in machine.shared_dirs(2))["/var/cache/apt/archives"] == tmp_path / "apt-block2"
+    base.mkdir()
+    (base / "linux-image_1_amd64.deb").write_bytes(b"image")
+    (base / "lock").write_text("")
+    (tmp_path / "apt-block2").mkdir()
+    (tmp_path / "apt-block2" / "dkms_2_all.deb").write_bytes(b"its own")
+    machine.seed_apt_cache(2)
+    machine.seed_apt_cache(0)  # block 0 is the source: nothing to do
+    seeded = tmp_path / "apt-block2"
+    assert sorted(p.name for p in seeded.iterdir()) == ["dkms_2_all.deb", "linux-image_1_amd64.deb", "partial"]
+    assert (seeded / "linux-image_1_amd64.deb").stat().st_ino == (base / "linux-image_1_amd64.deb").stat().st_ino
+    assert (seeded / "dkms_2_all.deb").read_bytes() == b"its own"
+    assert sorted(p.name for p in base.iterdir()) == ["linux-image_1_amd64.deb", "lock"]

@@ -304,8 +304,10 @@ def _profile(port, **extra):
 
 
 def test_decode_from_usage_is_the_configured_rate_while_per_chunk_is_not(engine_server, tmp_path):
-    """Three tokens a chunk (speculative decoding): usage tokens / (elapsed - TTFT) is within 3% of the rate,
-    a per-chunk timer reads a third of it. The key goes as a Bearer token and never into the evidence."""
+    """Three tokens a chunk (speculative decoding): usage tokens / (elapsed - TTFT) is the rate, a per-chunk timer
+    reads a third of it. The key goes as a Bearer token and never into the evidence. The stand-in paces its tokens
+    with sleeps, which run late on a loaded machine (373 of 400 tok/s measured with the lab tests beside it): the
+    tolerance (15%) is wide for that and still far from the third a per-chunk timer reads."""
     engine = Engine(rate=400.0, tokens_per_chunk=3, ttft=0.05, key=KEY)
     port = engine_server(engine)
     key_file = tmp_path / "api-key"
@@ -313,21 +315,21 @@ def test_decode_from_usage_is_the_configured_rate_while_per_chunk_is_not(engine_
     item = serving.measure_profile(_profile(port, api_key_file=str(key_file), served_model_name="standin"))
     assert item["ready"]["ready"] and item["models"]["ids"] == ["standin"]
     decode, stream = item["decode"]["decode_tok_s"], item["stream"]
-    assert decode == pytest.approx(400.0, rel=0.03), item
-    assert stream["per_chunk_tok_s"] == pytest.approx(400.0 / 3, rel=0.1) and stream["tokens_per_chunk"] == round(
+    assert decode == pytest.approx(400.0, rel=0.15), item
+    assert stream["per_chunk_tok_s"] == pytest.approx(400.0 / 3, rel=0.15) and stream["tokens_per_chunk"] == round(
         serving.STREAM_MAX_TOKENS / -(-serving.STREAM_MAX_TOKENS // 3), 2)  # chunks of 3, the last one shorter
     assert 0.05 <= stream["ttft_s"] < 0.5 and item["decode"]["completion_tokens"] == serving.DECODE_MAX_TOKENS
     assert all(auth == "Bearer " + KEY for _, path, auth in engine.requests if path.startswith("/v1/"))
     assert KEY not in json.dumps(item)
     verdict = judge(item, profile={"gpu": {"count": 1}})
     assert verdict["status"] == "unknown" and "no systemd unit given" in verdict["why"]  # measured, unit unchecked
-    assert verdict["metrics"][metric_names("standin")[1]] == pytest.approx(400.0, rel=0.03)
+    assert verdict["metrics"][metric_names("standin")[1]] == decode
 
 
 def test_one_token_a_chunk_agrees_with_the_per_chunk_rate(engine_server):
     item = serving.measure_profile(_profile(engine_server(Engine(rate=300.0, tokens_per_chunk=1, ttft=0.02))))
-    assert item["decode"]["decode_tok_s"] == pytest.approx(300.0, rel=0.03)
-    assert item["stream"]["per_chunk_tok_s"] == pytest.approx(300.0, rel=0.1)
+    assert item["decode"]["decode_tok_s"] == pytest.approx(300.0, rel=0.15)  # sleeps run late under load
+    assert item["stream"]["per_chunk_tok_s"] == pytest.approx(item["decode"]["decode_tok_s"], rel=0.15)
 
 
 def test_without_the_key_the_api_checks_fail(engine_server):

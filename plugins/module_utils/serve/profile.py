@@ -349,6 +349,78 @@ def owned_flag(flag):
     return None, None
 
 
+# The type of each field an engine flag sets (what profile_from_argv turns a flag's text into).
+INT_FIELDS = frozenset(("tp_size", "context_length", "max_total_tokens", "port", "speculative.num_steps",
+                        "speculative.eagle_topk", "speculative.num_draft_tokens"))
+FLOAT_FIELDS = frozenset(("mem_fraction_static",))
+ENGINE_MODULES = ("sglang.launch_server",)
+
+
+def _typed(field, text):
+    """TEXT as FIELD holds it (int, float or str); the text itself where it does not parse (the schema names it)."""
+    try:
+        if field in INT_FIELDS:
+            return int(text)
+        if field in FLOAT_FIELDS:
+            return float(text)
+    except ValueError:
+        pass
+    return text
+
+
+def engine_args(argv):
+    """The engine's own arguments in a process's ARGV (["/v/bin/python3", "-m", "sglang.launch_server", ...] or a
+    console script ending in sglang.launch_server), or None when ARGV does not start an engine."""
+    argv = [a for a in argv or [] if isinstance(a, str)]
+    for i, word in enumerate(argv[:-1]):
+        if word == "-m" and argv[i + 1] in ENGINE_MODULES:
+            return argv[i + 2:]
+    return None
+
+
+def profile_from_argv(args, name):
+    """(profile, notes) from the engine's own arguments ARGS (engine_args): each owned flag (an abbreviation too,
+    as the engine's argparse reads it; `--flag=value` as well) becomes its profile field, typed;
+    --disable-custom-all-reduce becomes custom_all_reduce: false; every other flag, with the words up to the next
+    flag, goes to extra_args as given, each named in NOTES. An API key on the command line is never copied: NOTES
+    says where it was and that the profile needs api_key_file instead."""
+    profile, speculative, extra, notes = {"name": name}, {}, [], []
+    i = 0
+    while i < len(args):
+        word = args[i]
+        if not word.startswith("--"):
+            extra.append(word)
+            notes.append("extra_args: %r is not a flag (kept as given)" % word)
+            i += 1
+            continue
+        given, eq, inline = word.partition("=")
+        flag, field = owned_flag(given)
+        values = [inline] if eq else []
+        j = i + 1
+        if not eq:
+            while j < len(args) and not args[j].startswith("--"):
+                values.append(args[j])
+                j += 1
+        if field == "custom_all_reduce":
+            profile["custom_all_reduce"] = False
+        elif field == "api_key_file":
+            notes.append("%s: the API key is on the engine's command line (every user of the box can read it in "
+                         "/proc); it was not copied: put it in a root-only file and set api_key_file" % given)
+        elif field is not None and len(values) == 1:
+            target = speculative if field.startswith("speculative.") else profile
+            target[field.split(".", 1)[-1]] = _typed(field, values[0])
+        else:
+            extra += [word] + ([] if eq else values)
+            notes.append("extra_args: %s%s (no profile field sets it)"
+                         % (given, "" if field is None else " with %d values" % len(values)))
+        i = j
+    if speculative:
+        profile["speculative"] = speculative
+    if extra:
+        profile["extra_args"] = extra
+    return profile, notes
+
+
 def _extra_args_not_owned(profile, host, where):
     problems = []
     for index, given in _extra_flags(profile):

@@ -447,3 +447,60 @@ def test_control_characters_are_refused_on_the_box_too():
     assert [e.split(":")[0] for e in errors] == ["rigbook_serve[0].served_model_name", "rigbook_serve[0].extra_args[0]",
                                                  "rigbook_serve[0].env.A"]
     assert all("contains a control character" in e for e in errors)
+
+
+# --- a running engine's command line back to a profile (provision adopt) ------------------------------------------
+
+def _lab_profile(group: str) -> dict:
+    return yaml.safe_load((REPO / "inventory/lab" / group).read_text())["rigbook_serve"][0]
+
+
+@pytest.mark.parametrize("group", [G3080, G9700])
+def test_the_engine_argv_of_a_profile_reads_back_as_that_profile(group):
+    written = dict(_lab_profile(group), custom_all_reduce=False, bind="127.0.11.2",
+                   speculative={"algorithm": "EAGLE", "draft_model_path": "/srv/models/draft", "num_steps": 3})
+    args = serve.engine_args(serve.engine_argv(written, ENGINE))
+    profile, notes = serve.profile_from_argv(args, written["name"])
+    fields = ("name", "model_path", "served_model_name", "tp_size", "mem_fraction_static", "context_length",
+              "max_total_tokens", "bind", "port", "custom_all_reduce", "speculative")
+    assert profile == {k: written[k] for k in fields if k in written} and notes == []
+
+
+def test_seed_000s_command_line_by_hand_abbreviations_equals_signs_and_unknown_flags():
+    """As a seed author starts it from a shell (reconstructed from seed 000's write-up: 185K context, a 15 GB
+    hierarchical cache, 4 running requests): abbreviated flags (argparse reads unique prefixes), --flag=value, flags
+    the schema has no field for (kept in extra_args as given, each named)."""
+    argv = ["/home/u/venv/bin/python3", "-m", "sglang.launch_server", "--model", "/srv/models/qwen3.8-27b",
+            "--tp", "2", "--mem-fraction-static=0.88", "--context-len", "185000", "--host", "0.0.0.0",
+            "--port=30000", "--enable-hierarchical-cache", "--hicache-size", "15", "--max-running-requests", "4",
+            "--disable-custom-all-reduce"]
+    profile, notes = serve.profile_from_argv(serve.engine_args(argv), "main")
+    assert profile == {"name": "main", "model_path": "/srv/models/qwen3.8-27b", "tp_size": 2,
+                       "mem_fraction_static": 0.88, "context_length": 185000, "bind": "0.0.0.0", "port": 30000,
+                       "custom_all_reduce": False,
+                       "extra_args": ["--enable-hierarchical-cache", "--hicache-size", "15",
+                                      "--max-running-requests", "4"]}
+    assert notes == ["extra_args: --enable-hierarchical-cache (no profile field sets it)",
+                     "extra_args: --hicache-size (no profile field sets it)",
+                     "extra_args: --max-running-requests (no profile field sets it)"]
+
+
+@pytest.mark.parametrize("spelling", [["--api-key", "sk-the-key"], ["--api-key=sk-the-key"],
+                                      ["--api-ke", "sk-the-key"]])
+def test_an_api_key_on_the_command_line_is_never_copied(spelling):
+    argv = [*ENGINE, "--model-path", "/srv/models/m", *spelling]
+    profile, notes = serve.profile_from_argv(serve.engine_args(argv), "keyed")
+    assert "sk-the-key" not in repr(profile) + repr(notes)
+    assert profile == {"name": "keyed", "model_path": "/srv/models/m"}
+    assert len(notes) == 1 and "was not copied" in notes[0] and "api_key_file" in notes[0]
+
+
+@pytest.mark.parametrize("argv", [["/usr/bin/python3", "-m", "http.server"], ["sglang.launch_server"], [], None,
+                                  ["/usr/bin/python3", "-m"]])
+def test_a_process_that_is_not_an_engine_has_no_engine_args(argv):
+    assert serve.engine_args(argv) is None
+
+
+def test_a_value_that_does_not_parse_is_kept_as_text_for_the_schema_to_name():
+    profile, _ = serve.profile_from_argv(["--model-path", "/m", "--tp-size", "two", "--port", "80a"], "x")
+    assert profile["tp_size"] == "two" and profile["port"] == "80a"

@@ -378,6 +378,25 @@ def engine_args(argv):
     return None
 
 
+def redacted_argv(argv):
+    """ARGV with the value of every API key flag (any spelling the engine reads as one) replaced by ********."""
+    out, hide = [], False
+    for word in argv or []:
+        if hide and not word.startswith("--"):
+            out.append("********")
+            hide = False
+            continue
+        hide = False
+        given, eq, _value = word.partition("=")
+        if given.startswith("--") and owned_flag(given)[1] == "api_key_file":
+            if eq:
+                out.append(given + "=********")
+                continue
+            hide = True
+        out.append(word)
+    return out
+
+
 def profile_from_argv(args, name):
     """(profile, notes) from the engine's own arguments ARGS (engine_args): each owned flag (an abbreviation too,
     as the engine's argparse reads it; `--flag=value` as well) becomes its profile field, typed;

@@ -1,0 +1,151 @@
+# -*- coding: utf-8 -*-
+# Copyright: rigbook developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The SGLang engines running on a box, read from /proc (standard library only; read-only): what `provision adopt`
+turns into serve profiles and pins on a box that was set up by hand.
+
+Per engine process (a command line that starts sglang.launch_server, serve/profile.py engine_args): its pid, its
+argv (an API key's value replaced by ********: serve/profile.py redacted_argv), the interpreter (/proc/PID/exe),
+the virtual environment it runs from (the folder holding pyvenv.cfg above the interpreter named in argv[0]), the
+systemd unit that started it (/proc/PID/cgroup; None for a process started from a shell), the GPU environment it
+was given (environ: the variables of GPU_ENV_PREFIXES and GPU_ENV_NAMES; a variable whose name looks like a secret
+is never read into the result, only named), and the NCCL/RCCL and GPU runtime libraries it has mapped
+(/proc/PID/maps) with each file's sha256.
+
+Everything is read under ROOT ("/" on a box; a recorded tree in tests), so a process's paths are ROOT + path. Worker
+processes of one engine (the scheduler and detokenizer children carry the same command line) are one engine: the
+process whose parent is not an engine too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from ansible_collections.rigbook.homelab.plugins.module_utils.file_digest import sha256_of
+from ansible_collections.rigbook.homelab.plugins.module_utils.serve.profile import engine_args, redacted_argv
+
+GPU_ENV_PREFIXES = ("NCCL_", "RCCL_", "HSA_", "HIP_", "ROCR_", "ROCM_", "CUDA_", "NVIDIA_", "PYTORCH_", "TORCH_",
+                    "SGLANG_", "GPU_", "AMD_", "MIOPEN_")
+GPU_ENV_NAMES = frozenset(("LD_LIBRARY_PATH", "LD_PRELOAD", "OMP_NUM_THREADS"))
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.I)
+LIBRARIES = re.compile(r"/(lib(?:nccl|rccl)\.so[.0-9]*|libcudart\.so[.0-9]*|libamdhip64\.so[.0-9]*|"
+                       r"libcuda\.so[.0-9]*|libhsa-runtime64\.so[.0-9]*)$")
+
+
+def _under(root, path):
+    return os.path.join(root, path.lstrip("/"))
+
+
+def _read_bytes(path):
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def _words(data):
+    """The NUL-separated words of a /proc cmdline or environ file."""
+    return [w.decode("utf-8", "replace") for w in (data or b"").split(b"\0") if w]
+
+
+def _sha256(path):
+    """file_digest.sha256_of, or None when the file cannot be read (a library deleted since it was mapped)."""
+    try:
+        return sha256_of(path)
+    except OSError:
+        return None
+
+
+def gpu_environment(words):
+    """({name: value} of the GPU environment among WORDS ("NAME=value"), [names left out as secrets])."""
+    kept, secret = {}, []
+    for word in words:
+        name, eq, value = word.partition("=")
+        if not eq:
+            continue
+        if not (name.startswith(GPU_ENV_PREFIXES) or name in GPU_ENV_NAMES):
+            continue
+        if SECRET_NAME.search(name):
+            secret.append(name)
+            continue
+        kept[name] = value
+    return kept, sorted(secret)
+
+
+def unit_of(cgroup_text):
+    """The systemd service a process runs in, from its /proc/PID/cgroup text, or None (a shell, a user session)."""
+    for line in (cgroup_text or "").splitlines():
+        path = line.rsplit(":", 1)[-1]
+        for part in reversed(path.split("/")):
+            if part.endswith(".service") and not part.startswith("user@") and not part.startswith("session-"):
+                return part
+    return None
+
+
+def venv_of(root, interpreter):
+    """The virtual environment holding INTERPRETER (its folder's parent with pyvenv.cfg), or None."""
+    if not interpreter or not interpreter.startswith("/"):
+        return None
+    top = os.path.dirname(os.path.dirname(interpreter))
+    return top if os.path.isfile(_under(root, os.path.join(top, "pyvenv.cfg"))) else None
+
+
+def mapped_libraries(root, maps_text):
+    """[{path, sha256}] of the NCCL/RCCL and GPU runtime libraries in a /proc/PID/maps text, each once, in order."""
+    seen, found = set(), []
+    for line in (maps_text or "").splitlines():
+        fields = line.split(None, 5)
+        path = fields[5].strip() if len(fields) == 6 else ""
+        if path.endswith(" (deleted)"):
+            path = path[: -len(" (deleted)")]
+        if not LIBRARIES.search(path) or path in seen:
+            continue
+        seen.add(path)
+        found.append({"path": path, "sha256": _sha256(_under(root, path))})
+    return found
+
+
+def _parent(root, pid):
+    status = _read_bytes(_under(root, "proc/%s/status" % pid)) or b""
+    found = re.search(rb"^PPid:\s*(\d+)", status, re.M)
+    return found.group(1).decode() if found else None
+
+
+def engines(root="/"):
+    """[{pid, argv, args, interpreter, venv, unit, env, secret_env, libraries}] of the engines running under ROOT,
+    by pid."""
+    proc = _under(root, "proc")
+    try:
+        pids = sorted((p for p in os.listdir(proc) if p.isdigit()), key=int)
+    except OSError:
+        return []
+    argvs = {}
+    for pid in pids:
+        argv = _words(_read_bytes(os.path.join(proc, pid, "cmdline")))
+        if engine_args(argv) is not None:
+            argvs[pid] = argv
+    found = []
+    for pid, argv in argvs.items():
+        if _parent(root, pid) in argvs:
+            continue  # a worker of an engine listed already
+        env, secret = gpu_environment(_words(_read_bytes(os.path.join(proc, pid, "environ"))))
+        try:
+            exe = os.readlink(os.path.join(proc, pid, "exe"))
+        except OSError:
+            exe = None
+        maps = (_read_bytes(os.path.join(proc, pid, "maps")) or b"").decode("utf-8", "replace")
+        cgroup = (_read_bytes(os.path.join(proc, pid, "cgroup")) or b"").decode("utf-8", "replace")
+        found.append({
+            "pid": int(pid),
+            "argv": redacted_argv(argv),
+            "args": redacted_argv(engine_args(argv)),
+            "interpreter": exe,
+            "venv": venv_of(root, argv[0]) or venv_of(root, exe),
+            "unit": unit_of(cgroup),
+            "env": env,
+            "secret_env": secret,
+            "libraries": mapped_libraries(root, maps),
+        })
+    return found

@@ -1,0 +1,82 @@
+"""collect/engine_processes.py: the engines running on a box, read from a /proc tree laid out here by the test (a
+recorded tree, reconstructed from what Linux shows for a process: NUL-separated cmdline and environ, the exe link,
+cgroup v2 lines, maps lines)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+from ansible_collections.rigbook.homelab.plugins.module_utils.collect import engine_processes as ep
+
+VENV = "/opt/sglang-venv"
+ENGINE = [f"{VENV}/bin/python3", "-m", "sglang.launch_server", "--model-path", "/srv/models/qwen", "--tp", "2",
+          "--api-key", "sk-secret-1", "--port", "30000"]
+ENVIRON = ["PATH=/usr/bin", "NCCL_P2P_LEVEL=PHB", "HSA_ENABLE_IPC_MODE_LEGACY=0", "HF_TOKEN=hf-secret-2",
+           "SGLANG_API_KEY=sk-secret-3", "LD_LIBRARY_PATH=/opt/rccl/lib", "HOME=/root"]
+MAPS = ("7f0000000000-7f0000100000 r-xp 00000000 08:01 1234 /opt/rccl/lib/librccl.so.1.0\n"
+        "7f0000100000-7f0000200000 r--p 00100000 08:01 1234 /opt/rccl/lib/librccl.so.1.0\n"
+        "7f0000300000-7f0000400000 r-xp 00000000 08:01 99 /usr/lib/x86_64-linux-gnu/libc.so.6\n"
+        "7f0000500000-7f0000600000 r-xp 00000000 08:01 77 /opt/rocm/lib/libamdhip64.so.7\n"
+        "7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0 [stack]\n")
+
+
+def _process(root, pid, argv, environ=(), ppid=1, cgroup="0::/user.slice/session-1.scope\n", maps="", exe=None):
+    folder = root / "proc" / str(pid)
+    folder.mkdir(parents=True)
+    (folder / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+    (folder / "environ").write_bytes(b"\0".join(e.encode() for e in environ) + b"\0")
+    (folder / "status").write_text(f"Name:\tpython3\nPid:\t{pid}\nPPid:\t{ppid}\n")
+    (folder / "cgroup").write_text(cgroup)
+    (folder / "maps").write_text(maps)
+    if exe:
+        os.symlink(exe, folder / "exe")
+
+
+def _box(tmp_path):
+    root = tmp_path / "root"
+    (root / VENV.lstrip("/") / "bin").mkdir(parents=True)
+    (root / VENV.lstrip("/") / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    lib = root / "opt/rccl/lib/librccl.so.1.0"
+    lib.parent.mkdir(parents=True)
+    lib.write_bytes(b"patched rccl")
+    _process(root, 4100, ENGINE, ENVIRON, cgroup="0::/system.slice/sglang.service\n", maps=MAPS,
+             exe="/usr/bin/python3.12")
+    _process(root, 4188, ENGINE, ENVIRON, ppid=4100, cgroup="0::/system.slice/sglang.service\n")  # its scheduler
+    _process(root, 5000, ["/usr/sbin/sshd", "-D"])
+    return root
+
+
+def test_an_engine_started_by_a_unit_with_its_venv_environment_and_libraries(tmp_path):
+    root = _box(tmp_path)
+    [engine] = ep.engines(str(root))
+    assert engine["pid"] == 4100 and engine["unit"] == "sglang.service" and engine["venv"] == VENV
+    assert engine["interpreter"] == "/usr/bin/python3.12"
+    assert engine["args"][:4] == ["--model-path", "/srv/models/qwen", "--tp", "2"]
+    assert engine["env"] == {"NCCL_P2P_LEVEL": "PHB", "HSA_ENABLE_IPC_MODE_LEGACY": "0",
+                             "LD_LIBRARY_PATH": "/opt/rccl/lib"}
+    assert engine["secret_env"] == ["SGLANG_API_KEY"]
+    assert engine["libraries"] == [
+        {"path": "/opt/rccl/lib/librccl.so.1.0", "sha256": hashlib.sha256(b"patched rccl").hexdigest()},
+        {"path": "/opt/rocm/lib/libamdhip64.so.7", "sha256": None}]  # mapped, its file not under this root
+
+
+def test_no_secret_of_the_process_reaches_the_result(tmp_path):
+    found = repr(ep.engines(str(_box(tmp_path))))
+    assert "sk-secret-1" not in found and "hf-secret-2" not in found and "sk-secret-3" not in found
+    assert "'--api-key', '********'" in found
+
+
+def test_an_engine_started_from_a_shell_has_no_unit_and_a_bare_box_has_no_engine(tmp_path):
+    root = tmp_path / "root"
+    _process(root, 77, ["/home/u/venv/bin/python3", "-m", "sglang.launch_server", "--model-path", "/m"])
+    [engine] = ep.engines(str(root))
+    assert engine["unit"] is None and engine["venv"] is None and engine["libraries"] == []
+    assert ep.engines(str(tmp_path / "nothing")) == []
+
+
+def test_redacted_argv_hides_every_spelling_of_the_key():
+    from ansible_collections.rigbook.homelab.plugins.module_utils.serve.profile import redacted_argv
+
+    assert redacted_argv(["--api-key", "a", "--api-ke=b", "--api-key", "--port", "1", "--x", "c"]) == [
+        "--api-key", "********", "--api-ke=********", "--api-key", "--port", "1", "--x", "c"]

@@ -1,0 +1,179 @@
+# -*- coding: utf-8 -*-
+# Copyright: rigbook developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What `provision adopt` reads of a box that was set up by hand (standard library only; read-only).
+
+- The kernel: the running release (/proc/sys/kernel/osrelease), the command line's own parameters (/proc/cmdline
+  without what every boot has: BOOT_IMAGE, root, ro, quiet, ...), the GRUB default (/etc/default/grub and its
+  grub.d drop-ins, the last one read winning, as grub-mkconfig sources them), and the installed kernel packages of
+  the running release (dpkg-query) with where each came from (`apt-cache policy`: an archive with its release, or
+  only /var/lib/dpkg/status: a local .deb), and for a local .deb the file found in the apt cache or DEBS_DIR with
+  its sha256.
+- The running engines: collect/engine_processes.py; each engine's venv packages (dist-info name and version, a VCS
+  or local install from direct_url.json).
+
+Commands go through RUN(argv) -> (rc, stdout) (the module's run_command on a box, recorded outputs in tests); files
+are read under SYSTEM.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+
+from ansible_collections.rigbook.homelab.plugins.module_utils.collect import engine_processes
+from ansible_collections.rigbook.homelab.plugins.module_utils.file_digest import sha256_of
+
+BOOT_WORDS = frozenset(("ro", "rw", "quiet", "splash", "$vt_handoff", "nosplash"))
+BOOT_KEYS = frozenset(("BOOT_IMAGE", "root", "resume", "initrd", "rootflags", "rootfstype", "cryptdevice",
+                       "rd.luks.uuid", "vt.handoff"))
+KERNEL_PACKAGE = re.compile(r"^linux-(image|headers|modules|modules-extra)-")
+APT_CACHE = "/var/cache/apt/archives"
+DPKG_STATUS = "/var/lib/dpkg/status"
+
+
+def _read(system, rel):
+    try:
+        with open(os.path.join(system, rel.lstrip("/")), encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def own_cmdline(text):
+    """The parameters of a kernel command line that are the box's own choice (not what every boot has)."""
+    own = []
+    for word in (text or "").split():
+        if word in BOOT_WORDS or word.split("=", 1)[0] in BOOT_KEYS:
+            continue
+        own.append(word)
+    return own
+
+
+def grub_default(system):
+    """(GRUB_DEFAULT's value, the file that set it) from /etc/default/grub then /etc/default/grub.d/*.cfg, or
+    (None, None)."""
+    value, where = None, None
+    files = ["/etc/default/grub"] + sorted("/" + os.path.relpath(p, system) for p in
+                                           glob.glob(os.path.join(system, "etc/default/grub.d/*.cfg")))
+    for rel in files:
+        for line in (_read(system, rel) or "").splitlines():
+            found = re.match(r"""^\s*GRUB_DEFAULT=(["']?)(.*)\1\s*$""", line)
+            if found:
+                value, where = found.group(2), rel
+    return value, where
+
+
+def parse_dpkg_query(text):
+    """{package: version} of the installed packages (status ii or hi) in dpkg-query's output, one package a line:
+    package, version and status abbreviation separated by tabs."""
+    found = {}
+    for line in (text or "").splitlines():
+        fields = line.split("\t")
+        if len(fields) == 3 and fields[2].strip()[:2] in ("ii", "hi"):
+            found[fields[0]] = fields[1]
+    return found
+
+
+def parse_policy(text):
+    """{package: {"installed", "sources"}} from `apt-cache policy PKG ...`: the sources listed under the installed
+    version (its version line starts with ***), e.g. ["500 http://deb.debian.org/debian bookworm/main amd64
+    Packages", "100 /var/lib/dpkg/status"]. Version lines are indented by up to 5 spaces, their sources by 8."""
+    found, package, in_installed = {}, None, False
+    for line in (text or "").splitlines():
+        if not line.strip():
+            continue
+        if not line[0].isspace():
+            package = line.strip().rstrip(":")
+            found[package] = {"installed": None, "sources": []}
+            in_installed = False
+            continue
+        if package is None:
+            continue
+        stripped = line.strip()
+        indent = len(line) - len(line.lstrip(" "))
+        if stripped.startswith("Installed:"):
+            value = stripped.split(":", 1)[1].strip()
+            found[package]["installed"] = None if value == "(none)" else value
+        elif stripped.startswith(("Candidate:", "Version table:")):
+            continue
+        elif indent >= 8:
+            if in_installed:
+                found[package]["sources"].append(stripped)
+        else:
+            in_installed = stripped.startswith("*** ")
+    return found
+
+
+def origin(sources):
+    """"archive" when a configured archive offers the installed version, else "local": only the dpkg status lists
+    it (a .deb installed by hand, or a version the archive has dropped since: Ubuntu drops superseded kernels)."""
+    return "archive" if any(not s.endswith(DPKG_STATUS) for s in sources) else "local"
+
+
+def find_deb(system, package, version, folders):
+    """The .deb file of PACKAGE at VERSION in FOLDERS (on the box), with its sha256: {"path", "sha256"} or None."""
+    stem = "%s_%s_" % (package, version.replace(":", "%3a"))
+    for folder in folders:
+        for path in sorted(glob.glob(os.path.join(system, folder.lstrip("/"), stem + "*.deb"))):
+            return {"path": "/" + os.path.relpath(path, system), "sha256": sha256_of(path)}
+    return None
+
+
+def kernel_facts(system, run, debs_dir=None):
+    """The kernel as the box runs and boots it, and where its packages came from."""
+    release = (_read(system, "/proc/sys/kernel/osrelease") or "").strip() or None
+    default, default_file = grub_default(system)
+    facts = {"release": release, "cmdline": own_cmdline(_read(system, "/proc/cmdline")),
+             "grub_default": default, "grub_default_file": default_file, "packages": []}
+    rc, out = run(["dpkg-query", "-W", "-f", "${Package}\t${Version}\t${db:Status-Abbrev}\n", "linux-*"])
+    installed = parse_dpkg_query(out if rc == 0 else "")
+    mine = sorted(p for p in installed if KERNEL_PACKAGE.match(p) and release and
+                  (p.endswith("-" + release) or installed[p] == installed.get("linux-image-" + release)))
+    if not mine:
+        return facts
+    rc, out = run(["apt-cache", "policy"] + mine)
+    policy = parse_policy(out if rc == 0 else "")
+    folders = [APT_CACHE] + ([debs_dir] if debs_dir else [])
+    for name in mine:
+        sources = (policy.get(name) or {}).get("sources") or []
+        entry = {"name": name, "version": installed[name], "origin": origin(sources), "sources": sources}
+        if entry["origin"] == "local":
+            entry["deb"] = find_deb(system, name, installed[name], folders)
+        facts["packages"].append(entry)
+    return facts
+
+
+def venv_packages(system, venv):
+    """[{name, version, install}] of a venv's distributions: install is "index" (a plain wheel), or from
+    direct_url.json a VCS install ({"vcs", "url", "commit"}), an editable or local directory ({"local", "url"})."""
+    found = []
+    pattern = os.path.join(system, venv.lstrip("/"), "lib", "python*", "site-packages", "*.dist-info")
+    for info in sorted(glob.glob(pattern)):
+        stem = os.path.basename(info)[: -len(".dist-info")]
+        name, _, version = stem.partition("-")
+        install = "index"
+        direct = _read(system, os.path.relpath(os.path.join(info, "direct_url.json"), system))
+        if direct:
+            try:
+                data = json.loads(direct)
+            except ValueError:
+                data = {}
+            if isinstance(data, dict) and isinstance(data.get("vcs_info"), dict):
+                install = {"vcs": data["vcs_info"].get("vcs"), "url": data.get("url"),
+                           "commit": data["vcs_info"].get("commit_id")}
+            elif isinstance(data, dict):
+                install = {"local": "editable" if (data.get("dir_info") or {}).get("editable") else "directory",
+                           "url": data.get("url")}
+        found.append({"name": name.lower().replace("_", "-"), "version": version, "install": install})
+    return sorted(found, key=lambda p: p["name"])
+
+
+def adopt_facts(system, run, debs_dir=None):
+    """Everything adopt reads: {"kernel", "engines"}; each engine with its venv's packages."""
+    engines = engine_processes.engines(system)
+    for engine in engines:
+        engine["packages"] = venv_packages(system, engine["venv"]) if engine["venv"] else []
+    return {"kernel": kernel_facts(system, run, debs_dir), "engines": engines}

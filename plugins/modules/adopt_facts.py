@@ -1,0 +1,70 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: rigbook developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+
+
+DOCUMENTATION = r"""
+---
+module: adopt_facts
+short_description: What a box set up by hand runs, for provision adopt to turn into pins
+description:
+  - Reads, in one module run, the running kernel, its own command line parameters, the GRUB default, the installed
+    kernel packages of the running release with where each came from (C(apt-cache policy)) and, for one no archive
+    offers, the .deb found in the apt cache or O(debs_dir) with its sha256; and every running SGLang engine (its
+    command line with an API key's value redacted, venv, systemd unit, GPU environment without secrets, the
+    NCCL/RCCL and runtime libraries it has mapped with their sha256, its venv's packages).
+  - Read-only; supports check mode. Changes nothing on the host.
+version_added: "1.0.0"
+author:
+  - rigbook developers
+options:
+  system:
+    description: Where the box's files and /proc are read; V(/) but in tests.
+    type: path
+    default: /
+  debs_dir:
+    description: A folder on the host holding the kernel .debs that were installed by hand.
+    type: path
+extends_documentation_fragment:
+  - rigbook.homelab.attributes.read_only
+"""
+
+EXAMPLES = r"""
+- name: Read what the box runs
+  rigbook.homelab.adopt_facts:
+    debs_dir: /home/admin/kernel-debs
+  register: adopted
+"""
+
+RETURN = r"""
+facts:
+  description: C({kernel, engines}); see plugins/module_utils/collect/adopt.py.
+  returned: always
+  type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.rigbook.homelab.plugins.module_utils.collect.adopt import adopt_facts
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(system=dict(type="path", default="/"), debs_dir=dict(type="path")),
+        supports_check_mode=True,
+    )
+
+    def run(argv):
+        rc, out, _err = module.run_command(argv, environ_update={"LC_ALL": "C"})
+        return rc, out
+
+    try:
+        facts = adopt_facts(module.params["system"], run, module.params["debs_dir"])
+    except (OSError, ValueError) as exc:
+        module.fail_json(msg="reading the box failed: %s" % exc)
+    module.exit_json(changed=False, facts=facts)
+
+
+if __name__ == "__main__":
+    main()

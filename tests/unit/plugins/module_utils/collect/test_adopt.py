@@ -1,0 +1,128 @@
+"""collect/adopt.py: what `provision adopt` reads of a box set up by hand, from a laid-out system root and recorded
+command outputs. BASH_POLICY is real (`apt-cache policy bash` on a Debian 12 machine, 2026-12: an installed version
+the archive no longer offers); the kernel outputs are reconstructed in the same formats (dpkg-query with a tab
+format, apt-cache policy) for a box like seed 004's, whose custom kernel .debs were installed with dpkg -i."""
+
+from __future__ import annotations
+
+import hashlib
+
+from ansible_collections.rigbook.homelab.plugins.module_utils.collect import adopt
+
+BASH_POLICY = """bash:
+  Installed: 5.2.15-2+b8
+  Candidate: 5.2.15-2+b13
+  Version table:
+     5.2.15-2+b13 500
+        500 http://deb.debian.org/debian bookworm/main amd64 Packages
+ *** 5.2.15-2+b8 100
+        100 /var/lib/dpkg/status
+"""
+RELEASE = "6.8.12-r9700-p2p-dma44"
+DPKG = (f"linux-image-{RELEASE}\t6.8.12-1\tii \nlinux-headers-{RELEASE}\t6.8.12-1\tii \n"
+        "linux-image-6.8.0-31-generic\t6.8.0-31.31\tii \nlinux-libc-dev\t6.8.0-31.31\tii \nlinux-doc\t\tun \n")
+POLICY = f"""linux-headers-{RELEASE}:
+  Installed: 6.8.12-1
+  Candidate: 6.8.12-1
+  Version table:
+ *** 6.8.12-1 100
+        100 /var/lib/dpkg/status
+linux-image-{RELEASE}:
+  Installed: 6.8.12-1
+  Candidate: 6.8.12-1
+  Version table:
+ *** 6.8.12-1 100
+        100 /var/lib/dpkg/status
+"""
+ARCHIVE_POLICY = """linux-image-6.8.0-31-generic:
+  Installed: 6.8.0-31.31
+  Candidate: 6.8.0-31.31
+  Version table:
+ *** 6.8.0-31.31 500
+        500 http://archive.ubuntu.com/ubuntu noble/main amd64 Packages
+        100 /var/lib/dpkg/status
+"""
+CMDLINE = (f"BOOT_IMAGE=/vmlinuz-{RELEASE} root=/dev/mapper/ubuntu--vg-ubuntu--lv ro iommu=pt "
+           "amd_iommu=on pci=realloc quiet splash vt.handoff=7\n")
+
+
+def _box(tmp_path, release=RELEASE, debs=True):
+    system = tmp_path / "system"
+    (system / "proc/sys/kernel").mkdir(parents=True)
+    (system / "proc/sys/kernel/osrelease").write_text(release + "\n")
+    (system / "proc/cmdline").write_text(CMDLINE)
+    (system / "etc/default/grub.d").mkdir(parents=True)
+    (system / "etc/default/grub").write_text('GRUB_DEFAULT=0\nGRUB_TIMEOUT=5\n')
+    (system / "etc/default/grub.d/50-p2p.cfg").write_text(
+        f'GRUB_DEFAULT="Advanced options for Ubuntu>Ubuntu, with Linux {release}"\n')
+    if debs:
+        folder = system / "home/admin/kernel"
+        folder.mkdir(parents=True)
+        (folder / f"linux-image-{RELEASE}_6.8.12-1_amd64.deb").write_bytes(b"image deb")
+        cache = system / "var/cache/apt/archives"
+        cache.mkdir(parents=True)
+        (cache / f"linux-headers-{RELEASE}_6.8.12-1_amd64.deb").write_bytes(b"headers deb")
+    return system
+
+
+def _run(outputs):
+    def run(argv):
+        return (0, outputs[argv[0]]) if argv[0] in outputs else (1, "")
+    return run
+
+
+def test_policy_of_a_version_the_archive_dropped_lists_only_the_dpkg_status():
+    assert adopt.parse_policy(BASH_POLICY) == {"bash": {"installed": "5.2.15-2+b8",
+                                                        "sources": ["100 /var/lib/dpkg/status"]}}
+    assert adopt.origin(["100 /var/lib/dpkg/status"]) == "local"
+    assert adopt.origin(adopt.parse_policy(ARCHIVE_POLICY)["linux-image-6.8.0-31-generic"]["sources"]) == "archive"
+
+
+def test_a_kernel_installed_from_debs_by_hand_is_found_with_its_files_and_hashes(tmp_path):
+    system = _box(tmp_path)
+    facts = adopt.kernel_facts(str(system), _run({"dpkg-query": DPKG, "apt-cache": POLICY}),
+                               debs_dir="/home/admin/kernel")
+    assert facts["release"] == RELEASE
+    assert facts["cmdline"] == ["iommu=pt", "amd_iommu=on", "pci=realloc"]
+    assert facts["grub_default"] == f"Advanced options for Ubuntu>Ubuntu, with Linux {RELEASE}"
+    assert facts["grub_default_file"] == "/etc/default/grub.d/50-p2p.cfg"
+    by_name = {p["name"]: p for p in facts["packages"]}
+    assert sorted(by_name) == [f"linux-headers-{RELEASE}", f"linux-image-{RELEASE}"]
+    assert by_name[f"linux-image-{RELEASE}"]["deb"] == {
+        "path": f"/home/admin/kernel/linux-image-{RELEASE}_6.8.12-1_amd64.deb",
+        "sha256": hashlib.sha256(b"image deb").hexdigest()}
+    assert by_name[f"linux-headers-{RELEASE}"]["deb"]["path"].startswith("/var/cache/apt/archives/")
+    assert {p["origin"] for p in facts["packages"]} == {"local"}
+
+
+def test_a_deb_found_nowhere_is_none_and_an_archive_kernel_needs_no_file(tmp_path):
+    system = _box(tmp_path, debs=False)
+    facts = adopt.kernel_facts(str(system), _run({"dpkg-query": DPKG, "apt-cache": POLICY}))
+    assert [p["deb"] for p in facts["packages"]] == [None, None]
+    system2 = _box(tmp_path / "b", release="6.8.0-31-generic", debs=False)
+    facts = adopt.kernel_facts(str(system2), _run({"dpkg-query": DPKG, "apt-cache": ARCHIVE_POLICY}))
+    assert [(p["name"], p["origin"]) for p in facts["packages"]] == [("linux-image-6.8.0-31-generic", "archive")]
+    assert "deb" not in facts["packages"][0]
+
+
+def test_a_box_without_dpkg_reads_the_kernel_and_no_packages(tmp_path):
+    facts = adopt.kernel_facts(str(_box(tmp_path, debs=False)), _run({}))
+    assert facts["release"] == RELEASE and facts["packages"] == []
+
+
+def test_venv_packages_name_vcs_editable_and_index_installs(tmp_path):
+    site = tmp_path / "system/opt/venv/lib/python3.12/site-packages"
+    for stem, direct in (("sglang-0.5.23", {"url": "https://github.com/sgl-project/sglang.git",
+                                            "vcs_info": {"vcs": "git", "commit_id": "a" * 40}}),
+                         ("my_patch-0.1", {"url": "file:///home/u/patch", "dir_info": {"editable": True}}),
+                         ("Torch-2.9.1", None)):
+        info = site / f"{stem}.dist-info"
+        info.mkdir(parents=True)
+        if direct:
+            (info / "direct_url.json").write_text(__import__("json").dumps(direct))
+    found = adopt.venv_packages(str(tmp_path / "system"), "/opt/venv")
+    assert found == [
+        {"name": "my-patch", "version": "0.1", "install": {"local": "editable", "url": "file:///home/u/patch"}},
+        {"name": "sglang", "version": "0.5.23",
+         "install": {"vcs": "git", "url": "https://github.com/sgl-project/sglang.git", "commit": "a" * 40}},
+        {"name": "torch", "version": "2.9.1", "install": "index"}]

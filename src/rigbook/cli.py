@@ -18,6 +18,7 @@ SUBCOMMANDS = {
     "diff": "compare two manifests (hosts of the last manifest run, of -i INV, or saved files); exit 1 when a pin "
             "differs",
     "parse": "parse a pasted tool output (lspci, nvidia-smi-q, nvidia-smi-topo, nccl-tests, ...) to JSON",
+    "adopt": "read a box set up by hand (changes nothing) and write its pins and serve profiles as host_vars",
 }
 
 DESCRIPTION = "Provision and verify homelab multi-GPU LLM inference boxes with Ansible."
@@ -95,6 +96,15 @@ def _sub_parser(name: str) -> argparse.ArgumentParser:
         _manifest_args(p, name)
     elif name == "bootstrap":
         _bootstrap_args(p)
+    elif name == "adopt":
+        p.add_argument("host", help="a host of the inventory, set up by hand and working")
+        p.add_argument("-i", "--inventory", required=True, help="homelab, lab or a path")
+        p.add_argument("-o", "--output", metavar="FILE", help="write here (default: the inventory's "
+                       "host_vars/HOST.yml, group_vars/GROUP.yml with --group)")
+        p.add_argument("--group", action="store_true", help="write the host's group's variables instead")
+        p.add_argument("--force", action="store_true", help="replace an existing file")
+        p.add_argument("--debs-dir", metavar="DIR",
+                       help="a folder on the host holding the kernel .debs installed by hand")
     elif name == "parse":
         p.add_argument("kind", help="lspci, nvidia-smi-q, nvidia-smi-topo, nccl-tests, nccl-log, p2p-bandwidth, "
                        "sglang-log, kernel-log (formats: docs/parse-formats.md)")
@@ -274,6 +284,11 @@ def _dispatch(argv: list) -> int:
                              accept_new=args.accept_new_host_key, host_key_fingerprint=args.host_key_fingerprint)
         if name in ("manifest", "diff"):
             return _manifest_or_diff(name, args)
+        if name == "adopt":
+            from rigbook.adopt import adopt_command
+
+            return adopt_command(args.host, args.inventory, output=args.output, group=args.group, force=args.force,
+                                 debs_dir=args.debs_dir)
         return _verify_or_snapshot(name, args)
     if argv and not argv[0].startswith("-"):
         _check_playbook_word(argv[0])

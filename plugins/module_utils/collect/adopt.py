@@ -43,9 +43,12 @@ def _read(system, rel):
 
 
 def own_cmdline(text):
-    """The parameters of a kernel command line that are the box's own choice (not what every boot has)."""
+    """The parameters of a kernel command line that are the box's own choice (not what every boot has), up to "--"
+    (the words after it go to init)."""
     own = []
     for word in (text or "").split():
+        if word == "--":
+            break  # what follows is the init's own arguments, not the kernel's
         if word in BOOT_WORDS or word.split("=", 1)[0] in BOOT_KEYS:
             continue
         own.append(word)

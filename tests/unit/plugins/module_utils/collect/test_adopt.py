@@ -126,3 +126,7 @@ def test_venv_packages_name_vcs_editable_and_index_installs(tmp_path):
         {"name": "sglang", "version": "0.5.23",
          "install": {"vcs": "git", "url": "https://github.com/sgl-project/sglang.git", "commit": "a" * 40}},
         {"name": "torch", "version": "2.9.1", "install": "index"}]
+
+
+def test_the_words_after_a_double_dash_belong_to_init_not_the_kernel():
+    assert adopt.own_cmdline("BOOT_IMAGE=/vmlinuz ro iommu=pt -- --firecracker-init --addr x") == ["iommu=pt"]

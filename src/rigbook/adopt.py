@@ -1,0 +1,274 @@
+"""`provision adopt HOST -i INV`: a box that was set up by hand, written down as the pins and serve profiles that
+reproduce it (issue 22, first part).
+
+The host is read by playbooks/adopt.yml (module adopt_facts: read-only, changes nothing); this module turns what it
+read into rigbook_* variables (`variables_of`), each value with a comment saying where it was read, and writes them
+as one YAML file (`render`: host_vars/HOST.yml of the inventory, or -o FILE) that `provision validate` then checks.
+What could not be pinned is listed with the reason, never guessed.
+
+Read so far: the kernel (release, source: distro or debs with each .deb's sha256, the command line's own
+parameters), each running SGLang engine's command line as a serve profile (flags the schema does not know in
+extra_args, named; an API key on the command line never copied) and its GPU environment, the SGLang version of its
+venv. Not yet: DKMS modules and the driver fork's source, the NVIDIA userspace, the CUDA wheels, ROCm, the mapped
+RCCL/NCCL's provenance, a lock from the venv; each is listed as not pinned.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from rigbook.errors import UserError
+
+PLAYBOOK = "adopt.yml"
+FACTS_DIR = "adopted"
+NOT_READ_YET = ("rigbook_pins.nvidia_driver / DKMS modules: not read by adopt yet",
+                "rigbook_pins.cuda: the CUDA toolchain wheels are not read by adopt yet",
+                "rigbook_pins.rocm: ROCm packages and repository are not read by adopt yet",
+                "rigbook_pins.sglang.lock: a hashed lock of the engine's venv is not made by adopt yet")
+UNIT_NAME = re.compile(r"[^a-z0-9-]+")
+
+
+def _profile_name(engine: dict, taken: set) -> str:
+    """A serve profile name for ENGINE: its unit's name without .service (lowercase, [a-z0-9-]), else "engine";
+    -2, -3, ... when taken."""
+    base = UNIT_NAME.sub("-", (engine.get("unit") or "engine").removesuffix(".service").lower()).strip("-")
+    base = base.removeprefix("rigbook-serve-") or "engine"
+    name, n = base, 2
+    while name in taken:
+        name, n = f"{base}-{n}", n + 1
+    taken.add(name)
+    return name
+
+
+def _kernel(kernel: dict, comments: dict, unpinned: list) -> dict | None:
+    release = kernel.get("release")
+    if not release:
+        unpinned.append("rigbook_pins.kernel: the running kernel release could not be read "
+                        "(/proc/sys/kernel/osrelease)")
+        return None
+    pin = {"release": release}
+    comments[("rigbook_pins", "kernel", "release")] = "/proc/sys/kernel/osrelease (the running kernel)"
+    packages = kernel.get("packages") or []
+    local = [p for p in packages if p.get("origin") == "local"]
+    if packages and not local:
+        pin["source"] = "distro"
+        comments[("rigbook_pins", "kernel", "source")] = "apt-cache policy: " + "; ".join(
+            f"{p['name']} {p['version']} from {(p.get('sources') or ['?'])[0]}" for p in packages)
+    elif local:
+        pin["source"] = "debs"
+        comments[("rigbook_pins", "kernel", "source")] = ("apt-cache policy: no archive offers "
+                                                          + ", ".join(f"{p['name']} {p['version']}" for p in local))
+        debs = []
+        for p in local:
+            if p.get("deb"):
+                debs.append({"path": p["deb"]["path"], "sha256": p["deb"]["sha256"]})
+                comments[("rigbook_pins", "kernel", "debs", len(debs) - 1)] = (
+                    f"{p['name']} {p['version']}: the .deb found on the box, sha256 of that file")
+            else:
+                unpinned.append(f"rigbook_pins.kernel.debs: {p['name']} {p['version']} is installed, no archive "
+                                f"offers it and its .deb is in neither /var/cache/apt/archives nor --debs-dir: put "
+                                f"{p['name']}_{p['version']}_<arch>.deb in one of them and adopt again")
+        pin["debs"] = debs
+    else:
+        unpinned.append(f"rigbook_pins.kernel.source: no installed package of {release} was found (dpkg-query)")
+    if kernel.get("cmdline"):
+        pin["cmdline"] = list(kernel["cmdline"])
+        comments[("rigbook_pins", "kernel", "cmdline")] = ("/proc/cmdline (its own parameters; root, ro, quiet, "
+                                                           "... left out)")
+    default = kernel.get("grub_default")
+    if default and release not in default:
+        unpinned.append(f"GRUB_DEFAULT={default!r} ({kernel.get('grub_default_file')}) does not name the running "
+                        f"kernel {release}: the kernel role will make the pinned one the default")
+    return pin
+
+
+def variables_of(facts: dict) -> tuple:
+    """(variables, comments {path: where}, unpinned [text], notes [text]) of the facts adopt_facts read."""
+    from ansible_collections.rigbook.homelab.plugins.module_utils.serve.profile import profile_from_argv
+
+    comments: dict = {}
+    unpinned: list = []
+    notes: list = []
+    pins: dict = {}
+    kernel = _kernel(facts.get("kernel") or {}, comments, unpinned)
+    if kernel:
+        pins["kernel"] = kernel
+    profiles, taken = [], set()
+    for engine in facts.get("engines") or []:
+        name = _profile_name(engine, taken)
+        profile, found = profile_from_argv(engine.get("args") or [], name)
+        where = f"/proc/{engine['pid']}/cmdline" + (f" (unit {engine['unit']})" if engine.get("unit") else
+                                                    " (started from a shell, no unit)")
+        if engine.get("env"):
+            profile["env"] = dict(engine["env"])
+            comments[("rigbook_serve", len(profiles), "env")] = f"/proc/{engine['pid']}/environ (GPU variables only)"
+        for secret in engine.get("secret_env") or []:
+            notes.append(f"{name}: {secret} is in the engine's environment and looks like a secret: not copied")
+        comments[("rigbook_serve", len(profiles))] = where
+        notes += [f"{name}: {text}" for text in found]
+        profiles.append(profile)
+        sglang = [p for p in engine.get("packages") or [] if p.get("name") == "sglang"]
+        if sglang and "sglang" not in pins:
+            pins["sglang"] = {"version": sglang[0]["version"]}
+            install = sglang[0].get("install")
+            comments[("rigbook_pins", "sglang", "version")] = (
+                f"{engine.get('venv')}: sglang {sglang[0]['version']}"
+                + ("" if install == "index" else f" installed from {json.dumps(install, sort_keys=True)}"))
+    if not facts.get("engines"):
+        unpinned.append("rigbook_serve: no running SGLang engine was found (no process runs sglang.launch_server)")
+    unpinned += list(NOT_READ_YET)
+    variables = {}
+    if pins:
+        variables["rigbook_pins"] = pins
+    if profiles:
+        variables["rigbook_serve"] = profiles
+    return variables, comments, unpinned, notes
+
+
+def _scalar(value) -> str:
+    """VALUE as YAML reads it back unchanged (JSON is YAML: strings double-quoted, escapes and all)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return json.dumps(value)
+    raise UserError(f"adopt: cannot write {type(value).__name__} {value!r}")
+
+
+PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _key(key) -> str:
+    """A mapping key: plain when it is a plain name, else quoted (an environment variable's name comes from the box
+    and may hold anything but '=')."""
+    return key if isinstance(key, str) and PLAIN_KEY.match(key) else _scalar(key)
+
+
+def _comment(text: str) -> str:
+    """TEXT on one line: what the box said may hold control characters, never a line break into the YAML."""
+    return json.dumps(str(text))[1:-1]
+
+
+def _is_flat(value) -> bool:
+    return isinstance(value, list) and all(not isinstance(v, (dict, list)) for v in value)
+
+
+def _emit(value, comments: dict, path: tuple, indent: int, out: list, first_prefix: str | None = None) -> None:
+    pad = " " * indent
+    if isinstance(value, dict):
+        for i, (key, item) in enumerate(value.items()):
+            lead = first_prefix if (i == 0 and first_prefix is not None) else pad
+            note = comments.get(path + (key,))
+            tail = f"  # {_comment(note)}" if note else ""
+            name = _key(key)
+            if isinstance(item, dict) or (isinstance(item, list) and not _is_flat(item)):
+                out.append(f"{lead}{name}:{tail}")
+                _emit(item, comments, path + (key,), indent + 2, out)
+            elif isinstance(item, list):
+                out.append(f"{lead}{name}: [{', '.join(_scalar(v) for v in item)}]{tail}")
+            else:
+                out.append(f"{lead}{name}: {_scalar(item)}{tail}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            note = comments.get(path + (i,))
+            if note:
+                out.append(f"{pad}# {_comment(note)}")
+            if isinstance(item, dict):
+                _emit(item, comments, path + (i,), indent + 2, out, first_prefix=pad + "- ")
+            else:
+                out.append(f"{pad}- {_scalar(item)}")
+
+
+def render(host: str, variables: dict, comments: dict, unpinned: list, notes: list) -> str:
+    """The YAML file adopt writes: a header, every value with where it was read, then what was not pinned."""
+    out = ["---", f"# Written by `provision adopt {host}` from what the box runs; each value says where it was read.",
+           "# Review it, then: provision site.yml -i INV --limit HOST --check --diff"]
+    for text in notes:
+        out.append(f"# note: {_comment(text)}")
+    _emit(variables, comments, (), 0, out)
+    if unpinned:
+        out.append("# Not pinned (adopt could not read or decide these; the roles keep their defaults):")
+        out += [f"# - {_comment(text)}" for text in unpinned]
+    text = "\n".join(out) + "\n"
+    import yaml
+
+    if yaml.safe_load(text) != variables:  # the file must say exactly what was read
+        raise UserError("adopt: the written YAML does not read back as the adopted values (a bug: please report)")
+    return text
+
+
+def output_path(inventory_dir, host: str, group: str | None, given: str | None):
+    """Where adopt writes: -o FILE, else the inventory's host_vars/HOST.yml (group_vars/GROUP.yml with --group)."""
+    from pathlib import Path
+
+    from rigbook.paths import name_file
+
+    if given:
+        return Path(given)
+    folder = Path(inventory_dir) / ("group_vars" if group else "host_vars")
+    return folder / name_file(group or host, ".yml")
+
+
+def adopt_command(host: str, inventory: str, output: str | None = None, group: bool = False, force: bool = False,
+                  debs_dir: str | None = None, stream=None) -> int:
+    """`provision adopt HOST -i INV`: read HOST (adopt.yml, read-only), write its pins and serve profiles, then
+    check the inventory with them. Exit 0 written and valid, 1 written but the check names problems, 2 bad input
+    (nothing written), 3 the host could not be reached (nothing written)."""
+    import sys
+    from pathlib import Path
+
+    from rigbook import runs, statefile
+    from rigbook.run import RunOptions, resolve_inventory, run_playbook
+    from rigbook.validate import InventoryInvalid, validate
+
+    stream = stream or sys.stdout
+    path = resolve_inventory(inventory)
+    inv = validate(path)
+    if host not in inv.hosts:
+        raise UserError(f"adopt: {host!r} is not a host of {path} (hosts: {', '.join(sorted(inv.hosts)) or 'none'})")
+    chosen_group = None
+    if group:
+        groups = [g for g in inv.groups_of(host) if g not in ("all", "ungrouped")]
+        if not groups:
+            raise UserError(f"adopt --group: {host} is in no group of {path}")
+        chosen_group = sorted(groups)[0]
+    inventory_dir = path if path.is_dir() else path.parent
+    target = output_path(inventory_dir, host, chosen_group, output)
+    if target.exists() and not force:
+        raise UserError(f"adopt: {target} exists; --force replaces it (nothing was read or written)")
+    if debs_dir is not None and (not debs_dir.startswith("/") or "\n" in debs_dir):
+        raise UserError(f"adopt --debs-dir: an absolute folder on the host, not {debs_dir!r}")
+    if output and not target.parent.is_dir():
+        raise UserError(f"adopt: the folder {target.parent} does not exist")
+    base = runs.runs_dir()
+    before = set(base.iterdir()) if base.is_dir() else set()
+    extra = [json.dumps({"rigbook_adopt_debs_dir": debs_dir})] if debs_dir else []
+    code = run_playbook(RunOptions(playbook=PLAYBOOK, inventory=inventory, limit=host, extra_vars=extra,
+                                   baseline_mode="off"))
+    if code != 0:
+        print(f"adopt: {host} was not read (exit {code}); nothing was written", file=sys.stderr)
+        return code
+    after = set(base.iterdir()) if base.is_dir() else set()
+    made = sorted(p for p in after - before if (p / FACTS_DIR / f"{host}.json").is_file())
+    if not made:
+        print(f"adopt: the run stored nothing for {host}; nothing was written", file=sys.stderr)
+        return 1
+    facts, problem = statefile.read_json(made[-1] / FACTS_DIR / f"{host}.json")
+    if problem or not isinstance(facts, dict):
+        print(f"adopt: what the run stored for {host} is unreadable ({problem}); nothing was written", file=sys.stderr)
+        return 1
+    variables, comments, unpinned, notes = variables_of(facts)
+    text = render(host, variables, comments, unpinned, notes)
+    target.parent.mkdir(exist_ok=True)  # the inventory's host_vars/ or group_vars/ (-o: checked above)
+    statefile.write_text_atomic(target, text, new_mode=0o644)
+    print(f"adopt: {host}: wrote {target}", file=stream)
+    for text in notes:
+        print(f"  note: {text}", file=stream)
+    for text in unpinned:
+        print(f"  not pinned: {text}", file=stream)
+    try:
+        validate(Path(path))
+    except InventoryInvalid as err:
+        print(f"adopt: the inventory with {target.name} does not validate yet:\n{err}", file=sys.stderr)
+        return 1
+    print(f"adopt: {path} validates with {target.name}; next: provision site.yml -i {inventory} --limit {host} "
+          "--check --diff", file=stream)
+    return 0

@@ -1,0 +1,98 @@
+"""rigbook/adopt.py: what adopt_facts read, turned into rigbook_* variables with where each was read, written as YAML
+that reads back as exactly those values; and `provision adopt`'s bad input (exit 2, nothing read or written)."""
+
+from __future__ import annotations
+
+import yaml
+from helpers.cli import provision
+
+from rigbook import adopt
+from rigbook.paths import link_collection
+
+link_collection()
+
+RELEASE = "6.8.12-r9700-p2p-dma44"
+FACTS = {
+    "kernel": {"release": RELEASE, "cmdline": ["iommu=pt", "amd_iommu=on"], "grub_default": "0",
+               "grub_default_file": "/etc/default/grub",
+               "packages": [{"name": f"linux-image-{RELEASE}", "version": "6.8.12-1", "origin": "local",
+                             "sources": ["100 /var/lib/dpkg/status"],
+                             "deb": {"path": "/home/a/image.deb", "sha256": "a" * 64}},
+                            {"name": f"linux-headers-{RELEASE}", "version": "6.8.12-1", "origin": "local",
+                             "sources": ["100 /var/lib/dpkg/status"], "deb": None}]},
+    "engines": [{"pid": 4100, "unit": "sglang.service", "venv": "/opt/v",
+                 "args": ["--model-path", "/srv/models/qwen", "--tp", "2", "--api-key", "********",
+                          "--enable-metrics"],
+                 "env": {"NCCL_P2P_LEVEL": "PHB", "HSA_X\n#y: z": "a\"b\n- c"}, "secret_env": ["SGLANG_API_KEY"],
+                 "packages": [{"name": "sglang", "version": "0.5.23",
+                               "install": {"vcs": "git", "url": "https://github.com/sgl-project/sglang.git",
+                                           "commit": "c" * 40}}]},
+                {"pid": 5200, "unit": None, "venv": None, "args": ["--model-path", "/srv/models/draft"], "env": {},
+                 "secret_env": [], "packages": []}],
+}
+
+
+def test_the_adopted_variables_with_where_each_was_read():
+    variables, comments, unpinned, notes = adopt.variables_of(FACTS)
+    assert variables["rigbook_pins"]["kernel"] == {
+        "release": RELEASE, "source": "debs", "debs": [{"path": "/home/a/image.deb", "sha256": "a" * 64}],
+        "cmdline": ["iommu=pt", "amd_iommu=on"]}
+    assert variables["rigbook_pins"]["sglang"] == {"version": "0.5.23"}
+    assert [p["name"] for p in variables["rigbook_serve"]] == ["sglang", "engine"]
+    assert variables["rigbook_serve"][0]["extra_args"] == ["--enable-metrics"]
+    assert comments[("rigbook_serve", 0)] == "/proc/4100/cmdline (unit sglang.service)"
+    assert comments[("rigbook_serve", 1)] == "/proc/5200/cmdline (started from a shell, no unit)"
+    assert "c" * 40 in comments[("rigbook_pins", "sglang", "version")]
+    assert any(f"linux-headers-{RELEASE} 6.8.12-1 is installed" in u and "--debs-dir" in u for u in unpinned)
+    assert any("GRUB_DEFAULT='0'" in u for u in unpinned)
+    assert any("SGLANG_API_KEY" in n and "not copied" in n for n in notes)
+    assert any("--api-key" in n and "was not copied" in n for n in notes)
+
+
+def test_the_file_reads_back_as_the_values_even_with_hostile_text_from_the_box():
+    variables, comments, unpinned, notes = adopt.variables_of(FACTS)
+    text = adopt.render("box-1", variables, comments, unpinned, notes)
+    assert yaml.safe_load(text) == variables
+    assert "/proc/sys/kernel/osrelease" in text and "# /proc/4100/cmdline (unit sglang.service)" in text
+    assert "# Not pinned" in text and "********" not in text
+    assert all(line.startswith(("#", " ", "-", "rigbook_")) or line == "---" for line in text.splitlines())
+
+
+def test_no_engine_and_no_release_are_named_not_guessed():
+    variables, _, unpinned, _ = adopt.variables_of({"kernel": {}, "engines": []})
+    assert variables == {}
+    assert any("release could not be read" in u for u in unpinned)
+    assert any("no running SGLang engine" in u for u in unpinned)
+
+
+def test_adopt_refuses_bad_input_before_reading_the_host(tmp_path):
+    inv = tmp_path / "inv"
+    (inv / "host_vars").mkdir(parents=True)
+    (inv / "hosts.yml").write_text("all:\n  hosts:\n    box-1:\n      ansible_host: 127.0.0.1\n      ansible_port: 1\n")
+    existing = inv / "host_vars/box-1.yml"
+    existing.write_text("# mine\n")
+    env = {"RIGBOOK_STATE_DIR": str(tmp_path / "state")}
+    cases = [
+        (["adopt", "nosuch", "-i", inv], "'nosuch' is not a host of"),
+        (["adopt", "box-1", "-i", inv], "box-1.yml exists; --force replaces it"),
+        (["adopt", "box-1", "-i", inv, "--force", "--debs-dir", "debs"], "an absolute folder on the host"),
+        (["adopt", "box-1", "-i", inv, "-o", tmp_path / "no/such/out.yml"], "does not exist"),
+        (["adopt", "box-1", "-i", inv, "--group"], "is in no group"),
+    ]
+    for args, message in cases:
+        proc = provision(*args, env=env)
+        assert proc.returncode == 2 and message in proc.stderr, (args, proc.stderr)
+        assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert existing.read_text() == "# mine\n"
+    assert not (tmp_path / "state/runs").exists()  # no run: the host was never contacted
+
+
+def test_a_host_that_does_not_answer_is_exit_3_and_nothing_is_written(tmp_path):
+    inv = tmp_path / "inv"
+    inv.mkdir()
+    (inv / "hosts.yml").write_text("all:\n  hosts:\n    box-1:\n      ansible_host: 127.0.0.1\n      ansible_port: 1\n"
+                                   "      ansible_user: nobody\n")
+    proc = provision("adopt", "box-1", "-i", inv, env={"RIGBOOK_STATE_DIR": str(tmp_path / "state")}, timeout=120)
+    assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "nothing was written" in proc.stderr
+    assert not (inv / "host_vars").exists()

@@ -50,3 +50,12 @@ def test_every_module_documents_itself(repo):
         proc = _run([str(BIN / "ansible-doc"), "--json", f"rigbook.homelab.{name}"], repo, env=env)
         assert proc.returncode == 0, f"{name}: {proc.stderr}"
         assert '"short_description"' in proc.stdout, name
+
+
+def test_test_file_names_are_unique(repo):
+    """tests/unit mirrors the code in folders without __init__.py: pytest imports each test file by its base name,
+    so two files of one name in two folders would not both be collected (an import file mismatch)."""
+    seen = {}
+    for path in sorted(Path(repo, "tests").rglob("test_*.py")):
+        seen.setdefault(path.name, []).append(str(path.relative_to(repo)))
+    assert {name: where for name, where in seen.items() if len(where) > 1} == {}

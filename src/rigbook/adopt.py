@@ -55,6 +55,8 @@ def _kernel(kernel: dict, comments: dict, unpinned: list) -> dict | None:
         pin["source"] = "distro"
         comments[("rigbook_pins", "kernel", "source")] = "apt-cache policy: " + "; ".join(
             f"{p['name']} {p['version']} from {(p.get('sources') or ['?'])[0]}" for p in packages)
+        pin["packages"] = [p["name"] for p in packages if p["name"].startswith(("linux-image-", "linux-headers-"))]
+        comments[("rigbook_pins", "kernel", "packages")] = "dpkg-query: the installed image and headers of " + release
     elif local:
         pin["source"] = "debs"
         comments[("rigbook_pins", "kernel", "source")] = ("apt-cache policy: no archive offers "

@@ -96,3 +96,17 @@ def test_a_host_that_does_not_answer_is_exit_3_and_nothing_is_written(tmp_path):
     assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "nothing was written" in proc.stderr
     assert not (inv / "host_vars").exists()
+
+
+def test_a_kernel_from_the_archive_is_pinned_by_its_packages():
+    facts = {"kernel": {"release": "6.1.0-47-amd64", "cmdline": ["intel_iommu=on", "iommu=pt"], "packages": [
+        {"name": "linux-headers-6.1.0-47-amd64", "version": "6.1.170-3", "origin": "archive",
+         "sources": ["500 http://deb.debian.org/debian bookworm/main amd64 Packages"]},
+        {"name": "linux-image-6.1.0-47-amd64", "version": "6.1.170-3", "origin": "archive",
+         "sources": ["500 http://deb.debian.org/debian bookworm/main amd64 Packages"]}]}, "engines": []}
+    variables, comments, _, _ = adopt.variables_of(facts)
+    assert variables["rigbook_pins"]["kernel"] == {  # as inventory/lab/group_vars/x99_3080.yml pins it
+        "release": "6.1.0-47-amd64", "source": "distro",
+        "packages": ["linux-headers-6.1.0-47-amd64", "linux-image-6.1.0-47-amd64"],
+        "cmdline": ["intel_iommu=on", "iommu=pt"]}
+    assert "bookworm/main" in comments[("rigbook_pins", "kernel", "source")]

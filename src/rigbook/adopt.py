@@ -22,8 +22,7 @@ from rigbook.errors import UserError
 
 PLAYBOOK = "adopt.yml"
 FACTS_DIR = "adopted"
-NOT_READ_YET = ("rigbook_pins.nvidia_driver / DKMS modules: not read by adopt yet",
-                "rigbook_pins.cuda: the CUDA toolchain wheels are not read by adopt yet",
+NOT_READ_YET = ("rigbook_pins.cuda_toolchain: the CUDA toolchain wheels are not read by adopt yet",
                 "rigbook_pins.rocm: ROCm packages and repository are not read by adopt yet",
                 "rigbook_pins.sglang.lock: a hashed lock of the engine's venv is not made by adopt yet")
 UNIT_NAME = re.compile(r"[^a-z0-9-]+")
@@ -85,6 +84,35 @@ def _kernel(kernel: dict, comments: dict, unpinned: list) -> dict | None:
     return pin
 
 
+def _nvidia_driver(facts: dict, comments: dict, unpinned: list, notes: list) -> dict | None:
+    """The NVIDIA driver pin from the DKMS module named nvidia (the P2P fork as DKMS builds it) and the userspace
+    library's version; its source tarball and installer are files adopt cannot make, named as not pinned."""
+    found = [m for m in facts.get("dkms") or [] if m.get("module") == "nvidia"]
+    for other in (m for m in facts.get("dkms") or [] if m.get("module") != "nvidia"):
+        notes.append(f"DKMS module {other['module']}/{other['version']} ({', '.join(sorted(other['kernels']))}): "
+                     "no pin of rigbook's names it")
+    if not found:
+        return None
+    module = found[-1]
+    key = ("rigbook_pins", "nvidia_driver")
+    pin = {"version": module["version"]}
+    states = ", ".join(f"{k}: {v}" for k, v in sorted(module["kernels"].items()))
+    comments[key + ("version",)] = f"dkms status: nvidia/{module['version']} ({states})"
+    git = module.get("git") or {}
+    for field, value in (("fork_repo", git.get("repo")), ("branch", git.get("branch")),
+                         ("commit", git.get("commit"))):
+        if value:
+            pin[field] = value
+            comments[key + (field,)] = f"{module['source']}/.git"
+    if facts.get("nvidia_userspace"):
+        pin["userspace_version"] = facts["nvidia_userspace"]
+        comments[key + ("userspace_version",)] = "the libnvidia-ml.so.VERSION file the userspace installed"
+    unpinned.append("rigbook_pins.nvidia_driver.source and userspace_installer: the fork's source tarball and the "
+                    "userspace .run (sha256) are files on your side"
+                    + (f"; the source DKMS built is {module['source']}" if module.get("source") else ""))
+    return pin
+
+
 def variables_of(facts: dict) -> tuple:
     """(variables, comments {path: where}, unpinned [text], notes [text]) of the facts adopt_facts read."""
     from ansible_collections.rigbook.homelab.plugins.module_utils.serve.profile import profile_from_argv
@@ -96,6 +124,9 @@ def variables_of(facts: dict) -> tuple:
     kernel = _kernel(facts.get("kernel") or {}, comments, unpinned)
     if kernel:
         pins["kernel"] = kernel
+    driver = _nvidia_driver(facts, comments, unpinned, notes)
+    if driver:
+        pins["nvidia_driver"] = driver
     profiles, taken = [], set()
     for engine in facts.get("engines") or []:
         name = _profile_name(engine, taken)

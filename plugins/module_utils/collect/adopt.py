@@ -24,6 +24,7 @@ import os
 import re
 
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import engine_processes
+from ansible_collections.rigbook.homelab.plugins.module_utils.collect.manifest import parse_dkms_status
 from ansible_collections.rigbook.homelab.plugins.module_utils.file_digest import sha256_of
 
 BOOT_WORDS = frozenset(("ro", "rw", "quiet", "splash", "$vt_handoff", "nosplash"))
@@ -174,9 +175,61 @@ def venv_packages(system, venv):
     return sorted(found, key=lambda p: p["name"])
 
 
+def git_origin(system, folder):
+    """{"repo", "branch", "commit"} of a git work tree FOLDER read from its .git files (no git needed), or None."""
+    git = os.path.join(folder, ".git")
+    head = (_read(system, os.path.join(git, "HEAD")) or "").strip()
+    if not head:
+        return None
+    branch, commit = None, head
+    if head.startswith("ref: "):
+        ref = head[5:].strip()
+        branch = ref.rsplit("refs/heads/", 1)[-1] if ref.startswith("refs/heads/") else None
+        commit = (_read(system, os.path.join(git, ref)) or "").strip()
+        if not commit:
+            for line in (_read(system, os.path.join(git, "packed-refs")) or "").splitlines():
+                if line.endswith(" " + ref):
+                    commit = line.split()[0]
+    config = _read(system, os.path.join(git, "config")) or ""
+    found = re.search(r'\[remote "origin"\][^\[]*?^\s*url\s*=\s*(\S+)', config, re.M)
+    return {"repo": found.group(1) if found else None, "branch": branch,
+            "commit": commit if re.match(r"^[0-9a-f]{7,40}$", commit or "") else None}
+
+
+def dkms_facts(system, run):
+    """[{module, version, kernels: {kernel: state}, source, git}] of `dkms status`, with each module's source folder
+    (/usr/src/MODULE-VERSION) and, when that is a git work tree, its origin and commit."""
+    rc, out = run(["dkms", "status"])
+    modules = {}
+    for kernel, entries in parse_dkms_status(out if rc == 0 else "").items():
+        for entry in entries:
+            ident, _, state = entry.partition(": ")
+            module, _, version = ident.partition("/")
+            item = modules.setdefault((module, version), {"module": module, "version": version, "kernels": {}})
+            item["kernels"][kernel] = state
+    found = []
+    for (module, version), item in sorted(modules.items()):
+        folder = "/usr/src/%s-%s" % (module, version)
+        item["source"] = folder if os.path.isdir(os.path.join(system, folder.lstrip("/"))) else None
+        item["git"] = git_origin(system, folder) if item["source"] else None
+        found.append(item)
+    return found
+
+
+def nvidia_userspace(system):
+    """The NVIDIA userspace version, from the libnvidia-ml.so.VERSION file name, or None."""
+    for pattern in ("usr/lib/x86_64-linux-gnu/libnvidia-ml.so.*.*", "usr/lib64/libnvidia-ml.so.*.*",
+                    "usr/lib/libnvidia-ml.so.*.*"):
+        for path in sorted(glob.glob(os.path.join(system, pattern))):
+            return os.path.basename(path)[len("libnvidia-ml.so."):]
+    return None
+
+
 def adopt_facts(system, run, debs_dir=None):
-    """Everything adopt reads: {"kernel", "engines"}; each engine with its venv's packages."""
+    """Everything adopt reads: {"kernel", "dkms", "nvidia_userspace", "engines"}; each engine with its venv's
+    packages."""
     engines = engine_processes.engines(system)
     for engine in engines:
         engine["packages"] = venv_packages(system, engine["venv"]) if engine["venv"] else []
-    return {"kernel": kernel_facts(system, run, debs_dir), "engines": engines}
+    return {"kernel": kernel_facts(system, run, debs_dir), "dkms": dkms_facts(system, run),
+            "nvidia_userspace": nvidia_userspace(system), "engines": engines}

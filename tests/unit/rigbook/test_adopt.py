@@ -110,3 +110,20 @@ def test_a_kernel_from_the_archive_is_pinned_by_its_packages():
         "packages": ["linux-headers-6.1.0-47-amd64", "linux-image-6.1.0-47-amd64"],
         "cmdline": ["intel_iommu=on", "iommu=pt"]}
     assert "bookworm/main" in comments[("rigbook_pins", "kernel", "source")]
+
+
+def test_the_fork_as_dkms_built_it_is_the_driver_pin_and_its_files_are_named_not_pinned():
+    facts = {"kernel": {}, "engines": [], "nvidia_userspace": "615.71.09", "dkms": [
+        {"module": "nvidia", "version": "615.71.09", "kernels": {"6.1.0-47-amd64": "installed"},
+         "source": "/usr/src/nvidia-615.71.09",
+         "git": {"repo": "https://github.com/tinygrad/open-gpu-kernel-modules", "branch": None, "commit": "3f2b1c0a"}},
+        {"module": "zfs", "version": "2.1.11", "kernels": {"6.1.0-47-amd64": "installed"}, "source": None,
+         "git": None}]}
+    variables, comments, unpinned, notes = adopt.variables_of(facts)
+    assert variables["rigbook_pins"]["nvidia_driver"] == {
+        "version": "615.71.09", "fork_repo": "https://github.com/tinygrad/open-gpu-kernel-modules",
+        "commit": "3f2b1c0a", "userspace_version": "615.71.09"}
+    assert comments[("rigbook_pins", "nvidia_driver", "commit")] == "/usr/src/nvidia-615.71.09/.git"
+    assert any("source tarball" in u and "/usr/src/nvidia-615.71.09" in u for u in unpinned)
+    assert any("zfs/2.1.11" in n for n in notes)
+    assert yaml.safe_load(adopt.render("box", variables, comments, unpinned, notes)) == variables

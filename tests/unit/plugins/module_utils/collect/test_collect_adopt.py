@@ -130,3 +130,36 @@ def test_venv_packages_name_vcs_editable_and_index_installs(tmp_path):
 
 def test_the_words_after_a_double_dash_belong_to_init_not_the_kernel():
     assert adopt.own_cmdline("BOOT_IMAGE=/vmlinuz ro iommu=pt -- --firecracker-init --addr x") == ["iommu=pt"]
+
+
+# `dkms status` as DKMS 3 prints it (module/version, kernel, arch: state); reconstructed for seed 000's fork.
+DKMS_STATUS = ("nvidia/615.71.09, 6.1.0-47-amd64, x86_64: installed\n"
+               "nvidia/615.71.09, 6.1.0-50-amd64, x86_64: built\n"
+               "zfs/2.1.11, 6.1.0-47-amd64, x86_64: installed\n")
+
+
+def test_dkms_modules_with_the_forks_git_origin_read_from_its_files(tmp_path):
+    system = tmp_path / "system"
+    git = system / "usr/src/nvidia-615.71.09/.git"
+    (git / "refs/heads").mkdir(parents=True)
+    (git / "HEAD").write_text("ref: refs/heads/615.71.09-p2p\n")
+    (git / "refs/heads/615.71.09-p2p").write_text("3f2b1c0a" + "0" * 32 + "\n")
+    (git / "config").write_text('[core]\n\tbare = false\n[remote "origin"]\n'
+                                '\turl = https://github.com/tinygrad/open-gpu-kernel-modules\n'
+                                '\tfetch = +refs/heads/*:refs/remotes/origin/*\n')
+    lib = system / "usr/lib/x86_64-linux-gnu"
+    lib.mkdir(parents=True)
+    (lib / "libnvidia-ml.so.615.71.09").write_bytes(b"")
+    (lib / "libnvidia-ml.so.1").symlink_to("libnvidia-ml.so.615.71.09")
+    found = adopt.dkms_facts(str(system), _run({"dkms": DKMS_STATUS}))
+    assert found == [
+        {"module": "nvidia", "version": "615.71.09", "kernels": {"6.1.0-47-amd64": "installed",
+                                                                 "6.1.0-50-amd64": "built"},
+         "source": "/usr/src/nvidia-615.71.09",
+         "git": {"repo": "https://github.com/tinygrad/open-gpu-kernel-modules", "branch": "615.71.09-p2p",
+                 "commit": "3f2b1c0a" + "0" * 32}},
+        {"module": "zfs", "version": "2.1.11", "kernels": {"6.1.0-47-amd64": "installed"}, "source": None,
+         "git": None}]
+    assert adopt.nvidia_userspace(str(system)) == "615.71.09"
+    assert adopt.nvidia_userspace(str(tmp_path / "none")) is None
+    assert adopt.dkms_facts(str(system), _run({})) == []  # no dkms on the box

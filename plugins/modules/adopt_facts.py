@@ -56,6 +56,9 @@ def main():
     )
 
     def run(argv):
+        """(rc, stdout) of ARGV; (127, "") when the box has no such command (no dkms, no apt-cache)."""
+        if module.get_bin_path(argv[0]) is None:
+            return 127, ""
         rc, out, _err = module.run_command(argv, environ_update={"LC_ALL": "C"})
         return rc, out
 

@@ -27,6 +27,13 @@ options:
   debs_dir:
     description: A folder on the host holding the kernel .debs that were installed by hand.
     type: path
+  engine:
+    description:
+      - The inventory's serve_engine argv; a process started by it (any interpreter) is an engine too, besides
+        C(-m sglang.launch_server).
+    type: list
+    elements: str
+    default: []
 extends_documentation_fragment:
   - rigbook.homelab.attributes.read_only
 """
@@ -51,7 +58,8 @@ from ansible_collections.rigbook.homelab.plugins.module_utils.collect.adopt impo
 
 def main():
     module = AnsibleModule(
-        argument_spec=dict(system=dict(type="path", default="/"), debs_dir=dict(type="path")),
+        argument_spec=dict(system=dict(type="path", default="/"), debs_dir=dict(type="path"),
+                           engine=dict(type="list", elements="str", default=[])),
         supports_check_mode=True,
     )
 
@@ -63,7 +71,7 @@ def main():
         return rc, out
 
     try:
-        facts = adopt_facts(module.params["system"], run, module.params["debs_dir"])
+        facts = adopt_facts(module.params["system"], run, module.params["debs_dir"], module.params["engine"])
     except (OSError, ValueError) as exc:
         module.fail_json(msg="reading the box failed: %s" % exc)
     module.exit_json(changed=False, facts=facts)

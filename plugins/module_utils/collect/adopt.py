@@ -225,10 +225,10 @@ def nvidia_userspace(system):
     return None
 
 
-def adopt_facts(system, run, debs_dir=None):
-    """Everything adopt reads: {"kernel", "dkms", "nvidia_userspace", "engines"}; each engine with its venv's
-    packages."""
-    engines = engine_processes.engines(system)
+def adopt_facts(system, run, debs_dir=None, engine=None):
+    """Everything adopt reads: {"kernel", "dkms", "nvidia_userspace", "engines"}; each engine (ENGINE: the
+    inventory's serve_engine, engine_processes.engines) with its venv's packages."""
+    engines = engine_processes.engines(system, engine)
     for engine in engines:
         engine["packages"] = venv_packages(system, engine["venv"]) if engine["venv"] else []
     return {"kernel": kernel_facts(system, run, debs_dir), "dkms": dkms_facts(system, run),

@@ -113,9 +113,9 @@ def _parent(root, pid):
     return found.group(1).decode() if found else None
 
 
-def engines(root="/"):
+def engines(root="/", engine=None):
     """[{pid, argv, args, interpreter, venv, unit, env, secret_env, libraries}] of the engines running under ROOT,
-    by pid."""
+    by pid; ENGINE: the inventory's serve_engine argv, recognised besides `-m sglang.launch_server`."""
     proc = _under(root, "proc")
     try:
         pids = sorted((p for p in os.listdir(proc) if p.isdigit()), key=int)
@@ -124,7 +124,7 @@ def engines(root="/"):
     argvs = {}
     for pid in pids:
         argv = _words(_read_bytes(os.path.join(proc, pid, "cmdline")))
-        if engine_args(argv) is not None:
+        if engine_args(argv, engine) is not None:
             argvs[pid] = argv
     found = []
     for pid, argv in argvs.items():
@@ -140,7 +140,7 @@ def engines(root="/"):
         found.append({
             "pid": int(pid),
             "argv": redacted_argv(argv),
-            "args": redacted_argv(engine_args(argv)),
+            "args": redacted_argv(engine_args(argv, engine)),
             "interpreter": exe,
             "venv": venv_of(root, argv[0]) or venv_of(root, exe),
             "unit": unit_of(cgroup),

@@ -368,13 +368,18 @@ def _typed(field, text):
     return text
 
 
-def engine_args(argv):
-    """The engine's own arguments in a process's ARGV (["/v/bin/python3", "-m", "sglang.launch_server", ...] or a
-    console script ending in sglang.launch_server), or None when ARGV does not start an engine."""
+def engine_args(argv, engine=None):
+    """The engine's own arguments in a process's ARGV, or None when ARGV does not start an engine: the words after
+    `-m sglang.launch_server` (["/v/bin/python3", "-m", "sglang.launch_server", ...]), or, with ENGINE (the
+    inventory's serve_engine argv, e.g. the lab's stand-in script), the words after ENGINE's own words past its
+    interpreter (any interpreter: a box set up by hand runs it from a venv of its own)."""
     argv = [a for a in argv or [] if isinstance(a, str)]
     for i, word in enumerate(argv[:-1]):
         if word == "-m" and argv[i + 1] in ENGINE_MODULES:
             return argv[i + 2:]
+    own = [a for a in engine or [] if isinstance(a, str)][1:]
+    if own and own != ["-m"] and argv[1:1 + len(own)] == own:
+        return argv[1 + len(own):]
     return None
 
 

@@ -504,3 +504,15 @@ def test_a_process_that_is_not_an_engine_has_no_engine_args(argv):
 def test_a_value_that_does_not_parse_is_kept_as_text_for_the_schema_to_name():
     profile, _ = serve.profile_from_argv(["--model-path", "/m", "--tp-size", "two", "--port", "80a"], "x")
     assert profile["tp_size"] == "two" and profile["port"] == "80a"
+
+
+STANDIN = ["/usr/bin/python3", "/var/cache/rigbook/artifacts/sglang-standin.py"]
+
+
+@pytest.mark.parametrize("interpreter", ["/usr/bin/python3", "/opt/sglang/bin/python"])
+def test_a_process_started_by_the_inventorys_engine_command_is_an_engine_whatever_its_interpreter(interpreter):
+    argv = [interpreter, STANDIN[1], "--model-path", "/m", "--tp-size", "2"]
+    assert serve.engine_args(argv, STANDIN) == ["--model-path", "/m", "--tp-size", "2"]
+    assert serve.engine_args(argv) is None
+    assert serve.engine_args([interpreter, "/other.py", "--model-path", "/m"], STANDIN) is None
+    assert serve.engine_args(["/usr/bin/python3", "-m", "x"], ["/usr/bin/python3", "-m"]) is None

@@ -29,6 +29,7 @@ GPU_ENV_PREFIXES = ("NCCL_", "RCCL_", "HSA_", "HIP_", "ROCR_", "ROCM_", "CUDA_",
                     "SGLANG_", "GPU_", "AMD_", "MIOPEN_")
 GPU_ENV_NAMES = frozenset(("LD_LIBRARY_PATH", "LD_PRELOAD", "OMP_NUM_THREADS"))
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.I)
+LOGIN_UNIT = re.compile(r"^(ssh|sshd|cron|atd|systemd-logind|(serial-|console-|container-)?getty(@.*)?)\.service$")
 LIBRARIES = re.compile(r"/(lib(?:nccl|rccl)\.so[.0-9]*|libcudart\.so[.0-9]*|libamdhip64\.so[.0-9]*|"
                        r"libcuda\.so[.0-9]*|libhsa-runtime64\.so[.0-9]*)$")
 
@@ -75,12 +76,14 @@ def gpu_environment(words):
 
 
 def unit_of(cgroup_text):
-    """The systemd service a process runs in, from its /proc/PID/cgroup text, or None (a shell, a user session)."""
+    """The systemd service a process runs in, from its /proc/PID/cgroup text, or None: a process started from a
+    shell (a user session, or the login service itself where no logind moves sessions into scopes: ssh, a getty,
+    cron) was not started by a unit of its own."""
     for line in (cgroup_text or "").splitlines():
         path = line.rsplit(":", 1)[-1]
         for part in reversed(path.split("/")):
             if part.endswith(".service") and not part.startswith("user@") and not part.startswith("session-"):
-                return part
+                return None if LOGIN_UNIT.match(part) else part
     return None
 
 

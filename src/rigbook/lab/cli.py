@@ -17,6 +17,7 @@ examples:
   provision lab status
   provision lab break lab-r9700 dma-window-above-44bit
   provision lab heal lab-r9700
+  provision lab handmade lab-3080           # set up by hand as seed 000 did: for `provision adopt`
   provision lab down
 """
 
@@ -85,6 +86,9 @@ def parser() -> argparse.ArgumentParser:
     brk.add_argument("fault", help=f"one of: {', '.join(fault_names())}")
     heal = sub.add_parser("heal", help="restore a host's pristine hardware tree")
     heal.add_argument("host")
+    made = sub.add_parser("handmade", help="set a host up by hand as the seeds did, outside rigbook's roles "
+                                           "(kernel .debs, dkms, a pip venv, the engine with nohup): for adopt")
+    made.add_argument("host")
     return p
 
 
@@ -103,6 +107,10 @@ def run(argv: list) -> int:
         return lab.break_(args.host, args.fault)
     if args.command == "heal":
         return lab.heal(args.host)
+    if args.command == "handmade":
+        from rigbook.lab.handmade import handmade
+
+        return handmade(args.host)
     parser().print_help()
     return 2
 

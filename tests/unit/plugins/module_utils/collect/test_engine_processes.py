@@ -80,3 +80,12 @@ def test_redacted_argv_hides_every_spelling_of_the_key():
 
     assert redacted_argv(["--api-key", "a", "--api-ke=b", "--api-key", "--port", "1", "--x", "c"]) == [
         "--api-key", "********", "--api-ke=********", "--api-key", "--port", "1", "--x", "c"]
+
+
+def test_the_login_service_a_shell_runs_in_is_not_the_engines_unit():
+    # where no logind moves an SSH login into a session scope (a container, as the lab's hosts), a process started
+    # from that shell stays in ssh.service's cgroup (seen on a lab host set up by `provision lab handmade`)
+    assert ep.unit_of("0::/system.slice/ssh.service\n") is None
+    assert ep.unit_of("0::/system.slice/system-getty.slice/getty@tty1.service\n") is None
+    assert ep.unit_of("0::/system.slice/cron.service\n") is None
+    assert ep.unit_of("0::/system.slice/sglang-qwen.service\n") == "sglang-qwen.service"

@@ -27,6 +27,10 @@ options:
   debs_dir:
     description: A folder on the host holding the kernel .debs that were installed by hand.
     type: path
+  evidence_root:
+    description: Where the running kernel's release and command line are read, as the P2P ladder reads them.
+    type: path
+    default: /
   engine:
     description:
       - The inventory's serve_engine argv; a process started by it (any interpreter) is an engine too, besides
@@ -59,7 +63,8 @@ from ansible_collections.rigbook.homelab.plugins.module_utils.collect.adopt impo
 def main():
     module = AnsibleModule(
         argument_spec=dict(system=dict(type="path", default="/"), debs_dir=dict(type="path"),
-                           engine=dict(type="list", elements="str", default=[])),
+                           engine=dict(type="list", elements="str", default=[]),
+                           evidence_root=dict(type="path", default="/")),
         supports_check_mode=True,
     )
 
@@ -71,7 +76,8 @@ def main():
         return rc, out
 
     try:
-        facts = adopt_facts(module.params["system"], run, module.params["debs_dir"], module.params["engine"])
+        facts = adopt_facts(module.params["system"], run, module.params["debs_dir"], module.params["engine"],
+                            module.params["evidence_root"])
     except (OSError, ValueError) as exc:
         module.fail_json(msg="reading the box failed: %s" % exc)
     module.exit_json(changed=False, facts=facts)

@@ -249,8 +249,8 @@ def adopt_command(host: str, inventory: str, output: str | None = None, group: b
     from pathlib import Path
 
     from rigbook import runs, statefile
-    from rigbook.run import RunOptions, resolve_inventory, run_playbook
-    from rigbook.validate import InventoryInvalid, validate
+    from rigbook.run import RunOptions, resolve_inventory, resolve_playbook, run_playbook
+    from rigbook.validate import InventoryInvalid, run_roles, validate
 
     stream = stream or sys.stdout
     path = resolve_inventory(inventory)
@@ -297,8 +297,8 @@ def adopt_command(host: str, inventory: str, output: str | None = None, group: b
         print(f"  note: {text}", file=stream)
     for text in unpinned:
         print(f"  not pinned: {text}", file=stream)
-    try:
-        validate(Path(path))
+    try:  # the readiness check site.yml makes before contacting the host: every input its roles need
+        validate(Path(path), roles=run_roles(resolve_playbook("site.yml")), limit=host)
     except InventoryInvalid as err:
         print(f"adopt: the inventory with {target.name} does not validate yet:\n{err}", file=sys.stderr)
         return 1

@@ -8,6 +8,7 @@ sources and loses that, so this module keeps each source separately.
 from __future__ import annotations
 
 import shlex
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +43,14 @@ class Inventory:
 
     def groups_of(self, host: str) -> set:
         return set(self.hosts.get(host, ()))
+
+    def limited(self, limit: str | None) -> list:
+        """The hosts a --limit of plain names (hosts or groups, separated by ',' or ':') selects, sorted; every
+        host for no limit or one with patterns (wildcards, !, &, ~, ranges: Ansible decides those)."""
+        words = [w for w in re.split(r"[,:]", limit or "") if w]
+        if not words or any(not re.fullmatch(r"[A-Za-z0-9_.-]+", w) for w in words):
+            return sorted(self.hosts)
+        return sorted(h for h, groups in self.hosts.items() if h in words or groups & set(words))
 
     def group_depth(self, group: str) -> int:
         parents = {g: {p for p, kids in self.children.items() if g in kids} for g in self.all_groups()}

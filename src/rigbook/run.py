@@ -166,7 +166,8 @@ def run_playbook(opts: RunOptions) -> int:
     inventory = resolve_inventory(opts.inventory)
     # Before any host is contacted: the variables (the -e ones too, by the same schema), and every input the
     # play's roles need.
-    inv = validate(inventory, roles=run_roles(playbook, opts.tags, opts.skip_tags), extra_vars=opts.extra_vars)
+    inv = validate(inventory, roles=run_roles(playbook, opts.tags, opts.skip_tags), extra_vars=opts.extra_vars,
+                   limit=opts.limit)
     if opts.baseline_mode == "record":
         from rigbook.baselines import check_group
 

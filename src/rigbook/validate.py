@@ -215,10 +215,11 @@ def _serve_findings(inv, host: str) -> tuple:
             [Problem(file, f"host {host}", key_path, message) for key_path, message in warnings])
 
 
-def check(inventory_path: Path, roles=None, extra_vars=()) -> tuple:
+def check(inventory_path: Path, roles=None, extra_vars=(), limit=None) -> tuple:
     """(Inventory, problems, warnings): the schema per file; when it passes, each host's combinations and serve
     profiles, and, for the roles ROLES of a play (None: no play), every input they need and the inventory lacks.
-    EXTRA_VARS, a run's -e items: the host variables among them meet the same schema.
+    EXTRA_VARS, a run's -e items: the host variables among them meet the same schema. LIMIT: the run's --limit;
+    the roles' inputs are needed on the hosts it selects only (Inventory.limited).
     Raises UserError when the inventory or an -e item cannot be read."""
     inv = inventory_mod.load(inventory_path, extra_vars)
     problems, warnings = [], []
@@ -234,16 +235,16 @@ def check(inventory_path: Path, roles=None, extra_vars=()) -> tuple:
             problems.extend(serve_errors)
             warnings.extend(serve_warnings)
     if not problems and roles is not None:
-        for host in sorted(inv.hosts):
+        for host in inv.limited(limit):
             problems.extend(_readiness(inv, host, roles))
     return inv, problems, warnings
 
 
-def validate(inventory_path: Path, warn=None, roles=None, extra_vars=()):
+def validate(inventory_path: Path, warn=None, roles=None, extra_vars=(), limit=None):
     """Load and validate; returns the Inventory or raises InventoryInvalid / UserError (exit 2). ROLES: the roles
     of the play about to run, whose missing inputs are problems too (None: the variables only). Warnings are
     printed on WARN (default stderr, so a --json stdout stays JSON) and do not stop anything."""
-    inv, problems, warnings = check(inventory_path, roles, extra_vars)
+    inv, problems, warnings = check(inventory_path, roles, extra_vars, limit)
     stream = warn if warn is not None else sys.stderr
     for warning in warnings:
         print(f"warning: {warning}", file=stream, flush=True)

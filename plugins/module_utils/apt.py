@@ -8,6 +8,9 @@ archive cache (the lab's twins) take its lock in turn: apt-get then fails at onc
 `run_apt` retries such a run until LOCK_TIMEOUT seconds have passed (as ansible.builtin.apt's lock_timeout), and
 names the lock and its holder when it gives up. A run cut short inside dpkg (the connection dropped, Ctrl-C) leaves
 "dpkg was interrupted"; `run_apt` runs `dpkg --configure -a` once and retries, so the next run repairs it.
+
+The one reader of what dpkg has installed (deb_packages, rocm_check and provision adopt's collect/adopt.py all read
+it here): DPKG_QUERY + names or patterns, `parse_installed` of its output, `installed_versions` of named packages.
 """
 
 from __future__ import annotations
@@ -24,6 +27,34 @@ HOLDER = re.compile(r"It is held by process (\d+ \([^)]*\))")
 INTERRUPTED = "dpkg was interrupted"
 CONFIGURE = ["dpkg", "--configure", "-a"]
 WAIT = (time.sleep, time.monotonic)  # (sleep, clock): replaced in tests
+# dpkg-query's listing, one package a line: name, status abbreviation (desired, status, error: "ii ", "hi ", "rc "),
+# version. Followed by package names or glob patterns; without any it lists every package dpkg knows.
+DPKG_QUERY = ["dpkg-query", "-W", "-f=${Package}\t${db:Status-Abbrev}\t${Version}\n"]
+
+
+def parse_installed(text):
+    """{package: version} of the packages DPKG_QUERY's output lists as installed: the status's second letter is "i"
+    (ii, hi held; also ri/pi, a removal asked for but not done: the files are still there). "rc" (configuration
+    files left), "un" (unknown) and half-installed states are not installed. An architecture suffix (:amd64) is
+    dropped; a line of another shape is skipped."""
+    found = {}
+    for line in (text or "").splitlines():
+        parts = line.split("\t")
+        if len(parts) == 3 and parts[1][1:2] == "i" and parts[0] and parts[2]:
+            found[parts[0].split(":")[0]] = parts[2]
+    return found
+
+
+def installed_versions(run, names):
+    """{name: version or None} of NAMES (package names or dpkg-query patterns) through RUN(argv) -> (rc, stdout);
+    None: not installed or unknown to dpkg (dpkg-query then exits 1 but still lists the packages it knows). Without
+    NAMES nothing is run. Patterns add every installed package they match."""
+    out = dict((n, None) for n in names)
+    if not names:
+        return out
+    _rc, stdout = run(DPKG_QUERY + list(names))
+    out.update(parse_installed(stdout))
+    return out
 
 
 def lock_held(text):

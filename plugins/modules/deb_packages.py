@@ -82,6 +82,7 @@ versions:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.rigbook.homelab.plugins.module_utils import apt
 from ansible_collections.rigbook.homelab.plugins.module_utils.apt import (
     ENV,
     LOCK_TIMEOUT,
@@ -95,17 +96,12 @@ APT = ["apt-get", "-y", "-q", "-o", "Dpkg::Options::=--force-confdef", "-o", "Dp
 
 
 def installed_versions(module, names):
-    """{name: version or None} from dpkg-query (unknown names are simply not installed)."""
-    out = dict((n, None) for n in names)
-    if not names:
-        return out
-    rc, stdout, _err = module.run_command(
-        ["dpkg-query", "-W", "-f=${Package}\t${db:Status-Abbrev}\t${Version}\n"] + list(names), environ_update=ENV)
-    for line in stdout.splitlines():
-        parts = line.split("\t")
-        if len(parts) == 3 and parts[1][1:2] == "i":  # second letter: installed (first: ii, hi = held)
-            out[parts[0].split(":")[0]] = parts[2]
-    return out
+    """{name: version or None} from dpkg-query (module_utils/apt.py, the one reader; unknown names are simply not
+    installed)."""
+    def run(argv):
+        _rc, out, _err = module.run_command(argv, environ_update=ENV)
+        return _rc, out
+    return apt.installed_versions(run, names)
 
 
 def deb_fields(module, path):

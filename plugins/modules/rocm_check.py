@@ -92,6 +92,7 @@ import fnmatch
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.rigbook.homelab.plugins.module_utils import apt
 from ansible_collections.rigbook.homelab.plugins.module_utils.parse import rocm as parse_rocm
 
 ENV = {"LC_ALL": "C"}
@@ -99,16 +100,11 @@ COMMANDS_DIR = os.path.join("var", "lib", "rigbook", "commands")
 
 
 def installed_versions(module, names):
-    out = dict((n, None) for n in names)
-    if not names:
-        return out
-    _rc, stdout, _err = module.run_command(
-        ["dpkg-query", "-W", "-f=${Package}\t${db:Status-Abbrev}\t${Version}\n"] + list(names), environ_update=ENV)
-    for line in stdout.splitlines():
-        parts = line.split("\t")
-        if len(parts) == 3 and parts[1][1:2] == "i":
-            out[parts[0].split(":")[0]] = parts[2]
-    return out
+    """{name: version or None} from dpkg-query (module_utils/apt.py, the one reader)."""
+    def run(argv):
+        _rc, out, _err = module.run_command(argv, environ_update=ENV)
+        return _rc, out
+    return apt.installed_versions(run, names)
 
 
 def tool_output(module, root, tool, argv):

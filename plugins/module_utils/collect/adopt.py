@@ -6,9 +6,9 @@
 - The kernel: the running release (/proc/sys/kernel/osrelease), the command line's own parameters (/proc/cmdline
   without what every boot has: BOOT_IMAGE, root, ro, quiet, ...), the GRUB default (/etc/default/grub and its
   grub.d drop-ins, the last one read winning, as grub-mkconfig sources them), and the installed kernel packages of
-  the running release (dpkg-query) with where each came from (`apt-cache policy`: an archive with its release, or
-  only /var/lib/dpkg/status: a local .deb), and for a local .deb the file found in the apt cache or DEBS_DIR with
-  its sha256.
+  the running release (dpkg-query through module_utils/apt.py, the one reader) with where each came from
+  (`apt-cache policy`: an archive with its release, or only /var/lib/dpkg/status: a local .deb), and for a local
+  .deb the file found in the apt cache or DEBS_DIR with its sha256.
 - The running engines: collect/engine_processes.py; each engine's venv packages (dist-info name and version, a VCS
   or local install from direct_url.json).
 
@@ -23,6 +23,7 @@ import json
 import os
 import re
 
+from ansible_collections.rigbook.homelab.plugins.module_utils import apt
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import engine_processes
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect.manifest import parse_dkms_status
 from ansible_collections.rigbook.homelab.plugins.module_utils.file_digest import sha256_of
@@ -68,17 +69,6 @@ def grub_default(system):
             if found:
                 value, where = found.group(2), rel
     return value, where
-
-
-def parse_dpkg_query(text):
-    """{package: version} of the installed packages (status ii or hi) in dpkg-query's output, one package a line:
-    package, version and status abbreviation separated by tabs."""
-    found = {}
-    for line in (text or "").splitlines():
-        fields = line.split("\t")
-        if len(fields) == 3 and fields[2].strip()[:2] in ("ii", "hi"):
-            found[fields[0]] = fields[1]
-    return found
 
 
 def parse_policy(text):
@@ -132,8 +122,8 @@ def kernel_facts(system, run, debs_dir=None):
     default, default_file = grub_default(system)
     facts = {"release": release, "cmdline": own_cmdline(_read(system, "/proc/cmdline")),
              "grub_default": default, "grub_default_file": default_file, "packages": []}
-    rc, out = run(["dpkg-query", "-W", "-f", "${Package}\t${Version}\t${db:Status-Abbrev}\n", "linux-*"])
-    installed = parse_dpkg_query(out if rc == 0 else "")
+    _rc, out = run(apt.DPKG_QUERY + ["linux-*"])
+    installed = apt.parse_installed(out)
     mine = sorted(p for p in installed if KERNEL_PACKAGE.match(p) and release and
                   (p.endswith("-" + release) or installed[p] == installed.get("linux-image-" + release)))
     if not mine:

@@ -19,8 +19,8 @@ BASH_POLICY = """bash:
         100 /var/lib/dpkg/status
 """
 RELEASE = "6.8.12-r9700-p2p-dma44"
-DPKG = (f"linux-image-{RELEASE}\t6.8.12-1\tii \nlinux-headers-{RELEASE}\t6.8.12-1\tii \n"
-        "linux-image-6.8.0-31-generic\t6.8.0-31.31\tii \nlinux-libc-dev\t6.8.0-31.31\tii \nlinux-doc\t\tun \n")
+DPKG = (f"linux-image-{RELEASE}\tii \t6.8.12-1\nlinux-headers-{RELEASE}\tii \t6.8.12-1\n"
+        "linux-image-6.8.0-31-generic\tii \t6.8.0-31.31\nlinux-libc-dev\tii \t6.8.0-31.31\nlinux-doc\tun \t\n")
 POLICY = f"""linux-headers-{RELEASE}:
   Installed: 6.8.12-1
   Candidate: 6.8.12-1

@@ -12,7 +12,9 @@ short_description: Build and install one pinned DKMS module for every given kern
 description:
   - Verifies the source tarball O(src) against O(sha256) before anything else (a mismatch is refused and nothing
     is touched), unpacks it to C(/usr/src/<name>-<version>), removes every other registered version of O(name),
-    then C(dkms install)s O(name)/O(version) for each of O(kernels) that lacks it.
+    then C(dkms install)s O(name)/O(version) for each of O(kernels) that lacks it. A source tree there without
+    rigbook's stamp that holds exactly the tarball's files (a C(.git) folder aside: a box set up by hand) is kept
+    with its builds and stamped.
   - Afterwards C(modinfo -k <kernel> -n <module>) must resolve each of O(modules) to the DKMS build (C(updates/dkms));
     stock copies that shadow it are deleted and C(depmod) re-run, and the task fails when the DKMS build still loses.
   - Reads both C(dkms status) formats (dkms 2 C(name, version, kernel, arch) and dkms 3 C(name/version, kernel, arch)).
@@ -61,6 +63,12 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+stamped:
+  description:
+    - True when C(/usr/src/<name>-<version>) had no stamp but held exactly the pinned tarball's files (put there by
+      hand, then adopted): only the stamp was written (or would be), its DKMS builds kept.
+  returned: always
+  type: bool
 built:
   description: Kernels the module was built and installed for by this call (or would be in check mode).
   returned: always
@@ -160,13 +168,43 @@ def extract(module, src, tmp):
     return top
 
 
+def same_tree(top, dest):
+    """Whether DEST holds exactly the files of TOP, byte for byte (a work tree's .git and rigbook's stamp aside): a
+    source tree put there by hand from the pinned source (a box set up by hand, then adopted)."""
+    def files(root):
+        found = {}
+        for dirpath, dirs, names in os.walk(root):
+            dirs[:] = [d for d in dirs if not (dirpath == root and d == ".git")]
+            for n in names:
+                full = os.path.join(dirpath, n)
+                rel = os.path.relpath(full, root)
+                if rel != STAMP:
+                    found[rel] = os.readlink(full) if os.path.islink(full) else None
+        return found
+
+    mine, theirs = files(top), files(dest)
+    if set(mine) != set(theirs):
+        return False
+    for rel, link in mine.items():
+        if link is not None or theirs[rel] is not None:
+            if link != theirs[rel]:
+                return False
+        elif sha256_of(os.path.join(top, rel)) != sha256_of(os.path.join(dest, rel)):
+            return False
+    return True
+
+
+def write_stamp(dest, sha):
+    with open(os.path.join(dest, STAMP), "w") as handle:
+        handle.write(sha + "\n")
+
+
 def install_tree(top, dest, sha):
     """Copy the source tree TOP to DEST (replacing it) and stamp it with SHA."""
     if os.path.exists(dest):
         shutil.rmtree(dest)
     shutil.copytree(top, dest, symlinks=True)
-    with open(os.path.join(dest, STAMP), "w") as handle:
-        handle.write(sha + "\n")
+    write_stamp(dest, sha)
 
 
 def main():
@@ -207,9 +245,23 @@ def main():
     if os.path.isfile(stamp):
         with open(stamp) as handle:
             have = handle.read().strip()
-    result = dict(changed=False, built=[], removed=[], shadowing_removed=[], modinfo={}, unpacked=False)
+    result = dict(changed=False, built=[], removed=[], shadowing_removed=[], modinfo={}, unpacked=False,
+                  stamped=False)
     notes = []
     initial = before = dkms.status(name)
+    if have is None and sha != "directory" and os.path.isdir(dest):
+        # no stamp: a tree put there by hand (a box set up by hand, then adopted). When it holds exactly the pinned
+        # tarball's files, its DKMS builds are kept and only the stamp is written (no rebuild, no module change).
+        tmp = tempfile.mkdtemp(prefix=".rigbook-", dir=SRC_ROOT)
+        try:
+            if same_tree(extract(module, src, tmp), dest):
+                result["stamped"] = True
+                have = sha
+                notes.append("%s holds the pinned source (put there by hand): stamped, its builds kept" % dest)
+                if not check:
+                    write_stamp(dest, sha)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     if have != sha:
         result["unpacked"] = True
         if not check:
@@ -269,10 +321,11 @@ def main():
                                  % (name, version, kernel, mod, path), **result)
     touched = now is None or result["built"] or result["removed"] or result["shadowing_removed"]
     result["status"] = dkms.status(name) if touched and not check else now
-    result["changed"] = bool(result["built"] or result["removed"] or result["shadowing_removed"] or result["unpacked"])
+    result["changed"] = bool(result["built"] or result["removed"] or result["shadowing_removed"] or result["unpacked"]
+                             or result["stamped"])
     if notes:
         result["msg"] = "; ".join(notes)
-    if module._diff and result["changed"]:
+    if module._diff and (result["built"] or result["removed"] or result["shadowing_removed"] or result["unpacked"]):
         result["diff"] = dict(
             before="".join("%s/%s %s: %s\n" % (r["name"], r["version"], r["kernel"], r["state"]) for r in initial),
             after="".join("%s/%s %s: installed\n" % (name, version, k) for k in p["kernels"]),

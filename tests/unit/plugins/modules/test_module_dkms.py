@@ -203,6 +203,41 @@ def test_a_new_source_of_the_same_version_replaces_the_build(host):
     assert run.result["diff"]["after"] == f"nvidia/615.71.09 {K}: installed\n"
 
 
+def by_hand(host, files=FORK):
+    """The pinned source put in /usr/src by hand (`git clone` of the fork, then `dkms add/build/install`): the
+    tarball's files, a .git folder, no stamp."""
+    for name, text in files.items():
+        path = host.src_root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    (host.dest / ".git").mkdir()
+    (host.dest / ".git" / "HEAD").write_text("ref: refs/heads/615.71.09-p2p\n")
+
+
+@pytest.mark.parametrize("check_mode", [False, True])
+def test_a_tree_put_there_by_hand_from_the_pinned_source_is_stamped_and_its_build_kept(host, check_mode):
+    by_hand(host)
+    run = run_module(dkms_module, args(host), [(STATUS, installed(K)), (modinfo(K), ok(DKMS_KO + "\n"))],
+                     check_mode=check_mode)
+    assert not run.failed, run.msg
+    assert run.commands == [STATUS, modinfo(K)]  # no dkms remove, add or install
+    assert run.result["stamped"] is True and run.result["changed"] is True
+    assert run.result["built"] == [] and run.result["unpacked"] is False
+    assert "holds the pinned source" in run.result["msg"]
+    assert (host.dest / dkms_module.STAMP).exists() is not check_mode
+    assert (host.dest / ".git" / "HEAD").exists() and no_leftover_temp_dirs(host)
+
+
+def test_a_tree_put_there_by_hand_that_differs_from_the_pinned_source_is_replaced(host):
+    by_hand(host, {**FORK, "nvidia-615.71.09/nvidia.c": "/* patched by hand */\n"})
+    run = run_module(dkms_module, args(host), [
+        (STATUS, installed(K)), (REMOVE, ok()), (STATUS, ok()), (ADD, ok()), (install(K), ok()),
+        (modinfo(K), ok(DKMS_KO)), (STATUS, installed(K))])
+    assert not run.failed, run.msg
+    assert run.result["stamped"] is False and run.result["unpacked"] is True and run.result["built"] == [K]
+    assert (host.dest / "nvidia.c").read_text() == "/* stand-in */\n"
+
+
 def test_a_stock_module_that_shadows_the_build_is_deleted(host):
     unpacked(host)
     stock = stock_module(host)

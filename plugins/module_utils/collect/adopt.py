@@ -9,8 +9,9 @@
   the running release (dpkg-query through module_utils/apt.py, the one reader) with where each came from
   (`apt-cache policy`: an archive with its release, or only /var/lib/dpkg/status: a local .deb), and for a local
   .deb the file found in the apt cache or DEBS_DIR with its sha256.
-- The running engines: collect/engine_processes.py; each engine's venv packages (dist-info name and version, a VCS
-  or local install from direct_url.json).
+- The running engines: collect/engine_processes.py; each engine's venv packages (dist-info name and version, a VCS,
+  archive or local install from direct_url.json).
+- The cuda_toolchain role's default venv /opt/rigbook/cuda when it is one: its packages (the CUDA wheels).
 
 Commands go through RUN(argv) -> (rc, stdout) (the module's run_command on a box, recorded outputs in tests); files
 are read under SYSTEM.
@@ -24,7 +25,7 @@ import os
 import re
 
 from ansible_collections.rigbook.homelab.plugins.module_utils import apt
-from ansible_collections.rigbook.homelab.plugins.module_utils.collect import engine_processes
+from ansible_collections.rigbook.homelab.plugins.module_utils.collect import engine_processes, static_evidence
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect.manifest import parse_dkms_status
 from ansible_collections.rigbook.homelab.plugins.module_utils.file_digest import sha256_of
 
@@ -34,6 +35,7 @@ BOOT_KEYS = frozenset(("BOOT_IMAGE", "root", "resume", "initrd", "rootflags", "r
 KERNEL_PACKAGE = re.compile(r"^linux-(image|headers|modules|modules-extra)-")
 APT_CACHE = "/var/cache/apt/archives"
 DPKG_STATUS = "/var/lib/dpkg/status"
+CUDA_VENV = "/opt/rigbook/cuda"  # the cuda_toolchain role's default venv (host_model.cuda_toolchain_pin)
 
 
 def _read(system, rel):
@@ -116,11 +118,14 @@ def find_deb(system, package, version, folders):
     return None
 
 
-def kernel_facts(system, run, debs_dir=None):
-    """The kernel as the box runs and boots it, and where its packages came from."""
-    release = (_read(system, "/proc/sys/kernel/osrelease") or "").strip() or None
+def kernel_facts(system, run, debs_dir=None, evidence_root=None):
+    """The kernel as the box runs and boots it, and where its packages came from. The running release and command
+    line are read as the P2P ladder reads them, under EVIDENCE_ROOT (static_evidence.collect_kernel: "/" on a box,
+    the recorded tree of a lab host, whose boot hook records the kernel it booted there)."""
+    running = static_evidence.collect_kernel(evidence_root or system)
+    release = (running["release"] or "").strip() or None
     default, default_file = grub_default(system)
-    facts = {"release": release, "cmdline": own_cmdline(_read(system, "/proc/cmdline")),
+    facts = {"release": release, "cmdline": own_cmdline(" ".join(running["cmdline"] or [])),
              "grub_default": default, "grub_default_file": default_file, "packages": []}
     _rc, out = run(apt.DPKG_QUERY + ["linux-*"])
     installed = apt.parse_installed(out)
@@ -140,29 +145,47 @@ def kernel_facts(system, run, debs_dir=None):
     return facts
 
 
+def _install_of(direct):
+    """How a distribution was installed, from its direct_url.json text (PEP 610): "index" (none: a plain resolution,
+    from an index or --find-links), a VCS install {"vcs", "url", "commit"}, an archive {"archive": url, "sha256"}
+    (pip install FILE.whl or a URL: the hash pip recorded, None without one), or an editable or local directory
+    {"local": "editable"|"directory", "url"}."""
+    if not direct:
+        return "index"
+    try:
+        data = json.loads(direct)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        return {"local": "unreadable", "url": None}
+    url = data.get("url") if isinstance(data.get("url"), str) else None
+    if isinstance(data.get("vcs_info"), dict):
+        return {"vcs": data["vcs_info"].get("vcs"), "url": url, "commit": data["vcs_info"].get("commit_id")}
+    if isinstance(data.get("archive_info"), dict):
+        info = data["archive_info"]
+        hashes = info.get("hashes") if isinstance(info.get("hashes"), dict) else {}
+        digest = hashes.get("sha256") or (info.get("hash") or "").partition("sha256=")[2] or None
+        return {"archive": url, "sha256": digest if re.match(r"^[0-9a-f]{64}$", digest or "") else None}
+    return {"local": "editable" if (data.get("dir_info") or {}).get("editable") else "directory", "url": url}
+
+
 def venv_packages(system, venv):
-    """[{name, version, install}] of a venv's distributions: install is "index" (a plain wheel), or from
-    direct_url.json a VCS install ({"vcs", "url", "commit"}), an editable or local directory ({"local", "url"})."""
+    """[{name, version, install}] of a venv's distributions (dist-info folder names), install as _install_of."""
     found = []
     pattern = os.path.join(system, venv.lstrip("/"), "lib", "python*", "site-packages", "*.dist-info")
     for info in sorted(glob.glob(pattern)):
         stem = os.path.basename(info)[: -len(".dist-info")]
         name, _, version = stem.partition("-")
-        install = "index"
         direct = _read(system, os.path.relpath(os.path.join(info, "direct_url.json"), system))
-        if direct:
-            try:
-                data = json.loads(direct)
-            except ValueError:
-                data = {}
-            if isinstance(data, dict) and isinstance(data.get("vcs_info"), dict):
-                install = {"vcs": data["vcs_info"].get("vcs"), "url": data.get("url"),
-                           "commit": data["vcs_info"].get("commit_id")}
-            elif isinstance(data, dict):
-                install = {"local": "editable" if (data.get("dir_info") or {}).get("editable") else "directory",
-                           "url": data.get("url")}
-        found.append({"name": name.lower().replace("_", "-"), "version": version, "install": install})
+        found.append({"name": name.lower().replace("_", "-"), "version": version, "install": _install_of(direct)})
     return sorted(found, key=lambda p: p["name"])
+
+
+def cuda_venv(system):
+    """{"venv", "packages"} of the cuda_toolchain role's default venv (CUDA_VENV) when it is a venv, else None."""
+    if not os.path.isfile(os.path.join(system, CUDA_VENV.lstrip("/"), "pyvenv.cfg")):
+        return None
+    return {"venv": CUDA_VENV, "packages": venv_packages(system, CUDA_VENV)}
 
 
 def git_origin(system, folder):
@@ -215,11 +238,11 @@ def nvidia_userspace(system):
     return None
 
 
-def adopt_facts(system, run, debs_dir=None, engine=None):
+def adopt_facts(system, run, debs_dir=None, engine=None, evidence_root=None):
     """Everything adopt reads: {"kernel", "dkms", "nvidia_userspace", "engines"}; each engine (ENGINE: the
     inventory's serve_engine, engine_processes.engines) with its venv's packages."""
     engines = engine_processes.engines(system, engine)
     for engine in engines:
         engine["packages"] = venv_packages(system, engine["venv"]) if engine["venv"] else []
-    return {"kernel": kernel_facts(system, run, debs_dir), "dkms": dkms_facts(system, run),
-            "nvidia_userspace": nvidia_userspace(system), "engines": engines}
+    return {"kernel": kernel_facts(system, run, debs_dir, evidence_root), "dkms": dkms_facts(system, run),
+            "nvidia_userspace": nvidia_userspace(system), "engines": engines, "cuda_venv": cuda_venv(system)}

@@ -163,3 +163,15 @@ def test_dkms_modules_with_the_forks_git_origin_read_from_its_files(tmp_path):
     assert adopt.nvidia_userspace(str(system)) == "615.71.09"
     assert adopt.nvidia_userspace(str(tmp_path / "none")) is None
     assert adopt.dkms_facts(str(system), _run({})) == []  # no dkms on the box
+
+
+def test_the_running_kernel_is_read_where_the_ladder_reads_it(tmp_path):
+    # a lab host: its own /proc is this machine's; the kernel it booted is recorded in its evidence tree
+    system = _box(tmp_path, release="6.18.0-host", debs=False)
+    evidence = tmp_path / "evidence"
+    (evidence / "proc/sys/kernel").mkdir(parents=True)
+    (evidence / "proc/sys/kernel/osrelease").write_text(RELEASE + "\n")
+    (evidence / "proc/cmdline").write_text("BOOT_IMAGE=/vmlinuz ro intel_iommu=on iommu=pt\n")
+    facts = adopt.kernel_facts(str(system), _run({}), evidence_root=str(evidence))
+    assert facts["release"] == RELEASE and facts["cmdline"] == ["intel_iommu=on", "iommu=pt"]
+    assert facts["grub_default_file"] == "/etc/default/grub.d/50-p2p.cfg"  # GRUB is the box's own files

@@ -9,8 +9,8 @@ What could not be pinned is listed with the reason, never guessed.
 Read so far: the kernel (release, source: distro or debs with each .deb's sha256, the command line's own
 parameters), each running SGLang engine's command line as a serve profile (flags the schema does not know in
 extra_args, named; an API key on the command line never copied) and its GPU environment, the SGLang version of its
-venv. Not yet: DKMS modules and the driver fork's source, the NVIDIA userspace, the CUDA wheels, ROCm, the mapped
-RCCL/NCCL's provenance, a lock from the venv; each is listed as not pinned.
+venv, the NVIDIA driver as DKMS built it, the CUDA toolchain wheels (the role's default venv, else the engine's).
+What is not read yet is listed as not pinned (NOT_READ_YET).
 """
 
 from __future__ import annotations
@@ -22,10 +22,12 @@ from rigbook.errors import UserError
 
 PLAYBOOK = "adopt.yml"
 FACTS_DIR = "adopted"
-NOT_READ_YET = ("rigbook_pins.cuda_toolchain: the CUDA toolchain wheels are not read by adopt yet",
-                "rigbook_pins.rocm: ROCm packages and repository are not read by adopt yet",
+NOT_READ_YET = ("rigbook_pins.rocm: ROCm packages and repository are not read by adopt yet",
                 "rigbook_pins.sglang.lock: a hashed lock of the engine's venv is not made by adopt yet")
 UNIT_NAME = re.compile(r"[^a-z0-9-]+")
+CUDA_VENV = "/opt/rigbook/cuda"  # the cuda_toolchain role's default venv
+CUDA_WHEEL = re.compile(r"^(nvidia-cuda-nvcc|nvidia-cuda-crt|nvidia-nvvm|nvidia-cuda-runtime)(-cu[0-9]+)?$")
+CUDA_VERSION = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+$")  # the schema's rigbook_pins.cuda_toolchain.version
 
 
 def _profile_name(engine: dict, taken: set) -> str:
@@ -113,6 +115,79 @@ def _nvidia_driver(facts: dict, comments: dict, unpinned: list, notes: list) -> 
     return pin
 
 
+def _cuda_wheels(packages: list) -> dict:
+    """{base name: (installed name, version, install)} of the CUDA toolchain wheels among PACKAGES (nvcc, crt, nvvm,
+    runtime; a -cuNN suffix kept in the installed name)."""
+    found = {}
+    for p in packages or []:
+        match = CUDA_WHEEL.match(p.get("name") or "")
+        if match:
+            found[match.group(1)] = (p["name"], p.get("version") or "", p.get("install"))
+    return found
+
+
+def _cuda_venv(facts: dict) -> tuple:
+    """(venv, packages, where) of the venv holding the CUDA toolchain: the role's default venv when it has nvcc,
+    else the first engine's venv that has it; (None, [], None) when none has."""
+    default = facts.get("cuda_venv") or {}
+    if "nvidia-cuda-nvcc" in _cuda_wheels(default.get("packages")):
+        return CUDA_VENV, default["packages"], f"{CUDA_VENV} (the cuda_toolchain role's default venv)"
+    for engine in facts.get("engines") or []:
+        if engine.get("venv") and "nvidia-cuda-nvcc" in _cuda_wheels(engine.get("packages")):
+            return engine["venv"], engine["packages"], f"{engine['venv']} (the engine /proc/{engine['pid']}'s venv)"
+    return None, [], None
+
+
+def _cuda_toolchain(facts: dict, comments: dict, unpinned: list, notes: list) -> dict | None:
+    """The CUDA toolchain pin from the nvcc/crt/nvvm wheels of the venv that holds them: version (nvcc's), the
+    packages found, the venv when not the role's default, the runtime's version when it differs. crt or nvvm at
+    another release than nvcc is named as a problem (they must be one release); the pin puts them at nvcc's."""
+    venv, packages, where = _cuda_venv(facts)
+    nvidia = bool(facts.get("nvidia_userspace")) or any(m.get("module") == "nvidia" for m in facts.get("dkms") or [])
+    if venv is None:
+        if nvidia:
+            unpinned.append(f"rigbook_pins.cuda_toolchain: no nvidia-cuda-nvcc wheel in {CUDA_VENV} nor in a running "
+                            "engine's venv (dist-info)")
+        return None
+    wheels = _cuda_wheels(packages)
+    key = ("rigbook_pins", "cuda_toolchain")
+    name, version, _ = wheels["nvidia-cuda-nvcc"]
+    if not CUDA_VERSION.match(version):
+        unpinned.append(f"rigbook_pins.cuda_toolchain.version: {name} {version!r} in {venv} is no x.y.z release "
+                        "the role can pin")
+        return None
+    pin = {"version": version, "packages": [wheels[b][0] for b in ("nvidia-cuda-nvcc", "nvidia-cuda-crt",
+                                                                    "nvidia-nvvm") if b in wheels]}
+    comments[key + ("version",)] = f"{where}: {name}-{version}.dist-info"
+    comments[key + ("packages",)] = f"{where}: the nvcc, crt and nvvm wheels installed there"
+    if venv != CUDA_VENV:
+        pin["venv"] = venv
+        comments[key + ("venv",)] = where
+    for base in ("nvidia-cuda-crt", "nvidia-nvvm"):
+        if base in wheels and wheels[base][1] != version:
+            notes.append(f"problem: {venv}: {wheels[base][0]} {wheels[base][1]} and {name} {version} differ; nvcc, "
+                         f"crt and nvvm must be one release (a mix gives CCCL #error and PTX .version failures): the "
+                         f"pin puts all at {version}")
+    runtime = wheels.get("nvidia-cuda-runtime")
+    if runtime and runtime[1] != version:
+        if CUDA_VERSION.match(runtime[1]):
+            pin["versions"] = {"nvidia-cuda-runtime": runtime[1]}
+            comments[key + ("versions",)] = f"{where}: {runtime[0]}-{runtime[1]}.dist-info"
+        else:
+            unpinned.append(f"rigbook_pins.cuda_toolchain.versions: {runtime[0]} {runtime[1]!r} is no x.y.z release")
+    if name != "nvidia-cuda-nvcc":
+        notes.append(f"{venv}: {name} is a suffixed (CUDA 12 style) wheel; the cuda_toolchain role installs "
+                     "nvidia-cuda-runtime by that name and looks for nvcc under site-packages/nvidia/cuNN (CUDA 13's "
+                     "layout): check what it would change with --check --diff")
+    archives = sorted(f"{w[0]} from {w[2]['archive']}" for w in wheels.values()
+                      if isinstance(w[2], dict) and w[2].get("archive"))
+    if archives:
+        unpinned.append("rigbook_pins.cuda_toolchain.wheel_dir: installed from files, not an index: "
+                        + "; ".join(archives) + " (set wheel_dir to a folder of those wheels on the box if the "
+                        "index does not have them)")
+    return pin
+
+
 def variables_of(facts: dict) -> tuple:
     """(variables, comments {path: where}, unpinned [text], notes [text]) of the facts adopt_facts read."""
     from ansible_collections.rigbook.homelab.plugins.module_utils.serve.profile import profile_from_argv
@@ -127,6 +202,9 @@ def variables_of(facts: dict) -> tuple:
     driver = _nvidia_driver(facts, comments, unpinned, notes)
     if driver:
         pins["nvidia_driver"] = driver
+    cuda = _cuda_toolchain(facts, comments, unpinned, notes)
+    if cuda:
+        pins["cuda_toolchain"] = cuda
     profiles, taken = [], set()
     for engine in facts.get("engines") or []:
         name = _profile_name(engine, taken)

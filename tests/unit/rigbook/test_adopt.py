@@ -127,3 +127,58 @@ def test_the_fork_as_dkms_built_it_is_the_driver_pin_and_its_files_are_named_not
     assert any("source tarball" in u and "/usr/src/nvidia-615.71.09" in u for u in unpinned)
     assert any("zfs/2.1.11" in n for n in notes)
     assert yaml.safe_load(adopt.render("box", variables, comments, unpinned, notes)) == variables
+
+
+def _wheels(*pairs, install="index"):
+    return [{"name": name, "version": version, "install": install} for name, version in pairs]
+
+
+CUDA_13 = _wheels(("nvidia-cuda-crt", "13.0.88"), ("nvidia-cuda-nvcc", "13.0.88"), ("nvidia-cuda-runtime", "13.0.88"),
+                  ("nvidia-nvvm", "13.0.88"), ("torch", "2.9.1"))
+
+
+def _lab_pins(group):
+    from helpers.cli import REPO
+
+    return yaml.safe_load((REPO / f"inventory/lab/group_vars/{group}.yml").read_text())["rigbook_pins"]
+
+
+def test_the_cuda_wheels_of_the_default_venv_are_pinned_as_the_3080_twin_pins_them():
+    facts = {"kernel": {}, "engines": [], "nvidia_userspace": "615.71.09",
+             "cuda_venv": {"venv": "/opt/rigbook/cuda", "packages": CUDA_13}}
+    variables, comments, unpinned, notes = adopt.variables_of(facts)
+    lab = _lab_pins("x99_3080")["cuda_toolchain"]
+    lab.pop("wheel_dir")  # the lab's offline folder: a box installed from the index needs none
+    assert variables["rigbook_pins"]["cuda_toolchain"] == lab
+    assert "nvidia-cuda-nvcc-13.0.88.dist-info" in comments[("rigbook_pins", "cuda_toolchain", "version")]
+    assert not [u for u in unpinned if "cuda_toolchain" in u] and not [n for n in notes if "problem" in n]
+    assert yaml.safe_load(adopt.render("box", variables, comments, unpinned, notes)) == variables
+
+
+def test_cuda_wheels_in_the_engines_venv_a_mixed_release_and_a_runtime_of_its_own():
+    mixed = _wheels(("nvidia-cuda-crt", "13.4.48"), ("nvidia-cuda-nvcc", "13.0.88"),
+                    ("nvidia-cuda-runtime", "13.0.96"), ("nvidia-nvvm", "13.0.88"))
+    facts = {"kernel": {}, "engines": [{"pid": 7, "venv": "/srv/sgl", "args": ["--model-path", "/m"], "env": {},
+                                        "packages": mixed}], "cuda_venv": None}
+    variables, comments, unpinned, notes = adopt.variables_of(facts)
+    assert variables["rigbook_pins"]["cuda_toolchain"] == {
+        "version": "13.0.88", "packages": ["nvidia-cuda-nvcc", "nvidia-cuda-crt", "nvidia-nvvm"],
+        "venv": "/srv/sgl", "versions": {"nvidia-cuda-runtime": "13.0.96"}}
+    assert any(n.startswith("problem: ") and "nvidia-cuda-crt 13.4.48" in n and "one release" in n for n in notes)
+    assert comments[("rigbook_pins", "cuda_toolchain", "venv")] == "/srv/sgl (the engine /proc/7's venv)"
+
+
+def test_cuda_12_wheels_files_and_a_box_without_any():
+    cu12 = _wheels(("nvidia-cuda-nvcc-cu12", "12.4.131"), ("nvidia-nvvm-cu12", "12.4.131"))
+    cu12 += _wheels(("nvidia-cuda-crt-cu12", "12.4.131"),
+                    install={"archive": "file:///w/nvidia_cuda_crt_cu12-12.4.131-py3-none-any.whl", "sha256": None})
+    variables, _, unpinned, notes = adopt.variables_of({"kernel": {}, "engines": [],
+                                                        "cuda_venv": {"venv": "/opt/rigbook/cuda", "packages": cu12}})
+    assert variables["rigbook_pins"]["cuda_toolchain"]["packages"] == [
+        "nvidia-cuda-nvcc-cu12", "nvidia-cuda-crt-cu12", "nvidia-nvvm-cu12"]
+    assert any("suffixed" in n for n in notes)
+    assert any("wheel_dir" in u and "nvidia_cuda_crt_cu12-12.4.131" in u for u in unpinned)
+    _, _, unpinned, _ = adopt.variables_of({"kernel": {}, "engines": [], "nvidia_userspace": "615.71.09"})
+    assert any(u.startswith("rigbook_pins.cuda_toolchain: no nvidia-cuda-nvcc wheel") for u in unpinned)
+    _, _, unpinned, _ = adopt.variables_of({"kernel": {}, "engines": []})  # no NVIDIA driver: nothing to say
+    assert not any("cuda_toolchain" in u for u in unpinned)

@@ -175,3 +175,37 @@ def test_the_running_kernel_is_read_where_the_ladder_reads_it(tmp_path):
     facts = adopt.kernel_facts(str(system), _run({}), evidence_root=str(evidence))
     assert facts["release"] == RELEASE and facts["cmdline"] == ["intel_iommu=on", "iommu=pt"]
     assert facts["grub_default_file"] == "/etc/default/grub.d/50-p2p.cfg"  # GRUB is the box's own files
+
+
+def _dist(site, stem, direct=None):
+    info = site / f"{stem}.dist-info"
+    info.mkdir(parents=True)
+    if direct is not None:
+        (info / "direct_url.json").write_text(direct if isinstance(direct, str) else __import__("json").dumps(direct))
+    return info
+
+
+def test_the_cuda_toolchain_venv_and_archive_installs(tmp_path):
+    """/opt/rigbook/cuda laid out as the cuda_toolchain role leaves it (dist-info folders of the CUDA 13 wheels, as
+    pip names them); an archive install's direct_url.json as PEP 610 writes it (pip 24: hashes and hash)."""
+    system = tmp_path / "system"
+    assert adopt.cuda_venv(str(system)) is None  # not a venv: nothing read
+    venv = system / "opt/rigbook/cuda"
+    site = venv / "lib/python3.11/site-packages"
+    (venv / "pyvenv.cfg").parent.mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    for stem in ("nvidia_cuda_nvcc-13.0.88", "nvidia_cuda_crt-13.0.88", "nvidia_nvvm-13.0.88",
+                 "nvidia_cuda_runtime-13.0.96"):
+        _dist(site, stem)
+    _dist(site, "pip-23.0.1", {"url": "file:///tmp/w/pip-23.0.1-py3-none-any.whl",
+                               "archive_info": {"hash": "sha256=" + "b" * 64, "hashes": {"sha256": "b" * 64}}})
+    _dist(site, "broken-1.0", "{not json")
+    found = adopt.cuda_venv(str(system))
+    assert found["venv"] == "/opt/rigbook/cuda"
+    assert [(p["name"], p["version"]) for p in found["packages"]] == [
+        ("broken", "1.0"), ("nvidia-cuda-crt", "13.0.88"), ("nvidia-cuda-nvcc", "13.0.88"),
+        ("nvidia-cuda-runtime", "13.0.96"), ("nvidia-nvvm", "13.0.88"), ("pip", "23.0.1")]
+    by_name = {p["name"]: p["install"] for p in found["packages"]}
+    assert by_name["pip"] == {"archive": "file:///tmp/w/pip-23.0.1-py3-none-any.whl", "sha256": "b" * 64}
+    assert by_name["broken"] == {"local": "unreadable", "url": None}
+    assert by_name["nvidia-cuda-nvcc"] == "index"

@@ -213,6 +213,7 @@ def sglang_pin(pins):
         "commit": commit,
         "pin_name": pin_name,
         "requirement": requirement,
+        "venv": _str(raw.get("venv")),
         "lock": _str(raw.get("lock")),
         "wheel_dir": _str(raw.get("wheel_dir")),
         "patches": _list(raw.get("patches")),

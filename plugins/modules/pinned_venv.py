@@ -29,6 +29,13 @@ options:
       whole pin).
     type: path
     required: true
+  adopt:
+    description:
+      - O(path) is a venv made by hand (a box adopted by C(provision adopt)). Without rigbook's stamp it is kept and
+        only stamped when it holds every expected version and every version the lock pins and no patches are
+        pinned; otherwise pip installs into it. It is never removed.
+    type: bool
+    default: false
   python:
     description: The interpreter that creates the venv.
     type: path
@@ -123,6 +130,10 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+adopted:
+  description: True when O(adopt) kept a venv made by hand that holds the pin and (would have) only stamped it.
+  returned: always
+  type: bool
 lock_waited_s:
   description: Seconds this run waited for another build of the same path to finish (one a run cut short left
     running on the host); 0 when none held the lock, and in check mode.
@@ -230,6 +241,12 @@ def read_env_files(paths):
     return env
 
 
+def write_stamp(venv, stamp):
+    with open(os.path.join(venv, STAMP), "w") as handle:
+        json.dump(stamp, handle, indent=2, sort_keys=True)
+        handle.write("\n")
+
+
 def read_stamp(venv):
     try:
         with open(os.path.join(venv, STAMP)) as handle:
@@ -253,6 +270,35 @@ def mismatches(p, dists):
         if not got or not got.startswith(str(commit).lower()):
             out.append("%s was installed from commit %s, pinned %s" % (name, got or "(none: not a VCS install)", commit))
     return out
+
+
+def lock_versions(path):
+    """{normalized name: version} of the `name==version` lines of a requirements lock (comments, options, hashes and
+    other specifiers ignored)."""
+    found = {}
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            text = handle.read()
+    except OSError:
+        return found
+    for line in text.replace("\\\n", " ").splitlines():
+        m = re.match(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*==\s*([^\s;\\]+)", line)
+        if m:
+            found[normalize(m.group(1))] = m.group(2)
+    return found
+
+
+def adopt_gaps(p, dists):
+    """Why a venv made by hand cannot be kept as it is ([]: it can): a pinned version it lacks, a lock version it
+    differs from, a patch set (whether it is applied cannot be told without rigbook's stamp)."""
+    gaps = mismatches(p, dists)
+    for name, version in sorted(lock_versions(p["lock"]).items() if p["lock"] else []):
+        have = dists.get(name)
+        if have is None or have[0] != version:
+            gaps.append("%s is %s, the lock pins %s" % (name, have[0] if have else "not installed", version))
+    if p["patches"]:
+        gaps.append("a patch set is pinned")
+    return gaps
 
 
 def reasons_for(p, venv, wanted, stamp, dists):
@@ -337,6 +383,7 @@ def main():
             )),
             patch_dir=dict(type="path"),
             import_check=dict(type="str", default=""),
+            adopt=dict(type="bool", default=False),
             environment=dict(type="dict", default={}),
             env_files=dict(type="list", elements="path", default=[]),
             log=dict(type="path"),
@@ -371,7 +418,20 @@ def main():
     dists = installed(site)
     reasons = reasons_for(p, venv, wanted, stamp, dists)
     result = dict(changed=bool(reasons), path=venv, reasons=reasons, patch_set=set_id, patches_applied=[], import_output="",
-                  stamp=stamp or {}, lock_waited_s=waited)
+                  stamp=stamp or {}, lock_waited_s=waited, adopted=False)
+    by_hand = p["adopt"] and stamp is None and os.path.isfile(os.path.join(venv, "bin", "python"))
+    if by_hand and not adopt_gaps(p, dists):
+        # a venv made by hand that holds the pin: kept as it is, only rigbook's stamp is written
+        result.update(adopted=True, reasons=["%s was made by hand and holds the pin: stamped, nothing installed" % venv])
+        reasons = []
+        stamp = dict(wanted, patch_set=set_id, files={}, adopted=True,
+                     versions=dict((n, dists.get(normalize(n), (None, None))[0]) for n in p["expect"]))
+        if not module.check_mode:
+            write_stamp(venv, stamp)
+        result["stamp"] = stamp
+    elif by_hand:
+        result["reasons"] = reasons = ["%s was made by hand: %s; pip installs into it" % (venv, "; ".join(
+            adopt_gaps(p, dists)))]
     if missing:
         result["msg"] = "not on the host yet (check mode): %s" % ", ".join(missing)
     if reasons and not module.check_mode:
@@ -379,16 +439,17 @@ def main():
         result["progress"] = v.progress
         made = False
         try:
-            if os.path.lexists(venv):
+            if os.path.lexists(venv) and not by_hand:
                 shutil.rmtree(venv)  # it does not match the pin its path names: start clean
             os.makedirs(os.path.dirname(venv) or "/", 0o755, exist_ok=True)
             with open(v.log, "a") as handle:
                 handle.write("\n")
-            v.note("make %s: %s" % (venv, "; ".join(reasons)))
-            made = True
-            rc, out, err = v.run("create the venv", [p["python"], "-m", "venv", venv])
-            if rc != 0:
-                raise RuntimeError("creating the venv with %s failed (rc %d):\n%s" % (p["python"], rc, v.tail()))
+            v.note("%s %s: %s" % ("install into" if by_hand else "make", venv, "; ".join(reasons)))
+            made = not by_hand  # a venv made by hand is never removed, not even when the install fails
+            if not by_hand:
+                rc, out, err = v.run("create the venv", [p["python"], "-m", "venv", venv])
+                if rc != 0:
+                    raise RuntimeError("creating the venv with %s failed (rc %d):\n%s" % (p["python"], rc, v.tail()))
             rc, out, err = v.run("pip install", v.pip_argv())
             if rc != 0:
                 raise RuntimeError("pip install into %s failed (rc %d); the end of %s:\n%s" % (venv, rc, v.log, v.tail()))
@@ -402,8 +463,9 @@ def main():
                 names, touched, failure = patch_set.apply(run, p["patches"], site, dry_run)
                 if failure:
                     result.update(patch=failure["path"], failing_files=failure["files"])
-                    raise RuntimeError("%s. The venv %s was removed again." % (patch_set.failure_message(
-                        failure, "%s in %s" % (", ".join(p["requirements"]), site)), venv))
+                    raise RuntimeError("%s. The venv %s was %s." % (patch_set.failure_message(
+                        failure, "%s in %s" % (", ".join(p["requirements"]), site)), venv,
+                        "kept (made by hand)" if by_hand else "removed again"))
             result["patches_applied"] = names
             if p["import_check"]:
                 rc, out, err = v.run("import check", [os.path.join(venv, "bin", "python"), "-c", p["import_check"]],
@@ -414,9 +476,7 @@ def main():
             stamp = dict(wanted, patch_set=set_id, files=dict((rel, sha256_of(os.path.join(site, rel)))
                                                               for rel in touched),
                          versions=dict((n, dists.get(normalize(n), (None, None))[0]) for n in p["expect"]))
-            with open(os.path.join(venv, STAMP), "w") as handle:
-                json.dump(stamp, handle, indent=2, sort_keys=True)
-                handle.write("\n")
+            write_stamp(venv, stamp)
             result["stamp"] = stamp
             v.note("made %s" % venv)
         except (RuntimeError, OSError) as exc:
@@ -426,6 +486,7 @@ def main():
                                                                         if k in ("patch", "failing_files")))
     result["versions"] = dict((n, dists.get(normalize(n), (None, None))[0]) for n in p["expect"])
     result["commits"] = dict((n, dists.get(normalize(n), (None, None))[1]) for n in p["expect"])
+    result["changed"] = bool(reasons) or result["adopted"]
     if module._diff and result["changed"]:
         result["diff"] = dict(before=json.dumps(dict((k, (old_stamp or {}).get(k)) for k in wanted), indent=1) + "\n",
                               after=json.dumps(wanted, indent=1) + "\n", before_header=venv, after_header=venv)

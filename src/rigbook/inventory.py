@@ -7,8 +7,8 @@ sources and loses that, so this module keeps each source separately.
 
 from __future__ import annotations
 
-import shlex
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 

@@ -9,8 +9,9 @@ On an NVIDIA lab rig (seed 000's steps, with the lab's stand-ins for what cannot
    from the stand-in installer with --no-kernel-modules; uvm_disable_hmm in a modprobe.d file of the owner's;
 3. one venv, /opt/sglang, made with `python3 -m venv` and filled with pip: the CUDA wheels and SGLang (offline,
    from the lab's wheel folders);
-4. after a reboot into the new kernel, the engine started from a shell script with nohup (the lab's engine stand-in, which takes SGLang's flags), with
-   the seed's flags and GPU environment: no systemd unit.
+4. the headless boot target (`systemctl set-default multi-user.target`), a reboot into the new kernel, then the
+   engine started from a shell script with nohup (the lab's engine stand-in, which takes SGLang's flags), with the
+   seed's flags and GPU environment: no systemd unit.
 
 Nothing of rigbook's is written: no /etc/rigbook, no unit, no stamp. The lab's stand-ins are the only departure
 from the seed's steps, as everywhere in the lab (docs/lab.md).
@@ -59,12 +60,15 @@ def nvidia_script(bind: str) -> str:
     return f"""set -eu
 export DEBIAN_FRONTEND=noninteractive LC_ALL=C
 A={ARTIFACTS}
-[ ! -e {ENGINE_SCRIPT} ] || {{ echo "already set up by hand ({ENGINE_SCRIPT} exists): a fresh host is needed" >&2; exit 3; }}
+if [ -e {ENGINE_SCRIPT} ]; then
+  echo "already set up by hand ({ENGINE_SCRIPT} exists): a fresh host is needed" >&2
+  exit 3
+fi
 # 1. the kernel from downloaded .debs
 mkdir -p /root/kernel-debs
 cp $A/kernel/linux-image-{KERNEL}_*.deb $A/kernel/linux-headers-*.deb /root/kernel-debs/
 apt-get update -q >/dev/null
-apt-get install -y -q --no-install-recommends dkms git make gcc python3-venv >/dev/null
+apt-get install -y -q --no-install-recommends dkms git build-essential python3-venv >/dev/null
 dpkg -i /root/kernel-debs/*.deb >/dev/null 2>&1 || apt-get -f install -y -q >/dev/null
 dpkg-query -W -f '${{db:Status-Abbrev}}' linux-image-{KERNEL} | grep -q '^ii'
 cat > /etc/default/grub <<'EOF'
@@ -97,6 +101,8 @@ python3 -m venv {VENV}
 cat > {ENGINE_SCRIPT} <<'EOF'
 {start}EOF
 chmod 755 {ENGINE_SCRIPT}
+# 5. headless: no display server on the GPUs
+systemctl set-default multi-user.target >/dev/null 2>&1
 """
 
 

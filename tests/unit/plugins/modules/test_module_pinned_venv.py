@@ -143,3 +143,46 @@ def test_a_branch_is_not_a_commit(tmp_path, wheels):
 def test_a_wheel_install_is_not_the_pinned_commit(tmp_path, wheels):
     result, failed, _ = run_module_real(pinned_venv, args(tmp_path, wheels, expect_commit={"demo": "4cb5aebfe"}))
     assert failed and "demo was installed from commit (none: not a VCS install), pinned 4cb5aebfe" in result["msg"]
+
+
+def venv_by_hand(tmp_path, wheels, version="1.0") -> Path:
+    """`python3 -m venv` and `pip install` by hand, as a box's owner did before rigbook (no stamp)."""
+    import subprocess
+    import sys
+
+    venv = tmp_path / "by-hand"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([str(venv / "bin/python"), "-m", "pip", "install", "-q", "--no-index", "--find-links",
+                    str(wheels), f"demo=={version}"], check=True)
+    (venv / "owner-notes.txt").write_text("mine\n")
+    return venv
+
+
+def test_a_venv_made_by_hand_that_holds_the_pin_is_kept_and_only_stamped(tmp_path, wheels):
+    venv = venv_by_hand(tmp_path, wheels)
+    lock = tmp_path / "lock.txt"
+    lock.write_text("# adopted\ndemo==1.0 \\\n    --hash=sha256:" + "0" * 64 + "\n")
+    a = args(tmp_path, wheels, path=str(venv), adopt=True, lock=str(lock), import_check="")
+    check, failed, ran = run_module_real(pinned_venv, a, check_mode=True)
+    assert not failed and check["changed"] and check["adopted"] and ran == []
+    assert check["reasons"] == [f"{venv} was made by hand and holds the pin: stamped, nothing installed"]
+    assert not (venv / ".rigbook-venv.json").exists()
+    done, failed, ran = run_module_real(pinned_venv, a)
+    assert not failed and done["adopted"] and ran == []  # no pip, no venv made
+    assert json.loads((venv / ".rigbook-venv.json").read_text())["versions"] == {"demo": "1.0"}
+    again, failed, ran = run_module_real(pinned_venv, a)
+    assert not failed and not again["changed"] and not again["adopted"] and ran == []
+    assert (venv / "owner-notes.txt").exists()
+
+
+def test_a_venv_made_by_hand_at_another_version_is_installed_into_never_removed(tmp_path, wheels):
+    venv = venv_by_hand(tmp_path, wheels, "1.0")
+    a = args(tmp_path, wheels, version="2.0", path=str(venv), adopt=True, import_check="")
+    check, failed, _ = run_module_real(pinned_venv, a, check_mode=True)
+    assert not failed and check["changed"] and not check["adopted"]
+    assert check["reasons"] == [f"{venv} was made by hand: demo is 1.0, pinned 2.0; pip installs into it"]
+    done, failed, ran = run_module_real(pinned_venv, a)
+    assert not failed, done
+    assert done["versions"] == {"demo": "2.0"} and (venv / "owner-notes.txt").exists()
+    assert not any(argv[1:3] == ["-m", "venv"] for argv in ran)
+    assert json.loads((venv / ".rigbook-venv.json").read_text())["versions"] == {"demo": "2.0"}

@@ -14,7 +14,9 @@ description:
     kernel packages of the running release with where each came from (C(apt-cache policy)) and, for one no archive
     offers, the .deb found in the apt cache or O(debs_dir) with its sha256; and every running SGLang engine (its
     command line with an API key's value redacted, venv, systemd unit, GPU environment without secrets, the
-    NCCL/RCCL and runtime libraries it has mapped with their sha256, its venv's packages).
+    NCCL/RCCL and runtime libraries it has mapped with their sha256, its venv's packages, with O(wheels_dir) the
+    wheel files of those packages with their sha256, the files of its sglang that differ from the sha256 its RECORD
+    lists and their diff from sglang's wheel).
   - Read-only; supports check mode. Changes nothing on the host.
 version_added: "1.0.0"
 author:
@@ -31,6 +33,12 @@ options:
     description: Where the running kernel's release and command line are read, as the P2P ladder reads them.
     type: path
     default: /
+  wheels_dir:
+    description:
+      - A folder on the host holding the wheels the engine's venv was installed from; each one of an installed
+        distribution's name and version is read with its sha256 (the lock's hashes), and sglang's wheel gives the
+        original of its locally changed files (the diff adopt writes as a patch).
+    type: path
   engine:
     description:
       - The inventory's serve_engine argv; a process started by it (any interpreter) is an engine too, besides
@@ -64,7 +72,7 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(system=dict(type="path", default="/"), debs_dir=dict(type="path"),
                            engine=dict(type="list", elements="str", default=[]),
-                           evidence_root=dict(type="path", default="/")),
+                           evidence_root=dict(type="path", default="/"), wheels_dir=dict(type="path")),
         supports_check_mode=True,
     )
 
@@ -77,7 +85,7 @@ def main():
 
     try:
         facts = adopt_facts(module.params["system"], run, module.params["debs_dir"], module.params["engine"],
-                            module.params["evidence_root"])
+                            module.params["evidence_root"], module.params["wheels_dir"])
     except (OSError, ValueError) as exc:
         module.fail_json(msg="reading the box failed: %s" % exc)
     module.exit_json(changed=False, facts=facts)

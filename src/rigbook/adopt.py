@@ -22,10 +22,16 @@ from rigbook.errors import UserError
 
 PLAYBOOK = "adopt.yml"
 FACTS_DIR = "adopted"
-NOT_READ_YET = ("rigbook_pins.rocm: ROCm packages and repository are not read by adopt yet",
-                "rigbook_pins.sglang.lock: a hashed lock of the engine's venv is not made by adopt yet")
+NOT_READ_YET = ("rigbook_pins.rocm: ROCm packages and repository are not read by adopt yet",)
 UNIT_NAME = re.compile(r"[^a-z0-9-]+")
 CUDA_VENV = "/opt/rigbook/cuda"  # the cuda_toolchain role's default venv
+# What a lock line may hold of what the box said (anything else would be a pip option or a second requirement).
+DIST_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
+DIST_VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+!_-]*$")
+VCS_URL = re.compile(r"^(https?|ssh|git|file)://[^\s#@]+$|^[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[^\s#@]+$")
+HEX = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+SGLANG_VERSION = re.compile(r"^[0-9]+(\.[0-9]+)+([a-z0-9.+]*)$")  # the schema's rigbook_pins.sglang.version
 CUDA_WHEEL = re.compile(r"^(nvidia-cuda-nvcc|nvidia-cuda-crt|nvidia-nvvm|nvidia-cuda-runtime)(-cu[0-9]+)?$")
 CUDA_VERSION = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+$")  # the schema's rigbook_pins.cuda_toolchain.version
 
@@ -179,7 +185,7 @@ def _cuda_toolchain(facts: dict, comments: dict, unpinned: list, notes: list) ->
         notes.append(f"{venv}: {name} is a suffixed (CUDA 12 style) wheel; the cuda_toolchain role installs "
                      "nvidia-cuda-runtime by that name and looks for nvcc under site-packages/nvidia/cuNN (CUDA 13's "
                      "layout): check what it would change with --check --diff")
-    archives = sorted(f"{w[0]} from {w[2]['archive']}" for w in wheels.values()
+    archives = sorted(f"{w[0]} from {_redact(w[2]['archive'])}" for w in wheels.values()
                       if isinstance(w[2], dict) and w[2].get("archive"))
     if archives:
         unpinned.append("rigbook_pins.cuda_toolchain.wheel_dir: installed from files, not an index: "
@@ -188,14 +194,122 @@ def _cuda_toolchain(facts: dict, comments: dict, unpinned: list, notes: list) ->
     return pin
 
 
+def _redact(url):
+    """URL without the user and password a URL may carry (https://user:token@host/...)."""
+    return re.sub(r"//[^/@\s]*@", "//***@", url) if isinstance(url, str) else url
+
+
+def _lock_line(p: dict) -> tuple:
+    """(requirement line without hashes or None, [sha256 of the wheels found], why it cannot be written or None) of
+    one venv distribution P (venv_packages with wheel_files)."""
+    name, version, install = p.get("name") or "", p.get("version") or "", p.get("install")
+    if not DIST_NAME.match(name) or not DIST_VERSION.match(version):
+        return None, [], f"{name!r} {version!r} is no distribution name and version pip reads"
+    hashes = [w["sha256"] for w in p.get("wheels") or [] if SHA256.match(w.get("sha256") or "")]
+    if install == "index":
+        return f"{name}=={version}", hashes, None
+    if isinstance(install, dict) and install.get("vcs"):
+        url, commit = install.get("url") or "", install.get("commit") or ""
+        if install["vcs"] != "git" or not VCS_URL.match(url) or not HEX.match(commit):
+            return None, [], (f"{name} {version}: a {install['vcs']} install from {_redact(url)!r} at {commit!r} "
+                              "(a lock line needs git, a URL without credentials and a full commit)")
+        return f"{name} @ git+{url}@{commit}", [], None
+    if isinstance(install, dict) and "archive" in install:
+        return f"{name}=={version}", sorted(set(hashes + ([install["sha256"]] if install.get("sha256") else []))), None
+    kind = install.get("local") if isinstance(install, dict) else install
+    url = install.get("url") if isinstance(install, dict) else None
+    return None, [], f"{name} {version}: an {kind} install from {_redact(url)!r}: it cannot be reproduced from a lock"
+
+
+def lock_of(engine: dict, host: str, version: str, wheels_dir: bool = True) -> tuple:
+    """(lock text, problems [text], without hashes [text]) of ENGINE's venv: one requirement a distribution, sorted;
+    `--hash=sha256:` of each wheel found on the box only when every line has one (pip checks hashes only when every
+    requirement has one: a lock with some is refused by pip as a whole)."""
+    lines, problems, bare = [], [], []
+    for p in sorted(engine.get("packages") or [], key=lambda p: p.get("name") or ""):
+        line, hashes, problem = _lock_line(p)
+        if problem:
+            problems.append(problem)
+            continue
+        lines.append((line, hashes))
+        if not hashes:
+            bare.append(line)
+    hashed = bool(lines) and not bare
+    head = [f"# Written by `provision adopt {_comment(host)}`: every distribution of {_comment(engine.get('venv'))} "
+            f"(its dist-info name and version), the venv of SGLang {_comment(version)}.",
+            "# --hash: the sha256 of each wheel found on the box" if hashed else
+            "# No --hash lines: not every distribution's wheel was found on the box (pip checks hashes only when "
+            "every line has one)."]
+    head += [f"# left out: {_comment(text)}" for text in problems]
+    body = [line + "".join(f" --hash=sha256:{h}" for h in hashes) if hashed else line for line, hashes in lines]
+    return "\n".join(head + body) + "\n", problems, bare
+
+
+def _sglang_extras(engine: dict, pin: dict, host: str, inventory_dir, wheels_dir, comments: dict, unpinned: list,
+                   notes: list) -> dict:
+    """The lock and the local patch of the engine's sglang beside the pins: {path relative to INVENTORY_DIR: text}
+    to write, PIN given lock and patches."""
+    from pathlib import Path
+    from urllib.parse import quote
+
+    from rigbook.paths import name_file
+
+    files = {}
+    version = pin["version"]
+    stem = f"{name_file(host, '')}-sglang-{quote(version, safe='')}"
+    text, problems, bare = lock_of(engine, host, version)
+    lock = f"locks/{stem}.txt"
+    files[lock] = text
+    pin["lock"] = lock
+    key = ("rigbook_pins", "sglang")
+    comments[key + ("lock",)] = (f"written beside the pins: every dist-info of {engine.get('venv')}"
+                                 + ("" if bare else ", with the sha256 of each wheel found in --wheels-dir"))
+    notes += [f"problem: {engine.get('venv')}: {text}" for text in problems]
+    if bare:
+        where = f"--wheels-dir {wheels_dir}" if wheels_dir else "no --wheels-dir given"
+        unpinned.append(f"rigbook_pins.sglang.lock: written without --hash: no wheel file found ({where}) for "
+                        + ", ".join(bare[:20]) + (f" and {len(bare) - 20} more" if len(bare) > 20 else "")
+                        + "; put those wheels in a folder on the box and adopt again with --wheels-dir")
+    local = engine.get("sglang_files") or {}
+    changed = local.get("changed") or []
+    for item in changed:
+        notes.append(f"{engine.get('venv')}: sglang's {item.get('path')} {item.get('state')} "
+                     + ("(its sha256 is not the one its RECORD lists: a local change)"
+                        if item.get("state") == "differs" else "(RECORD lists it)"))
+    if local.get("patch"):
+        import hashlib
+
+        patch = f"patches/{stem}-local.patch"
+        files[patch] = local["patch"]
+        # An absolute path: the sglang role copies a patch's path with ansible.builtin.copy, which looks a relative
+        # path up in the role's files/, not the inventory.
+        pin["patches"] = [{"path": str(Path(inventory_dir).resolve() / patch),
+                           "sha256": hashlib.sha256(local["patch"].encode()).hexdigest()}]
+        comments[key + ("patches", 0)] = (f"written beside the pins: the diff from {local.get('wheel')} to the "
+                                          f"installed files that differ from sglang's RECORD")
+    elif any(item.get("state") == "differs" for item in changed):
+        why = local.get("problem") or ("sglang's wheel is not in " + (f"--wheels-dir {wheels_dir}" if wheels_dir
+                                                                        else "a --wheels-dir (none given)"))
+        unpinned.append(f"rigbook_pins.sglang.patches: sglang's files differ from its RECORD and no patch was "
+                        f"written: {why}")
+    return files
+
+
 def variables_of(facts: dict) -> tuple:
     """(variables, comments {path: where}, unpinned [text], notes [text]) of the facts adopt_facts read."""
+    return adopt_of(facts)[:4]
+
+
+def adopt_of(facts: dict, host: str = "HOST", inventory_dir=".", wheels_dir: str | None = None) -> tuple:
+    """(variables, comments, unpinned, notes, files): variables_of's, and the files written beside the pins ({path
+    relative to INVENTORY_DIR: text}: the venv's lock, the local patch of its sglang)."""
     from ansible_collections.rigbook.homelab.plugins.module_utils.serve.profile import profile_from_argv
 
     comments: dict = {}
     unpinned: list = []
     notes: list = []
     pins: dict = {}
+    files: dict = {}
     kernel = _kernel(facts.get("kernel") or {}, comments, unpinned)
     if kernel:
         pins["kernel"] = kernel
@@ -225,7 +339,10 @@ def variables_of(facts: dict) -> tuple:
             install = sglang[0].get("install")
             comments[("rigbook_pins", "sglang", "version")] = (
                 f"{engine.get('venv')}: sglang {sglang[0]['version']}"
-                + ("" if install == "index" else f" installed from {json.dumps(install, sort_keys=True)}"))
+                + ("" if install == "index" else " installed from " + _redact(json.dumps(install, sort_keys=True))))
+            if SGLANG_VERSION.match(sglang[0]["version"]):
+                files = _sglang_extras(engine, pins["sglang"], host, inventory_dir, wheels_dir, comments, unpinned,
+                                       notes)
     if not facts.get("engines"):
         unpinned.append("rigbook_serve: no running SGLang engine was found (no process runs sglang.launch_server)")
     unpinned += list(NOT_READ_YET)
@@ -234,7 +351,7 @@ def variables_of(facts: dict) -> tuple:
         variables["rigbook_pins"] = pins
     if profiles:
         variables["rigbook_serve"] = profiles
-    return variables, comments, unpinned, notes
+    return variables, comments, unpinned, notes, files
 
 
 def _scalar(value) -> str:
@@ -318,8 +435,34 @@ def output_path(inventory_dir, host: str, group: str | None, given: str | None):
     return folder / name_file(group or host, ".yml")
 
 
+def write_together(files: dict) -> None:
+    """Write every {path: text} of FILES or none: each to a temporary file in its folder first (the folders made),
+    then all renamed into place; a failure before the renames leaves no file changed."""
+    import os
+    import tempfile
+
+    temps = []
+    try:
+        for path, text in files.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            temps.append((tmp, path))
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.chmod(tmp, 0o644)
+    except BaseException:
+        for tmp, _ in temps:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        raise
+    for tmp, path in temps:
+        os.replace(tmp, path)
+
+
 def adopt_command(host: str, inventory: str, output: str | None = None, group: bool = False, force: bool = False,
-                  debs_dir: str | None = None, stream=None) -> int:
+                  debs_dir: str | None = None, wheels_dir: str | None = None, stream=None) -> int:
     """`provision adopt HOST -i INV`: read HOST (adopt.yml, read-only), write its pins and serve profiles, then
     check the inventory with them. Exit 0 written and valid, 1 written but the check names problems, 2 bad input
     (nothing written), 3 the host could not be reached (nothing written)."""
@@ -345,13 +488,15 @@ def adopt_command(host: str, inventory: str, output: str | None = None, group: b
     target = output_path(inventory_dir, host, chosen_group, output)
     if target.exists() and not force:
         raise UserError(f"adopt: {target} exists; --force replaces it (nothing was read or written)")
-    if debs_dir is not None and (not debs_dir.startswith("/") or "\n" in debs_dir):
-        raise UserError(f"adopt --debs-dir: an absolute folder on the host, not {debs_dir!r}")
+    for option, folder in (("--debs-dir", debs_dir), ("--wheels-dir", wheels_dir)):
+        if folder is not None and (not folder.startswith("/") or "\n" in folder):
+            raise UserError(f"adopt {option}: an absolute folder on the host, not {folder!r}")
     if output and not target.parent.is_dir():
         raise UserError(f"adopt: the folder {target.parent} does not exist")
     base = runs.runs_dir()
     before = set(base.iterdir()) if base.is_dir() else set()
-    extra = [json.dumps({"rigbook_adopt_debs_dir": debs_dir})] if debs_dir else []
+    extra = [json.dumps({name: value}) for name, value in (("rigbook_adopt_debs_dir", debs_dir),
+                                                            ("rigbook_adopt_wheels_dir", wheels_dir)) if value]
     code = run_playbook(RunOptions(playbook=PLAYBOOK, inventory=inventory, limit=host, extra_vars=extra,
                                    baseline_mode="off"))
     if code != 0:
@@ -366,11 +511,15 @@ def adopt_command(host: str, inventory: str, output: str | None = None, group: b
     if problem or not isinstance(facts, dict):
         print(f"adopt: what the run stored for {host} is unreadable ({problem}); nothing was written", file=sys.stderr)
         return 1
-    variables, comments, unpinned, notes = variables_of(facts)
+    variables, comments, unpinned, notes, files = adopt_of(facts, host, inventory_dir, wheels_dir)
     text = render(host, variables, comments, unpinned, notes)
+    beside = {inventory_dir / rel: content for rel, content in files.items()}
+    taken = [str(p) for p in beside if p.exists() and not force]
+    if taken:
+        raise UserError(f"adopt: {', '.join(taken)} exists; --force replaces it (nothing was written)")
     target.parent.mkdir(exist_ok=True)  # the inventory's host_vars/ or group_vars/ (-o: checked above)
-    statefile.write_text_atomic(target, text, new_mode=0o644)
-    print(f"adopt: {host}: wrote {target}", file=stream)
+    write_together({target: text, **beside})
+    print(f"adopt: {host}: wrote {target}" + "".join(f", {p}" for p in beside), file=stream)
     for text in notes:
         print(f"  note: {text}", file=stream)
     for text in unpinned:

@@ -105,6 +105,9 @@ def _sub_parser(name: str) -> argparse.ArgumentParser:
         p.add_argument("--force", action="store_true", help="replace an existing file")
         p.add_argument("--debs-dir", metavar="DIR",
                        help="a folder on the host holding the kernel .debs installed by hand")
+        p.add_argument("--wheels-dir", metavar="DIR",
+                       help="a folder on the host holding the wheels the engine's venv was installed from (the "
+                       "lock's --hash lines, sglang's original files)")
     elif name == "parse":
         p.add_argument("kind", help="lspci, nvidia-smi-q, nvidia-smi-topo, nccl-tests, nccl-log, p2p-bandwidth, "
                        "sglang-log, kernel-log (formats: docs/parse-formats.md)")
@@ -288,7 +291,7 @@ def _dispatch(argv: list) -> int:
             from rigbook.adopt import adopt_command
 
             return adopt_command(args.host, args.inventory, output=args.output, group=args.group, force=args.force,
-                                 debs_dir=args.debs_dir)
+                                 debs_dir=args.debs_dir, wheels_dir=args.wheels_dir)
         return _verify_or_snapshot(name, args)
     if argv and not argv[0].startswith("-"):
         _check_playbook_word(argv[0])

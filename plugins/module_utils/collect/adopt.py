@@ -19,10 +19,15 @@ are read under SYSTEM.
 
 from __future__ import annotations
 
+import base64
+import csv
+import difflib
 import glob
+import hashlib
 import json
 import os
 import re
+import zipfile
 
 from ansible_collections.rigbook.homelab.plugins.module_utils import apt
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import engine_processes, static_evidence
@@ -35,6 +40,9 @@ BOOT_KEYS = frozenset(("BOOT_IMAGE", "root", "resume", "initrd", "rootflags", "r
 KERNEL_PACKAGE = re.compile(r"^linux-(image|headers|modules|modules-extra)-")
 APT_CACHE = "/var/cache/apt/archives"
 DPKG_STATUS = "/var/lib/dpkg/status"
+MAX_RECORD = 16 << 20  # characters of a RECORD read
+MAX_PATCHED_FILE = 4 << 20  # bytes of one locally changed file put into a diff
+MAX_PATCH = 8 << 20  # characters of the whole diff
 CUDA_VENV = "/opt/rigbook/cuda"  # the cuda_toolchain role's default venv (host_model.cuda_toolchain_pin)
 
 
@@ -188,6 +196,143 @@ def cuda_venv(system):
     return {"venv": CUDA_VENV, "packages": venv_packages(system, CUDA_VENV)}
 
 
+def _norm(name):
+    """A distribution name as PEP 503 compares it."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def wheel_files(system, folder, packages):
+    """PACKAGES (venv_packages), each given "wheels": [{"path", "sha256"}] of the .whl files of its name and version
+    in FOLDER on the box (not recursive; several: one a platform). Only matching files are hashed; a link or
+    anything but a regular file is passed over."""
+    wanted = dict(((_norm(p["name"]), p["version"]), p) for p in packages)
+    for p in packages:
+        p["wheels"] = []
+    base = os.path.join(system, folder.lstrip("/"))
+    try:
+        names = sorted(os.listdir(base))
+    except OSError:
+        return packages
+    for name in names:
+        parts = name[:-len(".whl")].split("-") if name.endswith(".whl") else []
+        p = wanted.get((_norm(parts[0]), parts[1])) if len(parts) in (5, 6) else None
+        path = os.path.join(base, name)
+        if p is None or os.path.islink(path) or not os.path.isfile(path):
+            continue
+        p["wheels"].append({"path": os.path.join(folder, name), "sha256": sha256_of(path)})
+    return packages
+
+
+def site_packages(system, venv):
+    """The site-packages folder of VENV under SYSTEM (the first lib/python*), or None."""
+    found = sorted(glob.glob(os.path.join(system, venv.lstrip("/"), "lib", "python*", "site-packages")))
+    return found[0] if found else None
+
+
+def _inside(site, rel):
+    """SITE joined with REL when that stays inside SITE (no .., no absolute path, no link on the way), else None."""
+    full = os.path.normpath(os.path.join(site, rel))
+    if os.path.isabs(rel) or not full.startswith(site.rstrip("/") + "/"):
+        return None
+    if os.path.realpath(full) != os.path.join(os.path.realpath(site), os.path.relpath(full, site)):
+        return None  # a link somewhere on the way: not read (it could lead anywhere on the box)
+    return full
+
+
+def _record_digest(path):
+    """sha256 of PATH as a wheel's RECORD writes it: urlsafe base64, no padding."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
+
+
+def record_changes(site, dist_info):
+    """[{"path", "state"}] of the files DIST_INFO's RECORD lists with a sha256 whose content now differs ("differs"),
+    that are gone ("missing") or that cannot be read safely ("outside site-packages", "not a regular file"): the local
+    changes of an installed distribution. RECORD paths are relative to SITE."""
+    try:
+        with open(os.path.join(dist_info, "RECORD"), encoding="utf-8", errors="replace", newline="") as handle:
+            rows = list(csv.reader(handle.read(MAX_RECORD).splitlines()))
+    except (OSError, csv.Error):
+        return [{"path": os.path.basename(dist_info) + "/RECORD", "state": "missing"}]
+    found = []
+    for row in rows:
+        if len(row) < 2 or not row[1].startswith("sha256="):
+            continue
+        full = _inside(site, row[0])
+        if full is None:
+            # a script in the venv's bin (../../../bin/NAME) is not sglang's package; anything else is named
+            state = None if row[0].startswith("../") else "outside site-packages or behind a link (not read)"
+        elif not os.path.lexists(full):
+            state = "missing"
+        elif os.path.islink(full) or not os.path.isfile(full):
+            state = "not a regular file"
+        else:
+            state = "differs" if _record_digest(full) != row[1][len("sha256="):] else None
+        if state:
+            found.append({"path": row[0], "state": state})
+    return found
+
+
+def _diff_lines(old, new, rel):
+    """A unified diff of one file (a/REL, b/REL; patch -p1 in site-packages), with patch's marker for a last line
+    without a newline."""
+    out = []
+    for line in difflib.unified_diff(old.splitlines(True), new.splitlines(True), "a/" + rel, "b/" + rel):
+        out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
+    return out
+
+
+def local_patch(site, wheel, changed):
+    """(patch text or None, problem or None): the unified diff from the files of WHEEL (a .whl on the box) to the
+    installed files of CHANGED (record_changes' "differs" entries), one patch for all; text files only, each and the
+    whole diff capped."""
+    out = []
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            for item in changed:
+                rel = item["path"]
+                try:
+                    info = archive.getinfo(rel)
+                except KeyError:
+                    return None, "%s is not in %s" % (rel, wheel)
+                full = _inside(site, rel)
+                if info.file_size > MAX_PATCHED_FILE or full is None or os.path.getsize(full) > MAX_PATCHED_FILE:
+                    return None, "%s is larger than %d bytes" % (rel, MAX_PATCHED_FILE)
+                with open(full, "rb") as handle:
+                    new = handle.read()
+                try:
+                    out += _diff_lines(archive.read(info).decode("utf-8"), new.decode("utf-8"), rel)
+                except UnicodeDecodeError:
+                    return None, "%s is not UTF-8 text" % rel
+    except (OSError, zipfile.BadZipFile, RuntimeError) as exc:
+        return None, "%s could not be read: %s" % (wheel, exc)
+    text = "".join(out)
+    if len(text) > MAX_PATCH:
+        return None, "the diff is larger than %d bytes" % MAX_PATCH
+    return text, None
+
+
+def sglang_files(system, venv, packages):
+    """{"changed", "wheel", "patch", "problem"} of the sglang distribution of VENV: its files that differ from its
+    RECORD and, when its wheel was found (PACKAGES' "wheels"), the diff from the wheel's files; None without sglang."""
+    dist = [p for p in packages if p["name"] == "sglang"]
+    site = site_packages(system, venv)
+    if not dist or site is None:
+        return None
+    info = os.path.join(site, "sglang-%s.dist-info" % dist[0]["version"])
+    changed = record_changes(site, info)
+    wheels = dist[0].get("wheels") or []
+    found = {"changed": changed, "wheel": wheels[0]["path"] if wheels else None, "patch": None, "problem": None}
+    differs = [c for c in changed if c["state"] == "differs"]
+    if differs and wheels:
+        found["patch"], found["problem"] = local_patch(site, os.path.join(system, wheels[0]["path"].lstrip("/")),
+                                                       differs)
+    return found
+
+
 def git_origin(system, folder):
     """{"repo", "branch", "commit"} of a git work tree FOLDER read from its .git files (no git needed), or None."""
     git = os.path.join(folder, ".git")
@@ -238,11 +383,15 @@ def nvidia_userspace(system):
     return None
 
 
-def adopt_facts(system, run, debs_dir=None, engine=None, evidence_root=None):
-    """Everything adopt reads: {"kernel", "dkms", "nvidia_userspace", "engines"}; each engine (ENGINE: the
-    inventory's serve_engine, engine_processes.engines) with its venv's packages."""
+def adopt_facts(system, run, debs_dir=None, engine=None, evidence_root=None, wheels_dir=None):
+    """Everything adopt reads: {"kernel", "dkms", "nvidia_userspace", "engines", "cuda_venv"}; each engine (ENGINE:
+    the inventory's serve_engine, engine_processes.engines) with its venv's packages (and, with WHEELS_DIR, the wheel
+    files found there with their sha256) and its sglang's local changes (sglang_files)."""
     engines = engine_processes.engines(system, engine)
     for engine in engines:
         engine["packages"] = venv_packages(system, engine["venv"]) if engine["venv"] else []
+        if wheels_dir:
+            wheel_files(system, wheels_dir, engine["packages"])
+        engine["sglang_files"] = sglang_files(system, engine["venv"], engine["packages"]) if engine["venv"] else None
     return {"kernel": kernel_facts(system, run, debs_dir, evidence_root), "dkms": dkms_facts(system, run),
             "nvidia_userspace": nvidia_userspace(system), "engines": engines, "cuda_venv": cuda_venv(system)}

@@ -37,7 +37,7 @@ def test_the_adopted_variables_with_where_each_was_read():
     assert variables["rigbook_pins"]["kernel"] == {
         "release": RELEASE, "source": "debs", "debs": [{"path": "/home/a/image.deb", "sha256": "a" * 64}],
         "cmdline": ["iommu=pt", "amd_iommu=on"]}
-    assert variables["rigbook_pins"]["sglang"] == {"version": "0.5.23"}
+    assert variables["rigbook_pins"]["sglang"] == {"version": "0.5.23", "lock": "locks/HOST-sglang-0.5.23.txt"}
     assert [p["name"] for p in variables["rigbook_serve"]] == ["sglang", "engine"]
     assert variables["rigbook_serve"][0]["extra_args"] == ["--enable-metrics"]
     assert comments[("rigbook_serve", 0)] == "/proc/4100/cmdline (unit sglang.service)"
@@ -76,6 +76,7 @@ def test_adopt_refuses_bad_input_before_reading_the_host(tmp_path):
         (["adopt", "nosuch", "-i", inv], "'nosuch' is not a host of"),
         (["adopt", "box-1", "-i", inv], "box-1.yml exists; --force replaces it"),
         (["adopt", "box-1", "-i", inv, "--force", "--debs-dir", "debs"], "an absolute folder on the host"),
+        (["adopt", "box-1", "-i", inv, "--force", "--wheels-dir", "w"], "--wheels-dir: an absolute folder"),
         (["adopt", "box-1", "-i", inv, "-o", tmp_path / "no/such/out.yml"], "does not exist"),
         (["adopt", "box-1", "-i", inv, "--group"], "is in no group"),
     ]
@@ -182,3 +183,102 @@ def test_cuda_12_wheels_files_and_a_box_without_any():
     assert any(u.startswith("rigbook_pins.cuda_toolchain: no nvidia-cuda-nvcc wheel") for u in unpinned)
     _, _, unpinned, _ = adopt.variables_of({"kernel": {}, "engines": []})  # no NVIDIA driver: nothing to say
     assert not any("cuda_toolchain" in u for u in unpinned)
+
+
+def _schema_problems(variables):
+    from ansible_collections.rigbook.homelab.plugins.plugin_utils.host_vars_schema import schema_problems
+
+    return schema_problems(variables)
+
+
+SGLANG_WHEEL = {"path": "/srv/wheels/sglang-0.5.23-py3-none-any.whl",
+                "sha256": "00b3cd5b265ac76c64185fbb6b95424f324ddd9f428d0306b77bc9db9d859937"}  # inventory/lab's lock
+
+
+def _engine(packages, sglang_files=None):
+    return {"pid": 4100, "unit": "sglang.service", "venv": "/opt/sgl", "args": ["--model-path", "/m"], "env": {},
+            "packages": packages, "sglang_files": sglang_files}
+
+
+def test_a_venv_whose_every_wheel_was_found_is_locked_with_hashes_as_the_labs_lock(tmp_path):
+    packages = [{"name": "sglang", "version": "0.5.23", "install": "index", "wheels": [SGLANG_WHEEL]},
+                {"name": "torch", "version": "2.9.1+cu128", "install": "index",
+                 "wheels": [{"path": "/srv/wheels/torch.whl", "sha256": "c" * 64}]}]
+    variables, comments, unpinned, notes, files = adopt.adopt_of({"kernel": {}, "engines": [_engine(packages)]},
+                                                                 "box-1", tmp_path)
+    pin = variables["rigbook_pins"]["sglang"]
+    assert pin == {"version": "0.5.23", "lock": "locks/box-1-sglang-0.5.23.txt"}
+    lines = [line for line in files[pin["lock"]].splitlines() if not line.startswith("#")]
+    from helpers.cli import REPO
+
+    lab_lock = [line for line in (REPO / "inventory/lab/locks/sglang-0.5.23.txt").read_text().splitlines()
+                if not line.startswith("#")]
+    assert lines == lab_lock + ["torch==2.9.1+cu128 --hash=sha256:" + "c" * 64]
+    assert "with the sha256 of each wheel" in comments[("rigbook_pins", "sglang", "lock")]
+    assert not [u for u in unpinned if "sglang" in u] and not [n for n in notes if "problem" in n]
+    assert _schema_problems(variables) == []
+
+
+def test_a_lock_without_every_wheel_vcs_editable_and_hostile_distributions(tmp_path):
+    packages = [{"name": "sglang", "version": "0.5.23", "install": "index", "wheels": [SGLANG_WHEEL]},
+                {"name": "flashinfer", "version": "0.5.3", "install": {
+                    "vcs": "git", "url": "https://github.com/flashinfer-ai/flashinfer.git", "commit": "d" * 40}},
+                {"name": "my-patch", "version": "0.1", "install": {"local": "editable", "url": "file:///home/u/p"}},
+                {"name": "private", "version": "1.0", "install": {
+                    "vcs": "git", "url": "https://user:s3cret@git.example/p.git", "commit": "e" * 40}},
+                {"name": "evil\n--index-url", "version": "1", "install": "index"},
+                {"name": "numpy", "version": "2.3.4", "install": "index", "wheels": []}]
+    variables, comments, unpinned, notes, files = adopt.adopt_of({"kernel": {}, "engines": [_engine(packages)]},
+                                                                 "box/../1", tmp_path, "/srv/wheels")
+    lock = variables["rigbook_pins"]["sglang"]["lock"]
+    assert lock == "locks/box%2F..%2F1-sglang-0.5.23.txt"  # a host name cannot lead out of locks/
+    body = [line for line in files[lock].splitlines() if not line.startswith("#")]
+    assert body == ["flashinfer @ git+https://github.com/flashinfer-ai/flashinfer.git@" + "d" * 40,
+                    "numpy==2.3.4", "sglang==0.5.23"]  # no --hash at all: pip wants one on every line or none
+    assert any("written without --hash" in u and "--wheels-dir /srv/wheels" in u and "numpy==2.3.4" in u
+               for u in unpinned)
+    problems = [n for n in notes if n.startswith("problem: ")]
+    assert any("my-patch 0.1: an editable install" in n and "cannot be reproduced" in n for n in problems)
+    assert any("'evil\\n--index-url'" in n for n in problems)
+    assert "s3cret" not in repr((variables, comments, unpinned, notes, files))
+    assert any("https://***@git.example/p.git" in n for n in problems)
+
+
+def test_local_changes_to_sglang_are_named_and_their_diff_is_the_patch_beside_the_pins(tmp_path):
+    import hashlib
+
+    patch = "--- a/sglang/srt/server_args.py\n+++ b/sglang/srt/server_args.py\n@@ -1,2 +1,2 @@\n API_KEY = None\n" \
+            "-DEBUG = False\n+DEBUG = True\n"
+    changed = [{"path": "sglang/srt/server_args.py", "state": "differs"},
+               {"path": "sglang/srt/gone.py", "state": "missing"}]
+    local = {"changed": changed, "wheel": SGLANG_WHEEL["path"], "patch": patch, "problem": None}
+    packages = [{"name": "sglang", "version": "0.5.23", "install": "index", "wheels": [SGLANG_WHEEL]}]
+    variables, comments, unpinned, notes, files = adopt.adopt_of(
+        {"kernel": {}, "engines": [_engine(packages, local)]}, "box-1", tmp_path)
+    patches = variables["rigbook_pins"]["sglang"]["patches"]
+    assert patches == [{"path": str(tmp_path.resolve() / "patches/box-1-sglang-0.5.23-local.patch"),
+                        "sha256": hashlib.sha256(patch.encode()).hexdigest()}]
+    assert files["patches/box-1-sglang-0.5.23-local.patch"] == patch
+    assert any("sglang/srt/server_args.py differs" in n and "RECORD" in n for n in notes)
+    assert any("sglang/srt/gone.py missing" in n for n in notes)
+    assert _schema_problems(variables) == []
+    text = adopt.render("box-1", variables, comments, unpinned, notes)
+    assert yaml.safe_load(text) == variables and "the diff from /srv/wheels/sglang-0.5.23" in text
+    _, _, unpinned, _, files = adopt.adopt_of(
+        {"kernel": {}, "engines": [_engine(packages, dict(local, patch=None, wheel=None))]}, "box-1", tmp_path)
+    assert list(files) == ["locks/box-1-sglang-0.5.23.txt"]
+    assert any(u.startswith("rigbook_pins.sglang.patches:") and "not in a --wheels-dir (none given)" in u
+               for u in unpinned)
+
+
+def test_the_pins_and_the_files_beside_them_are_written_together_or_not_at_all(tmp_path):
+    target, lock = tmp_path / "host_vars/box.yml", tmp_path / "locks/box.txt"
+    adopt.write_together({target: "a: 1\n", lock: "x==1\n"})
+    assert target.read_text() == "a: 1\n" and lock.read_text() == "x==1\n"
+    (tmp_path / "blocked").write_text("a file where a folder must be")
+    try:
+        adopt.write_together({target: "a: 2\n", tmp_path / "blocked/lock.txt": "y==2\n"})
+    except OSError:
+        pass
+    assert target.read_text() == "a: 1\n"  # the second could not be written: the first was not replaced
+    assert sorted(p.name for p in (tmp_path / "host_vars").iterdir()) == ["box.yml"]  # no temporary file left

@@ -209,3 +209,111 @@ def test_the_cuda_toolchain_venv_and_archive_installs(tmp_path):
     assert by_name["pip"] == {"archive": "file:///tmp/w/pip-23.0.1-py3-none-any.whl", "sha256": "b" * 64}
     assert by_name["broken"] == {"local": "unreadable", "url": None}
     assert by_name["nvidia-cuda-nvcc"] == "index"
+
+
+# An SGLang venv and its wheel, constructed by hand in the wheel format (PEP 427: RECORD rows of path,
+# sha256=<urlsafe base64 without padding>, size; a script under ../../../bin): one file changed after the install, one
+# deleted, one replaced by a link out of the venv, a row with an absolute path.
+ORIGINAL = {"sglang/__init__.py": "__version__ = '0.5.23'\n",
+            "sglang/srt/server_args.py": "API_KEY = None\nDEBUG = False\n",
+            "sglang/srt/gone.py": "x = 1\n",
+            "sglang/srt/linked.py": "y = 2\n"}
+
+
+def _record_row(rel, data):
+    import base64
+
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"{rel},sha256={digest},{len(data)}"
+
+
+def _sglang_box(tmp_path):
+    import zipfile
+
+    system = tmp_path / "system"
+    site = system / "opt/sgl/lib/python3.12/site-packages"
+    (system / "opt/sgl/pyvenv.cfg").parent.mkdir(parents=True)
+    (system / "opt/sgl/pyvenv.cfg").write_text("home = /usr/bin\n")
+    info = "sglang-0.5.23.dist-info"
+    rows = [_record_row(rel, text.encode()) for rel, text in ORIGINAL.items()]
+    rows += ["../../../bin/sglang,sha256=AAAA,10", "/etc/shadow,sha256=AAAA,10", f"{info}/RECORD,,",
+             "sglang/__pycache__/__init__.cpython-312.pyc,,"]
+    for rel, text in ORIGINAL.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(text)
+    (site / info).mkdir()
+    (site / info / "RECORD").write_text("\n".join(rows) + "\n")
+    (site / "sglang/srt/server_args.py").write_text("API_KEY = None\nDEBUG = True\n")  # the local change
+    (site / "sglang/srt/gone.py").unlink()
+    (site / "sglang/srt/linked.py").unlink()
+    (site / "sglang/srt/linked.py").symlink_to("/etc/hostname")
+    wheels = system / "srv/wheels"
+    wheels.mkdir(parents=True)
+    with zipfile.ZipFile(wheels / "sglang-0.5.23-py3-none-any.whl", "w") as whl:
+        for rel, text in ORIGINAL.items():
+            whl.writestr(rel, text)
+    (wheels / "sglang-0.5.22-py3-none-any.whl").write_bytes(b"another version")
+    (wheels / "torch-2.9.1+cu128-cp312-cp312-manylinux_2_28_x86_64.whl").write_bytes(b"torch wheel")
+    (wheels / "Not_A_Wheel.txt").write_text("")
+    _dist(site, "torch-2.9.1+cu128")
+    return system, site
+
+
+def test_the_lock_inputs_local_changes_and_their_diff_from_the_wheel(tmp_path):
+    import subprocess
+
+    system, site = _sglang_box(tmp_path)
+    packages = adopt.wheel_files(str(system), "/srv/wheels", adopt.venv_packages(str(system), "/opt/sgl"))
+    assert [(p["name"], p["wheels"]) for p in packages] == [
+        ("sglang", [{"path": "/srv/wheels/sglang-0.5.23-py3-none-any.whl",
+                     "sha256": hashlib.sha256((system / "srv/wheels/sglang-0.5.23-py3-none-any.whl").read_bytes())
+                     .hexdigest()}]),
+        ("torch", [{"path": "/srv/wheels/torch-2.9.1+cu128-cp312-cp312-manylinux_2_28_x86_64.whl",
+                    "sha256": hashlib.sha256(b"torch wheel").hexdigest()}])]
+    found = adopt.sglang_files(str(system), "/opt/sgl", packages)
+    assert found["changed"] == [
+        {"path": "sglang/srt/server_args.py", "state": "differs"},
+        {"path": "sglang/srt/gone.py", "state": "missing"},
+        {"path": "sglang/srt/linked.py", "state": "outside site-packages or behind a link (not read)"},
+        {"path": "/etc/shadow", "state": "outside site-packages or behind a link (not read)"}]
+    assert found["wheel"] == "/srv/wheels/sglang-0.5.23-py3-none-any.whl" and found["problem"] is None
+    assert found["patch"].startswith("--- a/sglang/srt/server_args.py\n+++ b/sglang/srt/server_args.py\n")
+    original = tmp_path / "original"  # the diff turns the wheel's file into the box's (patch -p1 in site-packages)
+    (original / "sglang/srt").mkdir(parents=True)
+    (original / "sglang/srt/server_args.py").write_text(ORIGINAL["sglang/srt/server_args.py"])
+    subprocess.run(["patch", "-p1", "--quiet"], input=found["patch"], text=True, cwd=original, check=True)
+    assert (original / "sglang/srt/server_args.py").read_text() == "API_KEY = None\nDEBUG = True\n"
+
+
+def test_without_the_wheel_the_changes_are_named_and_no_diff_is_made(tmp_path):
+    system, site = _sglang_box(tmp_path)
+    packages = adopt.venv_packages(str(system), "/opt/sgl")
+    found = adopt.sglang_files(str(system), "/opt/sgl", packages)
+    assert found["patch"] is None and found["wheel"] is None and len(found["changed"]) == 4
+    (site / "sglang-0.5.23.dist-info/RECORD").unlink()
+    assert adopt.sglang_files(str(system), "/opt/sgl", packages)["changed"] == [
+        {"path": "sglang-0.5.23.dist-info/RECORD", "state": "missing"}]
+    assert adopt.sglang_files(str(system), "/opt/none", packages) is None
+    assert adopt.wheel_files(str(system), "/no/such", packages)[0]["wheels"] == []
+
+
+def test_a_changed_file_without_a_newline_at_its_end_and_one_the_wheel_lacks(tmp_path):
+    import subprocess
+    import zipfile
+
+    wheel = tmp_path / "w.whl"
+    with zipfile.ZipFile(wheel, "w") as whl:
+        whl.writestr("pkg/a.py", "a = 1")
+    site = tmp_path / "site"
+    (site / "pkg").mkdir(parents=True)
+    (site / "pkg/a.py").write_text("a = 2")
+    text, problem = adopt.local_patch(str(site), str(wheel), [{"path": "pkg/a.py"}])
+    assert problem is None and "\\ No newline at end of file" in text
+    copy = tmp_path / "copy"
+    (copy / "pkg").mkdir(parents=True)
+    (copy / "pkg/a.py").write_text("a = 1")
+    subprocess.run(["patch", "-p1", "--quiet"], input=text, text=True, cwd=copy, check=True)
+    assert (copy / "pkg/a.py").read_text() == "a = 2"
+    assert adopt.local_patch(str(site), str(wheel), [{"path": "pkg/b.py"}]) == (None, f"pkg/b.py is not in {wheel}")
+    (tmp_path / "bad.whl").write_bytes(b"not a zip")
+    assert "could not be read" in adopt.local_patch(str(site), str(tmp_path / "bad.whl"), [])[1]

@@ -32,6 +32,13 @@ options:
     type: list
     elements: str
     default: []
+  paths:
+    description:
+      - Files whose presence is reported in RV(exists), read before a role writes them (rigbook's GRUB drop-in, its
+        driver state file): a first write on a box set up by hand then asks for no reboot by itself.
+    type: list
+    elements: path
+    default: []
 extends_documentation_fragment:
   - rigbook.homelab.attributes.read_only
 """
@@ -45,6 +52,10 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+exists:
+  description: "{path: whether it exists} of O(paths)."
+  returned: always
+  type: dict
 running:
   description: The running kernel release (null when not readable).
   returned: always
@@ -100,6 +111,7 @@ def main():
             root=dict(type="path", default="/"),
             release=dict(type="str"),
             cmdline=dict(type="list", elements="str", default=[]),
+            paths=dict(type="list", elements="path", default=[]),
         ),
         supports_check_mode=True,
     )
@@ -120,7 +132,8 @@ def main():
     if os.path.exists("/run/reboot-required"):
         reasons.append("/run/reboot-required is present")
     module.exit_json(changed=False, running=running, cmdline=cmdline, installed=installed,
-                     with_headers=with_headers, grub=grub, reboot_reasons=reasons)
+                     with_headers=with_headers, grub=grub, reboot_reasons=reasons,
+                     exists=dict((path, os.path.exists(path)) for path in module.params["paths"]))
 
 
 if __name__ == "__main__":

@@ -40,6 +40,10 @@ description:
   - After a (re)start it waits for readiness, as SGLang has no sd_notify - C(/health_generate) polled until 200 (at
     most one request per 2 s, the unit's state checked in between), then one real chat completion - within the
     profile's C(startup_timeout_s); on a timeout or a unit that failed it fails with the unit's last journal lines.
+  - An engine started by hand (a box set up by hand, then adopted) that serves a profile's port and runs under no
+    unit of rigbook's (C(/proc): a process of C(-m sglang.launch_server) or O(engine), its C(--port)) is stopped
+    (SIGTERM to its process group, SIGKILL after O(stop_timeout_s)) just before that profile's unit starts, so the
+    engine restarts once, under its unit; check mode names it.
   - Supports check mode and diff mode.
 version_added: "1.0.0"
 author:
@@ -120,7 +124,8 @@ account:
   elements: str
 units:
   description: Per profile name - unit, changed (what changed of unit/env/key), restarted, started, enabled, ready_s,
-    started_at, files_removed (old key files), modes_fixed (files whose mode or owner was fixed).
+    started_at, files_removed (old key files), modes_fixed (files whose mode or owner was fixed), stops_by_hand
+    ([{pid, argv}] of engines started by hand on the profile's port, stopped (or to be) before its unit starts).
   returned: always
   type: dict
 removed:
@@ -142,9 +147,12 @@ warnings_found:
 
 import os
 import re
+import signal
+import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.rigbook.homelab.plugins.module_utils import account as service_account
+from ansible_collections.rigbook.homelab.plugins.module_utils.collect import engine_processes
 from ansible_collections.rigbook.homelab.plugins.module_utils.parse import sglang_log
 from ansible_collections.rigbook.homelab.plugins.module_utils.serve import profile as serve_profile
 from ansible_collections.rigbook.homelab.plugins.module_utils.serve import readiness
@@ -462,6 +470,50 @@ def uvm_missing(sys_module="/sys/module"):
         os.path.join(sys_module, NVIDIA_UVM.replace("-", "_")))
 
 
+def engines_by_hand(profiles, engine, root="/"):
+    """{profile name: [{pid, argv}]} of the engines running under no unit of rigbook's that serve a profile's port (a
+    box set up by hand: nohup, tmux, a unit of the owner's)."""
+    found = {}
+    ports = dict((serve_profile.port_of(profile), profile["name"]) for profile in profiles)
+    for proc in engine_processes.engines(root, engine):
+        if (proc.get("unit") or "").startswith(PREFIX):
+            continue
+        given, _ = serve_profile.profile_from_argv(proc.get("args") or [], "by-hand")
+        name = ports.get(serve_profile.port_of(given))
+        if name is not None:
+            found.setdefault(name, []).append(dict(pid=proc["pid"], argv=proc["argv"]))
+    return found
+
+
+def _alive(pid):
+    """Whether PID runs (a zombie waiting for its parent to reap it has ended)."""
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            return handle.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def stop_by_hand(pid, timeout_s, sleep=time.sleep, clock=time.monotonic):
+    """Stop an engine started by hand: SIGTERM to its process group when it leads one (nohup/setsid: its workers go
+    too), else to it; SIGKILL after TIMEOUT_S. Returns how it ended: "exited", "killed" or "gone"."""
+    try:
+        group = os.getpgid(pid) == pid
+        (os.killpg if group else os.kill)(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return "gone"
+    deadline = clock() + timeout_s
+    while clock() < deadline:
+        if not _alive(pid):
+            return "exited"
+        sleep(0.2)
+    try:
+        (os.killpg if group else os.kill)(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return "exited"
+    return "killed"
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -477,6 +529,7 @@ def main():
             modules_load_dir=dict(type="path", default="/etc/modules-load.d"),
             restart=dict(type="bool", default=False),
             wait=dict(type="bool", default=True),
+            stop_timeout_s=dict(type="int", default=60),
         ),
         supports_check_mode=True,
     )
@@ -539,6 +592,9 @@ def main():
                   modules_load=modules)
     diff_before, diff_after = [], []
     hidden = "(the API key: not shown)\n"
+    starting = [item for item in plan if item["changed"] or p["restart"] or
+                states.get(item["unit"], {}).get("ActiveState") not in ("active", "activating", "reloading")]
+    by_hand = engines_by_hand([item["profile"] for item in starting], p["engine"]) if starting else {}
     for item in plan:
         state = states.get(item["unit"], {})
         running = state.get("ActiveState") in ("active", "activating", "reloading")
@@ -548,7 +604,9 @@ def main():
             unit=item["unit"], changed=item["changed"], restarted=item["restart"] and running,
             started=item["restart"] and not running, enabled=item["enabled"],
             started_at=state.get("ExecMainStartTimestamp"), files_removed=item["remove"],
-            modes_fixed=[item["files"][kind] for kind in item["chmod"]])
+            modes_fixed=[item["files"][kind] for kind in item["chmod"]],
+            stops_by_hand=by_hand.get(item["profile"]["name"], []))
+        item["by_hand"] = by_hand.get(item["profile"]["name"], [])
         if item["changed"] or item["restart"] or not item["enabled"] or item["remove"] or item["chmod"]:
             result["changed"] = True
         for kind in item["changed"]:
@@ -611,6 +669,11 @@ def apply(module, u, plan, stale, secrets, result, account, modules):
             u.run(["systemctl", "enable", item["unit"]])
     restarts = [item for item in plan if item["restart"]]
     for item in restarts:
+        for proc in item["by_hand"]:  # an engine started by hand on this port: the unit takes over from it
+            ended = stop_by_hand(proc["pid"], p["stop_timeout_s"])
+            module.warn("stopped the engine started by hand on port %s (pid %d, %s: %s) so that %s serves it"
+                        % (serve_profile.port_of(item["profile"]), proc["pid"], ended, " ".join(proc["argv"])[:300],
+                           item["unit"]))
         u.run(["systemctl", "reset-failed", item["unit"]], check=False)  # a start limit hit earlier
         # Type=exec: the restart returns once the engine is exec'd (loading and warm-up are waited for below)
         u.run(["systemctl", "restart", item["unit"]])

@@ -254,3 +254,47 @@ def test_a_world_readable_key_file_is_refused(tmp_path):
     run = run_module(serve_units, args(tmp_path, [profile(tmp_path, api_key_file=path)]),
                      [(["systemctl", "get-default"], ok("multi-user.target\n"))], check_mode=True)
     assert run.failed and "is mode 0644; make it 0600" in run.msg
+
+
+# --- an engine started by hand, taken over by its unit --------------------------------------------------------
+
+def _proc(root, pid, argv, cgroup):
+    folder = root / "proc" / str(pid)
+    folder.mkdir(parents=True)
+    (folder / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+    (folder / "status").write_text("Name:\tpython3\nPPid:\t1\n")
+    (folder / "cgroup").write_text(cgroup)
+
+
+def test_an_engine_started_by_hand_on_a_profiles_port_is_found_and_rigbooks_own_units_are_not(tmp_path):
+    # a recorded /proc: the engine an owner started with nohup (lab handmade's), one of rigbook's units, another port
+    standin = ["/opt/sglang/bin/python", "/var/cache/rigbook/artifacts/sglang-standin.py"]
+    _proc(tmp_path, 68, standin + ["--model-path", "/m", "--port", "30000"], "0::/system.slice/ssh.service\n")
+    _proc(tmp_path, 90, ["/v/bin/python", "-m", "sglang.launch_server", "--model-path", "/m", "--port", "30001"],
+          "0::/system.slice/rigbook-serve-other.service\n")
+    _proc(tmp_path, 95, ["/v/bin/python", "-m", "sglang.launch_server", "--model-path", "/m"],
+          "0::/user.slice/session-3.scope\n")
+    profiles = [{"name": "engine", "port": 30000}, {"name": "other", "port": 30001}]
+    found = serve_units.engines_by_hand(profiles, ["/usr/bin/python3", standin[1]], root=str(tmp_path))
+    # 95 gave no --port: it serves the default, 30000, the profile's port too
+    assert list(found) == ["engine"] and [p["pid"] for p in found["engine"]] == [68, 95]
+    assert found["engine"][0]["argv"][:2] == standin
+    # without the inventory's engine command only `-m sglang.launch_server` is an engine
+    assert [p["pid"] for p in serve_units.engines_by_hand(profiles, [], root=str(tmp_path))["engine"]] == [95]
+
+
+def test_an_engine_started_by_hand_is_stopped_with_its_process_group(tmp_path):
+    import subprocess
+    import sys
+
+    leader = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                               "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+                               "time.sleep(60)"], start_new_session=True)
+    try:
+        assert serve_units.stop_by_hand(leader.pid, timeout_s=10) in ("exited", "gone")
+        leader.wait(timeout=10)
+        assert leader.returncode == -15
+        assert serve_units.stop_by_hand(leader.pid, timeout_s=1) == "gone"
+    finally:
+        if leader.poll() is None:
+            leader.kill()

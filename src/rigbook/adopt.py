@@ -22,7 +22,7 @@ from rigbook.errors import UserError
 
 PLAYBOOK = "adopt.yml"
 FACTS_DIR = "adopted"
-NOT_READ_YET = ("rigbook_pins.rocm: ROCm packages and repository are not read by adopt yet",)
+NOT_READ_YET = ()
 UNIT_NAME = re.compile(r"[^a-z0-9-]+")
 CUDA_VENV = "/opt/rigbook/cuda"  # the cuda_toolchain role's default venv
 # What a lock line may hold of what the box said (anything else would be a pip option or a second requirement).
@@ -194,6 +194,114 @@ def _cuda_toolchain(facts: dict, comments: dict, unpinned: list, notes: list) ->
     return pin
 
 
+ROCM_RELEASE = re.compile(r"^([0-9]+\.[0-9]+(\.[0-9]+)?)")
+APT_WORD = re.compile(r"^[A-Za-z0-9._-]+$")  # the schema's suite and component
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _norm_uri(uri: str) -> str:
+    """A source URI as apt-cache policy prints it: file:///x and file:/x alike, no trailing slash."""
+    return re.sub(r"^file:/+", "file:/", uri or "").rstrip("/")
+
+
+def _rocm_repo(rocm: dict, comments: dict, unpinned: list, notes: list) -> dict | None:
+    """The ROCm repository pin: the source apt has the installed rocm-core from (apt-cache policy), its keyring's
+    sha256 as key_sha256 and the keyring itself as key_url (file://)."""
+    key = ("rigbook_pins", "rocm", "repo")
+    offered = []
+    for line in rocm.get("policy") or []:
+        words = line.split()
+        if len(words) >= 3 and not words[1].endswith("/var/lib/dpkg/status"):
+            offered.append((_norm_uri(words[1]), words[2].split("/")[0]))
+    entries = [e for e in rocm.get("sources") or [] if any(
+        (_norm_uri(u), s) in offered for u in e.get("uris") or [] for s in e.get("suites") or [])]
+    if not entries:
+        unpinned.append("rigbook_pins.rocm.repo: no configured apt source offers the installed rocm-core (apt-cache "
+                        "policy): installed from .debs? list them as rigbook_pins.rocm.debs {path, sha256}")
+        return None
+    entry = entries[0]
+    url = next(u for u in entry["uris"] if any(_norm_uri(u) == o[0] for o in offered))
+    suite = next(s for s in entry["suites"] if (_norm_uri(url), s) in offered)
+    components = entry.get("components") or []
+    if not re.match(r"^(https?|file)://", url) or not APT_WORD.match(suite) or not all(map(APT_WORD.match,
+                                                                                           components)):
+        unpinned.append(f"rigbook_pins.rocm.repo: {entry['file']}: {url!r} {suite!r} {components!r} is no https, http "
+                        "or file:// URL with plain suite and components")
+        return None
+    signed = entry.get("signed_by")
+    digest = (rocm.get("keyrings") or {}).get(signed[0]) if isinstance(signed, list) and len(signed) == 1 else None
+    if not SHA256.match(digest or ""):
+        why = ("its Signed-By holds the key itself" if signed == "inline" else
+               f"its Signed-By names {signed!r}" + (f" ({digest})" if digest else ""))
+        unpinned.append(f"rigbook_pins.rocm.repo.key_sha256: {entry['file']}: {why}; the role needs one keyring "
+                        "file: key_url and the sha256 of what it serves")
+        return None
+    where = f"{entry['file']} (the source apt-cache policy has rocm-core from)"
+    repo = {"url": url, "suite": suite, "components": components or ["main"], "key_url": "file://" + signed[0],
+            "key_sha256": digest}
+    for field in ("url", "suite", "components"):
+        comments[key + (field,)] = where
+    comments[key + ("key_sha256",)] = f"sha256 of {signed[0]}, the keyring its Signed-By names"
+    # apt_source fetches key_url on the host (file:// too), checks this sha256 and stores the file as it is: the
+    # keyring on this box is exactly what the role would store. Another box needs the same file at that path, or
+    # AMD's key URL with the sha256 of what it serves.
+    comments[key + ("key_url",)] = ("this box's keyring (apt_source reads file:// on the host and keeps the file as "
+                                    "it is)")
+    notes.append(f"rigbook_pins.rocm.repo.key_url is {signed[0]} on this box: for another box copy that file there, "
+                 "or set key_url to AMD's key (https://repo.radeon.com/rocm/rocm.gpg.key) and key_sha256 to the "
+                 "sha256 of what it serves (a keyring made with gpg --dearmor has another sha256)")
+    return repo
+
+
+def _rocm(facts: dict, comments: dict, unpinned: list, notes: list) -> dict | None:
+    """The ROCm pin: the release (/opt/rocm/.info/version, else rocm-core's version), the packages of that release
+    installed by name, the repository, amdgpu-dkms, the engine's HSA_* environment."""
+    from ansible_collections.rigbook.homelab.plugins.module_utils.host_model import ROCM_PACKAGES, rocm_tag
+
+    rocm = facts.get("rocm")
+    if not rocm:
+        return None
+    key = ("rigbook_pins", "rocm")
+    packages = rocm.get("packages") or {}
+    found = ROCM_RELEASE.match(rocm.get("version_file") or "")
+    where = "/opt/rocm/.info/version"
+    if not found and packages.get("rocm-core"):
+        found, where = ROCM_RELEASE.match(packages["rocm-core"]), f"dpkg-query: rocm-core {packages['rocm-core']}"
+    if not found:
+        unpinned.append("rigbook_pins.rocm: the ROCm release could not be read (/opt/rocm/.info/version, rocm-core)")
+        return None
+    version = ".".join((found.group(1).split(".") + ["0"])[:3])
+    pin = {"version": version}
+    comments[key + ("version",)] = where
+    tag = f".{rocm_tag(version)}-"
+    release = sorted(n for n, v in packages.items() if tag in v and n != "amdgpu-dkms")
+    manual = [n for n in release if n in (rocm.get("manual") or [])]
+    chosen = sorted(manual, key=lambda n: (ROCM_PACKAGES.index(n) if n in ROCM_PACKAGES else len(ROCM_PACKAGES), n)
+                    ) or [n for n in ROCM_PACKAGES if n in release]  # the role's four first, in its order
+    if chosen:
+        pin["packages"] = chosen
+        comments[key + ("packages",)] = f"dpkg-query and apt-mark showmanual: the {version} packages installed by name"
+    else:
+        unpinned.append(f"rigbook_pins.rocm.packages: no installed package of ROCm {version} (versions *{tag}*)")
+    repo = _rocm_repo(rocm, comments, unpinned, notes)
+    if repo:
+        pin["repo"] = repo
+    pin["dkms"] = "amdgpu-dkms" in packages
+    comments[key + ("dkms",)] = ("dpkg-query: amdgpu-dkms " + packages["amdgpu-dkms"] + " is installed"
+                                 if pin["dkms"] else "dpkg-query: amdgpu-dkms is not installed")
+    for engine in facts.get("engines") or []:
+        hsa = {k: v for k, v in (engine.get("env") or {}).items() if k.startswith("HSA_")}
+        bad = [k for k, v in hsa.items() if not ENV_NAME.match(k) or re.search(r"[\x00-\x1f\x7f]", str(v))]
+        notes += [f"rigbook_pins.rocm.hsa_env: {k!r} from /proc/{engine.get('pid')}/environ is no one-line "
+                  "variable: not copied" for k in bad]
+        hsa = {k: v for k, v in hsa.items() if k not in bad}
+        if hsa:
+            pin["hsa_env"] = hsa
+            comments[key + ("hsa_env",)] = f"/proc/{engine.get('pid')}/environ (its HSA_* variables)"
+            break
+    return pin
+
+
 def _redact(url):
     """URL without the user and password a URL may carry (https://user:token@host/...)."""
     return re.sub(r"//[^/@\s]*@", "//***@", url) if isinstance(url, str) else url
@@ -319,6 +427,9 @@ def adopt_of(facts: dict, host: str = "HOST", inventory_dir=".", wheels_dir: str
     cuda = _cuda_toolchain(facts, comments, unpinned, notes)
     if cuda:
         pins["cuda_toolchain"] = cuda
+    rocm = _rocm(facts, comments, unpinned, notes)
+    if rocm:
+        pins["rocm"] = rocm
     profiles, taken = [], set()
     for engine in facts.get("engines") or []:
         name = _profile_name(engine, taken)

@@ -12,6 +12,9 @@
 - The running engines: collect/engine_processes.py; each engine's venv packages (dist-info name and version, a VCS,
   archive or local install from direct_url.json).
 - The cuda_toolchain role's default venv /opt/rigbook/cuda when it is one: its packages (the CUDA wheels).
+- ROCm: /opt/rocm/.info/version, the installed packages of a ROCm release (dpkg-query), which were installed by name
+  (apt-mark showmanual), where apt has rocm-core from (apt-cache policy), the apt sources (one-line and deb822) and
+  the sha256 of the keyrings they are signed by.
 
 Commands go through RUN(argv) -> (rc, stdout) (the module's run_command on a box, recorded outputs in tests); files
 are read under SYSTEM.
@@ -43,6 +46,10 @@ DPKG_STATUS = "/var/lib/dpkg/status"
 MAX_RECORD = 16 << 20  # characters of a RECORD read
 MAX_PATCHED_FILE = 4 << 20  # bytes of one locally changed file put into a diff
 MAX_PATCH = 8 << 20  # characters of the whole diff
+ROCM_VERSION_FILE = "/opt/rocm/.info/version"
+ROCM_TAGGED = re.compile(r"\.[0-9]{5,6}-")  # a ROCm package version: 7.1.0.70100-38~24.04 (its release tag 70100)
+KEYRING_DIRS = ("/etc/apt/", "/usr/share/keyrings/")
+MAX_KEYRING = 1 << 20
 CUDA_VENV = "/opt/rigbook/cuda"  # the cuda_toolchain role's default venv (host_model.cuda_toolchain_pin)
 
 
@@ -383,10 +390,95 @@ def nvidia_userspace(system):
     return None
 
 
+def _list_entry(line):
+    """One-line-style source ("deb [opt=value ...] URI SUITE [COMPONENT ...]") as a deb822-like dict, or None."""
+    line = line.split("#", 1)[0].strip()
+    found = re.match(r"^(deb|deb-src)\s+(?:\[([^\]]*)\]\s+)?(\S+)\s+(\S+)((?:\s+\S+)*)$", line)
+    if not found:
+        return None
+    options = dict(o.partition("=")[::2] for o in (found.group(2) or "").split())
+    signed = options.get("signed-by", "")
+    return {"types": [found.group(1)], "uris": [found.group(3)], "suites": [found.group(4)],
+            "components": found.group(5).split(), "signed_by": [p for p in signed.split(",") if p]}
+
+
+def _deb822_entries(text):
+    """The stanzas of a .sources file (deb822) as dicts; Signed-By holding the key itself is "inline"."""
+    found = []
+    for stanza in re.split(r"\n\s*\n", text or ""):
+        fields, name = {}, None
+        for line in stanza.splitlines():
+            if line.startswith("#"):
+                continue
+            if line[:1].isspace() and name:
+                fields[name] += "\n" + line.strip()
+            elif ":" in line:
+                name, _, value = line.partition(":")
+                name = name.strip().lower()
+                fields[name] = value.strip()
+        if "uris" not in fields or fields.get("enabled", "yes").lower() == "no":
+            continue
+        signed = fields.get("signed-by", "")
+        found.append({"types": fields.get("types", "").split(), "uris": fields["uris"].split(),
+                      "suites": fields.get("suites", "").split(), "components": fields.get("components", "").split(),
+                      "signed_by": "inline" if "BEGIN PGP" in signed else signed.split()})
+    return found
+
+
+def apt_sources(system):
+    """[{file, types, uris, suites, components, signed_by}] of sources.list, sources.list.d/*.list and *.sources."""
+    found = []
+    files = ["/etc/apt/sources.list"] + sorted("/" + os.path.relpath(p, system) for p in
+                                               glob.glob(os.path.join(system, "etc/apt/sources.list.d/*.list"))
+                                               + glob.glob(os.path.join(system, "etc/apt/sources.list.d/*.sources")))
+    for rel in files:
+        text = _read(system, rel) or ""
+        entries = _deb822_entries(text) if rel.endswith(".sources") else [
+            e for e in (_list_entry(line) for line in text.splitlines()) if e]
+        found += [dict(e, file=rel) for e in entries]
+    return found
+
+
+def keyring_digests(system, sources):
+    """{path: sha256 or why not} of the keyrings SOURCES' Signed-By name; only files under KEYRING_DIRS are read (a
+    Signed-By may name anything on the box)."""
+    found = {}
+    real_system = os.path.realpath(system)
+    for entry in sources:
+        for path in entry["signed_by"] if isinstance(entry["signed_by"], list) else []:
+            full = os.path.realpath(os.path.join(system, path.lstrip("/")))
+            inside = os.path.relpath(full, real_system)
+            if not path.startswith("/") or not ("/" + inside).startswith(KEYRING_DIRS):
+                found[path] = "not read: a keyring outside %s" % " and ".join(KEYRING_DIRS)
+            elif not os.path.isfile(full) or os.path.getsize(full) > MAX_KEYRING:
+                found[path] = "not read: no file of at most %d bytes" % MAX_KEYRING
+            else:
+                found[path] = sha256_of(full)
+    return found
+
+
+def rocm_facts(system, run):
+    """ROCm as the box runs it, or None without ROCm: {version_file, packages {name: version} (versions with a ROCm
+    release tag, amdgpu-dkms), manual [names], policy (apt-cache policy rocm-core), sources, keyrings}."""
+    version_file = (_read(system, ROCM_VERSION_FILE) or "").strip() or None
+    _rc, out = run(apt.DPKG_QUERY)
+    installed = apt.parse_installed(out)
+    if version_file is None and "rocm-core" not in installed:
+        return None
+    packages = dict((n, v) for n, v in installed.items() if ROCM_TAGGED.search(v) or n == "amdgpu-dkms")
+    _rc, manual = run(["apt-mark", "showmanual"])
+    _rc, policy = run(["apt-cache", "policy", "rocm-core"])
+    sources = apt_sources(system)
+    return {"version_file": version_file, "packages": packages,
+            "manual": sorted(set(manual.split()) & set(packages)),
+            "policy": (parse_policy(policy).get("rocm-core") or {}).get("sources") or [],
+            "sources": sources, "keyrings": keyring_digests(system, sources)}
+
+
 def adopt_facts(system, run, debs_dir=None, engine=None, evidence_root=None, wheels_dir=None):
-    """Everything adopt reads: {"kernel", "dkms", "nvidia_userspace", "engines", "cuda_venv"}; each engine (ENGINE:
-    the inventory's serve_engine, engine_processes.engines) with its venv's packages (and, with WHEELS_DIR, the wheel
-    files found there with their sha256) and its sglang's local changes (sglang_files)."""
+    """Everything adopt reads: {"kernel", "dkms", "nvidia_userspace", "engines", "cuda_venv", "rocm"}; each engine
+    (ENGINE: the inventory's serve_engine, engine_processes.engines) with its venv's packages (and, with WHEELS_DIR,
+    the wheel files found there with their sha256) and its sglang's local changes (sglang_files)."""
     engines = engine_processes.engines(system, engine)
     for engine in engines:
         engine["packages"] = venv_packages(system, engine["venv"]) if engine["venv"] else []
@@ -394,4 +486,5 @@ def adopt_facts(system, run, debs_dir=None, engine=None, evidence_root=None, whe
             wheel_files(system, wheels_dir, engine["packages"])
         engine["sglang_files"] = sglang_files(system, engine["venv"], engine["packages"]) if engine["venv"] else None
     return {"kernel": kernel_facts(system, run, debs_dir, evidence_root), "dkms": dkms_facts(system, run),
-            "nvidia_userspace": nvidia_userspace(system), "engines": engines, "cuda_venv": cuda_venv(system)}
+            "nvidia_userspace": nvidia_userspace(system), "engines": engines, "cuda_venv": cuda_venv(system),
+            "rocm": rocm_facts(system, run)}

@@ -282,3 +282,57 @@ def test_the_pins_and_the_files_beside_them_are_written_together_or_not_at_all(t
         pass
     assert target.read_text() == "a: 1\n"  # the second could not be written: the first was not replaced
     assert sorted(p.name for p in (tmp_path / "host_vars").iterdir()) == ["box.yml"]  # no temporary file left
+
+
+LAB_KEY_SHA = "e9b9a1fef379c3cf9ceeab5930c95b518fdda8525c861fefc6f67546e18ed57a"  # inventory/lab x99_r9700's key
+ROCM = {"version_file": "7.1.0-38",
+        "packages": {"rocm-core": "7.1.0.70100-38~24.04", "rocminfo": "1.0.0.70100-38~24.04",
+                     "rocm-smi-lib": "7.8.0.70100-38~24.04", "hip-runtime-amd": "7.1.25424.70100-38~24.04",
+                     "hsa-rocr": "1.18.0.70100-38~24.04"},
+        "manual": ["hip-runtime-amd", "rocm-core", "rocm-smi-lib", "rocminfo"],
+        "policy": ["500 file:/var/cache/rigbook/artifacts/rocm-repo noble/main amd64 Packages",
+                   "100 /var/lib/dpkg/status"],
+        "sources": [{"file": "/etc/apt/sources.list", "types": ["deb"], "uris": ["http://deb.debian.org/debian"],
+                     "suites": ["bookworm"], "components": ["main"], "signed_by": []},
+                    {"file": "/etc/apt/sources.list.d/rigbook-rocm.sources", "types": ["deb"],
+                     "uris": ["file:///var/cache/rigbook/artifacts/rocm-repo"], "suites": ["noble"],
+                     "components": ["main"], "signed_by": ["/etc/apt/keyrings/rigbook-rocm.asc"]}],
+        "keyrings": {"/etc/apt/keyrings/rigbook-rocm.asc": LAB_KEY_SHA}}
+
+
+def test_rocm_is_pinned_as_the_r9700_twin_pins_it():
+    engine = {"pid": 4100, "venv": None, "args": ["--model-path", "/m"], "packages": [],
+              "env": {"HSA_ENABLE_IPC_MODE_LEGACY": "0", "NCCL_P2P_LEVEL": "PHB"}}
+    variables, comments, unpinned, notes = adopt.variables_of({"kernel": {}, "engines": [engine], "rocm": ROCM})
+    pin = variables["rigbook_pins"]["rocm"]
+    lab = _lab_pins("x99_r9700")["rocm"]
+    # the same bytes: the role keeps the key it fetched as it is, so the keyring on the box is the lab's key file
+    assert pin["repo"].pop("key_url") == "file:///etc/apt/keyrings/rigbook-rocm.asc"
+    assert lab["repo"].pop("key_url") == "file:///var/cache/rigbook/artifacts/rocm-repo/rocm.gpg.key"
+    assert pin == lab
+    assert comments[("rigbook_pins", "rocm", "version")] == "/opt/rocm/.info/version"
+    assert "rigbook-rocm.sources" in comments[("rigbook_pins", "rocm", "repo", "url")]
+    assert any("key_url is /etc/apt/keyrings/rigbook-rocm.asc" in n for n in notes)
+    assert not [u for u in unpinned if "rocm" in u]
+    pin["repo"]["key_url"] = "file:///etc/apt/keyrings/rigbook-rocm.asc"
+    assert _schema_problems(variables) == []
+
+
+def test_rocm_from_debs_an_inline_key_a_hostile_source_and_amdgpu_dkms():
+    no_repo = dict(ROCM, policy=["100 /var/lib/dpkg/status"], manual=[], version_file=None,
+                   packages=dict(ROCM["packages"], **{"amdgpu-dkms": "6.16.6.70100-38~24.04"}))
+    variables, comments, unpinned, _ = adopt.variables_of({"kernel": {}, "engines": [], "rocm": no_repo})
+    pin = variables["rigbook_pins"]["rocm"]
+    assert pin["version"] == "7.1.0" and pin["dkms"] is True and "repo" not in pin
+    assert pin["packages"] == ["rocm-core", "rocminfo", "rocm-smi-lib", "hip-runtime-amd"]  # none by name: the four
+    assert comments[("rigbook_pins", "rocm", "version")].startswith("dpkg-query: rocm-core 7.1.0.70100")
+    assert any(u.startswith("rigbook_pins.rocm.repo: no configured apt source") for u in unpinned)
+    inline = dict(ROCM, sources=[dict(ROCM["sources"][1], signed_by="inline")])
+    _, _, unpinned, _ = adopt.variables_of({"kernel": {}, "engines": [], "rocm": inline})
+    assert any("key_sha256" in u and "holds the key itself" in u for u in unpinned)
+    hostile = dict(ROCM, policy=["500 file:/r noble\n/main amd64 Packages"],
+                   sources=[dict(ROCM["sources"][1], uris=["file:///r"], suites=["noble\n"])])
+    variables, _, unpinned, _ = adopt.variables_of({"kernel": {}, "engines": [], "rocm": hostile})
+    assert "repo" not in variables["rigbook_pins"]["rocm"]
+    assert any(u.startswith("rigbook_pins.rocm: the ROCm release could not be read") for u in
+               adopt.variables_of({"kernel": {}, "engines": [], "rocm": {"packages": {}}})[2])

@@ -317,3 +317,69 @@ def test_a_changed_file_without_a_newline_at_its_end_and_one_the_wheel_lacks(tmp
     assert adopt.local_patch(str(site), str(wheel), [{"path": "pkg/b.py"}]) == (None, f"pkg/b.py is not in {wheel}")
     (tmp_path / "bad.whl").write_bytes(b"not a zip")
     assert "could not be read" in adopt.local_patch(str(site), str(tmp_path / "bad.whl"), [])[1]
+
+
+# ROCm on a box as the amd_rocm role leaves it in the lab (inventory/lab x99_r9700: TEST STAND-IN packages in a local
+# file:// repository), reconstructed: the .sources file in the form apt_source writes it, dpkg-query in DPKG_QUERY's
+# format, `apt-mark showmanual` (one name a line) and `apt-cache policy rocm-core` (apt prints a file:/// URI as
+# file:/). Besides it, sources of the other shapes: a one-line .list with options, a deb822 key inline, a Signed-By
+# pointing out of the keyring folders.
+ROCM_DPKG = ("bash\tii \t5.2.15-2+b8\nrocm-core\thi \t7.1.0.70100-38~24.04\nrocminfo\thi \t1.0.0.70100-38~24.04\n"
+             "rocm-smi-lib\thi \t7.8.0.70100-38~24.04\nhip-runtime-amd\thi \t7.1.25424.70100-38~24.04\n"
+             "hsa-rocr\tii \t1.18.0.70100-38~24.04\n")
+ROCM_POLICY = """rocm-core:
+  Installed: 7.1.0.70100-38~24.04
+  Candidate: 7.1.0.70100-38~24.04
+  Version table:
+ *** 7.1.0.70100-38~24.04 1001
+        500 file:/var/cache/rigbook/artifacts/rocm-repo noble/main amd64 Packages
+        100 /var/lib/dpkg/status
+"""
+KEY = b"-----BEGIN PGP PUBLIC KEY BLOCK-----\n\nmQINBGTEST-STAND-IN\n-----END PGP PUBLIC KEY BLOCK-----\n"
+
+
+def _rocm_box(tmp_path):
+    system = tmp_path / "system"
+    (system / "opt/rocm/.info").mkdir(parents=True)
+    (system / "opt/rocm/.info/version").write_text("7.1.0-38\n")
+    lists = system / "etc/apt/sources.list.d"
+    lists.mkdir(parents=True)
+    (system / "etc/apt/sources.list").write_text("deb http://deb.debian.org/debian bookworm main\n# deb-src x y\n")
+    (system / "etc/apt/keyrings").mkdir()
+    (system / "etc/apt/keyrings/rigbook-rocm.asc").write_bytes(KEY)
+    (lists / "rigbook-rocm.sources").write_text(
+        "# Managed by rigbook (rigbook.homelab.apt_source): rocm\nTypes: deb\n"
+        "URIs: file:///var/cache/rigbook/artifacts/rocm-repo\nSuites: noble\nComponents: main\n"
+        "Signed-By: /etc/apt/keyrings/rigbook-rocm.asc\n")
+    (lists / "amdgpu.list").write_text("deb [arch=amd64 signed-by=/etc/apt/keyrings/rocm.gpg] "
+                                       "https://repo.radeon.com/amdgpu/7.1/ubuntu noble main # AMD's\n")
+    (lists / "odd.sources").write_text("Types: deb\nURIs: https://a.example/x\nSuites: s\nComponents: c\n"
+                                       "Signed-By:\n -----BEGIN PGP PUBLIC KEY BLOCK-----\n .\n abc\n\n"
+                                       "Types: deb\nURIs: https://b.example/y\nSuites: t\nSigned-By: /etc/shadow\n\n"
+                                       "Enabled: no\nTypes: deb\nURIs: https://c.example/z\nSuites: u\n")
+    (system / "etc/shadow").write_text("root:secret\n")
+    return system
+
+
+def test_rocm_its_packages_the_source_that_offers_them_and_its_keyring(tmp_path):
+    system = _rocm_box(tmp_path)
+    run = _run({"dpkg-query": ROCM_DPKG, "apt-cache": ROCM_POLICY,
+                "apt-mark": "bash\nhip-runtime-amd\nrocm-core\nrocm-smi-lib\nrocminfo\n"})
+    found = adopt.rocm_facts(str(system), run)
+    assert found["version_file"] == "7.1.0-38"
+    assert sorted(found["packages"]) == ["hip-runtime-amd", "hsa-rocr", "rocm-core", "rocm-smi-lib", "rocminfo"]
+    assert found["manual"] == ["hip-runtime-amd", "rocm-core", "rocm-smi-lib", "rocminfo"]
+    assert found["policy"] == ["500 file:/var/cache/rigbook/artifacts/rocm-repo noble/main amd64 Packages",
+                               "100 /var/lib/dpkg/status"]
+    by_file = {(e["file"], e["uris"][0]): e for e in found["sources"]}
+    assert by_file[("/etc/apt/sources.list.d/amdgpu.list", "https://repo.radeon.com/amdgpu/7.1/ubuntu")] == {
+        "file": "/etc/apt/sources.list.d/amdgpu.list", "types": ["deb"], "suites": ["noble"],
+        "uris": ["https://repo.radeon.com/amdgpu/7.1/ubuntu"], "components": ["main"],
+        "signed_by": ["/etc/apt/keyrings/rocm.gpg"]}
+    assert by_file[("/etc/apt/sources.list.d/odd.sources", "https://a.example/x")]["signed_by"] == "inline"
+    assert ("/etc/apt/sources.list.d/odd.sources", "https://c.example/z") not in by_file  # Enabled: no
+    assert found["keyrings"] == {
+        "/etc/apt/keyrings/rigbook-rocm.asc": hashlib.sha256(KEY).hexdigest(),
+        "/etc/apt/keyrings/rocm.gpg": "not read: no file of at most 1048576 bytes",
+        "/etc/shadow": "not read: a keyring outside /etc/apt/ and /usr/share/keyrings/"}
+    assert adopt.rocm_facts(str(tmp_path / "bare"), _run({"dpkg-query": "bash\tii \t5.2\n"})) is None

@@ -9,8 +9,10 @@ What could not be pinned is listed with the reason, never guessed.
 Read so far: the kernel (release, source: distro or debs with each .deb's sha256, the command line's own
 parameters), each running SGLang engine's command line as a serve profile (flags the schema does not know in
 extra_args, named; an API key on the command line never copied) and its GPU environment, the SGLang version of its
-venv, the NVIDIA driver as DKMS built it, the CUDA toolchain wheels (the role's default venv, else the engine's).
-What is not read yet is listed as not pinned (NOT_READ_YET).
+venv, the NVIDIA driver as DKMS built it, the CUDA toolchain wheels (the role's default venv, else the engine's),
+the engine's venv as a requirements lock written beside the pins (hashes of the wheels found in --wheels-dir) and
+sglang's local changes as a patch, ROCm (release, packages, apt repository and keyring sha256, amdgpu-dkms, HSA_*
+environment), and the mapped RCCL from rigbook's build stamp. What cannot be pinned is listed with the reason.
 """
 
 from __future__ import annotations
@@ -302,6 +304,85 @@ def _rocm(facts: dict, comments: dict, unpinned: list, notes: list) -> dict | No
     return pin
 
 
+STAMP_PATCH = re.compile(r"^([A-Za-z0-9._+-]+) -p([0-9]) ([0-9a-f]{64})$")  # source_build identity's patch entry
+
+
+def _stamp_source(component: dict) -> tuple:
+    """(pinned source or None, why not) of one component of a source_build stamp: "dir:REPO@COMMIT" is a repository
+    at a commit; a sha256 is a tarball whose path or url the stamp does not keep."""
+    source = str(component.get("source") or "")
+    if source.startswith("dir:") and "@" in source:
+        repo, _, commit = source[4:].rpartition("@")
+        if HEX.match(commit) and len(commit) == 40 and repo and not re.search(r"\s", repo):
+            found = {"repo": repo, "commit": commit}
+            if component.get("subdir"):
+                found["subdir"] = str(component["subdir"])
+            return found, None
+    if SHA256.match(source):
+        return None, f"the tarball of sha256 {source} (the stamp keeps no path or url: add path or url with it)"
+    return None, f"{source!r} is no repository at a 40-hex commit"
+
+
+def _rccl(facts: dict, comments: dict, unpinned: list, notes: list) -> dict | None:
+    """The RCCL pin from the build stamp of the prefix holding the librccl an engine has mapped (what the rccl role
+    built: version, sources, patch set, GPU targets); any other mapped librccl/libnccl is named."""
+    for engine in facts.get("engines") or []:
+        for library in engine.get("libraries") or []:
+            build = library.get("build") or {}
+            stamp = build.get("stamp") if isinstance(build.get("stamp"), dict) else None
+            if "build" not in library:
+                continue
+            if not stamp or stamp.get("name") != "rccl":
+                notes.append(f"/proc/{engine.get('pid')}/maps: {library.get('path')} (sha256 "
+                             f"{library.get('sha256')}): not a build of rigbook's source_build")
+                continue
+            return _rccl_pin(stamp, build["path"], comments, unpinned)
+    return None
+
+
+def _rccl_pin(stamp: dict, where: str, comments: dict, unpinned: list) -> dict | None:
+    key, said = ("rigbook_pins", "rccl"), f"the build stamp {where}"
+    if not CUDA_VERSION.match(str(stamp.get("version") or "")):
+        unpinned.append(f"rigbook_pins.rccl: {said} has version {stamp.get('version')!r}, no x.y.z release")
+        return None
+    pin = {"version": stamp["version"]}
+    comments[key + ("version",)] = said
+    components = {c.get("name"): c for c in stamp.get("components") or [] if isinstance(c, dict)}
+    for name, path in (("rccl", ("source",)), ("rccl-tests", ("tests",))):
+        if name not in components:
+            continue
+        source, why = _stamp_source(components[name])
+        if source and name == "rccl":
+            pin["source"] = source
+            comments[key + path] = said
+        elif source:
+            pin["tests"] = {"source": source}
+            comments[key + path] = said
+        else:
+            unpinned.append(f"rigbook_pins.rccl.{'.'.join(path)}{'.source' if name != 'rccl' else ''}: {said}: {why}")
+    rccl = components.get("rccl") or {}
+    patches = []
+    for entry in rccl.get("patches") or []:
+        found = STAMP_PATCH.match(str(entry))
+        if not found:
+            unpinned.append(f"rigbook_pins.rccl.patches: {said}: {str(entry)!r} is no NAME -pN SHA256 entry")
+            continue
+        patch = {"name": found.group(1), "sha256": found.group(3)}
+        if found.group(2) != "1":
+            patch["strip"] = int(found.group(2))
+        patches.append(patch)
+    if patches:
+        pin["patches"] = patches
+        comments[key + ("patches",)] = said + " (names of the rccl role's files/patches/)"
+    for arg in rccl.get("cmake_args") or []:
+        if str(arg).startswith("-DGPU_TARGETS="):
+            targets = [t for t in str(arg).split("=", 1)[1].split(";") if re.match(r"^gfx[0-9a-f]{3,5}$", t)]
+            if targets:
+                pin["gpu_targets"] = targets
+                comments[key + ("gpu_targets",)] = said + " (-DGPU_TARGETS)"
+    return pin
+
+
 def _redact(url):
     """URL without the user and password a URL may carry (https://user:token@host/...)."""
     return re.sub(r"//[^/@\s]*@", "//***@", url) if isinstance(url, str) else url
@@ -430,6 +511,9 @@ def adopt_of(facts: dict, host: str = "HOST", inventory_dir=".", wheels_dir: str
     rocm = _rocm(facts, comments, unpinned, notes)
     if rocm:
         pins["rocm"] = rocm
+    rccl = _rccl(facts, comments, unpinned, notes)
+    if rccl:
+        pins["rccl"] = rccl
     profiles, taken = [], set()
     for engine in facts.get("engines") or []:
         name = _profile_name(engine, taken)

@@ -15,6 +15,7 @@
 - ROCm: /opt/rocm/.info/version, the installed packages of a ROCm release (dpkg-query), which were installed by name
   (apt-mark showmanual), where apt has rocm-core from (apt-cache policy), the apt sources (one-line and deb822) and
   the sha256 of the keyrings they are signed by.
+- The RCCL/NCCL an engine has mapped: the build stamp rigbook's source_build left in its prefix (.rigbook-build.json).
 
 Commands go through RUN(argv) -> (rc, stdout) (the module's run_command on a box, recorded outputs in tests); files
 are read under SYSTEM.
@@ -50,6 +51,9 @@ ROCM_VERSION_FILE = "/opt/rocm/.info/version"
 ROCM_TAGGED = re.compile(r"\.[0-9]{5,6}-")  # a ROCm package version: 7.1.0.70100-38~24.04 (its release tag 70100)
 KEYRING_DIRS = ("/etc/apt/", "/usr/share/keyrings/")
 MAX_KEYRING = 1 << 20
+BUILD_STAMP = ".rigbook-build.json"  # plugins/modules/source_build.py STAMP
+MAX_STAMP = 1 << 20
+COLLECTIVES = re.compile(r"^lib(rccl|nccl)\.so")
 CUDA_VENV = "/opt/rigbook/cuda"  # the cuda_toolchain role's default venv (host_model.cuda_toolchain_pin)
 
 
@@ -475,16 +479,38 @@ def rocm_facts(system, run):
             "sources": sources, "keyrings": keyring_digests(system, sources)}
 
 
+def build_stamp(system, library):
+    """{"path", "stamp"} of rigbook's source_build stamp (BUILD_STAMP) in the prefix holding LIBRARY (a folder up to
+    three levels above it), or None: the stamp is read as JSON, at most MAX_STAMP bytes, a link not followed."""
+    folder = os.path.dirname(library)
+    for _ in range(3):
+        path = os.path.join(folder, BUILD_STAMP)
+        full = os.path.join(system, path.lstrip("/"))
+        if os.path.isfile(full) and not os.path.islink(full) and os.path.getsize(full) <= MAX_STAMP:
+            try:
+                with open(full, encoding="utf-8") as handle:
+                    data = json.load(handle)
+            except (OSError, ValueError):
+                data = None
+            return {"path": path, "stamp": data if isinstance(data, dict) else None}
+        folder = os.path.dirname(folder)
+    return None
+
+
 def adopt_facts(system, run, debs_dir=None, engine=None, evidence_root=None, wheels_dir=None):
     """Everything adopt reads: {"kernel", "dkms", "nvidia_userspace", "engines", "cuda_venv", "rocm"}; each engine
     (ENGINE: the inventory's serve_engine, engine_processes.engines) with its venv's packages (and, with WHEELS_DIR,
-    the wheel files found there with their sha256) and its sglang's local changes (sglang_files)."""
+    the wheel files found there with their sha256), its sglang's local changes (sglang_files) and, for a mapped
+    RCCL/NCCL library, the build stamp of the prefix it lies in (build_stamp)."""
     engines = engine_processes.engines(system, engine)
     for engine in engines:
         engine["packages"] = venv_packages(system, engine["venv"]) if engine["venv"] else []
         if wheels_dir:
             wheel_files(system, wheels_dir, engine["packages"])
         engine["sglang_files"] = sglang_files(system, engine["venv"], engine["packages"]) if engine["venv"] else None
+        for library in engine.get("libraries") or []:
+            if COLLECTIVES.match(os.path.basename(library["path"])):
+                library["build"] = build_stamp(system, library["path"])
     return {"kernel": kernel_facts(system, run, debs_dir, evidence_root), "dkms": dkms_facts(system, run),
             "nvidia_userspace": nvidia_userspace(system), "engines": engines, "cuda_venv": cuda_venv(system),
             "rocm": rocm_facts(system, run)}

@@ -336,3 +336,54 @@ def test_rocm_from_debs_an_inline_key_a_hostile_source_and_amdgpu_dkms():
     assert "repo" not in variables["rigbook_pins"]["rocm"]
     assert any(u.startswith("rigbook_pins.rocm: the ROCm release could not be read") for u in
                adopt.variables_of({"kernel": {}, "engines": [], "rocm": {"packages": {}}})[2])
+
+
+def _stamp(rccl_source, tests_source):
+    """A source_build stamp as the rccl role's build writes it (source_build identity: name, version, prefix,
+    components with source, subdir, patches "NAME -pN SHA", cmake_args), constructed for the lab's R9700 pins."""
+    prefix = "/opt/rigbook/rccl/2.27.7-5d2f"
+    return {"name": "rccl", "version": "2.27.7", "prefix": prefix, "files": {}, "components": [
+        {"name": "rccl", "source": rccl_source, "subdir": "",
+         "patches": ["p2p-level-user-last.patch -p1 a25080b6aa9d212113fa7492b703608b0fc624e2658ccba1c360144061553ad1"],
+         "cmake_args": ["-DCMAKE_CXX_COMPILER=/usr/bin/g++", "-DROCM_PATH=/opt/rocm", "-DAMDGPU_TARGETS=gfx1201",
+                        "-DGPU_TARGETS=gfx1201", "-DBUILD_TESTS=OFF"]},
+        {"name": "rccl-tests", "source": tests_source, "subdir": "", "patches": [],
+         "cmake_args": [f"-DNCCL_HOME={prefix}", "-DGPU_TARGETS=gfx1201"]}]}
+
+
+def _rccl_engine(build):
+    return {"pid": 4100, "venv": None, "args": ["--model-path", "/m"], "env": {}, "packages": [], "libraries": [
+        {"path": "/opt/rigbook/rccl/2.27.7-5d2f/lib/librccl.so.1.0", "sha256": "f" * 64, "build": build},
+        {"path": "/opt/rocm/lib/libamdhip64.so.7", "sha256": "e" * 64}]}
+
+
+def test_the_mapped_rccl_is_pinned_as_far_as_its_build_stamp_says():
+    lab = _lab_pins("x99_r9700")["rccl"]
+    stamp = _stamp(lab["source"]["sha256"], lab["tests"]["source"]["sha256"])  # the lab's tarballs
+    build = {"path": "/opt/rigbook/rccl/2.27.7-5d2f/.rigbook-build.json", "stamp": stamp}
+    variables, comments, unpinned, _ = adopt.variables_of({"kernel": {}, "engines": [_rccl_engine(build)]})
+    pin = variables["rigbook_pins"]["rccl"]
+    assert pin == {key: lab[key] for key in ("version", "patches", "gpu_targets")}
+    assert comments[("rigbook_pins", "rccl", "version")] == f"the build stamp {build['path']}"
+    assert any(u.startswith("rigbook_pins.rccl.source:") and lab["source"]["sha256"] in u and "path or url" in u
+               for u in unpinned)
+    assert any(u.startswith("rigbook_pins.rccl.tests.source:") for u in unpinned)
+    commit = "1" * 40
+    stamp = _stamp(f"dir:https://github.com/ROCm/rocm-systems@{commit}", "dir:https://github.com/ROCm/rccl-tests@"
+                   + "2" * 40)
+    stamp["components"][0]["subdir"] = "projects/rccl"
+    variables, _, _, _ = adopt.variables_of({"kernel": {}, "engines": [_rccl_engine(dict(build, stamp=stamp))]})
+    pin = variables["rigbook_pins"]["rccl"]
+    assert pin["source"] == {"repo": "https://github.com/ROCm/rocm-systems", "commit": commit,
+                             "subdir": "projects/rccl"}
+    assert pin["tests"] == {"source": {"repo": "https://github.com/ROCm/rccl-tests", "commit": "2" * 40}}
+    assert _schema_problems(variables) == []
+
+
+def test_a_mapped_rccl_that_rigbook_did_not_build_is_named():
+    _, _, _, notes = adopt.variables_of({"kernel": {}, "engines": [_rccl_engine(None)]})
+    assert any("/opt/rigbook/rccl/2.27.7-5d2f/lib/librccl.so.1.0 (sha256 " + "f" * 64 + "): not a build of "
+               "rigbook's source_build" in n for n in notes)
+    hostile = {"path": "/x/.rigbook-build.json", "stamp": {"name": "rccl", "version": "2.27.7\n- x", "components": []}}
+    variables, _, unpinned, _ = adopt.variables_of({"kernel": {}, "engines": [_rccl_engine(hostile)]})
+    assert "rccl" not in variables.get("rigbook_pins", {}) and any("no x.y.z release" in u for u in unpinned)

@@ -383,3 +383,19 @@ def test_rocm_its_packages_the_source_that_offers_them_and_its_keyring(tmp_path)
         "/etc/apt/keyrings/rocm.gpg": "not read: no file of at most 1048576 bytes",
         "/etc/shadow": "not read: a keyring outside /etc/apt/ and /usr/share/keyrings/"}
     assert adopt.rocm_facts(str(tmp_path / "bare"), _run({"dpkg-query": "bash\tii \t5.2\n"})) is None
+
+
+def test_the_build_stamp_of_the_prefix_a_mapped_rccl_lies_in(tmp_path):
+    """A prefix as source_build leaves it (<root>/<version>-<patch set>/lib and its .rigbook-build.json); the stamp's
+    content is source_build's own shape, constructed here."""
+    system = tmp_path / "system"
+    prefix = system / "opt/rigbook/rccl/2.27.7-0a1b2c3d"
+    (prefix / "lib").mkdir(parents=True)
+    (prefix / "lib/librccl.so.1.0").write_bytes(b"")
+    (prefix / ".rigbook-build.json").write_text('{"name": "rccl", "version": "2.27.7"}\n')
+    assert adopt.build_stamp(str(system), "/opt/rigbook/rccl/2.27.7-0a1b2c3d/lib/librccl.so.1.0") == {
+        "path": "/opt/rigbook/rccl/2.27.7-0a1b2c3d/.rigbook-build.json", "stamp": {"name": "rccl", "version": "2.27.7"}}
+    (system / "opt/rocm/lib").mkdir(parents=True)
+    assert adopt.build_stamp(str(system), "/opt/rocm/lib/librccl.so.1") is None
+    (prefix / ".rigbook-build.json").write_text("[not a stamp")
+    assert adopt.build_stamp(str(system), "/opt/rigbook/rccl/2.27.7-0a1b2c3d/lib/librccl.so.1.0")["stamp"] is None

@@ -627,7 +627,30 @@ def output_path(inventory_dir, host: str, group: str | None, given: str | None):
     if given:
         return Path(given)
     folder = Path(inventory_dir) / ("group_vars" if group else "host_vars")
+    if group and any((folder / name_file(group, suffix)).is_file() for suffix in (".yml", ".yaml")):
+        # the group's own file holds what the owner wrote (its rig, GPUs, P2P): adopt's file goes beside it, in the
+        # group's folder, which Ansible reads as well
+        return folder / name_file(group, "") / "adopted.yml"
     return folder / name_file(group or host, ".yml")
+
+
+def _group_of(inv, host: str, path) -> str:
+    """The group `adopt --group` writes for HOST: its most specific group (the deepest), e.g. x99_3080 under lab."""
+    groups = [g for g in inv.groups_of(host) if g not in ("all", "ungrouped")]
+    if not groups:
+        raise UserError(f"adopt --group: {host} is in no group of {path}")
+    deepest = max(inv.group_depth(g) for g in groups)
+    chosen = sorted(g for g in groups if inv.group_depth(g) == deepest)
+    if len(chosen) > 1:
+        raise UserError(f"adopt --group: {host} is in {', '.join(chosen)} alike; name the file with -o "
+                        f"(e.g. -o group_vars/{chosen[0]}.yml)")
+    return chosen[0]
+
+
+def _already_set(inv, group: str, keys) -> list:
+    """The adopted KEYS that GROUP's own files set already (a second file of the group would fight them)."""
+    return sorted({key for source in inv.sources if source.owner == f"group {group}" for key in source.variables
+                   if key in keys})
 
 
 def write_together(files: dict) -> None:
@@ -673,12 +696,11 @@ def adopt_command(host: str, inventory: str, output: str | None = None, group: b
     inv = validate(path)
     if host not in inv.hosts:
         raise UserError(f"adopt: {host!r} is not a host of {path} (hosts: {', '.join(sorted(inv.hosts)) or 'none'})")
-    chosen_group = None
-    if group:
-        groups = [g for g in inv.groups_of(host) if g not in ("all", "ungrouped")]
-        if not groups:
-            raise UserError(f"adopt --group: {host} is in no group of {path}")
-        chosen_group = sorted(groups)[0]
+    chosen_group = _group_of(inv, host, path) if group else None
+    if chosen_group and not output and _already_set(inv, chosen_group, ("rigbook_pins", "rigbook_serve")):
+        raise UserError(f"adopt --group: group {chosen_group} sets "
+                        f"{', '.join(_already_set(inv, chosen_group, ('rigbook_pins', 'rigbook_serve')))} already; "
+                        "remove it there or write elsewhere with -o (nothing was read or written)")
     inventory_dir = path if path.is_dir() else path.parent
     target = output_path(inventory_dir, host, chosen_group, output)
     if target.exists() and not force:

@@ -387,3 +387,32 @@ def test_a_mapped_rccl_that_rigbook_did_not_build_is_named():
     hostile = {"path": "/x/.rigbook-build.json", "stamp": {"name": "rccl", "version": "2.27.7\n- x", "components": []}}
     variables, _, unpinned, _ = adopt.variables_of({"kernel": {}, "engines": [_rccl_engine(hostile)]})
     assert "rccl" not in variables.get("rigbook_pins", {}) and any("no x.y.z release" in u for u in unpinned)
+
+
+def _grouped(tmp_path, group_file=None):
+    inv = tmp_path / "inv"
+    (inv / "group_vars").mkdir(parents=True)
+    (inv / "hosts.yml").write_text("all:\n  children:\n    lab:\n      children:\n        x99_3080:\n          hosts:\n"
+                                   "            box-1: {ansible_host: 127.0.0.1, ansible_port: 1}\n")
+    if group_file is not None:
+        (inv / "group_vars/x99_3080.yml").write_text(group_file)
+    return inv
+
+
+def test_group_adopt_writes_the_most_specific_group_beside_its_own_file(tmp_path):
+    from rigbook import inventory
+
+    inv = _grouped(tmp_path)
+    loaded = inventory.load(inv)
+    assert adopt._group_of(loaded, "box-1", inv) == "x99_3080"  # not `lab`, its parent
+    assert adopt.output_path(inv, "box-1", "x99_3080", None) == inv / "group_vars/x99_3080.yml"
+    (inv / "group_vars/x99_3080.yml").write_text("rigbook_gpu: {vendor: nvidia, count: 2}\n")
+    # the group's own file stays the owner's: adopt's goes in the group's folder, which Ansible reads too
+    assert adopt.output_path(inv, "box-1", "x99_3080", None) == inv / "group_vars/x99_3080/adopted.yml"
+
+
+def test_group_adopt_refuses_a_group_that_pins_already(tmp_path):
+    inv = _grouped(tmp_path, "rigbook_pins:\n  sglang: {version: 0.5.23}\n")
+    proc = provision("adopt", "box-1", "-i", inv, "--group", env={"RIGBOOK_STATE_DIR": str(tmp_path / "state")})
+    assert proc.returncode == 2 and "group x99_3080 sets rigbook_pins already" in proc.stderr, proc.stderr
+    assert not (inv / "group_vars/x99_3080").exists() and not (tmp_path / "state/runs").exists()

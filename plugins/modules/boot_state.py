@@ -35,7 +35,7 @@ options:
   paths:
     description:
       - Files whose presence is reported in RV(exists), read before a role writes them (rigbook's GRUB drop-in, its
-        driver state file): a first write on a box set up by hand then asks for no reboot by itself.
+        driver state file), so that a first write on a box set up by hand asks for no reboot by itself.
     type: list
     elements: path
     default: []

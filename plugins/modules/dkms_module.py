@@ -13,8 +13,8 @@ description:
   - Verifies the source tarball O(src) against O(sha256) before anything else (a mismatch is refused and nothing
     is touched), unpacks it to C(/usr/src/<name>-<version>), removes every other registered version of O(name),
     then C(dkms install)s O(name)/O(version) for each of O(kernels) that lacks it. A source tree there without
-    rigbook's stamp that holds exactly the tarball's files (a C(.git) folder aside: a box set up by hand) is kept
-    with its builds and stamped.
+    rigbook's stamp that holds exactly the tarball's files (a C(.git) folder aside), as on a box set up by hand, is
+    kept with its builds and stamped.
   - Afterwards C(modinfo -k <kernel> -n <module>) must resolve each of O(modules) to the DKMS build (C(updates/dkms));
     stock copies that shadow it are deleted and C(depmod) re-run, and the task fails when the DKMS build still loses.
   - Reads both C(dkms status) formats (dkms 2 C(name, version, kernel, arch) and dkms 3 C(name/version, kernel, arch)).
@@ -66,7 +66,7 @@ RETURN = r"""
 stamped:
   description:
     - True when C(/usr/src/<name>-<version>) had no stamp but held exactly the pinned tarball's files (put there by
-      hand, then adopted): only the stamp was written (or would be), its DKMS builds kept.
+      hand, then adopted), so only the stamp was written (or would be) and its DKMS builds were kept.
   returned: always
   type: bool
 built:

@@ -41,8 +41,8 @@ description:
     most one request per 2 s, the unit's state checked in between), then one real chat completion - within the
     profile's C(startup_timeout_s); on a timeout or a unit that failed it fails with the unit's last journal lines.
   - An engine started by hand (a box set up by hand, then adopted) that serves a profile's port and runs under no
-    unit of rigbook's (C(/proc): a process of C(-m sglang.launch_server) or O(engine), its C(--port)) is stopped
-    (SIGTERM to its process group, SIGKILL after O(stop_timeout_s)) just before that profile's unit starts, so the
+    unit of rigbook's (read in C(/proc), a process of C(-m sglang.launch_server) or O(engine) and its C(--port)) is
+    stopped (SIGTERM to its process group, SIGKILL after O(stop_timeout_s)) just before that profile's unit starts, so the
     engine restarts once, under its unit; check mode names it.
   - Supports check mode and diff mode.
 version_added: "1.0.0"
@@ -103,6 +103,10 @@ options:
     description: Wait for readiness after a (re)start.
     type: bool
     default: true
+  stop_timeout_s:
+    description: Seconds an engine started by hand is given to exit after SIGTERM before SIGKILL.
+    type: int
+    default: 60
 extends_documentation_fragment:
   - rigbook.homelab.attributes.changes
 """

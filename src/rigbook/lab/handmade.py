@@ -30,8 +30,7 @@ from rigbook.lab.system import LabFailure, progress
 ARTIFACTS = "/var/cache/rigbook/artifacts"
 KERNEL = "6.1.0-47-amd64"
 DRIVER = "615.71.09"
-FORK = "https://github.com/aikitoria/open-gpu-kernel-modules"
-BRANCH = "615.71.09-p2p"
+SEED_PINS = "inventory/homelab/group_vars/x99_3080.yml"  # the fork and branch seed 000 names: one place
 CUDA = "13.0.88"
 SGLANG = "0.5.23"
 VENV = "/opt/sglang"
@@ -54,9 +53,21 @@ def engine_script(bind: str, port: int = ENGINE_PORT, flags=ENGINE_FLAGS, env=No
     return "\n".join(lines) + "\n"
 
 
+def seed_fork() -> tuple:
+    """(repository, branch) of the driver fork seed 000 built, as inventory/homelab pins it: the git work tree made
+    here names it as its origin (nothing is fetched from it)."""
+    import yaml
+
+    from rigbook import paths
+
+    pin = yaml.safe_load((paths.collection_root() / SEED_PINS).read_text())["rigbook_pins"]["nvidia_driver"]
+    return pin["fork_repo"], pin["branch"]
+
+
 def nvidia_script(bind: str) -> str:
     """The shell script, run as root on the host, that sets an NVIDIA lab host up by hand."""
     start = engine_script(bind)
+    fork, branch = seed_fork()
     return f"""set -eu
 export DEBIAN_FRONTEND=noninteractive LC_ALL=C
 A={ARTIFACTS}
@@ -82,10 +93,10 @@ rm -rf /usr/src/nvidia-{DRIVER}
 mkdir -p /usr/src/nvidia-{DRIVER}
 tar -xzf $A/nvidia-fork-standin-{DRIVER}.tar.gz -C /usr/src/nvidia-{DRIVER} --strip-components=1
 cd /usr/src/nvidia-{DRIVER}
-git init -q -b {BRANCH} .
-git remote add origin {FORK}
+git init -q -b {branch} .
+git remote add origin {fork}
 git -c user.name=owner -c user.email=owner@localhost add -A
-git -c user.name=owner -c user.email=owner@localhost commit -q -m "the fork at {BRANCH}"
+git -c user.name=owner -c user.email=owner@localhost commit -q -m "the fork at {branch}"
 cd /
 dkms add -m nvidia -v {DRIVER} >/dev/null
 dkms build -m nvidia -v {DRIVER} -k {KERNEL} >/dev/null
@@ -107,15 +118,14 @@ systemctl set-default multi-user.target >/dev/null 2>&1
 
 
 def start_script(bind: str) -> str:
-    """Start the engine from its script with nohup, detached from the SSH session, and wait until it answers."""
+    """Start the engine from its script with nohup, detached from the SSH session, and wait until it listens."""
     return f"""set -eu
 setsid nohup {ENGINE_SCRIPT} > /root/serve.log 2>&1 < /dev/null &
 for i in $(seq 1 60); do
-  python3 -c "import urllib.request; urllib.request.urlopen('http://{bind}:{ENGINE_PORT}/health', timeout=2)" \\
-    2>/dev/null && exit 0
+  python3 -c "import socket; socket.create_connection(('{bind}', {ENGINE_PORT}), 2)" 2>/dev/null && exit 0
   sleep 1
 done
-echo "the engine did not answer on {bind}:{ENGINE_PORT} within 60 s:" >&2
+echo "the engine did not listen on {bind}:{ENGINE_PORT} within 60 s:" >&2
 tail -n 20 /root/serve.log >&2
 exit 1
 """
@@ -159,5 +169,5 @@ def handmade(name: str) -> int:
     progress(f"{host.name}: rebooting into {KERNEL}")
     _reboot(host)
     _as_root(host, start_script(host.address), "starting the engine with nohup")
-    progress(f"{host.name}: set up by hand; the engine answers on {host.address}:{ENGINE_PORT} (no unit)")
+    progress(f"{host.name}: set up by hand; the engine listens on {host.address}:{ENGINE_PORT} (no unit)")
     return 0

@@ -35,10 +35,18 @@ options:
     default: /
   wheels_dir:
     description:
-      - A folder on the host holding the wheels the engine's venv was installed from; each one of an installed
+      - Folders on the host holding the wheels the engine's venv was installed from; each one of an installed
         distribution's name and version is read with its sha256 (the lock's hashes), and sglang's wheel gives the
         original of its locally changed files (the diff adopt writes as a patch).
+    type: list
+    elements: path
+    default: []
+  gpu_env_file:
+    description:
+      - rigbook's GPU environment file; a variable an engine got from it (same name and value) belongs to the host
+        model, not to the serve profile adopt writes.
     type: path
+    default: /etc/rigbook/gpu.env
   engine:
     description:
       - The inventory's serve_engine argv; a process started by it (any interpreter) is an engine too, besides
@@ -72,7 +80,8 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(system=dict(type="path", default="/"), debs_dir=dict(type="path"),
                            engine=dict(type="list", elements="str", default=[]),
-                           evidence_root=dict(type="path", default="/"), wheels_dir=dict(type="path")),
+                           evidence_root=dict(type="path", default="/"), wheels_dir=dict(type="list", elements="path", default=[]),
+                           gpu_env_file=dict(type="path", default="/etc/rigbook/gpu.env")),
         supports_check_mode=True,
     )
 
@@ -85,7 +94,8 @@ def main():
 
     try:
         facts = adopt_facts(module.params["system"], run, module.params["debs_dir"], module.params["engine"],
-                            module.params["evidence_root"], module.params["wheels_dir"])
+                            module.params["evidence_root"], module.params["wheels_dir"],
+                            module.params["gpu_env_file"])
     except (OSError, ValueError) as exc:
         module.fail_json(msg="reading the box failed: %s" % exc)
     module.exit_json(changed=False, facts=facts)

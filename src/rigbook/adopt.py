@@ -64,7 +64,9 @@ def _kernel(kernel: dict, comments: dict, unpinned: list) -> dict | None:
         pin["source"] = "distro"
         comments[("rigbook_pins", "kernel", "source")] = "apt-cache policy: " + "; ".join(
             f"{p['name']} {p['version']} from {(p.get('sources') or ['?'])[0]}" for p in packages)
-        pin["packages"] = [p["name"] for p in packages if p["name"].startswith(("linux-image-", "linux-headers-"))]
+        # the release's own image and headers (what apt then pulls in with them, e.g. headers-common, follows)
+        pin["packages"] = [p["name"] for p in packages if p["name"].startswith(("linux-image-", "linux-headers-"))
+                           and p["name"].endswith("-" + release)]
         comments[("rigbook_pins", "kernel", "packages")] = "dpkg-query: the installed image and headers of " + release
     elif local:
         pin["source"] = "debs"
@@ -117,6 +119,9 @@ def _nvidia_driver(facts: dict, comments: dict, unpinned: list, notes: list) -> 
     if facts.get("nvidia_userspace"):
         pin["userspace_version"] = facts["nvidia_userspace"]
         comments[key + ("userspace_version",)] = "the libnvidia-ml.so.VERSION file the userspace installed"
+    if facts.get("uvm_disable_hmm"):
+        pin["uvm_disable_hmm"] = True
+        comments[key + ("uvm_disable_hmm",)] = "/etc/modprobe.d: options nvidia-uvm uvm_disable_hmm=1"
     unpinned.append("rigbook_pins.nvidia_driver.source and userspace_installer: the fork's source tarball and the "
                     "userspace .run (sha256) are files on your side"
                     + (f"; the source DKMS built is {module['source']}" if module.get("source") else ""))
@@ -410,12 +415,18 @@ def _lock_line(p: dict) -> tuple:
     return None, [], f"{name} {version}: an {kind} install from {_redact(url)!r}: it cannot be reproduced from a lock"
 
 
+VENV_TOOLS = frozenset(("pip", "setuptools", "wheel", "distribute"))
+DEFAULT_SGLANG_ROOT = "/opt/rigbook/sglang/"  # the sglang role's own venvs (sglang_root)
+
+
 def lock_of(engine: dict, host: str, version: str, wheels_dir: bool = True) -> tuple:
     """(lock text, problems [text], without hashes [text]) of ENGINE's venv: one requirement a distribution, sorted;
     `--hash=sha256:` of each wheel found on the box only when every line has one (pip checks hashes only when every
     requirement has one: a lock with some is refused by pip as a whole)."""
     lines, problems, bare = [], [], []
     for p in sorted(engine.get("packages") or [], key=lambda p: p.get("name") or ""):
+        if p.get("name") in VENV_TOOLS:
+            continue  # what `python -m venv` put there, left out as `pip freeze` leaves it out
         line, hashes, problem = _lock_line(p)
         if problem:
             problems.append(problem)
@@ -484,6 +495,31 @@ def _sglang_extras(engine: dict, pin: dict, host: str, inventory_dir, wheels_dir
     return files
 
 
+def _from_venv_stamp(engine: dict, pin: dict, comments: dict, notes: list) -> None:
+    """What rigbook's pinned_venv stamp in the engine's venv says of how it was made: the patch set by name and
+    sha256 (the sglang role's own patches), --no-deps and the wheel folder (--no-index --find-links)."""
+    stamp = engine["venv_stamp"]
+    where = f"{engine.get('venv')}/.rigbook-venv.json (rigbook's stamp)"
+    key = ("rigbook_pins", "sglang")
+    patches = []
+    for entry in stamp.get("patches") or []:
+        found = re.match(r"^([A-Za-z0-9._+-]+\.patch) -p\d+ ([0-9a-f]{64})$", str(entry))
+        if not found:
+            notes.append(f"{where}: patch entry {entry!r} is not one adopt reads: not pinned")
+            continue
+        patches.append({"name": found.group(1), "sha256": found.group(2)})
+    if patches:
+        pin["patches"] = patches
+        comments[key + ("patches",)] = where
+    if stamp.get("no_deps") is True:
+        pin["no_deps"] = True
+        comments[key + ("no_deps",)] = where
+    links = stamp.get("find_links") or []
+    if stamp.get("no_index") is True and len(links) == 1 and str(links[0]).startswith("/"):
+        pin["wheel_dir"] = links[0]
+        comments[key + ("wheel_dir",)] = where
+
+
 def variables_of(facts: dict) -> tuple:
     """(variables, comments {path: where}, unpinned [text], notes [text]) of the facts adopt_facts read."""
     return adopt_of(facts)[:4]
@@ -529,12 +565,21 @@ def adopt_of(facts: dict, host: str = "HOST", inventory_dir=".", wheels_dir: str
         notes += [f"{name}: {text}" for text in found]
         profiles.append(profile)
         sglang = [p for p in engine.get("packages") or [] if p.get("name") == "sglang"]
+        if engine.get("env_from_rigbook"):
+            notes.append(f"{name}: {', '.join(engine['env_from_rigbook'])} came from rigbook's GPU environment "
+                         "file (the host model's): not written into the profile")
         if sglang and "sglang" not in pins:
             pins["sglang"] = {"version": sglang[0]["version"]}
             install = sglang[0].get("install")
             comments[("rigbook_pins", "sglang", "version")] = (
                 f"{engine.get('venv')}: sglang {sglang[0]['version']}"
                 + ("" if install == "index" else " installed from " + _redact(json.dumps(install, sort_keys=True))))
+            venv = engine.get("venv") or ""
+            if venv and not venv.startswith(DEFAULT_SGLANG_ROOT):
+                pins["sglang"]["venv"] = venv  # a venv made by hand: kept, never replaced (pinned_venv adopt)
+                comments[("rigbook_pins", "sglang", "venv")] = f"/proc/{engine['pid']}: the engine's interpreter's venv"
+            if engine.get("venv_stamp"):
+                _from_venv_stamp(engine, pins["sglang"], comments, notes)
             if SGLANG_VERSION.match(sglang[0]["version"]):
                 files = _sglang_extras(engine, pins["sglang"], host, inventory_dir, wheels_dir, comments, unpinned,
                                        notes)
@@ -705,7 +750,8 @@ def adopt_command(host: str, inventory: str, output: str | None = None, group: b
     target = output_path(inventory_dir, host, chosen_group, output)
     if target.exists() and not force:
         raise UserError(f"adopt: {target} exists; --force replaces it (nothing was read or written)")
-    for option, folder in (("--debs-dir", debs_dir), ("--wheels-dir", wheels_dir)):
+    wheels_dirs = [wheels_dir] if isinstance(wheels_dir, str) else list(wheels_dir or [])
+    for option, folder in [("--debs-dir", debs_dir)] + [("--wheels-dir", w) for w in wheels_dirs]:
         if folder is not None and (not folder.startswith("/") or "\n" in folder):
             raise UserError(f"adopt {option}: an absolute folder on the host, not {folder!r}")
     if output and not target.parent.is_dir():
@@ -713,7 +759,7 @@ def adopt_command(host: str, inventory: str, output: str | None = None, group: b
     base = runs.runs_dir()
     before = set(base.iterdir()) if base.is_dir() else set()
     extra = [json.dumps({name: value}) for name, value in (("rigbook_adopt_debs_dir", debs_dir),
-                                                            ("rigbook_adopt_wheels_dir", wheels_dir)) if value]
+                                                            ("rigbook_adopt_wheels_dir", wheels_dirs)) if value]
     code = run_playbook(RunOptions(playbook=PLAYBOOK, inventory=inventory, limit=host, extra_vars=extra,
                                    baseline_mode="off"))
     if code != 0:
@@ -728,7 +774,7 @@ def adopt_command(host: str, inventory: str, output: str | None = None, group: b
     if problem or not isinstance(facts, dict):
         print(f"adopt: what the run stored for {host} is unreadable ({problem}); nothing was written", file=sys.stderr)
         return 1
-    variables, comments, unpinned, notes, files = adopt_of(facts, host, inventory_dir, wheels_dir)
+    variables, comments, unpinned, notes, files = adopt_of(facts, host, inventory_dir, ", ".join(wheels_dirs))
     text = render(host, variables, comments, unpinned, notes)
     beside = {inventory_dir / rel: content for rel, content in files.items()}
     taken = [str(p) for p in beside if p.exists() and not force]

@@ -105,9 +105,9 @@ def _sub_parser(name: str) -> argparse.ArgumentParser:
         p.add_argument("--force", action="store_true", help="replace an existing file")
         p.add_argument("--debs-dir", metavar="DIR",
                        help="a folder on the host holding the kernel .debs installed by hand")
-        p.add_argument("--wheels-dir", metavar="DIR",
+        p.add_argument("--wheels-dir", metavar="DIR", action="append",
                        help="a folder on the host holding the wheels the engine's venv was installed from (the "
-                       "lock's --hash lines, sglang's original files)")
+                       "lock's --hash lines, sglang's original files); again for another folder")
     elif name == "parse":
         p.add_argument("kind", help="lspci, nvidia-smi-q, nvidia-smi-topo, nccl-tests, nccl-log, p2p-bandwidth, "
                        "sglang-log, kernel-log (formats: docs/parse-formats.md)")

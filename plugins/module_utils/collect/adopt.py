@@ -214,11 +214,11 @@ def _norm(name):
 
 def wheel_files(system, folder, packages):
     """PACKAGES (venv_packages), each given "wheels": [{"path", "sha256"}] of the .whl files of its name and version
-    in FOLDER on the box (not recursive; several: one a platform). Only matching files are hashed; a link or
-    anything but a regular file is passed over."""
+    in FOLDER on the box, added to what earlier folders gave (not recursive; several: one a platform). Only matching
+    files are hashed; a link or anything but a regular file is passed over."""
     wanted = dict(((_norm(p["name"]), p["version"]), p) for p in packages)
     for p in packages:
-        p["wheels"] = []
+        p.setdefault("wheels", [])
     base = os.path.join(system, folder.lstrip("/"))
     try:
         names = sorted(os.listdir(base))
@@ -479,6 +479,9 @@ def rocm_facts(system, run):
             "sources": sources, "keyrings": keyring_digests(system, sources)}
 
 
+VENV_STAMP = ".rigbook-venv.json"
+
+
 def build_stamp(system, library):
     """{"path", "stamp"} of rigbook's source_build stamp (BUILD_STAMP) in the prefix holding LIBRARY (a folder up to
     three levels above it), or None: the stamp is read as JSON, at most MAX_STAMP bytes, a link not followed."""
@@ -497,20 +500,51 @@ def build_stamp(system, library):
     return None
 
 
-def adopt_facts(system, run, debs_dir=None, engine=None, evidence_root=None, wheels_dir=None):
+def venv_stamp(system, venv):
+    """The pinned_venv stamp (VENV_STAMP: what rigbook installed there, its patch set by name and sha256) of a venv
+    rigbook made, or None."""
+    full = os.path.join(system, venv.lstrip("/"), VENV_STAMP)
+    if not os.path.isfile(full) or os.path.islink(full) or os.path.getsize(full) > MAX_STAMP:
+        return None
+    try:
+        with open(full, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def env_file_values(system, path):
+    """{name: value} of a KEY=value environment file rigbook writes (the GPU environment file), {} without it."""
+    found = {}
+    for line in (_read(system, path) or "").splitlines():
+        name, eq, value = line.strip().partition("=")
+        if eq and name and not name.startswith("#"):
+            found[name] = value
+    return found
+
+
+def adopt_facts(system, run, debs_dir=None, engine=None, evidence_root=None, wheels_dir=None, gpu_env_file=None):
     """Everything adopt reads: {"kernel", "dkms", "nvidia_userspace", "engines", "cuda_venv", "rocm"}; each engine
     (ENGINE: the inventory's serve_engine, engine_processes.engines) with its venv's packages (and, with WHEELS_DIR,
     the wheel files found there with their sha256), its sglang's local changes (sglang_files) and, for a mapped
     RCCL/NCCL library, the build stamp of the prefix it lies in (build_stamp)."""
     engines = engine_processes.engines(system, engine)
+    rigbooks_env = env_file_values(system, gpu_env_file) if gpu_env_file else {}
     for engine in engines:
         engine["packages"] = venv_packages(system, engine["venv"]) if engine["venv"] else []
-        if wheels_dir:
-            wheel_files(system, wheels_dir, engine["packages"])
+        engine["venv_stamp"] = venv_stamp(system, engine["venv"]) if engine["venv"] else None
+        # what rigbook's GPU environment file gave the engine is the host model's, not the serve profile's
+        engine["env_from_rigbook"] = sorted(k for k, v in (engine.get("env") or {}).items() if rigbooks_env.get(k) == v)
+        for name in engine["env_from_rigbook"]:
+            engine["env"].pop(name)
+        for folder in ([wheels_dir] if isinstance(wheels_dir, str) else wheels_dir or []):
+            wheel_files(system, folder, engine["packages"])
         engine["sglang_files"] = sglang_files(system, engine["venv"], engine["packages"]) if engine["venv"] else None
         for library in engine.get("libraries") or []:
             if COLLECTIVES.match(os.path.basename(library["path"])):
                 library["build"] = build_stamp(system, library["path"])
     return {"kernel": kernel_facts(system, run, debs_dir, evidence_root), "dkms": dkms_facts(system, run),
             "nvidia_userspace": nvidia_userspace(system), "engines": engines, "cuda_venv": cuda_venv(system),
+            "uvm_disable_hmm": static_evidence.uvm_disable_hmm_configured(system),
             "rocm": rocm_facts(system, run)}

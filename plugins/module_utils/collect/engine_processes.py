@@ -25,8 +25,9 @@ import re
 from ansible_collections.rigbook.homelab.plugins.module_utils.file_digest import sha256_of
 from ansible_collections.rigbook.homelab.plugins.module_utils.serve.profile import engine_args, redacted_argv
 
+# RIGBOOK_: rigbook's own (the lab's engine stand-in reads RIGBOOK_EVIDENCE_ROOT, its recorded hardware)
 GPU_ENV_PREFIXES = ("NCCL_", "RCCL_", "HSA_", "HIP_", "ROCR_", "ROCM_", "CUDA_", "NVIDIA_", "PYTORCH_", "TORCH_",
-                    "SGLANG_", "GPU_", "AMD_", "MIOPEN_")
+                    "SGLANG_", "GPU_", "AMD_", "MIOPEN_", "RIGBOOK_")
 GPU_ENV_NAMES = frozenset(("LD_LIBRARY_PATH", "LD_PRELOAD", "OMP_NUM_THREADS"))
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.I)
 LOGIN_UNIT = re.compile(r"^(ssh|sshd|cron|atd|systemd-logind|(serial-|console-|container-)?getty(@.*)?)\.service$")

@@ -252,6 +252,11 @@ def modprobe_options(root):
     return "\n".join(texts)
 
 
+def uvm_disable_hmm_configured(root):
+    """Whether a modprobe.d file under ROOT sets nvidia-uvm's uvm_disable_hmm=1 (the next load of the module)."""
+    return bool(re.search(r"^\s*options\s+nvidia[-_]uvm\s+.*uvm_disable_hmm=1", modprobe_options(root), re.M))
+
+
 def collect_nvidia(root, release, userspace_too=True):
     proc_version = pci.read_text(path(root, "proc", "driver", "nvidia", "version"))
     smi_text, smi_source = command_output(root, "nvidia-smi-version") if userspace_too else (None, "not asked")
@@ -275,9 +280,7 @@ def collect_nvidia(root, release, userspace_too=True):
         "userspace_source": smi_source,
         "uvm_loaded": os.path.isdir(path(root, "sys", "module", "nvidia_uvm")),
         "uvm_disable_hmm": pci.read_text(path(root, "sys", "module", "nvidia_uvm", "parameters", "uvm_disable_hmm")),
-        "modprobe_uvm_disable_hmm": bool(
-            re.search(r"^\s*options\s+nvidia[-_]uvm\s+.*uvm_disable_hmm=1", modprobe_options(root), re.M)
-        ),
+        "modprobe_uvm_disable_hmm": uvm_disable_hmm_configured(root),
     }
 
 

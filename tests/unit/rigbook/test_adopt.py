@@ -37,7 +37,9 @@ def test_the_adopted_variables_with_where_each_was_read():
     assert variables["rigbook_pins"]["kernel"] == {
         "release": RELEASE, "source": "debs", "debs": [{"path": "/home/a/image.deb", "sha256": "a" * 64}],
         "cmdline": ["iommu=pt", "amd_iommu=on"]}
-    assert variables["rigbook_pins"]["sglang"] == {"version": "0.5.23", "lock": "locks/HOST-sglang-0.5.23.txt"}
+    # the venv made by hand is pinned: kept and stamped by the sglang role, never replaced
+    assert variables["rigbook_pins"]["sglang"] == {"version": "0.5.23", "venv": "/opt/v",
+                                                   "lock": "locks/HOST-sglang-0.5.23.txt"}
     assert [p["name"] for p in variables["rigbook_serve"]] == ["sglang", "engine"]
     assert variables["rigbook_serve"][0]["extra_args"] == ["--enable-metrics"]
     assert comments[("rigbook_serve", 0)] == "/proc/4100/cmdline (unit sglang.service)"
@@ -203,11 +205,14 @@ def _engine(packages, sglang_files=None):
 def test_a_venv_whose_every_wheel_was_found_is_locked_with_hashes_as_the_labs_lock(tmp_path):
     packages = [{"name": "sglang", "version": "0.5.23", "install": "index", "wheels": [SGLANG_WHEEL]},
                 {"name": "torch", "version": "2.9.1+cu128", "install": "index",
-                 "wheels": [{"path": "/srv/wheels/torch.whl", "sha256": "c" * 64}]}]
+                 "wheels": [{"path": "/srv/wheels/torch.whl", "sha256": "c" * 64}]},
+                # what `python -m venv` put there: left out, as `pip freeze` leaves it out
+                {"name": "pip", "version": "23.0.1", "install": "index", "wheels": []},
+                {"name": "setuptools", "version": "66.1.1", "install": "index", "wheels": []}]
     variables, comments, unpinned, notes, files = adopt.adopt_of({"kernel": {}, "engines": [_engine(packages)]},
                                                                  "box-1", tmp_path)
     pin = variables["rigbook_pins"]["sglang"]
-    assert pin == {"version": "0.5.23", "lock": "locks/box-1-sglang-0.5.23.txt"}
+    assert pin == {"version": "0.5.23", "venv": "/opt/sgl", "lock": "locks/box-1-sglang-0.5.23.txt"}
     lines = [line for line in files[pin["lock"]].splitlines() if not line.startswith("#")]
     from helpers.cli import REPO
 
@@ -416,3 +421,26 @@ def test_group_adopt_refuses_a_group_that_pins_already(tmp_path):
     proc = provision("adopt", "box-1", "-i", inv, "--group", env={"RIGBOOK_STATE_DIR": str(tmp_path / "state")})
     assert proc.returncode == 2 and "group x99_3080 sets rigbook_pins already" in proc.stderr, proc.stderr
     assert not (inv / "group_vars/x99_3080").exists() and not (tmp_path / "state/runs").exists()
+
+
+def test_a_venv_rigbook_made_is_adopted_as_its_stamp_says_and_rigbooks_gpu_environment_is_not_the_profiles():
+    # a converged lab host: the sglang role's venv, its pinned_venv stamp, and the unit's engine environment with
+    # what rigbook's GPU environment file gave it (adopt_facts moved those names to env_from_rigbook)
+    venv = "/opt/rigbook/sglang/0.5.23-1c3f0a9e2b4d"
+    engine = {"pid": 700, "unit": "rigbook-serve-standin.service", "venv": venv, "args": ["--model-path", "/m"],
+              "env": {"RIGBOOK_EVIDENCE_ROOT": "/var/lib/rigbook-lab/evidence"},
+              "env_from_rigbook": ["CUDA_HOME", "CUDA_PATH"],
+              "packages": [{"name": "sglang", "version": "0.5.23", "install": "index", "wheels": [SGLANG_WHEEL]}],
+              "venv_stamp": {"patches": ["symm-mem-logits-gather-sm90.patch -p1 " + "d" * 64, "../x -p1 zz"],
+                             "no_deps": True, "no_index": True,
+                             "find_links": ["/var/cache/rigbook/artifacts/wheels/sglang-0.5.23"]}}
+    variables, comments, _, notes = adopt.variables_of({"kernel": {}, "engines": [engine]})
+    pin = variables["rigbook_pins"]["sglang"]
+    assert "venv" not in pin  # rigbook's own venv: the role's default
+    assert pin["patches"] == [{"name": "symm-mem-logits-gather-sm90.patch", "sha256": "d" * 64}]
+    assert pin["no_deps"] is True and pin["wheel_dir"] == "/var/cache/rigbook/artifacts/wheels/sglang-0.5.23"
+    assert comments[("rigbook_pins", "sglang", "patches")] == f"{venv}/.rigbook-venv.json (rigbook's stamp)"
+    assert any("'../x -p1 zz'" in n and "not pinned" in n for n in notes)
+    [profile] = variables["rigbook_serve"]
+    assert profile["name"] == "standin" and profile["env"] == {"RIGBOOK_EVIDENCE_ROOT": "/var/lib/rigbook-lab/evidence"}
+    assert any("CUDA_HOME, CUDA_PATH came from rigbook's GPU environment file" in n for n in notes)

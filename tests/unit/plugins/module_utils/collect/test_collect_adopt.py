@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 
-from ansible_collections.rigbook.homelab.plugins.module_utils.collect import adopt
+from ansible_collections.rigbook.homelab.plugins.module_utils.collect import adopt, static_evidence
 
 BASH_POLICY = """bash:
   Installed: 5.2.15-2+b8
@@ -399,3 +399,24 @@ def test_the_build_stamp_of_the_prefix_a_mapped_rccl_lies_in(tmp_path):
     assert adopt.build_stamp(str(system), "/opt/rocm/lib/librccl.so.1") is None
     (prefix / ".rigbook-build.json").write_text("[not a stamp")
     assert adopt.build_stamp(str(system), "/opt/rigbook/rccl/2.27.7-0a1b2c3d/lib/librccl.so.1.0")["stamp"] is None
+
+
+def test_rigbooks_own_files_on_a_box_are_read_as_rigbook_wrote_them(tmp_path):
+    # written here in the formats the roles write (gpu_env, pinned_venv, the nvidia_p2p_driver role's modprobe file)
+    system = tmp_path / "system"
+    (system / "etc/rigbook").mkdir(parents=True)
+    (system / "etc/rigbook/gpu.env").write_text("# rigbook: the GPU stack's environment\n# BEGIN cuda_toolchain\n"
+                                                "CUDA_HOME=/opt/rigbook/cuda/nvidia/cu13\n# END cuda_toolchain\n")
+    assert adopt.env_file_values(str(system), "/etc/rigbook/gpu.env") == {"CUDA_HOME": "/opt/rigbook/cuda/nvidia/cu13"}
+    assert adopt.env_file_values(str(system), "/etc/rigbook/none.env") == {}
+    venv = system / "opt/rigbook/sglang/0.5.23-x"
+    venv.mkdir(parents=True)
+    assert adopt.venv_stamp(str(system), "/opt/rigbook/sglang/0.5.23-x") is None
+    (venv / ".rigbook-venv.json").write_text('{"no_deps": true, "patches": []}\n')
+    assert adopt.venv_stamp(str(system), "/opt/rigbook/sglang/0.5.23-x") == {"no_deps": True, "patches": []}
+    (venv / ".rigbook-venv.json").write_text("[1, 2]\n")  # not a stamp
+    assert adopt.venv_stamp(str(system), "/opt/rigbook/sglang/0.5.23-x") is None
+    (system / "etc/modprobe.d").mkdir(parents=True)
+    assert static_evidence.uvm_disable_hmm_configured(str(system)) is False
+    (system / "etc/modprobe.d/nvidia-uvm-hmm.conf").write_text("options nvidia_uvm uvm_disable_hmm=1\n")
+    assert static_evidence.uvm_disable_hmm_configured(str(system)) is True

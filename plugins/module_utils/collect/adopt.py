@@ -386,11 +386,14 @@ def dkms_facts(system, run):
 
 
 def nvidia_userspace(system):
-    """The NVIDIA userspace version, from the libnvidia-ml.so.VERSION file name, or None."""
-    for pattern in ("usr/lib/x86_64-linux-gnu/libnvidia-ml.so.*.*", "usr/lib64/libnvidia-ml.so.*.*",
-                    "usr/lib/libnvidia-ml.so.*.*"):
-        for path in sorted(glob.glob(os.path.join(system, pattern))):
-            return os.path.basename(path)[len("libnvidia-ml.so."):]
+    """The NVIDIA userspace version, from the versioned file name of libnvidia-ml.so or libcuda.so (both the .run
+    installer's; libcuda's is what the nvidia_p2p_driver role checks), or None."""
+    for lib in ("libnvidia-ml.so.", "libcuda.so."):
+        for folder in ("usr/lib/x86_64-linux-gnu", "usr/lib64", "usr/lib"):
+            for path in sorted(glob.glob(os.path.join(system, folder, lib + "*.*"))):
+                version = os.path.basename(path)[len(lib):]
+                if re.match(r"^[0-9]+(\.[0-9]+)+$", version):
+                    return version
     return None
 
 

@@ -162,6 +162,12 @@ def test_dkms_modules_with_the_forks_git_origin_read_from_its_files(tmp_path):
          "git": None}]
     assert adopt.nvidia_userspace(str(system)) == "615.71.09"
     assert adopt.nvidia_userspace(str(tmp_path / "none")) is None
+    # the lab's stand-in installer leaves only the versioned libcuda (the file the nvidia_p2p_driver role checks)
+    other = tmp_path / "other/usr/lib/x86_64-linux-gnu"
+    other.mkdir(parents=True)
+    (other / "libcuda.so.1").write_bytes(b"")
+    (other / "libcuda.so.615.71.09").write_bytes(b"")
+    assert adopt.nvidia_userspace(str(tmp_path / "other")) == "615.71.09"
     assert adopt.dkms_facts(str(system), _run({})) == []  # no dkms on the box
 
 

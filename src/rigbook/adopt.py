@@ -672,11 +672,35 @@ def output_path(inventory_dir, host: str, group: str | None, given: str | None):
     if given:
         return Path(given)
     folder = Path(inventory_dir) / ("group_vars" if group else "host_vars")
-    if group and any((folder / name_file(group, suffix)).is_file() for suffix in (".yml", ".yaml")):
-        # the group's own file holds what the owner wrote (its rig, GPUs, P2P): adopt's file goes beside it, in the
-        # group's folder, which Ansible reads as well
+    if group and (_group_file(folder, group) or (folder / name_file(group, "")).is_dir()):
+        # the group has variables of its own (its rig, GPUs, P2P): adopt's file goes in the group's folder, beside
+        # them (group_file_to_folder moves a GROUP.yml in: Ansible reads a group's folder or its file, not both)
         return folder / name_file(group, "") / "adopted.yml"
     return folder / name_file(group or host, ".yml")
+
+
+def _group_file(folder, group: str):
+    """The group's own vars file (group_vars/GROUP.yml or .yaml), or None."""
+    from rigbook.paths import name_file
+
+    found = [folder / name_file(group, suffix) for suffix in (".yml", ".yaml")]
+    return next((p for p in found if p.is_file()), None)
+
+
+def group_file_to_folder(target):
+    """Before adopt writes group_vars/GROUP/adopted.yml: move group_vars/GROUP.yml (or .yaml) into that folder,
+    content unchanged, as Ansible reads a group's folder or its file, never both. The path moved to, or None."""
+    if target.name != "adopted.yml":
+        return None
+    own = _group_file(target.parent.parent, target.parent.name)
+    if own is None:
+        return None
+    target.parent.mkdir(exist_ok=True)
+    moved = target.parent / own.name
+    if moved.exists():
+        raise UserError(f"adopt --group: {moved} exists beside {own}; merge them by hand (nothing was written)")
+    own.rename(moved)
+    return moved
 
 
 def _group_of(inv, host: str, path) -> str:
@@ -781,7 +805,16 @@ def adopt_command(host: str, inventory: str, output: str | None = None, group: b
     if taken:
         raise UserError(f"adopt: {', '.join(taken)} exists; --force replaces it (nothing was written)")
     target.parent.mkdir(exist_ok=True)  # the inventory's host_vars/ or group_vars/ (-o: checked above)
-    write_together({target: text, **beside})
+    moved = group_file_to_folder(target) if not output else None
+    try:
+        write_together({target: text, **beside})
+    except BaseException:
+        if moved is not None:  # nothing half: the group's file back where it was
+            moved.rename(target.parent.parent / moved.name)
+        raise
+    if moved is not None:
+        print(f"adopt: moved the group's own variables into {moved} (Ansible reads a group's folder or its file, "
+              "not both)", file=stream)
     print(f"adopt: {host}: wrote {target}" + "".join(f", {p}" for p in beside), file=stream)
     for text in notes:
         print(f"  note: {text}", file=stream)

@@ -17,6 +17,9 @@ import yaml
 from rigbook.errors import UserError
 
 YAML_SUFFIXES = (".yml", ".yaml")
+# The order in which Ansible's host_group_vars plugin looks for a group's or host's variables: a folder (or a file
+# without a suffix), then .yml, .yaml, .json; it reads the first it finds and nothing else of that name.
+ANSIBLE_ORDER = {"": 0, ".yml": 1, ".yaml": 2, ".json": 3}
 # Files in an inventory directory that are documentation, not inventory.
 IGNORED_SUFFIXES = (".md", ".txt", ".rst", ".retry", ".bak", ".orig", "~", ".pyc", ".cfg")
 
@@ -268,8 +271,16 @@ class _Loader:
         directory = base / f"{kind}_vars"
         if not directory.is_dir():
             return
-        for entry in sorted(directory.iterdir()):
+        ansible_reads = {}  # name -> the one entry Ansible reads of that name (its vars plugin stops at the first)
+        for entry in sorted(directory.iterdir(), key=lambda e: (e.name.split(".")[0], ANSIBLE_ORDER.get(
+                e.name[len(e.name.split(".")[0]):], 9))):
             name = entry.stem if entry.is_file() else entry.name
+            if entry.is_dir() or entry.suffix in YAML_SUFFIXES:
+                first = ansible_reads.setdefault(name, entry)
+                if first != entry:
+                    raise UserError(f"{entry}: Ansible does not read it: of {kind}_vars/{name}, {name}/, {name}.yml, "
+                                    f"{name}.yaml and {name}.json it reads the first there, {first.name}; move it "
+                                    f"into {kind}_vars/{name}/")
             files = (
                 [entry]
                 if entry.is_file()

@@ -412,8 +412,15 @@ def test_group_adopt_writes_the_most_specific_group_beside_its_own_file(tmp_path
     assert adopt._group_of(loaded, "box-1", inv) == "x99_3080"  # not `lab`, its parent
     assert adopt.output_path(inv, "box-1", "x99_3080", None) == inv / "group_vars/x99_3080.yml"
     (inv / "group_vars/x99_3080.yml").write_text("rigbook_gpu: {vendor: nvidia, count: 2}\n")
-    # the group's own file stays the owner's: adopt's goes in the group's folder, which Ansible reads too
-    assert adopt.output_path(inv, "box-1", "x99_3080", None) == inv / "group_vars/x99_3080/adopted.yml"
+    # the group's own file stays the owner's: adopt's goes in the group's folder, and the group's file moves in
+    # beside it, unchanged (Ansible reads a group's folder or its file, never both)
+    target = adopt.output_path(inv, "box-1", "x99_3080", None)
+    assert target == inv / "group_vars/x99_3080/adopted.yml"
+    moved = adopt.group_file_to_folder(target)
+    assert moved == inv / "group_vars/x99_3080/x99_3080.yml" and not (inv / "group_vars/x99_3080.yml").exists()
+    assert moved.read_text() == "rigbook_gpu: {vendor: nvidia, count: 2}\n"
+    assert adopt.output_path(inv, "box-1", "x99_3080", None) == target  # the folder now: still beside
+    assert adopt.group_file_to_folder(target) is None
 
 
 def test_group_adopt_refuses_a_group_that_pins_already(tmp_path):

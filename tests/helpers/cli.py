@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import stat
 import subprocess
@@ -51,6 +52,20 @@ def tree_listing(root: Path, skip=()) -> dict:
                 what = None
             seen[str(path.relative_to(root))] = (stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode), what)
     return seen
+
+
+def changed_tasks(run_dir) -> dict:
+    """{host: [(task name, its result)]} of the tasks that reported a change (or would, in check mode) in the run
+    stored in RUN_DIR, in order (ansible-runner's job events)."""
+    events = []
+    for path in Path(run_dir).glob("artifacts/*/job_events/*.json"):
+        event = json.loads(path.read_text())
+        if event.get("event") == "runner_on_ok" and (event["event_data"].get("res") or {}).get("changed"):
+            events.append((event["counter"], event["event_data"]))
+    found: dict = {}
+    for _, data in sorted(events, key=lambda e: e[0]):
+        found.setdefault(data["host"], []).append((data["task"], data["res"]))
+    return found
 
 
 # --- inventories edited by a test ---------------------------------------------------------------------------

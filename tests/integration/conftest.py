@@ -50,7 +50,7 @@ def lab_group(item) -> str | None:
     """The lab group of ITEM (None: it uses no lab)."""
     if _step(item) is None:
         return None
-    if {"no_lab", "three_hosts"} & set(getattr(item, "fixturenames", ())):
+    if {"no_lab", "three_hosts", "adopted_pair"} & set(getattr(item, "fixturenames", ())):
         return "own"
     if item.path.name in CONVERGED:
         return "converged"
@@ -145,16 +145,21 @@ def no_lab():
 
 
 @pytest.fixture(scope="module")
-def three_hosts(tmp_path_factory):
-    """Three lab hosts (lab-3080, lab-r9700, lab-3080-2 started bare) for tests/integration/test_three_hosts_lab.py,
-    up once for that module in a state directory of its own; yields the generated inventory's path. The session's
-    lab is taken down first (it may hold the same addresses when one process runs every test)."""
+def adopted_pair(tmp_path_factory):
+    """Two fresh x99-3080 lab hosts (lab-3080, to be set up by hand, and lab-3080-2, its twin to be) for
+    tests/integration/test_adopt_lab.py, up once for that module in a state directory of its own; yields that state
+    directory's generated inventory. The session's lab is taken down first."""
+    yield from _own_lab(tmp_path_factory, "adopted-pair", ["--hosts", "2", "--rig", "x99-3080"])
+
+
+def _own_lab(tmp_path_factory, name: str, up_args: list):
+    """`lab up UP_ARGS` in a state directory of its own for one module; yields the generated inventory's path and
+    takes the lab down (nothing left) at the end."""
     take_down()
     before = os.environ.get("RIGBOOK_STATE_DIR")
-    os.environ["RIGBOOK_STATE_DIR"] = str(tmp_path_factory.mktemp("three-hosts") / "state")
+    os.environ["RIGBOOK_STATE_DIR"] = str(tmp_path_factory.mktemp(name) / "state")
     try:
-        up = provision("lab", "up", "--hosts", "3", "--rig", "x99-3080", "x99-r9700", "x99-3080",
-                       "--bare", "lab-3080-2", timeout=900)
+        up = provision("lab", "up", *up_args, timeout=900)
         try:
             assert up.returncode == 0, up.stdout + up.stderr
             generated = state.lab_dir() / "inventory"
@@ -169,3 +174,12 @@ def three_hosts(tmp_path_factory):
             os.environ.pop("RIGBOOK_STATE_DIR", None)
         else:
             os.environ["RIGBOOK_STATE_DIR"] = before
+
+
+@pytest.fixture(scope="module")
+def three_hosts(tmp_path_factory):
+    """Three lab hosts (lab-3080, lab-r9700, lab-3080-2 started bare) for tests/integration/test_three_hosts_lab.py,
+    up once for that module in a state directory of its own; yields the generated inventory's path. The session's
+    lab is taken down first (it may hold the same addresses when one process runs every test)."""
+    yield from _own_lab(tmp_path_factory, "three-hosts", ["--hosts", "3", "--rig", "x99-3080", "x99-r9700",
+                                                          "x99-3080", "--bare", "lab-3080-2"])

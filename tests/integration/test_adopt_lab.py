@@ -1,0 +1,201 @@
+"""`provision adopt` of a box set up by hand, on a two-host lab of its own (marker: lab): lab-3080 set up the way seed
+000's owner did it, outside rigbook's roles (`provision lab handmade`: kernel .debs with dpkg -i, the driver fork
+cloned and built with dkms by hand, one pip venv, the engine stand-in started with nohup), and lab-3080-2, a fresh
+host that becomes its twin. In order, each test building on the one before:
+
+1. adopt reads the box and changes nothing on it (a listing of its whole tree, every file's sha256, before and after
+   is equal), and writes the group's pins and serve profile with where each value was read; what it could not pin
+   (the fork's source tarball and the userspace installer: files on the owner's side) is listed, and filled in here
+   as the list says, from the lab's artifacts.
+2. check mode on the adopted box changes only rigbook's own files (its GRUB drop-in, apt preferences, modprobe and
+   environment files, stamps, state file, unit) and holds the kernel: no package installed, no module built, no venv
+   made, no reboot; the converge then adds those files and restarts the engine once (the one started by hand is
+   stopped, the unit's serves), the ladder passes, a re-run changes nothing, and the first baseline is recorded from
+   the adopted box.
+3. the twin converged from the adopted pins: `provision diff` of the two is clean apart from host-unique items, and
+   the twin is judged by the group baseline.
+
+Only 127.0.0.0/8 is contacted.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import yaml
+from helpers.cli import REPO, changed_tasks, provision, tree_listing
+from helpers.lab_host import LAB_MARKS, LabHost
+
+from rigbook.lab import handmade
+
+pytestmark = LAB_MARKS
+# the engine stand-in's processes (an interpreter running the script), not a shell whose command line names it
+ENGINES = "pgrep -f '^[^ ]*python[^ ]* /var/cache/rigbook/artifacts/sglang-standin.py'"
+BOX, TWIN, GROUP = "lab-3080", "lab-3080-2", "x99_3080"
+# What may change on a host while adopt reads it: logins (journal, lastlog, wtmp), Ansible's temporary files, the
+# runtime folders, the engine's own log.
+VOLATILE = ("proc", "sys", "dev", "run", "tmp", "var/tmp", "var/log", "home/rigbook/.ansible", "root/.ansible",
+            "root/serve.log", "var/lib/systemd")
+# The tasks that may report a change on the adopted box in check mode: rigbook's own files and the kernel's hold.
+RIGBOOKS_OWN = {
+    "Install and hold the pinned kernel",  # held, nothing installed (asserted below)
+    "Create the GRUB drop-in directory",
+    "Put the command line and default entry in the GRUB drop-in",
+    "Keep apt from installing stock NVIDIA kernel modules again",
+    "Build and install the fork through DKMS for every installed kernel",  # stamped only (asserted below)
+    "Disable HMM in nvidia-uvm (iommu=pt)",
+    "Create rigbook's state directory",
+    "Record which kernels carry the fork",
+    "Link lib64 to lib (nvcc.profile links from lib64)",
+    "Write the toolchain's block of the GPU environment file (CUDA_HOME, CUDA_PATH)",
+    "Check versions, then compile and link a test .cu",  # its stamp
+    "Create the directory of the lock and the patch set",
+    "Copy the lock and the patch set",
+    "Check the SGLang venv (versions, commit, patches, stamp)",  # stamped only (asserted below)
+    "Check the serve units (profiles, files, unit states)",
+}
+
+
+def _inventory(generated: str) -> Path:
+    """The inventory an owner of these two boxes writes: the lab's hosts and connection, the group's rig, GPUs and
+    P2P (inventory/lab's x99_3080.yml without its pins and serve profile: adopt writes those), each host's serve
+    address of its own (the lab's hosts share this machine's network)."""
+    inv = Path(generated).parent / "adopted-inventory"
+    if inv.exists():
+        return inv
+    (inv / "group_vars").mkdir(parents=True)
+    shutil.copy(REPO / "inventory/lab/group_vars/lab.yml", inv / "group_vars/lab.yml")
+    group = yaml.safe_load((REPO / f"inventory/lab/group_vars/{GROUP}.yml").read_text())
+    for key in ("rigbook_pins", "rigbook_serve"):
+        group.pop(key)
+    (inv / f"group_vars/{GROUP}.yml").write_text("---\n" + yaml.safe_dump(group, sort_keys=False))
+    hosts = yaml.safe_load((Path(generated) / "hosts.yml").read_text())
+    for entry in hosts["all"]["children"]["lab"]["children"][GROUP]["hosts"].values():
+        entry.pop("rigbook_serve", None)
+    (inv / "hosts.yml").write_text(yaml.safe_dump(hosts, sort_keys=False))
+    return inv
+
+
+def _adopted(inv: Path) -> Path:
+    return inv / f"group_vars/{GROUP}/adopted.yml"
+
+
+def test_adopt_reads_a_box_set_up_by_hand_and_changes_nothing_on_it(adopted_pair):
+    inv = _inventory(adopted_pair)
+    box = LabHost(BOX)
+    made = provision("lab", "handmade", BOX, timeout=900)
+    assert made.returncode == 0, made.stdout + made.stderr
+    by_hand = int(box.out(ENGINES).strip())
+
+    before = tree_listing(box.host.root, skip=[box.host.root / p for p in VOLATILE])
+    adopt = provision("adopt", BOX, "-i", inv, "--group", "--debs-dir", "/root/kernel-debs", timeout=600)
+    after = tree_listing(box.host.root, skip=[box.host.root / p for p in VOLATILE])
+    assert adopt.returncode == 1, adopt.stdout[-3000:] + adopt.stderr[-3000:]  # written, not ready yet: see below
+    changed = sorted(p for p in set(before) | set(after) if before.get(p) != after.get(p))
+    assert changed == [], changed[:20]
+    assert int(box.out(ENGINES).strip()) == by_hand  # the engine kept running
+
+    written = _adopted(inv)
+    text = written.read_text()
+    data = yaml.safe_load(text)
+    pins = data["rigbook_pins"]
+    assert pins["kernel"] == {"release": handmade.KERNEL, "source": "distro",
+                              "packages": [f"linux-headers-{handmade.KERNEL}", f"linux-image-{handmade.KERNEL}"],
+                              "cmdline": ["intel_iommu=on", "iommu=pt"]}
+    driver = pins["nvidia_driver"]
+    assert (driver["version"], (driver["fork_repo"], driver["branch"])) == (handmade.DRIVER, handmade.seed_fork())
+    assert driver["userspace_version"] == handmade.DRIVER and driver["uvm_disable_hmm"] is True
+    assert len(driver["commit"]) == 40
+    assert pins["cuda_toolchain"] == {"version": handmade.CUDA, "venv": handmade.VENV,
+                                      "packages": ["nvidia-cuda-nvcc", "nvidia-cuda-crt", "nvidia-nvvm"]}
+    assert pins["sglang"]["version"] == handmade.SGLANG and pins["sglang"]["venv"] == handmade.VENV
+    lock = (inv / pins["sglang"]["lock"]).read_text()
+    assert f"sglang=={handmade.SGLANG}" in lock and f"nvidia-cuda-nvcc=={handmade.CUDA}" in lock
+    [profile] = data["rigbook_serve"]
+    assert profile == {"name": "engine", "model_path": "/srv/models/standin-model", "served_model_name": "standin",
+                       "tp_size": 2, "mem_fraction_static": 0.88, "context_length": 32768,
+                       "max_total_tokens": 30000, "custom_all_reduce": False, "bind": box.host.address,
+                       "port": handmade.ENGINE_PORT, "env": handmade.ENGINE_ENV}
+    # where each value was read
+    assert "# dkms status: nvidia/615.71.09" in text and f"# {handmade.VENV}" in text
+    assert "(started from a shell, no unit)" in text
+    # what could not be pinned, named, and the readiness check that says the same
+    assert "rigbook_pins.nvidia_driver.source and userspace_installer" in adopt.stdout
+    assert "userspace_installer: needed by the nvidia_p2p_driver role" in adopt.stderr
+
+    # The owner fills in what the list names (the fork's tarball and the userspace installer), and where a twin gets
+    # its wheels: files on the owner's side, as inventory/lab has them (the lab has no GPU: SGLang without its GPU
+    # dependencies and no import check, as inventory/lab installs it).
+    lab = yaml.safe_load((REPO / f"inventory/lab/group_vars/{GROUP}.yml").read_text())["rigbook_pins"]
+    pins["nvidia_driver"].update(source=lab["nvidia_driver"]["source"],
+                                 userspace_installer=lab["nvidia_driver"]["userspace_installer"])
+    pins["cuda_toolchain"]["wheel_dir"] = lab["cuda_toolchain"]["wheel_dir"]
+    pins["sglang"].update(wheel_dir=lab["sglang"]["wheel_dir"], no_deps=True, import_check=False)
+    written.write_text(yaml.safe_dump(data, sort_keys=False))
+    ready = provision("validate", "-i", inv)
+    assert ready.returncode == 0, ready.stdout + ready.stderr
+
+
+def test_check_mode_changes_only_rigbooks_files_and_the_converge_restarts_the_engine_once(adopted_pair):
+    inv = _inventory(adopted_pair)
+    box = LabHost(BOX)
+    by_hand = int(box.out(ENGINES).strip())
+    boots = box.boots()
+
+    check = provision("site.yml", "-i", inv, "--limit", BOX, "--check", "--diff", "--json", timeout=900)
+    assert check.returncode == 0, check.stdout[-3000:] + check.stderr[-3000:]
+    tasks = changed_tasks(json.loads(check.stdout)["run_dir"])[BOX]
+    names = [name for name, _ in tasks]
+    assert set(names) <= RIGBOOKS_OWN, sorted(set(names) - RIGBOOKS_OWN)
+    results = dict(tasks)
+    assert results["Install and hold the pinned kernel"]["installed"] == []
+    assert results["Build and install the fork through DKMS for every installed kernel"]["stamped"] is True
+    assert results["Build and install the fork through DKMS for every installed kernel"]["built"] == []
+    assert results["Check the SGLang venv (versions, commit, patches, stamp)"]["adopted"] is True
+    units = results["Check the serve units (profiles, files, unit states)"]["units"]
+    assert [p["pid"] for p in units["engine"]["stops_by_hand"]] == [by_hand]
+
+    site = provision("site.yml", "-i", inv, "--limit", BOX, "--json", timeout=1800)
+    assert site.returncode == 0, site.stdout[-3000:] + site.stderr[-3000:]
+    assert box.boots() == boots  # no reboot
+    ladder = json.loads(site.stdout)["hosts"][BOX]["ladder"]
+    assert {v["layer"]: v["status"] for v in ladder}["serving"] == "pass", ladder
+    assert not [v for v in ladder if v["status"] == "fail"], ladder
+    # the engine restarted once: the one started by hand is gone, the unit's is the only one
+    assert box.run(f"test -d /proc/{by_hand}", check=False).returncode != 0
+    assert box.out("systemctl is-active rigbook-serve-engine.service").strip() == "active"
+    [engine] = box.out(ENGINES).split()
+    assert box.out("systemctl show -p MainPID --value rigbook-serve-engine.service").strip() == engine
+
+    again = provision("site.yml", "-i", inv, "--limit", BOX, "--json", timeout=900)
+    assert again.returncode == 0 and json.loads(again.stdout)["hosts"][BOX]["changed"] == 0, again.stdout[-3000:]
+    record = provision("baseline", "record", "-i", inv, "--limit", BOX, "--group", timeout=600)
+    assert record.returncode == 0, record.stdout[-2000:] + record.stderr[-2000:]
+
+
+def test_a_twin_from_the_adopted_pins_diffs_clean_and_is_held_to_the_group_baseline(adopted_pair):
+    inv = _inventory(adopted_pair)
+    twin = LabHost(TWIN)
+    # the twin's serve address is its own (host-unique): the adopted profile with the twin's bind
+    profiles = yaml.safe_load(_adopted(inv).read_text())["rigbook_serve"]
+    hosts = yaml.safe_load((inv / "hosts.yml").read_text())
+    hosts["all"]["children"]["lab"]["children"][GROUP]["hosts"][TWIN]["rigbook_serve"] = [
+        {**p, "bind": twin.host.address} for p in profiles]
+    (inv / "hosts.yml").write_text(yaml.safe_dump(hosts, sort_keys=False))
+    site = provision("site.yml", "-i", inv, "--limit", TWIN, "--json", timeout=1800)
+    assert site.returncode == 0, site.stdout[-3000:] + site.stderr[-3000:]
+    assert json.loads(site.stdout)["hosts"][TWIN]["baseline_source"] == f"group {GROUP}"
+
+    manifest = provision("manifest", "-i", inv, "--limit", GROUP, timeout=600)
+    assert manifest.returncode == 0, manifest.stdout[-2000:] + manifest.stderr[-2000:]
+    diff = provision("diff", BOX, TWIN, "--json")
+    assert diff.returncode == 0, diff.stdout[-3000:] + diff.stderr[-3000:]
+    result = json.loads(diff.stdout)
+    assert result["pinned"] == {}, result["pinned"]
+    unique = {row["item"] for row in result["unique"]}
+    assert {"host.hostname", "host.machine_id"} <= unique
+    verify = provision("verify", "-i", inv, "--limit", TWIN, "--json", timeout=600)
+    assert verify.returncode == 0, verify.stdout[-2000:] + verify.stderr[-2000:]
+    assert json.loads(verify.stdout)["hosts"][TWIN]["baseline_source"] == f"group {GROUP}"

@@ -520,6 +520,24 @@ def _from_venv_stamp(engine: dict, pin: dict, comments: dict, notes: list) -> No
         comments[key + ("wheel_dir",)] = where
 
 
+def _flags_sglang_lacks(engine: dict, profile: dict, index: int) -> list:
+    """What to say of each flag of PROFILE's extra_args that the engine's installed SGLang does not define (its
+    "sglang_flags", read from its sources; a unique prefix counts, as the engine's argument parser reads it)."""
+    known = engine.get("sglang_flags")
+    if not known:
+        return []
+    version = next((p["version"] for p in engine.get("packages") or [] if p.get("name") == "sglang"), "?")
+    lacking = []
+    for word in profile.get("extra_args") or []:
+        flag = word.partition("=")[0]
+        if flag.startswith("--") and not any(k.startswith(flag) for k in known):
+            lacking.append(f"rigbook_serve[{index}].extra_args ({profile['name']}): the engine was started with "
+                           f"{flag}, which sglang {version} in {engine.get('venv')} does not define (its "
+                           "server_args): an engine from these pins refuses it; remove it or pin the SGLang "
+                           "that has it")
+    return lacking
+
+
 def variables_of(facts: dict) -> tuple:
     """(variables, comments {path: where}, unpinned [text], notes [text]) of the facts adopt_facts read."""
     return adopt_of(facts)[:4]
@@ -563,6 +581,7 @@ def adopt_of(facts: dict, host: str = "HOST", inventory_dir=".", wheels_dir: str
             notes.append(f"{name}: {secret} is in the engine's environment and looks like a secret: not copied")
         comments[("rigbook_serve", len(profiles))] = where
         notes += [f"{name}: {text}" for text in found]
+        unpinned += _flags_sglang_lacks(engine, profile, len(profiles))
         profiles.append(profile)
         sglang = [p for p in engine.get("packages") or [] if p.get("name") == "sglang"]
         if engine.get("env_from_rigbook"):

@@ -344,6 +344,44 @@ def sglang_files(system, venv, packages):
     return found
 
 
+# Where an installed SGLang defines its command-line flags: add_argument("--flag", ...) calls and, in newer releases,
+# dataclass fields `name: A[...]` that become --name (sglang/srt/arg_groups/arg_utils.py, _field_to_cli_name).
+SGLANG_FLAG_FILES = ("sglang/srt/server_args.py", "sglang/srt/arg_groups")
+FLAG_LITERAL = re.compile(r"[\"'](--[A-Za-z0-9][A-Za-z0-9_-]*)[\"']")
+FLAG_FIELD = re.compile(r"^\s+([a-z][a-z0-9_]*)\s*:\s*A\[", re.M)
+MAX_FLAG_SOURCE = 4 << 20  # characters of one source file read
+
+
+def sglang_flags(system, venv):
+    """Sorted flags the sglang installed in VENV accepts, read from its sources (SGLANG_FLAG_FILES): a superset (a
+    quoted "--word" anywhere there counts); None when the venv has no such sources (nothing to judge by)."""
+    site = site_packages(system, venv)
+    if site is None:
+        return None
+    sources = []
+    for rel in SGLANG_FLAG_FILES:
+        path = _inside(site, rel)
+        if path is None:
+            continue
+        if os.path.isfile(path):
+            sources.append(path)
+        for top, dirs, names in os.walk(path) if os.path.isdir(path) else ():
+            dirs[:] = sorted(d for d in dirs if not os.path.islink(os.path.join(top, d)))
+            sources += [os.path.join(top, n) for n in sorted(names) if n.endswith(".py")]
+    flags = set()
+    for path in sources:
+        if os.path.islink(path):
+            continue
+        try:
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                text = handle.read(MAX_FLAG_SOURCE)
+        except OSError:
+            continue
+        flags.update(FLAG_LITERAL.findall(text))
+        flags.update("--" + name.replace("_", "-") for name in FLAG_FIELD.findall(text))
+    return sorted(flags) or None
+
+
 def git_origin(system, folder):
     """{"repo", "branch", "commit"} of a git work tree FOLDER read from its .git files (no git needed), or None."""
     git = os.path.join(folder, ".git")
@@ -544,6 +582,7 @@ def adopt_facts(system, run, debs_dir=None, engine=None, evidence_root=None, whe
         for folder in ([wheels_dir] if isinstance(wheels_dir, str) else wheels_dir or []):
             wheel_files(system, folder, engine["packages"])
         engine["sglang_files"] = sglang_files(system, engine["venv"], engine["packages"]) if engine["venv"] else None
+        engine["sglang_flags"] = sglang_flags(system, engine["venv"]) if engine["venv"] else None
         for library in engine.get("libraries") or []:
             if COLLECTIVES.match(os.path.basename(library["path"])):
                 library["build"] = build_stamp(system, library["path"])

@@ -451,3 +451,36 @@ def test_a_venv_rigbook_made_is_adopted_as_its_stamp_says_and_rigbooks_gpu_envir
     [profile] = variables["rigbook_serve"]
     assert profile["name"] == "standin" and profile["env"] == {"RIGBOOK_EVIDENCE_ROOT": "/var/lib/rigbook-lab/evidence"}
     assert any("CUDA_HOME, CUDA_PATH came from rigbook's GPU environment file" in n for n in notes)
+
+
+def test_a_flag_the_pinned_sglang_lacks_is_named_and_a_seed_trap_gets_the_written_profiles_error(tmp_path):
+    from rigbook import validate
+
+    args = ["--model-path", "/srv/models/qwen", "--tp", "2", "--context-length", "200000", "--max-total-tokens",
+            "200000", "--enable-metrics", "--no-such-flag", "3"]
+    engine = {"pid": 4100, "unit": None, "venv": "/opt/v", "args": args, "env": {}, "secret_env": [],
+              "packages": [{"name": "sglang", "version": "0.5.23", "install": "index"}],
+              "sglang_flags": ["--context-length", "--enable-metrics", "--max-total-tokens", "--model-path",
+                               "--tp-size"]}
+    variables, _, unpinned, notes = adopt.variables_of({"kernel": {}, "engines": [engine]})
+    [profile] = variables["rigbook_serve"]
+    assert profile["extra_args"] == ["--enable-metrics", "--no-such-flag", "3"] and profile["tp_size"] == 2
+    [lacking] = [u for u in unpinned if "--no-such-flag" in u]
+    assert "sglang 0.5.23 in /opt/v does not define" in lacking and "--enable-metrics" not in lacking
+    assert any("extra_args: --no-such-flag" in n for n in notes)
+    # without the sources to judge by, no flag is called unknown
+    engine["sglang_flags"] = None
+    assert not [u for u in adopt.variables_of({"kernel": {}, "engines": [engine]})[2] if "does not define" in u]
+
+    # the adopted profile, as adopt writes it, meets the same rule (seed 000's pool at the full context) as the same
+    # profile written by hand
+    messages = []
+    for name, text in (("adopted", adopt.render("box-1", variables, {}, [], [])),
+                       ("written", "---\n" + yaml.safe_dump({"rigbook_serve": [profile]}))):
+        inv = tmp_path / name
+        (inv / "host_vars").mkdir(parents=True)
+        (inv / "hosts.yml").write_text("all:\n  hosts:\n    box-1:\n      ansible_host: 127.0.0.1\n")
+        (inv / "host_vars/box-1.yml").write_text(text)
+        _, problems, _ = validate.check(inv)
+        messages.append([(p.key_path, p.message) for p in problems if "max_total_tokens" in p.key_path])
+    assert messages[0] == messages[1] and len(messages[0]) == 1 and "seed 000" in messages[0][0][1]

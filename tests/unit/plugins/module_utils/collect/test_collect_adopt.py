@@ -426,3 +426,22 @@ def test_rigbooks_own_files_on_a_box_are_read_as_rigbook_wrote_them(tmp_path):
     assert static_evidence.uvm_disable_hmm_configured(str(system)) is False
     (system / "etc/modprobe.d/nvidia-uvm-hmm.conf").write_text("options nvidia_uvm uvm_disable_hmm=1\n")
     assert static_evidence.uvm_disable_hmm_configured(str(system)) is True
+
+
+def test_the_flags_an_installed_sglang_defines_from_its_argument_calls_and_fields(tmp_path):
+    site = tmp_path / "opt/v/lib/python3.11/site-packages"
+    # shaped as SGLang 0.5.23's sources: a few flags by add_argument, most from annotated dataclass fields
+    (site / "sglang/srt/arg_groups/fields").mkdir(parents=True)
+    (site / "sglang/srt/server_args.py").write_text('        parser.add_argument(\n            "--config",\n'
+                                                     '            type=str,\n        )\n')
+    (site / "sglang/srt/arg_groups/fields/schedule.py").write_text(
+        "class ScheduleArgs:\n    max_total_tokens: A[\n        Optional[int],\n    ] = None\n"
+        '    model_path: A[str, Arg(help="Path.", aliases=["--model"])]\n    not_a_flag = 3\n')
+    (site / "sglang/srt/arg_groups/elsewhere.py").symlink_to("/etc/passwd")  # a link is never read
+    assert adopt.sglang_flags(str(tmp_path), "/opt/v") == ["--config", "--max-total-tokens", "--model",
+                                                          "--model-path"]
+    # no sources to judge by: None, not an empty list that would call every flag unknown
+    assert adopt.sglang_flags(str(tmp_path), "/opt/none") is None
+    (site / "sglang/srt/server_args.py").unlink()
+    (site / "sglang/srt/arg_groups/fields/schedule.py").write_text("nothing here\n")
+    assert adopt.sglang_flags(str(tmp_path), "/opt/v") is None

@@ -50,7 +50,7 @@ def _profile_name(engine: dict, taken: set) -> str:
     return name
 
 
-def _kernel(kernel: dict, comments: dict, unpinned: list) -> dict | None:
+def _kernel(kernel: dict, comments: dict, unpinned: list, notes: list) -> dict | None:
     release = kernel.get("release")
     if not release:
         unpinned.append("rigbook_pins.kernel: the running kernel release could not be read "
@@ -65,9 +65,15 @@ def _kernel(kernel: dict, comments: dict, unpinned: list) -> dict | None:
         comments[("rigbook_pins", "kernel", "source")] = "apt-cache policy: " + "; ".join(
             f"{p['name']} {p['version']} from {(p.get('sources') or ['?'])[0]}" for p in packages)
         # the release's own image and headers (what apt then pulls in with them, e.g. headers-common, follows)
-        pin["packages"] = [p["name"] for p in packages if p["name"].startswith(("linux-image-", "linux-headers-"))
-                           and p["name"].endswith("-" + release)]
+        pin["packages"] = sorted((p["name"] for p in packages if p["name"].startswith(("linux-image-",
+                                                                                       "linux-headers-"))
+                                  and p["name"].endswith("-" + release)), key=lambda n: not n.startswith("linux-image-"))
         comments[("rigbook_pins", "kernel", "packages")] = "dpkg-query: the installed image and headers of " + release
+        for p in packages:
+            if p.get("deb"):
+                notes.append(f"{p['deb']['path']} (sha256 {p['deb']['sha256']}) is {p['name']} {p['version']}, the "
+                             "version the archive offers: pinned by name from the archive; to install that file "
+                             "instead, set source: debs and list it under debs")
     elif local:
         pin["source"] = "debs"
         comments[("rigbook_pins", "kernel", "source")] = ("apt-cache policy: no archive offers "
@@ -94,6 +100,23 @@ def _kernel(kernel: dict, comments: dict, unpinned: list) -> dict | None:
         unpinned.append(f"GRUB_DEFAULT={default!r} ({kernel.get('grub_default_file')}) does not name the running "
                         f"kernel {release}: the kernel role will make the pinned one the default")
     return pin
+
+
+def _p2pdma_bridges(facts: dict) -> list:
+    """What to say when the GPUs sit on different root ports behind a host bridge the upstream kernel does not allow
+    for P2PDMA (the static layer's rule): whether this box's kernel was patched to allow it is not readable."""
+    from ansible_collections.rigbook.homelab.plugins.module_utils.judges import static_layers
+
+    bridges = static_layers.p2pdma_host_bridges({"gpus": facts.get("gpus"), "cpu": facts.get("cpu")})
+    if not isinstance(bridges, list):
+        return []
+    foreign = [ids for ids in bridges if ids not in static_layers.P2PDMA_HOST_BRIDGES]
+    if not foreign:
+        return []
+    return [f"rigbook_pins.kernel.p2pdma_allow: the GPUs sit on different root ports behind host bridge "
+            f"{', '.join(foreign)}, which the upstream kernel does not allow for P2PDMA (drivers/pci/p2pdma.c); "
+            "whether this kernel was patched to allow it cannot be read: if it was (seed 004's X99 box patches "
+            "8086:6f00 in), list it in p2pdma_allow, or the ladder's static layer fails"]
 
 
 def _nvidia_driver(facts: dict, comments: dict, unpinned: list, notes: list) -> dict | None:
@@ -151,6 +174,17 @@ def _cuda_venv(facts: dict) -> tuple:
     return None, [], None
 
 
+def _one_wheel_folder(packages: list, names: list) -> str | None:
+    """The one folder (given with --wheels-dir) holding a wheel file of the installed version of each of NAMES among
+    PACKAGES ("wheels", collect.adopt.wheel_files), or None."""
+    folders = None
+    for p in packages:
+        if p.get("name") in names:
+            found = {w["path"].rsplit("/", 1)[0] for w in p.get("wheels") or []}
+            folders = found if folders is None else folders & found
+    return sorted(folders)[0] if folders else None
+
+
 def _cuda_toolchain(facts: dict, comments: dict, unpinned: list, notes: list) -> dict | None:
     """The CUDA toolchain pin from the nvcc/crt/nvvm wheels of the venv that holds them: version (nvcc's), the
     packages found, the venv when not the role's default, the runtime's version when it differs. crt or nvvm at
@@ -192,6 +226,10 @@ def _cuda_toolchain(facts: dict, comments: dict, unpinned: list, notes: list) ->
         notes.append(f"{venv}: {name} is a suffixed (CUDA 12 style) wheel; the cuda_toolchain role installs "
                      "nvidia-cuda-runtime by that name and looks for nvcc under site-packages/nvidia/cuNN (CUDA 13's "
                      "layout): check what it would change with --check --diff")
+    folder = _one_wheel_folder(packages, pin["packages"] + (["nvidia-cuda-runtime"] if runtime else []))
+    if folder:
+        pin["wheel_dir"] = folder
+        comments[key + ("wheel_dir",)] = f"--wheels-dir: the folder with the wheel of each of {', '.join(pin['packages'])}"
     archives = sorted(f"{w[0]} from {_redact(w[2]['archive'])}" for w in wheels.values()
                       if isinstance(w[2], dict) and w[2].get("archive"))
     if archives:
@@ -476,7 +514,18 @@ def _sglang_extras(engine: dict, pin: dict, host: str, inventory_dir, wheels_dir
         notes.append(f"{engine.get('venv')}: sglang's {item.get('path')} {item.get('state')} "
                      + ("(its sha256 is not the one its RECORD lists: a local change)"
                         if item.get("state") == "differs" else "(RECORD lists it)"))
-    if local.get("patch"):
+    differs = {item.get("path") for item in changed if item.get("state") == "differs"}
+    covered = _named_patch_files(pin.get("patches") or [])
+    if differs and covered is not None:
+        outside = sorted(differs - covered)
+        if not outside:
+            notes.append(f"{engine.get('venv')}: the files that differ from sglang's RECORD are the ones rigbook's "
+                         "patches of its stamp change: pinned by name")
+        else:
+            unpinned.append(f"rigbook_pins.sglang.patches: {', '.join(outside)} changed outside rigbook's patches "
+                            "of the venv's stamp: not pinned (a twin gets the named patches only); make that change "
+                            "a patch of its own and add it")
+    elif local.get("patch"):
         import hashlib
 
         patch = f"patches/{stem}-local.patch"
@@ -487,11 +536,36 @@ def _sglang_extras(engine: dict, pin: dict, host: str, inventory_dir, wheels_dir
                            "sha256": hashlib.sha256(local["patch"].encode()).hexdigest()}]
         comments[key + ("patches", 0)] = (f"written beside the pins: the diff from {local.get('wheel')} to the "
                                           f"installed files that differ from sglang's RECORD")
-    elif any(item.get("state") == "differs" for item in changed):
+    elif differs:
         why = local.get("problem") or ("sglang's wheel is not in " + (f"--wheels-dir {wheels_dir}" if wheels_dir
                                                                         else "a --wheels-dir (none given)"))
         unpinned.append(f"rigbook_pins.sglang.patches: sglang's files differ from its RECORD and no patch was "
                         f"written: {why}")
+    return files
+
+
+def _named_patch_files(patches: list):
+    """The files (relative to site-packages) that PATCHES change, when every one is a patch by name of the sglang
+    role's files/patches/ with the sha256 given; else None (not rigbook's patch set: the local diff decides)."""
+    import hashlib
+
+    from rigbook.paths import collection_root
+
+    if not patches or any("name" not in patch for patch in patches):
+        return None
+    files = set()
+    for patch in patches:
+        path = collection_root() / "roles/sglang/files/patches" / patch["name"]
+        try:
+            data = path.read_bytes()
+        except OSError:
+            return None
+        if hashlib.sha256(data).hexdigest() != patch.get("sha256"):
+            return None
+        for line in data.decode("utf-8", "replace").splitlines():
+            if line.startswith("+++ "):
+                target = line[4:].split("\t")[0].strip()
+                files.add(target[2:] if target.startswith(("a/", "b/")) else target)
     return files
 
 
@@ -553,9 +627,10 @@ def adopt_of(facts: dict, host: str = "HOST", inventory_dir=".", wheels_dir: str
     notes: list = []
     pins: dict = {}
     files: dict = {}
-    kernel = _kernel(facts.get("kernel") or {}, comments, unpinned)
+    kernel = _kernel(facts.get("kernel") or {}, comments, unpinned, notes)
     if kernel:
         pins["kernel"] = kernel
+        unpinned += _p2pdma_bridges(facts)
     driver = _nvidia_driver(facts, comments, unpinned, notes)
     if driver:
         pins["nvidia_driver"] = driver
@@ -689,7 +764,12 @@ def output_path(inventory_dir, host: str, group: str | None, given: str | None):
     from rigbook.paths import name_file
 
     if given:
-        return Path(given)
+        out = Path(given)
+        inv = Path(inventory_dir)
+        if inv.is_dir() and out.parent.resolve() == inv.resolve():
+            raise UserError(f"-o {given}: Ansible reads every file at the top of {inventory_dir} as an inventory of "
+                            "its own; write it elsewhere (host_vars/ or group_vars/ of the inventory, or outside it)")
+        return out
     folder = Path(inventory_dir) / ("group_vars" if group else "host_vars")
     if group and (_group_file(folder, group) or (folder / name_file(group, "")).is_dir()):
         # the group has variables of its own (its rig, GPUs, P2P): adopt's file goes in the group's folder, beside

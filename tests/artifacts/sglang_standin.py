@@ -312,6 +312,35 @@ class Standin:
 
 # --- startup -----------------------------------------------------------------------------------------------------
 
+# The collectives library as torch's wheel finds it: its libtorch names libnccl.so.2 (CUDA) or librccl.so.1 (ROCm),
+# found first through the DT_RPATH into the venv's own bundled copy, else through LD_LIBRARY_PATH and the loader's
+# paths (../shared/research/engine-library-facts.md). Loaded for real, so /proc/PID/maps shows which one is mapped.
+COLLECTIVES = ("librccl.so.1", "libnccl.so.2")
+BUNDLED = ("torch/lib/librccl.so.1", "nvidia/nccl/lib/libnccl.so.2")
+
+
+def load_collectives():
+    """The path of the collectives library this process mapped (the venv's bundled copy first), or None (logged)."""
+    import ctypes
+    import sysconfig
+
+    site = sysconfig.get_paths()["purelib"]
+    for candidate in [os.path.join(site, rel) for rel in BUNDLED] + list(COLLECTIVES):
+        if os.path.isabs(candidate) and not os.path.isfile(candidate):
+            continue
+        try:
+            handle = ctypes.CDLL(candidate)
+        except OSError:
+            continue
+        _LOADED.append(handle)  # kept: the library stays mapped for the engine's life
+        return candidate
+    log("no collectives library (" + ", ".join(COLLECTIVES) + ") could be loaded: none is mapped", 0)
+    return None
+
+
+_LOADED: list = []
+
+
 def log_nccl(state: Standin) -> None:
     """NCCL INFO lines in NCCL's own format (host:pid:tid [dev] NCCL INFO ...)."""
     host, pid = socket.gethostname(), os.getpid()
@@ -360,6 +389,7 @@ def load_weights(state: Standin) -> bool:
         state.info(f"Load weight end. elapsed={time.monotonic() - tic:.2f} s, type=StandinForCausalLM, "
                    "dtype=torch.bfloat16, avail mem=12.50 GB, mem usage=10.00 GB.", rank)
     if state.args.tp_size > 1:
+        load_collectives()
         log_nccl(state)
     log_cuda_graph(state)
     state.info(f"max_total_num_tokens={state.args.max_total_tokens or 65536}, chunked_prefill_size=8192, "

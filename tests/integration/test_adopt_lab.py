@@ -102,7 +102,7 @@ def test_adopt_reads_a_box_set_up_by_hand_and_changes_nothing_on_it(adopted_pair
     data = yaml.safe_load(text)
     pins = data["rigbook_pins"]
     assert pins["kernel"] == {"release": handmade.KERNEL, "source": "distro",
-                              "packages": [f"linux-headers-{handmade.KERNEL}", f"linux-image-{handmade.KERNEL}"],
+                              "packages": [f"linux-image-{handmade.KERNEL}", f"linux-headers-{handmade.KERNEL}"],
                               "cmdline": ["intel_iommu=on", "iommu=pt"]}
     driver = pins["nvidia_driver"]
     assert (driver["version"], (driver["fork_repo"], driver["branch"])) == (handmade.DRIVER, handmade.seed_fork())

@@ -160,6 +160,8 @@ def kernel_facts(system, run, debs_dir=None, evidence_root=None):
         entry = {"name": name, "version": installed[name], "origin": origin(sources), "sources": sources}
         if entry["origin"] == "local":
             entry["deb"] = find_deb(system, name, installed[name], folders)
+        elif debs_dir:  # the owner's own copy of an archive package: named, so the pins can say the bits are equal
+            entry["deb"] = find_deb(system, name, installed[name], [debs_dir])
         facts["packages"].append(entry)
     return facts
 
@@ -586,7 +588,12 @@ def adopt_facts(system, run, debs_dir=None, engine=None, evidence_root=None, whe
         for library in engine.get("libraries") or []:
             if COLLECTIVES.match(os.path.basename(library["path"])):
                 library["build"] = build_stamp(system, library["path"])
+    cuda = cuda_venv(system)
+    for folder in ([wheels_dir] if isinstance(wheels_dir, str) else wheels_dir or []) if cuda else ():
+        wheel_files(system, folder, cuda["packages"])
     return {"kernel": kernel_facts(system, run, debs_dir, evidence_root), "dkms": dkms_facts(system, run),
-            "nvidia_userspace": nvidia_userspace(system), "engines": engines, "cuda_venv": cuda_venv(system),
+            "nvidia_userspace": nvidia_userspace(system), "engines": engines, "cuda_venv": cuda,
             "uvm_disable_hmm": static_evidence.uvm_disable_hmm_configured(system),
+            "gpus": static_evidence.collect_gpus(evidence_root or system)[0],
+            "cpu": static_evidence.collect_cpu(evidence_root or system),
             "rocm": rocm_facts(system, run)}

@@ -356,16 +356,13 @@ def _judge_p2pdma(evidence, pin, found, measured, expected):
                     "%s is %s in the running kernel" % (key, config.get(key, "not set")),
                     "Use a kernel built with CONFIG_PCI_P2PDMA=y and CONFIG_HSA_AMD_P2P=y.",
                 )
-    gpus = evidence.get("gpus") or []
-    ports = {(g.get("chain") or [{}])[-1].get("slot") for g in gpus}
-    if len(gpus) < 2 or len(ports) < 2:
+    bridges = p2pdma_host_bridges(evidence)
+    if bridges is None:
         return  # same root port (or one GPU): the bridge allow list does not apply
-    cpu = evidence.get("cpu") or {}
-    if cpu.get("vendor") == "AuthenticAMD" and (cpu.get("family") or 0) >= 0x17:
+    if bridges == "zen":
         measured["p2pdma_host_bridge"] = "AMD Zen CPU (allowed by the kernel)"
         return
     allowed = P2PDMA_HOST_BRIDGES | {str(i).lower() for i in pin.get("p2pdma_allow") or []}
-    bridges = sorted({(g.get("host_bridge") or {}).get("ids") or "unknown" for g in gpus})
     measured["p2pdma_host_bridge"] = ", ".join(bridges)
     expected["p2pdma_host_bridge"] = "on the kernel's P2PDMA allow list"
     for ids in bridges:
@@ -378,6 +375,19 @@ def _judge_p2pdma(evidence, pin, found, measured, expected):
                 "Boot a kernel that allows this host bridge for P2PDMA (the X99/R9700 box patches "
                 "8086:6f00 into drivers/pci/p2pdma.c) and list it in rigbook_pins.kernel.p2pdma_allow.",
             )
+
+
+def p2pdma_host_bridges(evidence):
+    """The host bridge ids ("unknown" where unreadable) P2PDMA between EVIDENCE's GPUs crosses, sorted: None when the
+    GPUs share a root port (or there is one GPU: no allow list applies), "zen" on an AMD Zen CPU (always allowed)."""
+    gpus = evidence.get("gpus") or []
+    ports = {(g.get("chain") or [{}])[-1].get("slot") for g in gpus}
+    if len(gpus) < 2 or len(ports) < 2:
+        return None
+    cpu = evidence.get("cpu") or {}
+    if cpu.get("vendor") == "AuthenticAMD" and (cpu.get("family") or 0) >= 0x17:
+        return "zen"
+    return sorted({(g.get("host_bridge") or {}).get("ids") or "unknown" for g in gpus})
 
 
 def _judge_uvm_hmm(evidence, found, measured, expected):

@@ -4,7 +4,7 @@ that reads back as exactly those values; and `provision adopt`'s bad input (exit
 from __future__ import annotations
 
 import yaml
-from helpers.cli import provision
+from helpers.cli import REPO, provision
 
 from rigbook import adopt
 from rigbook.paths import link_collection
@@ -81,6 +81,7 @@ def test_adopt_refuses_bad_input_before_reading_the_host(tmp_path):
         (["adopt", "box-1", "-i", inv, "--force", "--wheels-dir", "w"], "--wheels-dir: an absolute folder"),
         (["adopt", "box-1", "-i", inv, "-o", tmp_path / "no/such/out.yml"], "does not exist"),
         (["adopt", "box-1", "-i", inv, "--group"], "is in no group"),
+        (["adopt", "box-1", "-i", inv, "-o", inv / "adopted.yml"], "as an inventory of its own"),
     ]
     for args, message in cases:
         proc = provision(*args, env=env)
@@ -110,9 +111,17 @@ def test_a_kernel_from_the_archive_is_pinned_by_its_packages():
     variables, comments, _, _ = adopt.variables_of(facts)
     assert variables["rigbook_pins"]["kernel"] == {  # as inventory/lab/group_vars/x99_3080.yml pins it
         "release": "6.1.0-47-amd64", "source": "distro",
-        "packages": ["linux-headers-6.1.0-47-amd64", "linux-image-6.1.0-47-amd64"],
+        "packages": ["linux-image-6.1.0-47-amd64", "linux-headers-6.1.0-47-amd64"],
         "cmdline": ["intel_iommu=on", "iommu=pt"]}
     assert "bookworm/main" in comments[("rigbook_pins", "kernel", "source")]
+    # the same packages as .debs in --debs-dir (inventory/lab/group_vars/x99_r9700.yml pins those files): pinned by
+    # name from the archive, each file named with its sha256
+    deb = {"path": "/srv/debs/linux-image-6.1.0-47-amd64_6.1.170-3_amd64.deb", "sha256": "e" * 64}
+    facts["kernel"]["packages"][1]["deb"] = deb
+    variables, _, unpinned, notes = adopt.variables_of(facts)
+    assert variables["rigbook_pins"]["kernel"]["source"] == "distro" and not [u for u in unpinned if "kernel" in u]
+    [note] = [n for n in notes if deb["path"] in n]
+    assert f"sha256 {'e' * 64}" in note and "set source: debs" in note
 
 
 def test_the_fork_as_dkms_built_it_is_the_driver_pin_and_its_files_are_named_not_pinned():
@@ -141,8 +150,6 @@ CUDA_13 = _wheels(("nvidia-cuda-crt", "13.0.88"), ("nvidia-cuda-nvcc", "13.0.88"
 
 
 def _lab_pins(group):
-    from helpers.cli import REPO
-
     return yaml.safe_load((REPO / f"inventory/lab/group_vars/{group}.yml").read_text())["rigbook_pins"]
 
 
@@ -156,6 +163,16 @@ def test_the_cuda_wheels_of_the_default_venv_are_pinned_as_the_3080_twin_pins_th
     assert "nvidia-cuda-nvcc-13.0.88.dist-info" in comments[("rigbook_pins", "cuda_toolchain", "version")]
     assert not [u for u in unpinned if "cuda_toolchain" in u] and not [n for n in notes if "problem" in n]
     assert yaml.safe_load(adopt.render("box", variables, comments, unpinned, notes)) == variables
+    # the wheels of every pinned package (and the runtime) found in one --wheels-dir folder: that folder is the pin's
+    folder = "/var/cache/rigbook/artifacts/wheels/cuda-13.0.88"
+    found = [dict(p, wheels=[{"path": f"{folder}/{p['name'].replace('-', '_')}-{p['version']}-py3-none-any.whl",
+                              "sha256": "f" * 64}]) for p in CUDA_13]
+    facts["cuda_venv"]["packages"] = found
+    variables, comments, _, _ = adopt.variables_of(facts)
+    assert variables["rigbook_pins"]["cuda_toolchain"] == _lab_pins("x99_3080")["cuda_toolchain"]
+    assert comments[("rigbook_pins", "cuda_toolchain", "wheel_dir")].startswith("--wheels-dir")
+    found[0]["wheels"] = []  # one wheel missing there: no folder to pin
+    assert "wheel_dir" not in adopt.variables_of(facts)[0]["rigbook_pins"]["cuda_toolchain"]
 
 
 def test_cuda_wheels_in_the_engines_venv_a_mixed_release_and_a_runtime_of_its_own():
@@ -214,7 +231,6 @@ def test_a_venv_whose_every_wheel_was_found_is_locked_with_hashes_as_the_labs_lo
     pin = variables["rigbook_pins"]["sglang"]
     assert pin == {"version": "0.5.23", "venv": "/opt/sgl", "lock": "locks/box-1-sglang-0.5.23.txt"}
     lines = [line for line in files[pin["lock"]].splitlines() if not line.startswith("#")]
-    from helpers.cli import REPO
 
     lab_lock = [line for line in (REPO / "inventory/lab/locks/sglang-0.5.23.txt").read_text().splitlines()
                 if not line.startswith("#")]
@@ -484,3 +500,48 @@ def test_a_flag_the_pinned_sglang_lacks_is_named_and_a_seed_trap_gets_the_writte
         _, problems, _ = validate.check(inv)
         messages.append([(p.key_path, p.message) for p in problems if "max_total_tokens" in p.key_path])
     assert messages[0] == messages[1] and len(messages[0]) == 1 and "seed 000" in messages[0][0][1]
+
+
+def test_record_differences_that_are_rigbooks_stamped_patches_stay_patches_by_name():
+    # the lab's patch set as inventory/lab pins it (the sglang role's files/patches/), and the files a converged lab
+    # host's venv has changed against sglang's RECORD (read on a converged lab host)
+    pins = yaml.safe_load((REPO / "inventory/lab/group_vars/x99_3080.yml").read_text())["rigbook_pins"]["sglang"]
+    stamp = [f"{p['name']} -p1 {p['sha256']}" for p in pins["patches"]]
+    changed = [{"path": f"sglang/srt/{rel}", "state": "differs"}
+               for rel in ("entrypoints/engine.py", "layers/logits_processor.py", "server_args.py")]
+    engine = {"pid": 700, "unit": None, "venv": "/opt/rigbook/sglang/0.5.23-1c3f0a9e2b4d", "args": [], "env": {},
+              "packages": [{"name": "sglang", "version": "0.5.23", "install": "index", "wheels": [SGLANG_WHEEL]}],
+              "venv_stamp": {"patches": stamp},
+              "sglang_files": {"changed": changed, "wheel": SGLANG_WHEEL["path"], "patch": "--- a\n+++ b\n"}}
+    variables, _, unpinned, notes, files = adopt.adopt_of({"kernel": {}, "engines": [engine]})
+    assert variables["rigbook_pins"]["sglang"]["patches"] == pins["patches"]
+    assert not [path for path in files if path.startswith("patches/")]  # no local diff written beside the pins
+    assert any("are the ones rigbook's patches of its stamp change" in n for n in notes)
+    assert not [u for u in unpinned if "sglang.patches" in u]
+    # a file changed beyond those patches is named, and still no diff that would apply the patches twice
+    engine["sglang_files"]["changed"].append({"path": "sglang/srt/utils/common.py", "state": "differs"})
+    variables, _, unpinned, _, files = adopt.adopt_of({"kernel": {}, "engines": [engine]})
+    assert variables["rigbook_pins"]["sglang"]["patches"] == pins["patches"]
+    assert any("sglang/srt/utils/common.py changed outside rigbook's patches" in u for u in unpinned)
+    assert not [path for path in files if path.startswith("patches/")]
+    # a stamp naming a patch rigbook does not ship (or another sha256): the local diff decides, as for a hand-made venv
+    engine["venv_stamp"] = {"patches": [f"{pins['patches'][0]['name']} -p1 {'0' * 64}"]}
+    variables, _, _, _, files = adopt.adopt_of({"kernel": {}, "engines": [engine]})
+    assert [path for path in files if path.startswith("patches/")]
+    assert "path" in variables["rigbook_pins"]["sglang"]["patches"][0]
+
+
+def test_gpus_on_two_root_ports_of_a_host_bridge_the_kernel_does_not_allow_are_named_for_p2pdma_allow():
+    def gpu(port, bridge):
+        return {"chain": [{"slot": port}], "host_bridge": {"slot": "0000:00:00.0", "ids": bridge}}
+
+    kernel = {"release": "6.8.12-r9700-p2p-dma44", "packages": []}
+    x99 = {"kernel": kernel, "engines": [], "cpu": {"vendor": "GenuineIntel", "family": 6},
+           "gpus": [gpu("0000:00:02.0", "8086:6f00"), gpu("0000:00:03.0", "8086:6f00")]}  # seed 004's placement
+    [named] = [u for u in adopt.variables_of(x99)[2] if "p2pdma_allow" in u]
+    assert "8086:6f00" in named and "seed 004" in named
+    allowed = dict(x99, gpus=[gpu("0000:00:02.0", "8086:2f00"), gpu("0000:00:03.0", "8086:2f00")])
+    same_port = dict(x99, gpus=[gpu("0000:00:02.0", "8086:6f00"), gpu("0000:00:02.0", "8086:6f00")])
+    zen = dict(x99, cpu={"vendor": "AuthenticAMD", "family": 0x19})
+    for facts in (allowed, same_port, zen):
+        assert not [u for u in adopt.variables_of(facts)[2] if "p2pdma_allow" in u]

@@ -103,6 +103,15 @@ def test_a_deb_found_nowhere_is_none_and_an_archive_kernel_needs_no_file(tmp_pat
     facts = adopt.kernel_facts(str(system2), _run({"dpkg-query": DPKG, "apt-cache": ARCHIVE_POLICY}))
     assert [(p["name"], p["origin"]) for p in facts["packages"]] == [("linux-image-6.8.0-31-generic", "archive")]
     assert "deb" not in facts["packages"][0]
+    # the owner's copy of an archive package in --debs-dir (not the apt cache: apt's own downloads) is named
+    folder = system2 / "srv/debs"
+    folder.mkdir(parents=True)
+    (folder / "linux-image-6.8.0-31-generic_6.8.0-31.31_amd64.deb").write_bytes(b"archive deb")
+    facts = adopt.kernel_facts(str(system2), _run({"dpkg-query": DPKG, "apt-cache": ARCHIVE_POLICY}),
+                               debs_dir="/srv/debs")
+    assert facts["packages"][0]["origin"] == "archive" and facts["packages"][0]["deb"] == {
+        "path": "/srv/debs/linux-image-6.8.0-31-generic_6.8.0-31.31_amd64.deb",
+        "sha256": hashlib.sha256(b"archive deb").hexdigest()}
 
 
 def test_a_box_without_dpkg_reads_the_kernel_and_no_packages(tmp_path):

@@ -121,15 +121,15 @@ def launch(tmp_path):
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"max_position_embeddings": 4096}))
 
-    def start(evidence=FAST, *flags, model_path=None):
+    def start(evidence=FAST, *flags, model_path=None, python=sys.executable, env=None):
         root = tmp_path / f"root{len(started)}"
         if evidence is not None:
             target = root / "var/lib/rigbook/commands/sglang-standin.json"
             target.parent.mkdir(parents=True)
             target.write_text(json.dumps(evidence) if isinstance(evidence, dict) else evidence)
         port = free_port()
-        argv = [sys.executable, str(STANDIN), "--model-path", str(model_path or model), "--port", str(port), *flags]
-        server = Server(argv, {**os.environ, "RIGBOOK_EVIDENCE_ROOT": str(root)}, port)
+        argv = [str(python), str(STANDIN), "--model-path", str(model_path or model), "--port", str(port), *flags]
+        server = Server(argv, {**os.environ, "RIGBOOK_EVIDENCE_ROOT": str(root), **(env or {})}, port)
         started.append(server)
         return server
 
@@ -390,3 +390,46 @@ def test_single_gpu_prints_no_nccl_lines(launch):
     result = sglang_log.parse(server.text())
     assert "NCCL INFO" not in server.text()
     assert result["path"] is None and result["all_direct_p2p"] is None and result["custom_all_reduce"] is None
+
+
+def _shared_library(path: Path) -> Path:
+    """A real, empty shared library at PATH (built with the C compiler), for the stand-in to load and map."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    source = path.parent / "empty.c"
+    source.write_text("int rigbook_test_symbol(void) { return 0; }\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(path), str(source)], check=True)
+    return path
+
+
+def _mapped(pid: int) -> set:
+    return {line.split()[-1] for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
+            if line.split()[-1].startswith("/")}
+
+
+def test_the_collectives_library_is_mapped_from_the_library_path_and_the_bundled_copy_wins(launch, tmp_path):
+    """As torch's wheel resolves it (../shared/research/engine-library-facts.md): a library on LD_LIBRARY_PATH is
+    mapped when the venv bundles none; once the venv bundles one (torch/lib), that copy is mapped instead."""
+    patched = _shared_library(tmp_path / "rccl/lib/librccl.so.1")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin/python"
+    server = launch(FAST, "--tp-size", "2", python=python, env={"LD_LIBRARY_PATH": str(patched.parent)})
+    server.wait_for(READY)
+    assert str(patched) in _mapped(server.proc.pid)
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    bundled = _shared_library(Path(site) / "torch/lib/librccl.so.1")
+    server = launch(FAST, "--tp-size", "2", python=python, env={"LD_LIBRARY_PATH": str(patched.parent)})
+    server.wait_for(READY)
+    mapped = _mapped(server.proc.pid)
+    assert str(bundled) in mapped and str(patched) not in mapped
+    # one GPU: no collectives, nothing loaded
+    server = launch(FAST, python=python, env={"LD_LIBRARY_PATH": str(patched.parent)})
+    server.wait_for(READY)
+    assert not {m for m in _mapped(server.proc.pid) if "librccl" in m}
+
+
+def test_without_any_collectives_library_the_engine_says_so_and_serves(launch):
+    server = launch(FAST, "--tp-size", "2", env={"LD_LIBRARY_PATH": ""})
+    server.wait_for(READY)
+    assert "no collectives library (librccl.so.1, libnccl.so.2) could be loaded" in server.text()

@@ -65,9 +65,9 @@ def _kernel(kernel: dict, comments: dict, unpinned: list, notes: list) -> dict |
         comments[("rigbook_pins", "kernel", "source")] = "apt-cache policy: " + "; ".join(
             f"{p['name']} {p['version']} from {(p.get('sources') or ['?'])[0]}" for p in packages)
         # the release's own image and headers (what apt then pulls in with them, e.g. headers-common, follows)
-        pin["packages"] = sorted((p["name"] for p in packages if p["name"].startswith(("linux-image-",
-                                                                                       "linux-headers-"))
-                                  and p["name"].endswith("-" + release)), key=lambda n: not n.startswith("linux-image-"))
+        own = [p["name"] for p in packages
+               if p["name"].startswith(("linux-image-", "linux-headers-")) and p["name"].endswith("-" + release)]
+        pin["packages"] = sorted(own, key=lambda n: not n.startswith("linux-image-"))
         comments[("rigbook_pins", "kernel", "packages")] = "dpkg-query: the installed image and headers of " + release
         for p in packages:
             if p.get("deb"):
@@ -229,7 +229,8 @@ def _cuda_toolchain(facts: dict, comments: dict, unpinned: list, notes: list) ->
     folder = _one_wheel_folder(packages, pin["packages"] + (["nvidia-cuda-runtime"] if runtime else []))
     if folder:
         pin["wheel_dir"] = folder
-        comments[key + ("wheel_dir",)] = f"--wheels-dir: the folder with the wheel of each of {', '.join(pin['packages'])}"
+        comments[key + ("wheel_dir",)] = ("--wheels-dir: the folder with the wheel of each of "
+                                          + ", ".join(pin["packages"]))
     archives = sorted(f"{w[0]} from {_redact(w[2]['archive'])}" for w in wheels.values()
                       if isinstance(w[2], dict) and w[2].get("archive"))
     if archives:

@@ -42,7 +42,8 @@ def _step(item) -> int | None:
 # AMD host) shares the session's lab in block 0 ("amd"). Without RIGBOOK_TEST_LAB_GROUP every lab test runs, on one
 # lab, in step order.
 LAB_GROUPS = ("amd", "nvidia", "converged", "own")
-CONVERGED = {"test_serving_lab.py", "test_ladder_lab.py", "test_rccl_lab.py", "test_output_lab.py"}
+CONVERGED = {"test_serving_lab.py", "test_ladder_lab.py", "test_rccl_lab.py", "test_output_lab.py",
+             "test_adopt_converged_lab.py"}
 NVIDIA = {"test_roles_nvidia.py"}
 
 

@@ -33,6 +33,10 @@ MODEL_VERSION = 1
 GPU_ENV_FILE = "/etc/rigbook/gpu.env"
 EVIDENCE_ROOT = "/"
 ARTIFACT_DIR = "/var/cache/rigbook/artifacts"
+# The rccl role's active prefix (rccl_install_root/current) and the file in a ROCm torch wheel that its libtorch's
+# DT_RPATH finds before LD_LIBRARY_PATH: the engine runs the verified RCCL only when that file is the prefix's.
+RCCL_CURRENT = "/opt/rigbook/rccl/current"
+BUNDLED_RCCL = "torch/lib/librccl.so.1"
 KEY_DIR = "/var/cache/rigbook/keys"
 
 # The roles of site.yml, in order, with the tags site.yml gives them and the hosts they run on. ("vendor" roles run
@@ -296,6 +300,11 @@ def build(variables):
         "serve": serve,
         "serve_errors": serve_errors,
         "roles": _roles(vendor, pins, serve),
+        # what the SGLang venv must resolve its bundled collectives library to (pinned_venv libraries): the RCCL
+        # the rccl role built and the collectives layer measured; none without a rigbook-built one (NVIDIA: the
+        # wheel's own NCCL is the one the serving layer names)
+        "engine_libraries": ([{"bundled": BUNDLED_RCCL, "target": RCCL_CURRENT + "/lib/librccl.so.1"}]
+                             if vendor == "amd" and pins["rccl"]["pinned"] else []),
     }
     model["box_facts"] = box_facts(model)
     model["box_paths"] = box_paths(model)

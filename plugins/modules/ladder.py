@@ -85,6 +85,8 @@ options:
     description: Runtime phase. Directory holding all_reduce_perf and sendrecv_perf (preferred over the bundled benchmark).
       When both are there they run whatever O(root) is, with the evidence root in RIGBOOK_EVIDENCE_ROOT and
       NCCL_DEBUG=INFO; the nccl_transport layer then reads that run's log (a lab host runs its built stand-ins).
+      Serving phase too, with O(env_file) - the NCCL/RCCL library those tests load (ldd) is the one each engine
+      must have mapped.
     type: path
   collective_bytes:
     description: Runtime phase. Message size of the collectives benchmark.
@@ -100,7 +102,7 @@ options:
     type: dict
     default: {}
   env_file:
-    description: Runtime phase. The GPU environment file (KEY=VALUE lines, e.g. /etc/rigbook/gpu.env) the tests of
+    description: Runtime and serving phases. The GPU environment file (KEY=VALUE lines, e.g. /etc/rigbook/gpu.env) the tests of
       O(nccl_tests_dir) run with, alone, as the serving unit does (so what is verified is what serves).
     type: path
   ab:

@@ -112,6 +112,26 @@ options:
   log:
     description: The pip log, appended as it runs (default C(<path>.pip.log) beside the venv).
     type: path
+  libraries:
+    description:
+      - Shared libraries a wheel bundles that must resolve to another file, checked on every run and after every
+        install - torch's wheel finds its bundled NCCL/RCCL through a DT_RPATH before LD_LIBRARY_PATH, so the
+        engine runs the library the collectives were verified with only when the bundled file is that library.
+      - Each O(libraries[].bundled) file present in site-packages is made a link to O(libraries[].target), the
+        wheel's own file kept beside it as C(<bundled>.rigbook-bundled); an absent one is left absent (the loader
+        then finds the target through the environment). Only the links change; the venv is not made again.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      bundled:
+        description: The file's path relative to site-packages (e.g. C(torch/lib/librccl.so.1)).
+        type: str
+        required: true
+      target:
+        description: The absolute path of the verified library.
+        type: path
+        required: true
 extends_documentation_fragment:
   - rigbook.homelab.attributes.changes
 """
@@ -130,6 +150,11 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+linked:
+  description: The bundled library files this call made (or would make) links to their O(libraries[].target).
+  returned: always
+  type: list
+  elements: str
 adopted:
   description: True when O(adopt) kept a venv made by hand that holds the pin and (would have) only stamped it.
   returned: always
@@ -320,6 +345,33 @@ def reasons_for(p, venv, wanted, stamp, dists):
     return out
 
 
+KEPT = ".rigbook-bundled"  # a wheel's own copy of a library, kept beside the link that replaced it
+
+
+def library_links(site, libraries):
+    """[(path, target)] of the LIBRARIES' bundled files present in SITE that are not links to their target yet."""
+    out = []
+    for lib in libraries:
+        path = os.path.join(site or "", lib["bundled"])
+        if site and os.path.lexists(path) and not (os.path.islink(path) and os.readlink(path) == lib["target"]):
+            out.append((path, lib["target"]))
+    return out
+
+
+def link_library(path, target):
+    """PATH (a wheel's bundled library) made a link to TARGET, atomically; the wheel's file kept as PATH + KEPT."""
+    if not os.path.isfile(target):
+        raise RuntimeError("%s: the library to link it to, %s, is not there (the role that builds it runs first)"
+                           % (path, target))
+    if not os.path.islink(path) and not os.path.lexists(path + KEPT):
+        os.rename(path, path + KEPT)
+    temporary = path + ".rigbook-new"
+    if os.path.lexists(temporary):
+        os.unlink(temporary)
+    os.symlink(target, temporary)
+    os.rename(temporary, path)
+
+
 class Venv(object):
     def __init__(self, module):
         self.module = module
@@ -387,10 +439,20 @@ def main():
             environment=dict(type="dict", default={}),
             env_files=dict(type="list", elements="path", default=[]),
             log=dict(type="path"),
+            libraries=dict(type="list", elements="dict", default=[], options=dict(
+                bundled=dict(type="str", required=True),
+                target=dict(type="path", required=True),
+            )),
         ),
         supports_check_mode=True,
     )
     p = module.params
+    for lib in p["libraries"]:
+        parts = lib["bundled"].split("/")
+        if lib["bundled"].startswith("/") or ".." in parts or not lib["bundled"].strip("/"):
+            module.fail_json(msg="libraries: bundled %r is no path inside site-packages" % lib["bundled"])
+        if not lib["target"].startswith("/"):
+            module.fail_json(msg="libraries: target %r is no absolute path" % lib["target"])
     if not p["requirements"]:
         module.fail_json(msg="requirements: nothing to install")
     for name, commit in p["expect_commit"].items():
@@ -484,9 +546,17 @@ def main():
                 shutil.rmtree(venv, ignore_errors=True)
             module.fail_json(msg=str(exc), progress=v.progress, **dict((k, result[k]) for k in result
                                                                         if k in ("patch", "failing_files")))
+    links = library_links(site_packages(venv), p["libraries"])
+    result["linked"] = [path for path, _ in links]
+    if links and not module.check_mode:
+        try:
+            for path, target in links:
+                link_library(path, target)
+        except (RuntimeError, OSError) as exc:
+            module.fail_json(msg=str(exc), linked=[])
     result["versions"] = dict((n, dists.get(normalize(n), (None, None))[0]) for n in p["expect"])
     result["commits"] = dict((n, dists.get(normalize(n), (None, None))[1]) for n in p["expect"])
-    result["changed"] = bool(reasons) or result["adopted"]
+    result["changed"] = bool(reasons) or result["adopted"] or bool(links)
     if module._diff and result["changed"]:
         result["diff"] = dict(before=json.dumps(dict((k, (old_stamp or {}).get(k)) for k in wanted), indent=1) + "\n",
                               after=json.dumps(wanted, indent=1) + "\n", before_header=venv, after_header=venv)

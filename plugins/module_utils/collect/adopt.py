@@ -53,7 +53,6 @@ KEYRING_DIRS = ("/etc/apt/", "/usr/share/keyrings/")
 MAX_KEYRING = 1 << 20
 BUILD_STAMP = ".rigbook-build.json"  # plugins/modules/source_build.py STAMP
 MAX_STAMP = 1 << 20
-COLLECTIVES = re.compile(r"^lib(rccl|nccl)\.so")
 CUDA_VENV = "/opt/rigbook/cuda"  # the cuda_toolchain role's default venv (host_model.cuda_toolchain_pin)
 
 
@@ -585,9 +584,8 @@ def adopt_facts(system, run, debs_dir=None, engine=None, evidence_root=None, whe
             wheel_files(system, folder, engine["packages"])
         engine["sglang_files"] = sglang_files(system, engine["venv"], engine["packages"]) if engine["venv"] else None
         engine["sglang_flags"] = sglang_flags(system, engine["venv"]) if engine["venv"] else None
-        for library in engine.get("libraries") or []:
-            if COLLECTIVES.match(os.path.basename(library["path"])):
-                library["build"] = build_stamp(system, library["path"])
+        for library in engine_processes.collectives(engine.get("libraries")):
+            library["build"] = build_stamp(system, library["path"])
     cuda = cuda_venv(system)
     for folder in ([wheels_dir] if isinstance(wheels_dir, str) else wheels_dir or []) if cuda else ():
         wheel_files(system, folder, cuda["packages"])

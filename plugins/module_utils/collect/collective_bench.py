@@ -20,6 +20,7 @@ import tempfile
 
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import pci, torch_bench
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence as evidence
+from ansible_collections.rigbook.homelab.plugins.module_utils.file_digest import sha256_of
 from ansible_collections.rigbook.homelab.plugins.module_utils.parse import nccl as parse_nccl
 
 NCCL_TESTS = {"all_reduce": "all_reduce_perf", "sendrecv": "sendrecv_perf"}
@@ -121,6 +122,33 @@ def _built_tests(nccl_tests_dir):
     return None
 
 
+LDD_LINE = re.compile(r"^\s*(lib(?:rccl|nccl)\.so[.0-9]*)\s+=>\s+(/\S+)", re.M)
+
+
+def resolved_library(binary, env, run=None):
+    """{"path", "sha256"} of the NCCL/RCCL library BINARY loads with environment ENV, as the dynamic loader resolves
+    it (`ldd`: DT_RPATH, LD_LIBRARY_PATH, the loader's paths, in its order), or {"error"}: the library the
+    collectives tests measure, which the serving layer holds the engine's mapped one to."""
+    text, error = (run or _run)(["ldd", binary], 30, env)
+    if error:
+        return {"error": error}
+    found = LDD_LINE.search(text or "")
+    if not found:
+        return {"error": "%s loads no libnccl/librccl (ldd)" % binary}
+    path = os.path.realpath(found.group(2))
+    return {"path": path, "sha256": sha256_of(path) if os.path.isfile(path) else None}
+
+
+def verified_library(nccl_tests_dir, env=None, env_file=None):
+    """resolved_library of the built collectives tests in NCCL_TESTS_DIR with the GPU environment file (what the
+    collectives layer runs them with), or None when there are none."""
+    built = _built_tests(nccl_tests_dir)
+    if not built:
+        return None
+    run_env, _ = gpu_env(env, env_file)
+    return resolved_library(built["sendrecv"], run_env)
+
+
 def run_tests(binaries, root, size, iters, gpus, timeout, env, env_file=None, ab=False):
     """Run the built tests once per op with NCCL_DEBUG=INFO (and the GPU environment file when given, alone: it is
     what the serving unit reads); with AB, sendrecv once more with NCCL_P2P_DISABLE=1. The evidence root is passed
@@ -153,7 +181,7 @@ def run_tests(binaries, root, size, iters, gpus, timeout, env, env_file=None, ab
     log = "\n".join(logs)
     levels = P2P_LEVEL_RE.findall(log)
     data.update(available=bool(data["results"]), error="; ".join(errors) or None, nccl_log=log,
-                p2p_level=levels[-1] if levels else None)
+                p2p_level=levels[-1] if levels else None, library=resolved_library(binaries["sendrecv"], run_env))
     return data
 
 

@@ -31,6 +31,8 @@ GPU_ENV_PREFIXES = ("NCCL_", "RCCL_", "HSA_", "HIP_", "ROCR_", "ROCM_", "CUDA_",
 GPU_ENV_NAMES = frozenset(("LD_LIBRARY_PATH", "LD_PRELOAD", "OMP_NUM_THREADS"))
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.I)
 LOGIN_UNIT = re.compile(r"^(ssh|sshd|cron|atd|systemd-logind|(serial-|console-|container-)?getty(@.*)?)\.service$")
+# The collectives library among them (NCCL or RCCL), by file name.
+COLLECTIVES = re.compile(r"^lib(rccl|nccl)\.so")
 LIBRARIES = re.compile(r"/(lib(?:nccl|rccl)\.so[.0-9]*|libcudart\.so[.0-9]*|libamdhip64\.so[.0-9]*|"
                        r"libcuda\.so[.0-9]*|libhsa-runtime64\.so[.0-9]*)$")
 
@@ -111,6 +113,17 @@ def mapped_libraries(root, maps_text):
     return found
 
 
+def collectives(libraries):
+    """The NCCL/RCCL entries of LIBRARIES (mapped_libraries)."""
+    return [lib for lib in libraries or [] if COLLECTIVES.match(os.path.basename(lib.get("path") or ""))]
+
+
+def process_libraries(root, pid):
+    """mapped_libraries of process PID under ROOT (its /proc/PID/maps), [] when it cannot be read."""
+    maps = (_read_bytes(_under(root, "proc/%s/maps" % pid)) or b"").decode("utf-8", "replace")
+    return mapped_libraries(root, maps)
+
+
 def _parent(root, pid):
     status = _read_bytes(_under(root, "proc/%s/status" % pid)) or b""
     found = re.search(rb"^PPid:\s*(\d+)", status, re.M)
@@ -139,7 +152,6 @@ def engines(root="/", engine=None):
             exe = os.readlink(os.path.join(proc, pid, "exe"))
         except OSError:
             exe = None
-        maps = (_read_bytes(os.path.join(proc, pid, "maps")) or b"").decode("utf-8", "replace")
         cgroup = (_read_bytes(os.path.join(proc, pid, "cgroup")) or b"").decode("utf-8", "replace")
         found.append({
             "pid": int(pid),
@@ -150,6 +162,6 @@ def engines(root="/", engine=None):
             "unit": unit_of(cgroup),
             "env": env,
             "secret_env": secret,
-            "libraries": mapped_libraries(root, maps),
+            "libraries": process_libraries(root, pid),
         })
     return found

@@ -41,7 +41,7 @@ import threading
 import time
 
 from ansible_collections.rigbook.homelab.plugins.module_utils import host_state
-from ansible_collections.rigbook.homelab.plugins.module_utils.collect import pci
+from ansible_collections.rigbook.homelab.plugins.module_utils.collect import collective_bench, engine_processes, pci
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence as recorded
 from ansible_collections.rigbook.homelab.plugins.module_utils.parse import sglang_log
 from ansible_collections.rigbook.homelab.plugins.module_utils.serve import profile as serve_profile
@@ -472,6 +472,8 @@ def measure_profile(profile, state_path=STATE_FILE, write_state=True, run=_run, 
         n_restarts = item["unit_state"].get("n_restarts")
         item["previous_restarts"], item["state_error"] = restarts_seen(state_path, unit, n_restarts, write_state)
         still_running = _still_running(unit, run)
+        if item["unit_state"].get("main_pid"):  # the libraries the engine really runs (not what its env says)
+            item["engine_libraries"] = engine_processes.process_libraries("/", item["unit_state"]["main_pid"])
     state = item["unit_state"] or {}
     if state.get("available") and state.get("active_state") not in ("active", "activating", "reloading"):
         item["ready"] = {"ready": False, "waited_s": 0, "polls": 0, "last": None,
@@ -527,7 +529,13 @@ def collect_serving(root, serve, state_path=STATE_FILE, write_state=True):
 
 
 def serving_part(ctx, evidence):
-    """{"serving": ...} for the climb: ctx.options serve, serving_state, check_mode."""
+    """{"serving": ...} for the climb: ctx.options serve, serving_state, check_mode; with nccl_tests_dir (and
+    env_file), "verified_library": the NCCL/RCCL library the collectives tests load (collective_bench), which each
+    engine's mapped one is held to."""
     opts = ctx.options
-    return {"serving": collect_serving(ctx.root, opts.get("serve"), opts.get("serving_state") or STATE_FILE,
-                                       not opts.get("check_mode"))}
+    serving = collect_serving(ctx.root, opts.get("serve"), opts.get("serving_state") or STATE_FILE,
+                              not opts.get("check_mode"))
+    if opts.get("nccl_tests_dir"):
+        serving["verified_library"] = collective_bench.verified_library(opts["nccl_tests_dir"], opts.get("env"),
+                                                                        opts.get("env_file"))
+    return {"serving": serving}

@@ -9,7 +9,8 @@ data is the `serving` evidence part (collect/serving_evidence.py): {"profiles": 
 A serve profile fails when its unit is not active or restarted more often than at the last run (crash-looping), is
 not ready within its timeout, /v1/models lacks the served name, a completion returns no token, the engine's
 log shows errors or a transport other than the expected one (P2P expected: `via P2P` and isAllDirectP2p 1,
-seed 004's rule), or TTFT rises / decode tok/s falls against the baseline beyond the tolerance (the same
+seed 004's rule), the engine process has another NCCL/RCCL library mapped than the one the collectives tests load
+(data["verified_library"]), or TTFT rises / decode tok/s falls against the baseline beyond the tolerance (the same
 fail_below / warn_below as every layer; for TTFT, lower is better, so it fails above baseline / fail_below).
 """
 
@@ -183,6 +184,49 @@ def _check_log(item, ladder_view, found, measured):
                    % item["name"], "Rotate the key (api_key_file) and keep the journal root-only.")
 
 
+ENGINE_LIBRARY_FACT = ("torch's wheel finds its bundled copy through a DT_RPATH, searched before LD_LIBRARY_PATH, "
+                       "so a library directory in the environment does not replace it (measured on a real H200 "
+                       "host: torch 2.11+cu130's libtorch_cuda.so has DT_RPATH $ORIGIN/../../nvidia/nccl/lib); on "
+                       "seed 004's box that is stock RCCL and the SHM fallback while the collectives passed")
+
+
+def _is_collectives(path):
+    name = (path or "").rsplit("/", 1)[-1]
+    return name.startswith(("libnccl.so", "librccl.so"))
+
+
+def _check_library(item, verified, ladder_view, found, measured, expected):
+    """The NCCL/RCCL library the engine process has mapped (/proc/PID/maps, with sha256) against VERIFIED, the one
+    the collectives tests load; the GPU runtime it mapped and the NCCL version it logged are reported."""
+    libraries = item.get("engine_libraries")
+    if libraries is None:
+        return
+    mapped = [lib for lib in libraries if _is_collectives(lib.get("path"))]
+    measured["collectives_library"] = ", ".join("%s (sha256 %s)" % (lib["path"], (lib.get("sha256") or "?")[:12])
+                                                for lib in mapped) or None
+    measured["gpu_runtime"] = ", ".join(lib["path"] for lib in libraries if not _is_collectives(lib.get("path"))) \
+        or None
+    measured["nccl_version_logged"] = (item.get("log") or {}).get("nccl_version")
+    if not _transport_matters(item, ladder_view) or not verified:
+        return
+    if verified.get("error"):
+        found.gap("%s: the library the collectives tests load is unknown (%s)" % (item["name"], verified["error"]))
+        return
+    expected["collectives_library"] = "%s (sha256 %s)" % (verified.get("path"), (verified.get("sha256") or "?")[:12])
+    if not mapped:
+        found.gap("%s: the engine process has no NCCL/RCCL library mapped (not initialised yet?), so which one it "
+                  "runs is unconfirmed" % item["name"])
+        return
+    others = [lib for lib in mapped if lib.get("sha256") != verified.get("sha256")]
+    if others:
+        found.problem("%s: the engine has %s mapped, not the library the collectives layer measured (%s): %s"
+                      % (item["name"], ", ".join(lib["path"] for lib in others), verified.get("path"),
+                         ENGINE_LIBRARY_FACT),
+                      "Re-run the sglang role (`provision site.yml -i INV --tags sglang,serve`): it makes the venv's "
+                      "bundled copy resolve to the verified library and restarts the engine; then `provision "
+                      "verify --tags serving`.")
+
+
 def _check_figures(item, found, metrics, expected, baseline, tol, texts):
     """TTFT (lower is better) and decode tok/s against the baseline; both recorded as metrics."""
     ttft_name, decode_name = metric_names(item["name"])
@@ -219,8 +263,9 @@ def _expected_of(item, ladder_view):
     return expected
 
 
-def judge_profile(item, ladder_view, baseline, tol, found, texts):
-    """(measured, expected, metrics) of one serve profile; its findings go into FOUND, figure texts to TEXTS."""
+def judge_profile(item, ladder_view, baseline, tol, found, texts, verified=None):
+    """(measured, expected, metrics) of one serve profile; its findings go into FOUND, figure texts to TEXTS.
+    VERIFIED: the NCCL/RCCL library the collectives tests load (None: not known here)."""
     measured = {"source": item.get("source"), "unit": None}
     expected = _expected_of(item, ladder_view)
     metrics = {}
@@ -233,6 +278,7 @@ def judge_profile(item, ladder_view, baseline, tol, found, texts):
     _check_models(item, found, measured)
     _check_tokens(item, found, measured)
     _check_log(item, ladder_view, found, measured)
+    _check_library(item, verified, ladder_view, found, measured, expected)
     _check_figures(item, found, metrics, expected, baseline, tol, texts)
     return _figures_first(measured), expected, metrics
 
@@ -264,7 +310,8 @@ def judge_serving(data, ladder_view, baseline_metrics=None, tolerance=None):
     measured, expected, metrics = {}, {}, {}
     for item in items:
         name = item.get("name") or "?"
-        measured[name], expected[name], item_metrics = judge_profile(item, ladder_view, baseline, tol, found, texts)
+        measured[name], expected[name], item_metrics = judge_profile(item, ladder_view, baseline, tol, found, texts,
+                                                                     data.get("verified_library"))
         metrics.update(item_metrics)
     ok_text = "; ".join(texts) or "every serve profile answers"
     if texts and not any(baseline.get(name) for name in metrics):

@@ -79,6 +79,10 @@ def test_the_lab_twins_models():
     assert [a["sha256"][:8] for a in amd["artifacts"]] == ["e0061f95", "2a40c463", "845e73df", "e9b9a1fe", "f309dbbf",
                                                            "daff74a3"]
     assert amd["artifacts"][3]["dest_dir"] == host_model.KEY_DIR
+    # the RCCL the engine must run: torch's bundled copy linked to the rccl role's build; NVIDIA builds no NCCL
+    assert amd["engine_libraries"] == [{"bundled": "torch/lib/librccl.so.1",
+                                        "target": "/opt/rigbook/rccl/current/lib/librccl.so.1"}]
+    assert nvidia["engine_libraries"] == []
     (serve,) = nvidia["serve"]
     assert serve["unit"] == "rigbook-serve-standin.service" and serve["bind"] == "127.0.0.1"
     assert serve["startup_timeout_s"] == 60 and serve["api_key_file"] is None

@@ -25,8 +25,8 @@ PATCH = """--- a/demo/core.py
 """
 
 
-def make_wheel(dest: Path, version: str, source: str = SOURCE) -> Path:
-    files = {"demo/__init__.py": f"__version__ = {version!r}\n", "demo/core.py": source,
+def make_wheel(dest: Path, version: str, source: str = SOURCE, extra=None) -> Path:
+    files = {"demo/__init__.py": f"__version__ = {version!r}\n", "demo/core.py": source, **(extra or {}),
              f"demo-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: demo\nVersion: {version}\n\n",
              f"demo-{version}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
                                                 "Tag: py3-none-any\n"}
@@ -49,6 +49,8 @@ def wheels(tmp_path_factory):
     dest = tmp_path_factory.mktemp("wheels")
     make_wheel(dest, "1.0")
     make_wheel(dest, "2.0", source="def gather(enabled):\n    return bool(enabled)\n")
+    # a wheel that bundles a library, as torch's ROCm wheel carries torch/lib/librccl.so.1
+    make_wheel(dest, "2.5", extra={"demo/lib/librccl.so.1": "the wheel's stock copy"})
     return dest
 
 
@@ -186,3 +188,47 @@ def test_a_venv_made_by_hand_at_another_version_is_installed_into_never_removed(
     assert done["versions"] == {"demo": "2.0"} and (venv / "owner-notes.txt").exists()
     assert not any(argv[1:3] == ["-m", "venv"] for argv in ran)
     assert json.loads((venv / ".rigbook-venv.json").read_text())["versions"] == {"demo": "2.0"}
+
+
+def test_a_bundled_library_is_linked_to_the_verified_one_after_every_venv_change(tmp_path, wheels):
+    verified = tmp_path / "rccl/current/lib/librccl.so.1"
+    verified.parent.mkdir(parents=True)
+    verified.write_bytes(b"the patched build")
+    libraries = [{"bundled": "demo/lib/librccl.so.1", "target": str(verified)}]
+    plain, failed, _ = run_module_real(pinned_venv, args(tmp_path, wheels, libraries=libraries))
+    assert not failed and plain["linked"] == []  # no bundled copy in this venv: nothing to link, nothing made up
+    # the venv made in this run from a wheel that bundles the library: linked in the same run
+    a = args(tmp_path, wheels, version="2.5", libraries=libraries, import_check="")
+    made, failed, _ = run_module_real(pinned_venv, a)
+    site = next(Path(made["path"]).glob("lib/python*/site-packages"))
+    bundled = site / "demo/lib/librccl.so.1"
+    assert not failed and made["changed"] and made["linked"] == [str(bundled)]
+    assert bundled.resolve() == verified and bundled.read_bytes() == b"the patched build"
+    assert (site / "demo/lib/librccl.so.1.rigbook-bundled").read_text() == "the wheel's stock copy"
+    again, failed, ran = run_module_real(pinned_venv, a)
+    assert not failed and not again["changed"] and again["linked"] == [] and ran == []
+    # put back by hand (a pip --force-reinstall of the wheel): check mode names it, the run relinks without pip
+    bundled.unlink()
+    bundled.write_text("the wheel's stock copy")
+    check, failed, ran = run_module_real(pinned_venv, a, check_mode=True)
+    assert not failed and check["changed"] and check["linked"] == [str(bundled)] and ran == []
+    assert not bundled.is_symlink()  # check mode changed nothing
+    fixed, failed, ran = run_module_real(pinned_venv, a)
+    assert not failed and fixed["changed"] and fixed["reasons"] == [] and ran == []  # the links only: no pip
+    assert bundled.resolve() == verified
+
+
+def test_a_library_to_link_to_that_is_missing_or_a_bundled_path_outside_the_venv_is_refused(tmp_path, wheels):
+    made, _, _ = run_module_real(pinned_venv, args(tmp_path, wheels))
+    site = next(Path(made["path"]).glob("lib/python*/site-packages"))
+    (site / "torch/lib").mkdir(parents=True)
+    (site / "torch/lib/librccl.so.1").write_bytes(b"stock")
+    missing = str(tmp_path / "no/librccl.so.1")
+    result, failed, _ = run_module_real(pinned_venv, args(tmp_path, wheels, libraries=[
+        {"bundled": "torch/lib/librccl.so.1", "target": missing}]))
+    assert failed and f"{missing}, is not there" in result["msg"]
+    assert (site / "torch/lib/librccl.so.1").read_bytes() == b"stock"  # nothing half-done
+    for bundled in ("../../../etc/passwd", "/etc/passwd"):
+        result, failed, _ = run_module_real(pinned_venv, args(tmp_path, wheels, libraries=[
+            {"bundled": bundled, "target": "/x"}]))
+        assert failed and "no path inside site-packages" in result["msg"]

@@ -5,6 +5,7 @@ rccl-tests output from their environment (what they got is what they print)."""
 
 from __future__ import annotations
 
+import hashlib
 import stat
 from pathlib import Path
 
@@ -129,3 +130,42 @@ def test_a_failing_program_is_unknown_not_pass(tmp_path, tree):
     verdicts, evidence = runtime(tmp_path, tree, tdir, env_file(tmp_path, GOOD_ENV), ab=True)
     assert "boom" in evidence["collectives"]["error"] and "ab" not in evidence["collectives"]
     assert verdicts[0]["status"] in ("warn", "unknown")
+
+
+def _compile(tmp_path: Path, rpath=None) -> tuple:
+    """A real program linked against librccl.so.1 (NEEDED), two builds of that library in two folders, and with
+    RPATH a DT_RPATH into the second (as torch's wheel points at its bundled copy)."""
+    import subprocess
+
+    folders = []
+    for name in ("patched", "bundled"):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "rccl.c").write_text(f'const char *rigbook_which(void) {{ return "{name}"; }}\n')
+        subprocess.run(["cc", "-shared", "-fPIC", "-Wl,-soname,librccl.so.1", "-o", str(folder / "librccl.so.1"),
+                        str(folder / "rccl.c")], check=True)
+        folders.append(folder)
+    (tmp_path / "main.c").write_text("const char *rigbook_which(void);\nint main(void) { return !rigbook_which(); }\n")
+    flags = [f"-Wl,-rpath,{folders[1]}", "-Wl,--disable-new-dtags"] if rpath else []
+    program = tmp_path / "sendrecv_perf"
+    subprocess.run(["cc", "-o", str(program), str(tmp_path / "main.c"), f"-L{folders[0]}", "-l:librccl.so.1",
+                    *flags], check=True)
+    return program, folders
+
+
+def test_the_library_the_tests_load_is_the_one_the_loader_resolves(tmp_path):
+    program, (patched, bundled) = _compile(tmp_path)
+    found = collective_bench.resolved_library(str(program), {"LD_LIBRARY_PATH": str(patched)})
+    assert found["path"] == str(patched / "librccl.so.1")
+    assert found["sha256"] == hashlib.sha256((patched / "librccl.so.1").read_bytes()).hexdigest()
+    assert "error" in collective_bench.resolved_library(str(program), {"LD_LIBRARY_PATH": ""})
+    # a DT_RPATH is searched before LD_LIBRARY_PATH: the environment does not choose the library then
+    (tmp_path / "rpath").mkdir()
+    program, (patched, bundled) = _compile(tmp_path / "rpath", rpath=True)
+    found = collective_bench.resolved_library(str(program), {"LD_LIBRARY_PATH": str(patched)})
+    assert found["path"] == str(bundled / "librccl.so.1")
+    # a program that is no ELF binary (the scripts above): named, not guessed
+    (tmp_path / "scripts").mkdir()
+    script = make_tests_dir(tmp_path / "scripts") / "sendrecv_perf"
+    assert collective_bench.resolved_library(str(script), {}) == {
+        "error": "ldd exited 1: \tnot a dynamic executable\n"}

@@ -132,6 +132,46 @@ def test_is_all_direct_p2p_0_fails_where_p2p_is_expected():
     assert verdict["status"] == "fail" and "isAllDirectP2p 0" in verdict["why"]
 
 
+PATCHED = {"path": "/opt/rigbook/rccl/2.27.7-ee773f82ce5b/lib/librccl.so.1.0", "sha256": "a" * 64}
+BUNDLED = {"path": "/opt/rigbook/sglang/0.5.23-01b36f0cb60c/lib/python3.11/site-packages/torch/lib/librccl.so.1",
+           "sha256": "b" * 64}
+HIP = {"path": "/opt/rocm-7.1.0/lib/libamdhip64.so.7.1.0", "sha256": "c" * 64}
+
+
+def judge_library(*libraries, verified=PATCHED, profile=P2P, **item):
+    data = {"profiles": [seed_004_item(engine_libraries=list(libraries), **item)], "error": None,
+            "verified_library": verified}
+    return judge_serving(data, profile, SEED_004_BASELINE)
+
+
+def test_the_engine_on_the_library_the_collectives_measured_passes_and_names_it_with_its_runtime():
+    verdict = judge_library(HIP, PATCHED, log={"nccl_version": "2.27.7"})
+    assert verdict["status"] == "pass", verdict["why"]
+    measured = verdict["measured"]["qwen"]
+    assert measured["collectives_library"] == f"{PATCHED['path']} (sha256 aaaaaaaaaaaa)"
+    assert measured["gpu_runtime"] == HIP["path"] and measured["nccl_version_logged"] == "2.27.7"
+    assert verdict["expected"]["qwen"]["collectives_library"].startswith(PATCHED["path"])
+
+
+def test_torchs_bundled_copy_mapped_fails_even_beside_the_verified_one():
+    for libraries in ((HIP, BUNDLED), (PATCHED, BUNDLED)):  # alone, or both (what LD_PRELOAD gives)
+        verdict = judge_library(*libraries)
+        assert verdict["status"] == "fail", libraries
+        assert BUNDLED["path"] in verdict["why"] and "DT_RPATH" in verdict["why"] and "seed 004" in verdict["why"]
+        assert "--tags sglang" in verdict["remedy"]
+
+
+def test_what_the_library_check_cannot_know_is_unknown_not_a_pass_or_a_fail():
+    assert judge_library(HIP)["status"] == "unknown"  # nothing mapped (yet)
+    assert judge_library(PATCHED, verified={"error": "ldd: not found"})["status"] == "unknown"
+    # no verified library (no collectives tests built: NVIDIA without one): the NCCL in use is named, not judged
+    verdict = judge_library({"path": "/v/nvidia/nccl/lib/libnccl.so.2", "sha256": "d" * 64}, verified=None,
+                            profile=NO_P2P, log={"path": "shm", "all_direct_p2p": False})
+    assert verdict["status"] == "pass" and "libnccl.so.2" in verdict["measured"]["qwen"]["collectives_library"]
+    # one GPU: nothing to hold
+    assert judge_library(BUNDLED, tp_size=1)["status"] == "pass"
+
+
 def test_shm_is_the_path_of_a_box_without_p2p_and_p2p_there_warns():
     assert judge(seed_004_item(log={"path": "shm"}), profile=NO_P2P)["status"] == "pass"
     verdict = judge(seed_004_item(log={"path": "p2p"}), profile=NO_P2P)

@@ -319,8 +319,11 @@ COLLECTIVES = ("librccl.so.1", "libnccl.so.2")
 BUNDLED = ("torch/lib/librccl.so.1", "nvidia/nccl/lib/libnccl.so.2")
 
 
-def load_collectives():
-    """The path of the collectives library this process mapped (the venv's bundled copy first), or None (logged)."""
+def load_collectives(state=None):
+    """The path of the collectives library this process mapped (the venv's bundled copy first), or None (logged).
+    When it is the lab's RCCL TEST STAND-IN (tests/artifacts/rccl-standin: it exports rcclStandinP2p), its own
+    ncclCommInitAll decides the transport as RCCL would (a stock build keeps SHM on the Intel host, seed 004) and
+    its ncclGetVersion the NCCL version logged; STATE's evidence can still force SHM (the serve-shm fault)."""
     import ctypes
     import sysconfig
 
@@ -333,9 +336,31 @@ def load_collectives():
         except OSError:
             continue
         _LOADED.append(handle)  # kept: the library stays mapped for the engine's life
+        if state is not None and hasattr(handle, "rcclStandinP2p"):
+            _ask_the_library(handle, state)
         return candidate
     log("no collectives library (" + ", ".join(COLLECTIVES) + ") could be loaded: none is mapped", 0)
     return None
+
+
+def _ask_the_library(handle, state) -> None:
+    import ctypes
+
+    quiet = os.environ.pop("NCCL_DEBUG", None)  # the engine logs the NCCL lines itself (log_nccl)
+    try:
+        comms = (ctypes.c_void_p * state.args.tp_size)()
+        if handle.ncclCommInitAll(comms, state.args.tp_size, None) != 0:
+            raise StandinError("the collectives library's ncclCommInitAll failed")
+        if not handle.rcclStandinP2p(ctypes.c_void_p(comms[0])):
+            state.ev["transport"] = "shm"
+        version = ctypes.c_int()
+        if handle.ncclGetVersion(ctypes.byref(version)) == 0:
+            code = version.value
+            state.ev["nccl_version"] = f"{code // 10000}.{code // 100 % 100}.{code % 100}"
+    finally:
+        if quiet is not None:
+            os.environ["NCCL_DEBUG"] = quiet
+    state.custom_ar = state._custom_all_reduce()
 
 
 _LOADED: list = []
@@ -379,6 +404,7 @@ def load_weights(state: Standin) -> bool:
     for rank in ranks:
         state.info("Init torch distributed begin.", rank)
     if state.args.tp_size > 1:
+        load_collectives(state)
         state.info(f"sglang is using nccl=={state.ev['nccl_version']}", 0)
     for rank in ranks:
         state.info("Load weight begin. avail mem=22.50 GB", rank)
@@ -389,7 +415,6 @@ def load_weights(state: Standin) -> bool:
         state.info(f"Load weight end. elapsed={time.monotonic() - tic:.2f} s, type=StandinForCausalLM, "
                    "dtype=torch.bfloat16, avail mem=12.50 GB, mem usage=10.00 GB.", rank)
     if state.args.tp_size > 1:
-        load_collectives()
         log_nccl(state)
     log_cuda_graph(state)
     state.info(f"max_total_num_tokens={state.args.max_total_tokens or 65536}, chunked_prefill_size=8192, "

@@ -313,3 +313,38 @@ def test_a_serve_fault_fails_the_serving_layer_and_only_it(converged_lab, fault,
         assert healed.returncode == 0, healed.stderr
     code, hosts = verify("--limit", host, "--tags", "serving")
     assert code == 0, hosts  # healed: the restarted engine serves as recorded again
+
+
+def test_an_engine_on_torchs_bundled_rccl_fails_serving_and_the_sglang_role_makes_it_run_the_verified_one(
+        converged_lab):
+    """Fault engine-bundled-rccl: a stock RCCL where a ROCm torch wheel keeps its own (torch/lib/librccl.so.1) in the
+    SGLang venv. The engine stand-in loads it as libtorch would (its DT_RPATH before LD_LIBRARY_PATH) and, being
+    stock, it picks SHM; the collectives layer, which ran rccl-tests on the patched build, still passes."""
+    host = "lab-r9700"
+    broke = provision("lab", "break", host, "engine-bundled-rccl", timeout=600)
+    assert broke.returncode == 0, broke.stderr
+    try:
+        code, hosts = verify("--limit", host)
+        assert code == 1, hosts
+        ladder = hosts[host]["ladder"]
+        assert [v["layer"] for v in ladder if v["status"] == "fail"] == ["serving"], ladder
+        verdict = ladder[-1]
+        assert "torch/lib/librccl.so.1" in verdict["why"] and "DT_RPATH" in verdict["why"], verdict["why"]
+        assert "shows SHM" in verdict["why"]  # what the stock build picked on this host
+        measured = verdict["measured"]["standin"]
+        assert measured["collectives_library"].split(" ")[0].endswith("/torch/lib/librccl.so.1")
+        # the sglang role (tagged serve with the serve role) links the bundled copy to the verified build and the
+        # engine restarts on it
+        fixed, _ = site("--limit", host, "--tags", "serve", timeout=900)
+        assert fixed.returncode == 0, fixed.stderr[-3000:]
+        code, hosts = verify("--limit", host, "--tags", "serving")
+        assert code == 0, hosts
+        verdict = hosts[host]["ladder"][-1]
+        assert verdict["measured"]["standin"]["collectives_library"].startswith("/opt/rigbook/rccl/"), verdict
+        bundled = on_host(host, "readlink /opt/rigbook/sglang/*/lib/python3*/site-packages/torch/lib/librccl.so.1")
+        assert bundled.strip() == "/opt/rigbook/rccl/current/lib/librccl.so.1"
+    finally:
+        healed = provision("lab", "heal", host, timeout=600)
+        assert healed.returncode == 0, healed.stderr
+    code, hosts = verify("--limit", host, "--tags", "serving")
+    assert code == 0, hosts

@@ -310,6 +310,22 @@ def _save(host_root: Path, path: Path, backup_dir: Path) -> None:
         absent.write_text("")
 
 
+def backup_paths(host_root: Path, rels) -> list:
+    """The host files a script's `backup:` entries name: an entry may have `*` in its folders (a venv's name), expanded
+    on the host; the file itself need not exist yet (then its absence is what `lab heal` restores)."""
+    found = []
+    for rel in rels:
+        parts = rel.split("/")
+        globbed = [i for i, part in enumerate(parts[:-1]) if any(c in part for c in "*?[")]
+        if not globbed:
+            found.append(host_root / rel)
+            continue
+        cut = globbed[-1] + 1
+        found += [folder / "/".join(parts[cut:]) for folder in sorted(host_root.glob("/".join(parts[:cut])))
+                  if folder.is_dir()]
+    return found
+
+
 def restore(backup_dir: Path, host_root: Path) -> list:
     """Write back every host file saved under BACKUP_DIR (remove those that were absent); the paths restored."""
     done = []
@@ -334,7 +350,7 @@ def apply(changes: list, runner=None, backup_dir: Path | None = None) -> None:
     """Write CHANGES; host files are saved into BACKUP_DIR first; scripts run through RUNNER(script)."""
     for change in changes:
         if change.host_root is not None and backup_dir is not None:
-            for path in ([change.host_root / rel for rel in change.backup] if change.run else [change.path]):
+            for path in (backup_paths(change.host_root, change.backup) if change.run else [change.path]):
                 _save(change.host_root, path, backup_dir)
         if change.run is not None:
             if runner is None:

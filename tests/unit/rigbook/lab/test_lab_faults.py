@@ -279,6 +279,34 @@ def test_rccl_unpatched_runs_its_script_in_the_host_after_saving_the_library(tmp
     assert (root / "opt/rigbook/rccl/current/lib/librccl.so").is_symlink()  # written through the link
 
 
+def test_engine_bundled_rccl_puts_a_copy_in_every_sglang_venv_and_restore_removes_it(tmp_path):
+    tree = host(tmp_path, "x99-r9700")
+    root = faults.host_root_of(tree)
+    sites = [root / f"opt/rigbook/sglang/{venv}/lib/python3.11/site-packages" for venv in ("0.5.23-aaa", "0.5.23-bbb")]
+    for site in sites:
+        site.mkdir(parents=True)
+    (root / "opt/rigbook/sglang/0.5.23-aaa.pip.log").write_text("a log, not a venv\n")
+    changes = faults.plan("engine-bundled-rccl", tree, hardware_trees.load_rig("x99-r9700"))
+    assert len(changes) == 1 and "torch/lib/librccl.so.1" in changes[0].run
+    assert faults.backup_paths(root, changes[0].backup) == [
+        site / "torch/lib" / name for name in ("librccl.so.1",) for site in sites] + [
+        site / "torch/lib/librccl.so.1.rigbook-bundled" for site in sites]
+
+    def runner(script):  # what the script does inside the host, done here on the fake root
+        for site in sites:
+            (site / "torch/lib").mkdir(parents=True)
+            (site / "torch/lib/librccl.so.1").write_bytes(b"stock build\n")
+
+    faults.apply(changes, runner=runner, backup_dir=tmp_path / "backups")
+    (sites[0] / "torch/lib/librccl.so.1.rigbook-bundled").write_bytes(b"kept by a role run meanwhile\n")
+    faults.restore(tmp_path / "backups", root)
+    for site in sites:
+        assert not (site / "torch/lib/librccl.so.1").exists()
+        assert not (site / "torch/lib/librccl.so.1.rigbook-bundled").exists()
+    # an entry without a wildcard is the one path; a wildcard that matches nothing names nothing
+    assert faults.backup_paths(root, ["etc/x.conf", "opt/none/*/x"]) == [root / "etc/x.conf"]
+
+
 def test_a_file_a_fault_creates_is_removed_by_restore(tmp_path):
     root = tmp_path / "root"
     root.mkdir()

@@ -47,6 +47,7 @@ ARGUMENT_SPEC = dict(
     serve=dict(type="list", elements="dict", default=[]),
     serving_state=dict(type="path"),  # None: collect/serving_evidence.STATE_FILE
     error_state=dict(type="path", default="/var/lib/rigbook/error-counters.json"),  # collect/error_counters.STATE_FILE
+    allow_unknown=dict(type="list", elements="str", default=[]),
 )
 
 

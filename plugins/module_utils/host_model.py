@@ -305,10 +305,25 @@ def build(variables):
         # wheel's own NCCL is the one the serving layer names)
         "engine_libraries": ([{"bundled": BUNDLED_RCCL, "target": RCCL_CURRENT + "/lib/librccl.so.1"}]
                              if vendor == "amd" and pins["rccl"]["pinned"] else []),
+        "verify": verify_settings(variables.get("rigbook_verify"), bool(serve)),
     }
     model["box_facts"] = box_facts(model)
     model["box_paths"] = box_paths(model)
     return model
+
+
+def verify_settings(raw, serving):
+    """How the ladder runs on the host (rigbook_verify): the layers it must measure (every layer of the registry,
+    serving only with serve profiles: an unknown one fails the play), those allowed to stay unknown, and the venv
+    with PyTorch for the bundled collectives benchmark."""
+    from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import registry
+
+    raw = _dict(raw)
+    return {
+        "expected_layers": [name for name in registry.names() if serving or name != registry.SERVING],
+        "allow_unknown": [str(name) for name in _list(raw.get("allow_unknown"))],
+        "collectives_python": _str(raw.get("collectives_python")),
+    }
 
 
 def ladder_view(model):
@@ -321,7 +336,9 @@ def ladder_view(model):
     if model["p2p"]["declared"]:
         p2p["expected"] = model["p2p"]["expected"]
     pins = {name: pin for name, pin in model["pins"].items() if pin.get("pinned")}
-    return {"gpu": model["gpu"], "p2p": p2p, "pins": pins, "tolerance": model["tolerance"]}
+    verify = model.get("verify") or {}
+    return {"gpu": model["gpu"], "p2p": p2p, "pins": pins, "tolerance": model["tolerance"],
+            "expected_layers": verify.get("expected_layers") or [], "allow_unknown": verify.get("allow_unknown") or []}
 
 
 def box_facts(model):

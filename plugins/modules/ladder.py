@@ -105,6 +105,13 @@ options:
     description: Runtime and serving phases. The GPU environment file (KEY=VALUE lines, e.g. /etc/rigbook/gpu.env) the tests of
       O(nccl_tests_dir) run with, alone, as the serving unit does (so what is verified is what serves).
     type: path
+  allow_unknown:
+    description: Layers allowed to come out unknown on this run. An unknown verdict of a layer the host model expects
+      this box to measure (O(host) C(expected_layers)) fails the task unless this option or the host model's
+      C(rigbook_verify.allow_unknown) names it; an allowed one stays unknown and says so.
+    type: list
+    elements: str
+    default: []
   ab:
     description: Runtime phase. With the tests of O(nccl_tests_dir), run sendrecv once more with NCCL_P2P_DISABLE=1
       and judge the gain (below 1.1x fails the collectives layer on a box that expects P2P).

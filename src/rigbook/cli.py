@@ -39,6 +39,33 @@ def _add_extra_vars(parser: argparse.ArgumentParser, help_text: str) -> None:
     parser.add_argument("-e", "--extra-vars", action="append", default=[], metavar="K=V|@FILE", help=help_text)
 
 
+def _add_allow_unknown(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--allow-unknown", metavar="LAYER[,LAYER]", action="append", default=[],
+                        help="let these ladder layers come out unknown on this run (any other layer the box should "
+                        "measure that comes out unknown fails the play); the summary says which were allowed")
+
+
+def _allow_unknown_vars(values: list) -> list:
+    """-e items that carry --allow-unknown's layers to the p2p_verify role; UserError (exit 2) for a name that is no
+    layer of the ladder."""
+    import json
+
+    from rigbook.errors import UserError
+    from rigbook.paths import link_collection
+
+    names = [name.strip() for value in values for name in value.split(",") if name.strip()]
+    if not names:
+        return []
+    link_collection()
+    from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import registry
+
+    wrong = [name for name in names if name not in registry.names()]
+    if wrong:
+        raise UserError(f"--allow-unknown: {', '.join(wrong)} is no ladder layer; the layers are "
+                        f"{', '.join(registry.names())}")
+    return [json.dumps({"p2p_verify_allow_unknown": sorted(set(names))})]
+
+
 def _playbook_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="provision",
@@ -52,6 +79,7 @@ def _playbook_parser() -> argparse.ArgumentParser:
     p.add_argument("-t", "--tags", help="only run plays and tasks tagged with these")
     p.add_argument("--skip-tags", help="skip plays and tasks tagged with these")
     _add_extra_vars(p, "extra variables (repeatable)")
+    _add_allow_unknown(p)
     p.add_argument("-C", "--check", action="store_true", help="change nothing; report what would change")
     p.add_argument("-D", "--diff", action="store_true", help="show file and template differences")
     p.add_argument("-f", "--forks", type=int, help="parallel hosts")
@@ -75,6 +103,7 @@ def _sub_parser(name: str) -> argparse.ArgumentParser:
         p.add_argument("--junit", metavar="FILE", help="write a JUnit XML report")
         p.add_argument("-v", "--verbose", action="count", default=0)
         if name == "verify":
+            _add_allow_unknown(p)
             p.add_argument("-t", "--tags", help="only these layers (e.g. pcie_link,kernel_state)")
             p.add_argument("--replay", metavar="PATH", help="judge a snapshot tarball or folder; contacts no host")
         else:
@@ -225,7 +254,7 @@ def _verify_or_snapshot(name: str, args) -> int:
         inventory=args.inventory,
         limit=args.limit,
         tags=getattr(args, "tags", None),
-        extra_vars=args.extra_vars,
+        extra_vars=args.extra_vars + _allow_unknown_vars(getattr(args, "allow_unknown", [])),
         json=args.json,
         junit=args.junit,
         verbosity=args.verbose,
@@ -305,7 +334,7 @@ def _dispatch(argv: list) -> int:
             limit=args.limit,
             tags=args.tags,
             skip_tags=args.skip_tags,
-            extra_vars=args.extra_vars,
+            extra_vars=args.extra_vars + _allow_unknown_vars(args.allow_unknown),
             check=args.check,
             diff=args.diff,
             forks=args.forks,

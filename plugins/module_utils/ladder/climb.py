@@ -31,6 +31,7 @@ OPTION_DEFAULTS = {
     "serving_state": None,
     "error_state": None,  # the error counters' state file (ladder/error_watch.py); None: none kept
     "check_mode": False,
+    "allow_unknown": [],  # layers allowed to stay unknown on this run, besides the host model's (--allow-unknown)
 }
 
 
@@ -81,10 +82,30 @@ def climb(layers, ctx, stop_at_fail=True, evidence=None):
         verdict = layer.judge(evidence, ctx)
         if watch is not None and layer.phase == registry.RUNTIME:
             verdict = watch.after(verdict, evidence)
+        if not replay:
+            verdict = unknown_expected(verdict, ctx)
         verdicts.append(verdict)
         if stop_at_fail and verdict["status"] == "fail":
             break
     return verdicts, evidence
+
+
+def unknown_expected(verdict, ctx):
+    """An unknown verdict of a layer the host model expects this box to measure (ladder_view expected_layers) fails,
+    unless allowed (the host model's rigbook_verify.allow_unknown, or the run's allow_unknown option): then it stays
+    unknown and says it was allowed, so the summary shows it."""
+    if verdict["status"] != "unknown" or verdict["layer"] not in (ctx.ladder_view.get("expected_layers") or ()):
+        return verdict
+    if verdict["layer"] in (ctx.ladder_view.get("allow_unknown") or ()):
+        return dict(verdict, why=verdict["why"] + " (allowed unknown: rigbook_verify.allow_unknown)",
+                    allowed_unknown=True)
+    if verdict["layer"] in (ctx.options.get("allow_unknown") or ()):
+        return dict(verdict, why=verdict["why"] + " (allowed unknown: --allow-unknown)", allowed_unknown=True)
+    return dict(verdict, status="fail",
+                why="unknown on a box that should measure it: %s" % verdict["why"],
+                remedy=(verdict.get("remedy") or "") + (" " if verdict.get("remedy") else "")
+                + "To accept it unknown for now: `--allow-unknown %s`, or rigbook_verify.allow_unknown in the "
+                  "inventory." % verdict["layer"])
 
 
 def message(verdict):

@@ -91,6 +91,22 @@ def test_the_lab_twins_models():
     assert host_model.readiness(amd, inventory_dir=str(LAB)) == []
 
 
+def test_the_layers_a_box_must_measure_and_those_it_may_leave_unknown():
+    import json
+
+    from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import registry
+
+    nvidia = host_model.build(_vars(LAB, "x99_3080"))
+    assert nvidia["verify"] == {"expected_layers": registry.names(), "allow_unknown": ["collectives"],
+                                "collectives_python": ""}
+    view = host_model.ladder_view(nvidia)
+    assert view["expected_layers"] == registry.names() and view["allow_unknown"] == ["collectives"]
+    bare = host_model.build({"rigbook_gpu": {"vendor": "amd", "count": 2}})
+    assert bare["verify"]["expected_layers"] == registry.names()[:-1]  # no serve profile: no serving layer
+    schema = json.loads((REPO / "meta/host_vars.schema.json").read_text())
+    assert schema["properties"]["rigbook_verify"]["properties"]["allow_unknown"]["items"]["enum"] == registry.names()
+
+
 def test_p2p_expected_is_one_rule():
     """Declared wins; undeclared, two or more GPUs expect P2P (ladder/expectations.p2p_expected)."""
     assert host_model.build({"rigbook_gpu": {"vendor": "nvidia", "count": 2}})["p2p"]["expected"] is True

@@ -160,3 +160,25 @@ def test_a_dummy_layer_is_replayed_from_a_recorded_tree(dummy, tmp_path, capsys,
     _tree(tmp_path, "0.2")
     assert snapshots.replay(str(tmp_path), as_json=True) == 1  # a failing dummy layer fails the replay
     capsys.readouterr()
+
+
+def test_an_unknown_layer_the_box_should_measure_fails_unless_allowed(dummy, tmp_path):
+    tree = str(_tree(tmp_path, ""))  # no gauge recorded: the judge says unknown
+    view = {"gpu": {"vendor": "nvidia", "count": 1}, "expected_layers": ["dummy_gauge"], "allow_unknown": []}
+
+    def judged(view, **options):
+        verdicts, _ = climb.climb(["dummy_gauge", "collectives"], climb.Context(tree, view, options=options))
+        return verdicts
+
+    failed = judged(view)
+    assert [v["layer"] for v in failed] == ["dummy_gauge"]  # the climb stopped there
+    assert failed[0]["status"] == "fail" and failed[0]["why"] == "unknown on a box that should measure it: " \
+        "no gauge recorded"
+    assert "--allow-unknown dummy_gauge" in failed[0]["remedy"]
+    by_inventory = judged(dict(view, allow_unknown=["dummy_gauge"]))[0]
+    assert by_inventory["status"] == "unknown" and by_inventory["allowed_unknown"] is True
+    assert by_inventory["why"].endswith("(allowed unknown: rigbook_verify.allow_unknown)")
+    by_run = judged(view, allow_unknown=["dummy_gauge"])[0]
+    assert by_run["status"] == "unknown" and by_run["why"].endswith("(allowed unknown: --allow-unknown)")
+    not_expected = judged(dict(view, expected_layers=["collectives"]))[0]
+    assert not_expected["status"] == "unknown" and "allowed_unknown" not in not_expected

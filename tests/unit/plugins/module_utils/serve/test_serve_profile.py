@@ -392,6 +392,7 @@ def test_a_host_pool_that_is_not_sized_here_is_not_judged(args):
     (["--hicache-size", "15"], "15"), (["--hicache-size=15"], "15"), (["--hicache-size"], None),
     (["--hicache-size", "--page-size", "64"], None), (["--hicache-size=8", "--hicache-size", "15"], "15"),
     (["--hicache-size-x", "3"], None), (["--hicache-si", "3"], None), ([], None),
+    (["--hicache-size=8", "--hicache-size"], None),  # the engine's argparse refuses a flag without its value
 ])
 def test_extra_value_reads_a_flag_as_the_engine_does(args, value):
     assert serve.extra_value({"extra_args": args}, "--hicache-size") == value

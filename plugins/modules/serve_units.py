@@ -10,8 +10,9 @@ short_description: One hardened systemd unit per serve profile, restarted only w
 description:
   - Checks every profile of O(profiles) on the host first (the serve profile traps - tp size above the GPU count,
     custom all-reduce on a box without P2P, HSA_ENABLE_IPC_MODE_LEGACY=1, a token budget above the context, a model
-    path missing here, a memory fraction above 0.88 with a desktop...); an error fails the task before anything is
-    written or restarted.
+    path or an FP8 KV scales file (C(--quantization-param-path)) missing here, hierarchical cache host pools
+    (C(--hicache-size) per rank) that leave this box's RAM (MemTotal of /proc/meminfo) less than 10 GiB, a memory
+    fraction above 0.88 with a desktop...); an error fails the task before anything is written or restarted.
   - Renders, per profile, C(rigbook-serve-<name>.service) (ExecStart built from the profile with no shell, the GPU
     environment file plus the profile's own root-only environment file C(<config_dir>/<name>.env) (mode 0600,
     as systemd reads it as root), an unprivileged user in video/render, Restart=on-failure with a start limit,
@@ -168,6 +169,9 @@ PREFIX = serve_profile.UNIT_PREFIX
 KEY_SUFFIX = ".key.yaml"
 OLD_KEY_SUFFIX = ".key.env"
 _PLAIN = re.compile(r"^[A-Za-z0-9_@+=:,./-]+$")
+# The box's RAM, for the hierarchical cache's host pools (serve/profile.py, _hicache_fits_ram).
+MEMINFO = "/proc/meminfo"
+MEM_TOTAL = re.compile(r"^MemTotal:\s+(\d+)\s+kB\s*$", re.M)
 
 
 def systemd_quote(arg, keep=()):
@@ -397,6 +401,7 @@ class Units(object):
     def __init__(self, module):
         self.module = module
         self.p = module.params
+        self.notes = []  # what of the box could not be read for the profile checks: warnings
 
     def run(self, argv, check=True):
         rc, out, err = self.module.run_command(argv, environ_update={"LC_ALL": "C", "SYSTEMD_PAGER": ""})
@@ -421,7 +426,20 @@ class Units(object):
         facts["default_target"] = out.strip()
         facts["display_manager_enabled"] = os.path.lexists(os.path.join(self.p["unit_dir"],
                                                                         "display-manager.service"))
+        total = mem_total_bytes(read(MEMINFO))
+        if total is None and any(serve_profile.extra_value(profile, serve_profile.HICACHE_SIZE_FLAG)
+                                 for profile in profiles):
+            self.notes.append("%s has no readable MemTotal line: the hierarchical cache's host memory "
+                              "(--hicache-size) is not checked against the box's RAM" % MEMINFO)
+        elif total is not None:
+            facts["mem_total_bytes"] = total
         return facts
+
+
+def mem_total_bytes(text):
+    """MemTotal of /proc/meminfo's TEXT in bytes (the kernel writes kB meaning KiB), or None."""
+    match = MEM_TOTAL.search(text or "")
+    return int(match.group(1)) * 1024 if match else None
 
 
 def profile_facts(facts, profile):
@@ -429,6 +447,9 @@ def profile_facts(facts, profile):
     draft = (profile.get("speculative") or {}).get("draft_model_path")
     if draft:
         out["draft_model_path_exists"] = os.path.isdir(str(draft))
+    scales = serve_profile.extra_value(profile, serve_profile.KV_SCALES_FLAG)
+    if scales and os.path.isabs(scales):  # a relative path is an error of its own (serve/profile.py)
+        out["quantization_param_path_exists"] = os.path.isfile(scales)
     return out
 
 
@@ -542,6 +563,7 @@ def main():
     profiles = p["profiles"]
     facts = u.host_facts(profiles)
     errors, warnings = serve_profile.check_all(profiles, facts)
+    warnings = u.notes + warnings
     for index, profile in enumerate(profiles):
         more_errors, _ = serve_profile.check(profile, profile_facts(facts, profile), index)
         errors += [e for e in more_errors if e not in errors]

@@ -10,8 +10,9 @@ A serve profile fails when its unit is not active or restarted more often than a
 not ready within its timeout, /v1/models lacks the served name, a completion returns no token, the engine's
 log shows errors or a transport other than the expected one (P2P expected: `via P2P` and isAllDirectP2p 1,
 seed 004's rule), the engine process has another NCCL/RCCL library mapped than the one the collectives tests load
-(data["verified_library"]), or TTFT rises / decode tok/s falls against the baseline beyond the tolerance (the same
-fail_below / warn_below as every layer; for TTFT, lower is better, so it fails above baseline / fail_below).
+(data["verified_library"]), or TTFT rises / decode tok/s / the speculative accept length falls against the
+baseline beyond the tolerance (the same fail_below / warn_below as every layer; for TTFT, lower is better, so it
+fails above baseline / fail_below).
 """
 
 from __future__ import annotations
@@ -27,8 +28,24 @@ SEED_004_RULE = ("seed 004's rule: SGLang's log must show `isAllDirectP2p 1` and
 
 
 def metric_names(name):
-    """(TTFT metric, decode metric) of serve profile NAME, as the baseline records them."""
-    return "serve_%s_ttft_s" % name, "serve_%s_decode_tok_s" % name
+    """(TTFT metric, decode metric, accept length metric) of serve profile NAME, as the baseline records them."""
+    return "serve_%s_ttft_s" % name, "serve_%s_decode_tok_s" % name, "serve_%s_accept_len" % name
+
+
+def accept_len(item):
+    """The speculative decoder's accept length of a serve profile's item: the mean of the `accept len` figures of
+    the engine's Decode batch lines (parse/sglang_log.py; the collector keeps the last ones), rounded to 3 places;
+    None when the log shows none. Seed 000: DFlash accepted 2.1-2.4 tokens a step on natural text (3.4-3.9 on a
+    random-token benchmark: the figure depends on the content, so the baseline is the engine's own, same prompts)."""
+    figures = [f for f in ((item.get("log") or {}).get("accept_len") or []) if isinstance(f, (int, float))
+               and not isinstance(f, bool)]
+    return round(sum(figures) / len(figures), 3) if figures else None
+
+
+def _speculative(item):
+    """Whether the profile decodes speculatively: its speculative mapping, or accept lengths in its log (a recorded
+    item may carry no profile)."""
+    return isinstance(item.get("speculative"), dict) or accept_len(item) is not None
 
 
 def compare_lower_is_better(name, measured, baseline, tolerance):
@@ -122,6 +139,8 @@ def _check_tokens(item, found, measured):
     measured["ttft_s"] = stream.get("ttft_s")
     measured["per_chunk_tok_s"] = stream.get("per_chunk_tok_s")
     measured["decode_tok_s"] = decode.get("decode_tok_s")
+    if _speculative(item):
+        measured["accept_len"] = accept_len(item)
     remedy = "Send the same request by hand (curl /v1/chat/completions) and read `journalctl -u %s -b`." % (
         item.get("unit") or "the serve unit")
     if stream.get("ttft_s") is None:
@@ -227,30 +246,44 @@ def _check_library(item, verified, ladder_view, found, measured, expected):
                       "verify --tags serving`.")
 
 
+ACCEPT_REMEDY = ("The draft model stopped helping (seed 000: DFlash accepted 2.1-2.4 tokens a step on natural "
+                 "text and doubled decode over no drafting): check that speculative.draft_model_path is the draft "
+                 "made for this model and quantisation, and what changed in the serve profile (algorithm, "
+                 "num_draft_tokens, draft_kv_cache_dtype) or the engine version (`provision baseline show`).")
+
+
 def _check_figures(item, found, metrics, expected, baseline, tol, texts):
-    """TTFT (lower is better) and decode tok/s against the baseline; both recorded as metrics."""
-    ttft_name, decode_name = metric_names(item["name"])
+    """TTFT (lower is better), decode tok/s and, decoding speculatively, the accept length against the baseline;
+    each recorded as a metric."""
+    ttft_name, decode_name, accept_name = metric_names(item["name"])
     ttft = (item.get("stream") or {}).get("ttft_s")
     decode = (item.get("decode") or {}).get("decode_tok_s")
     metrics[ttft_name] = None if ttft is None else round(ttft, 4)
     metrics[decode_name] = None if decode is None else round(decode, 3)
-    results = [compare_lower_is_better(ttft_name, ttft, baseline.get(ttft_name), tol),
-               baseline_mod.compare(decode_name, decode, baseline.get(decode_name), tol)]
+    remedy = ("The engine got slower than its baseline: check the lower layers (nccl_transport: a silent SHM "
+              "fallback after an upgrade; p2p_bandwidth), then what changed in the serve profile or the engine "
+              "version (`provision baseline show`).")
+    results = [(compare_lower_is_better(ttft_name, ttft, baseline.get(ttft_name), tol), remedy),
+               (baseline_mod.compare(decode_name, decode, baseline.get(decode_name), tol), remedy)]
     if baseline.get(ttft_name):
         expected["ttft_s"] = "<= %.3f (%.2fx baseline %.3f)" % (baseline[ttft_name] / tol["fail_below"],
                                                                 1.0 / tol["fail_below"], baseline[ttft_name])
     if baseline.get(decode_name):
         expected["decode_tok_s"] = ">= %.2f (%.2fx baseline %.2f)" % (baseline[decode_name] * tol["fail_below"],
                                                                       tol["fail_below"], baseline[decode_name])
-    remedy = ("The engine got slower than its baseline: check the lower layers (nccl_transport: a silent SHM "
-              "fallback after an upgrade; p2p_bandwidth), then what changed in the serve profile or the engine "
-              "version (`provision baseline show`).")
-    for status, text in results:
+    if _speculative(item):
+        accept = accept_len(item)
+        metrics[accept_name] = accept
+        results.append((baseline_mod.compare(accept_name, accept, baseline.get(accept_name), tol), ACCEPT_REMEDY))
+        if baseline.get(accept_name):
+            expected["accept_len"] = ">= %.2f (%.2fx baseline %.2f)" % (
+                baseline[accept_name] * tol["fail_below"], tol["fail_below"], baseline[accept_name])
+    for (status, text), why in results:
         texts.append("%s: %s" % (item["name"], text))
         if status == "fail":
-            found.problem("%s: %s" % (item["name"], text), remedy)
+            found.problem("%s: %s" % (item["name"], text), why)
         elif status == "warn":
-            found.note("%s: %s" % (item["name"], text), remedy)
+            found.note("%s: %s" % (item["name"], text), why)
 
 
 def _expected_of(item, ladder_view):
@@ -283,7 +316,7 @@ def judge_profile(item, ladder_view, baseline, tol, found, texts, verified=None)
     return _figures_first(measured), expected, metrics
 
 
-FIRST = ("ttft_s", "decode_tok_s", "per_chunk_tok_s", "path", "unit", "n_restarts")
+FIRST = ("ttft_s", "decode_tok_s", "accept_len", "per_chunk_tok_s", "path", "unit", "n_restarts")
 
 
 def _figures_first(measured):
@@ -293,8 +326,8 @@ def _figures_first(measured):
 
 
 def judge_serving(data, ladder_view, baseline_metrics=None, tolerance=None):
-    """The serving layer's verdict over every serve profile; its metrics are each serve profile's TTFT and decode
-    tok/s (recorded by `provision baseline record`)."""
+    """The serving layer's verdict over every serve profile; its metrics are each serve profile's TTFT, decode tok/s
+    and, decoding speculatively, accept length (recorded by `provision baseline record`)."""
     ladder_view = ladder_view or {}
     data = data or {}
     if data.get("error"):

@@ -9,8 +9,11 @@ Pure; standard library only; no imports from the collection, so the controller c
   from it is stable), never with the API key (api_key_args: the engine reads it from a file, api_key_config).
 - check(profile, host, index) / check_all(profiles, host): (errors, warnings), lists of "key path: why". HOST is
   what is known about the box: gpu_count, vendor, p2p_expected (inventory: rigbook_gpu, rigbook_p2p), and, only
-  on the box itself, default_target, display_manager_enabled, model_path_exists, draft_model_path_exists. A key
-  is absent when it is not known, and its checks are skipped.
+  on the box itself, default_target, display_manager_enabled, mem_total_bytes (MemTotal of /proc/meminfo),
+  model_path_exists, draft_model_path_exists, quantization_param_path_exists. A key is absent when it is not
+  known, and its checks are skipped.
+- extra_value(profile, flag): the value the engine reads for an extra_args flag (the one reading of a flag that no
+  profile field owns).
 
 The profile is assumed to have passed meta/host_vars.schema.json; a value of the wrong type is skipped, never a
 traceback.
@@ -31,6 +34,34 @@ UNIT_TEMPLATE = UNIT_PREFIX + "{name}.service"
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 # Seed 000: a desktop holds ~80 MB of GPU0; 0.90 OOMs in warm-up, 0.88 works.
 DESKTOP_SAFE_MEM_FRACTION = 0.88
+# Seed 000 (a hybrid Mamba model): --max-total-tokens 200000 at --context-length 200000 left the Mamba pool no room,
+# and two 32K prefills at once hit "Can not alloc mamba cache" and killed the scheduler; 185000 held. The share that
+# held, 185000/200000 = 0.925 (15000 tokens, 7.5% headroom), is the most a hybrid model's pool is given without a
+# warning: nothing between 185000 and 200000 was measured. Kept as the seed's two numbers, compared in integers.
+MAMBA_POOL_HELD = (185000, 200000)
+# Flags only a hybrid (Mamba) model's engine takes: SGLang's --mamba-ssm-dtype, --mamba-full-memory-ratio,
+# --mamba-radix-cache-strategy (seed 000's fork), ... and --max-mamba-cache-size.
+HYBRID_FLAG_PREFIX = "--mamba-"
+HYBRID_FLAGS = frozenset(("--max-mamba-cache-size",))
+# Seed 000: --max-running-requests 2 with two long prefills at once crashed; 4 did not (odd, but measured; the
+# write-up runs 4 since).
+MAX_RUNNING_REQUESTS_FLAG = "--max-running-requests"
+MIN_RUNNING_REQUESTS = 4
+# The FP8 KV cache scales file (seed 000: per-head scales calibrated for its model at TP 2).
+KV_SCALES_FLAG = "--quantization-param-path"
+# The hierarchical cache's host pool: --hicache-size GB (10^9 bytes, SGLang's HostKVCache: host_size * 1e9) for each
+# tensor-parallel rank, pinned host memory. Only with --enable-hierarchical-cache.
+HICACHE_FLAG = "--enable-hierarchical-cache"
+HICACHE_SIZE_FLAG = "--hicache-size"
+# What the OS and everything else on the box keep of its RAM beside the host pools: 10 GiB, the reserve SGLang's own
+# start-up check leaves free (HICACHE_HOST_MEMORY_RESERVE_BYTES, python/sglang/srt/mem_cache/pool_host/base.py). It
+# is the same reserve on purpose: the engine refuses a pool that leaves less of the *available* memory when it
+# starts, i.e. after the unit was restarted and the old engine is gone; refusing it here, before anything restarts,
+# against MemTotal (which is never less than what is available) refuses nothing the engine would take. Seed 000 ran
+# 15 GB a rank at TP 2 (30 GB) on a 62 GB box, and its write-up lists host layers of 9.5 (main KV) + 2.96 (draft KV)
+# + 5.5 GB (Mamba): the draft and Mamba host pools may come on top, so ranks x --hicache-size is the least the
+# engine pins and this check a floor, not a fit.
+HOST_RESERVE_BYTES = 10 * 1024 ** 3
 # The API key reaches the engine as a file, never as a word of its argv or its environment: the serve role writes a
 # root-only YAML file holding it, the unit hands that file to the engine as a systemd credential (LoadCredential=,
 # under this name in the unit's credentials directory, %d) and the engine reads it with `--config FILE.yaml`
@@ -298,15 +329,122 @@ def _ipc_not_legacy(profile, host, where):
              "0 and must see `isAllDirectP2p 1` and `via P2P/IPC` in the engine's log); set it to \"0\"")]
 
 
+def extra_value(profile, flag):
+    """The value the engine reads for FLAG from extra_args: `FLAG value` or `FLAG=value`, the last one winning (as in
+    argparse); None when FLAG is absent or has no value. FLAG is matched as written (not an abbreviation of it)."""
+    args = profile.get("extra_args") if isinstance(profile, dict) else None
+    value = None
+    for index, arg in enumerate(args if isinstance(args, list) else []):
+        if not isinstance(arg, str):
+            continue
+        given, eq, inline = arg.partition("=")
+        if given != flag:
+            continue
+        following = args[index + 1] if index + 1 < len(args) else None
+        if eq:
+            value = inline
+        elif isinstance(following, str) and not following.startswith("--"):
+            value = following
+        else:
+            value = None
+    return value
+
+
+def _extra_index(profile, flag):
+    """The index in extra_args of the last FLAG (`FLAG` or `FLAG=...`), for the key path; None without one."""
+    found = [index for index, given in _extra_flags(profile) if given == flag]
+    return found[-1] if found else None
+
+
+def hybrid_flags(profile):
+    """The extra_args flags that only a hybrid (Mamba) model's engine takes, in order; [] for any other model."""
+    return [flag for _, flag in _extra_flags(profile) if flag.startswith(HYBRID_FLAG_PREFIX) or flag in HYBRID_FLAGS]
+
+
 def _token_budget_below_context(profile, host, where):
+    """The token pool against the context: an error at or above it (any model); for a hybrid model, a warning above
+    seed 000's share that held (MAMBA_POOL_HELD)."""
     total = _int(profile.get("max_total_tokens"))
     context = _int(profile.get("context_length"))
-    if total is None or context is None or total < context:
+    if total is None or context is None:
         return []
-    return [("error", "%s.max_total_tokens" % where,
-             "%d is not below context_length %d: seed 000 pinned the pool at the full context (200000/200000) and "
-             "two long prefills at once hit the 'Can not alloc mamba cache' assert, which killed the scheduler; "
-             "185000 under 200000 is stable; set max_total_tokens below context_length" % (total, context))]
+    if total >= context:
+        return [("error", "%s.max_total_tokens" % where,
+                 "%d is not below context_length %d: seed 000 pinned the pool at the full context (200000/200000) and "
+                 "two long prefills at once hit the 'Can not alloc mamba cache' assert, which killed the scheduler; "
+                 "185000 under 200000 is stable; set max_total_tokens below context_length" % (total, context))]
+    held, full = MAMBA_POOL_HELD
+    hybrid = hybrid_flags(profile)
+    if not hybrid or total * full <= context * held:
+        return []
+    most = context * held // full
+    return [("warning", "%s.max_total_tokens" % where,
+             "%d leaves the Mamba pool %d tokens of context_length %d (%.1f%%) on a hybrid model (%s): seed 000 "
+             "pinned 200000 of 200000 and two 32K prefills at once hit 'Can not alloc mamba cache', which killed "
+             "the scheduler; 185000 held, i.e. 0.925 of the context (15000 tokens, 7.5%% headroom), and nothing "
+             "between was measured; set max_total_tokens to at most %d (0.925 x %d)"
+             % (total, context - total, context, 100.0 * (context - total) / context, ", ".join(hybrid), most,
+                context))]
+
+
+def _max_running_requests(profile, host, where):
+    text = extra_value(profile, MAX_RUNNING_REQUESTS_FLAG)
+    if text is None or not text.strip().isdigit() or int(text) >= MIN_RUNNING_REQUESTS:
+        return []
+    return [("warning", "%s.extra_args[%d]" % (where, _extra_index(profile, MAX_RUNNING_REQUESTS_FLAG)),
+             "%s %s: seed 000 - with 2, two long prefills at once crashed the engine, with 4 they did not (odd, but "
+             "measured, and 4 is what it runs since); set it to %d or more"
+             % (MAX_RUNNING_REQUESTS_FLAG, text, MIN_RUNNING_REQUESTS))]
+
+
+def _kv_scales_on_host(profile, host, where):
+    path = extra_value(profile, KV_SCALES_FLAG)
+    if path in (None, "", "None"):  # SGLang reads "" and "None" as no file (nullable_str)
+        return []
+    at = "%s.extra_args[%d]" % (where, _extra_index(profile, KV_SCALES_FLAG))
+    if not path.startswith("/"):
+        return [("error", at,
+                 "%s %s is a relative path: the unit runs the engine without a shell from a working directory of its "
+                 "own (seed 000 started it by hand next to scales/); set an absolute path" % (KV_SCALES_FLAG, path))]
+    if host.get("quantization_param_path_exists") is not False:
+        return []
+    return [("error", at,
+             "%s %s does not exist on the box: the engine does not stop for that, it logs the error and runs its FP8 "
+             "KV cache with every scale at 1.0 (SGLang's kv_cache_scales_loader), a silent loss of quality; seed 000 "
+             "serves FP8 KV with per-head scales calibrated for its model at TP 2; the unit is not (re)started; copy "
+             "the scales file there or fix the path" % (KV_SCALES_FLAG, path))]
+
+
+def _gib(size):
+    return "%.1f GiB" % (size / 1024.0 ** 3)
+
+
+def _hicache_fits_ram(profile, host, where):
+    total = _int(host.get("mem_total_bytes"))
+    text = extra_value(profile, HICACHE_SIZE_FLAG)
+    if total is None or text is None or HICACHE_FLAG not in [flag for _, flag in _extra_flags(profile)]:
+        return []
+    try:
+        size_gb = float(text)
+    except ValueError:
+        return []
+    # 0 (the default): sized by --hicache-ratio from the GPU pool, unknown here; nan/inf: the engine refuses them
+    if not 0 < size_gb < float("inf"):
+        return []
+    ranks = tp_size(profile)
+    pinned = int(ranks * size_gb * 1e9)
+    room = total - HOST_RESERVE_BYTES
+    if pinned <= room:
+        return []
+    return [("error", "%s.extra_args[%d]" % (where, _extra_index(profile, HICACHE_SIZE_FLAG)),
+             "%s %s is GB for each rank: %d rank%s pin %.1f GB (%s) of host memory, but the box has %s "
+             "(MemTotal) and keeps %s for the OS and the engine's own processes (the reserve SGLang's own start-up "
+             "check leaves), so at most %s is left; seed 000 ran 15 GB a rank at tp_size 2 (30 GB) on a 62 GB "
+             "box; the engine finds out only once the unit has restarted (the old engine is gone by then); lower "
+             "%s to at most %s"
+             % (HICACHE_SIZE_FLAG, text, ranks, "" if ranks == 1 else "s", pinned / 1e9, _gib(pinned), _gib(total),
+                _gib(HOST_RESERVE_BYTES), _gib(max(room, 0)), HICACHE_SIZE_FLAG,
+                "%.1f" % (max(room, 0) // ranks // 10 ** 8 / 10.0)))]
 
 
 def _model_on_host(profile, host, where):
@@ -515,7 +653,10 @@ RULES = (
     _custom_all_reduce_decided,
     _ipc_not_legacy,
     _token_budget_below_context,
+    _max_running_requests,
     _model_on_host,
+    _kv_scales_on_host,
+    _hicache_fits_ram,
     _draft_model_when_needed,
     _extra_args_not_owned,
     _exposed_without_key,

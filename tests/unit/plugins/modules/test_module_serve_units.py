@@ -154,6 +154,57 @@ def test_a_profile_the_host_refuses_runs_nothing_but_the_facts(tmp_path):
     assert "rigbook_serve[0].tp_size" in run.msg and "rigbook_serve[0].model_path" in run.msg
 
 
+def test_a_kv_scales_file_missing_here_is_refused_and_one_present_is_not(tmp_path):
+    """Seed 000 serves FP8 KV with a per-head scales file (--quantization-param-path); read on the box like the model
+    directory."""
+    scales = tmp_path / "qwen38-fp8-kv-scales-per-head.json"
+    prof = profile(tmp_path, extra_args=["--kv-cache-dtype=fp8_e4m3", "--quantization-param-path", str(scales)])
+    run = run_module(serve_units, args(tmp_path, [prof]), [(["systemctl", "get-default"], ok("multi-user.target\n"))])
+    assert run.failed and "nothing was written or restarted" in run.msg
+    assert f"rigbook_serve[0].extra_args[1]: --quantization-param-path {scales} does not exist on the box" in run.msg
+    scales.write_text('{"kv_cache": {"dtype": "float8_e4m3fn", "scaling_factor": {}}}\n')
+    assert serve_units.profile_facts({}, prof)["quantization_param_path_exists"] is True
+    assert "quantization_param_path_exists" not in serve_units.profile_facts({}, profile(tmp_path))
+
+
+MEMINFO_32G = "MemTotal:       33554432 kB\nMemFree:        30000000 kB\nMemAvailable:   31000000 kB\n"
+
+
+@pytest.mark.parametrize("text,total", [(MEMINFO_32G, 32 * 1024 ** 3), ("MemFree: 1 kB\n", None), (None, None),
+                                        ("MemTotal: lots kB\n", None)])
+def test_mem_total_is_read_from_meminfo_in_bytes(text, total):
+    assert serve_units.mem_total_bytes(text) == total
+
+
+def test_hierarchical_cache_pools_the_box_cannot_hold_are_refused(tmp_path, monkeypatch):
+    """Seed 000's --hicache-size 15 at tp_size 2 (30 GB pinned) on a box of 32 GiB: 10 GiB must stay free."""
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(MEMINFO_32G)
+    monkeypatch.setattr(serve_units, "MEMINFO", str(meminfo))
+    prof = profile(tmp_path, extra_args=["--enable-hierarchical-cache", "--hicache-size", "15"])
+    get_default = (["systemctl", "get-default"], ok("multi-user.target\n"))
+    run = run_module(serve_units, args(tmp_path, [prof]), [get_default])
+    assert run.failed and "nothing was written or restarted" in run.msg
+    assert "rigbook_serve[0].extra_args[1]: --hicache-size 15 is GB for each rank: 2 ranks pin 30.0 GB" in run.msg
+    fits = profile(tmp_path, extra_args=["--enable-hierarchical-cache", "--hicache-size", "11"])
+    run = run_module(serve_units, args(tmp_path, [fits]), [get_default, running("inactive")], check_mode=True)
+    assert not run.failed, run.msg
+
+
+def test_an_unreadable_meminfo_is_said_when_a_host_pool_needs_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(serve_units, "MEMINFO", str(tmp_path / "absent"))
+    prof = profile(tmp_path, extra_args=["--enable-hierarchical-cache", "--hicache-size", "15"])
+    run = run_module(serve_units, args(tmp_path, [prof]), [(["systemctl", "get-default"], ok("multi-user.target\n")),
+                                                            running("inactive")], check_mode=True)
+    assert not run.failed, run.msg
+    assert run.result["warnings_found"] == [f"{tmp_path / 'absent'} has no readable MemTotal line: the hierarchical "
+                                            "cache's host memory (--hicache-size) is not checked against the box's "
+                                            "RAM"]
+    run = run_module(serve_units, args(tmp_path, [profile(tmp_path)]), [
+        (["systemctl", "get-default"], ok("multi-user.target\n")), running("inactive")], check_mode=True)
+    assert run.result["warnings_found"] == []  # no host pool: nothing to say
+
+
 SHOW = ["systemctl", "show", "rigbook-serve-qwen.service", "-p",
         "Id,ActiveState,SubState,UnitFileState,ExecMainStartTimestamp,NRestarts,Result"]
 

@@ -27,7 +27,7 @@ from rigbook import baselines, snapshots
 P2P = {"gpu": {"vendor": "amd", "count": 2}, "p2p": {"expected": True, "nccl_p2p_level": "PHB"}}
 NO_P2P = {"gpu": {"vendor": "nvidia", "count": 2}, "p2p": {"expected": False, "reason": "BAR1 256 MiB"}}
 SGLANG_LOGS = Path(__file__).resolve().parents[4] / "fixtures" / "parse" / "sglang"
-TTFT, DECODE = metric_names("qwen")
+TTFT, DECODE, ACCEPT = metric_names("qwen")
 SEED_004_BASELINE = {TTFT: 0.654, DECODE: 44.04}
 KEY = "sk-serving-test-7f3a9c"
 
@@ -203,6 +203,46 @@ def test_ttft_above_the_baseline_fails_and_decode_below_warns():
     assert slower["status"] == "warn" and f"{DECODE} 39.64 vs baseline 44.04 (0.90x), below 0.95x" in slower["why"]
     # seed 004's native decode (31.40) against its MTP baseline (44.04) is 0.71x: a fail
     assert judge(seed_004_item(decode={"decode_tok_s": 31.40}), baseline=SEED_004_BASELINE)["status"] == "fail"
+
+
+def seed_000_item(accept_len, **changes):
+    """Seed 000's DFlash profile measured (reconstructed from its write-up: decode ~70 tok/s, TTFT 1K 0.8 s, accept
+    length 2.1-2.4 on natural text), its log's Decode batch figures ACCEPT_LEN."""
+    return seed_004_item(speculative={"algorithm": "DFLASH", "draft_model_path": "/srv/models/Qwen3.8-27B-DFlash2"},
+                         stream={"ttft_s": 0.8}, decode={"decode_tok_s": 70.0},
+                         log={"path": "shm", "accept_len": accept_len}, **changes)
+
+
+SEED_000_BASELINE = {TTFT: 0.8, DECODE: 70.0, ACCEPT: 2.3}
+
+
+def test_the_accept_length_is_a_serving_figure_held_to_the_baseline():
+    verdict = judge(seed_000_item([2.2, 2.4, 2.3]), profile=NO_P2P, baseline=SEED_000_BASELINE)
+    assert verdict["status"] == "pass", verdict
+    assert verdict["metrics"] == {TTFT: 0.8, DECODE: 70.0, ACCEPT: 2.3}
+    assert verdict["measured"]["qwen"]["accept_len"] == 2.3
+    assert verdict["expected"]["qwen"]["accept_len"] == ">= 1.84 (0.80x baseline 2.30)"
+    assert f"{ACCEPT} 2.30 vs baseline 2.30 (1.00x)" in verdict["why"]
+    assert baselines.metrics_of([verdict]) == SEED_000_BASELINE
+    # the draft stopped helping: about one token a step
+    drafts_lost = judge(seed_000_item([1.1, 1.0, 1.05]), profile=NO_P2P, baseline=SEED_000_BASELINE)
+    assert drafts_lost["status"] == "fail" and f"{ACCEPT} 1.05 vs baseline 2.30 (0.46x), below 0.80x" in (
+        drafts_lost["why"])
+    assert "draft model stopped helping" in drafts_lost["remedy"] and "seed 000" in drafts_lost["remedy"]
+    # the low end of the seed's own range against its middle: 0.91x, a warning at the default tolerance
+    low = judge(seed_000_item([2.1]), profile=NO_P2P, baseline=SEED_000_BASELINE)
+    assert low["status"] == "warn" and f"{ACCEPT} 2.10 vs baseline 2.30 (0.91x), below 0.95x" in low["why"]
+
+
+def test_a_speculative_profile_whose_log_shows_no_accept_length_is_not_measured():
+    verdict = judge(seed_000_item([]), profile=NO_P2P, baseline=SEED_000_BASELINE)
+    assert verdict["metrics"][ACCEPT] is None and f"{ACCEPT}: not measured" in verdict["why"]
+    assert ACCEPT not in baselines.metrics_of([verdict])
+    # a recorded item carries no profile: accept lengths in its log are enough
+    recorded = seed_004_item(log={"accept_len": [2.99, 2.84]})
+    assert judge(recorded, baseline={})["metrics"][ACCEPT] == 2.915
+    # no speculative decoding: no such figure at all
+    assert ACCEPT not in judge(seed_004_item(), baseline={})["metrics"]
 
 
 def test_the_tolerance_is_data():
@@ -454,6 +494,21 @@ def test_shm_in_the_units_journal_fails_through_the_real_parser(engine_server, t
                                    _journal("nccl_shm_2gpu_tp2_vllm9920.txt"))
     verdict = judge(item)
     assert item["log"]["path"] == "shm" and verdict["status"] == "fail" and "seed 004" in verdict["why"]
+
+
+def test_the_accept_length_of_a_real_eagle3_log_reaches_the_baseline(engine_server, tmp_path):
+    """A real SGLang log with EAGLE3 (accept len 2.17, 1.95, 1.80, 2.05, 1.80) read from the unit's journal."""
+    port = engine_server(Engine(ttft=0.01, rate=2000.0))
+    profile = dict(_profile(port, speculative={"algorithm": "EAGLE3", "draft_model_path": "/srv/models/draft"}),
+                   unit="rigbook-serve-standin.service")
+    item = serving.measure_profile(profile, str(tmp_path / "s.json"), True, _systemctl(0),
+                                   _journal("cuda_eagle3_sglang11948_decode.txt"))
+    assert item["log"]["accept_len"] == [2.17, 1.95, 1.80, 2.05, 1.80]
+    accept_name = metric_names("standin")[2]
+    verdict = judge(item, profile={"gpu": {"count": 1}}, baseline={accept_name: 2.5})
+    assert verdict["metrics"][accept_name] == 1.954
+    assert f"{accept_name} 1.95 vs baseline 2.50 (0.78x), below 0.80x" in verdict["why"] and (
+        verdict["status"] == "fail")
 
 
 def test_a_stopped_unit_is_not_polled(engine_server, tmp_path):

@@ -212,6 +212,21 @@ def test_speculative_chunks_carry_tokens_per_chunk(launch):
     assert sglang_log.parse(server.text())["accept_len"][0] == 3.0
 
 
+def test_the_accept_length_comes_from_the_evidence_when_it_is_recorded(launch):
+    """Seed 000: DFlash accepted 2.1-2.4 tokens a step on natural text, which no whole tokens_per_chunk can say."""
+    server = launch({**FAST, "tokens_per_chunk": 2, "accept_len": 2.3}, "--speculative-algorithm", "DFLASH",
+                    "--speculative-num-draft-tokens", "8")
+    server.wait_for(READY)
+    assert server.request("/v1/chat/completions", chat(6))[0] == 200
+    server.wait_for("accept len: 2.30, accept rate: 0.29")
+    assert sglang_log.parse(server.text())["accept_len"] == [2.3]
+    plain = launch({**FAST, "accept_len": 2.3})  # no speculative decoding: no accept length
+    plain.wait_for(READY)
+    assert plain.request("/v1/chat/completions", chat(6))[0] == 200
+    plain.wait_for("Decode batch")
+    assert "accept len" not in plain.text() and sglang_log.parse(plain.text())["accept_len"] == []
+
+
 def test_api_key_guards_everything_but_health(launch):
     server = launch(FAST, "--api-key", "s3cret")
     server.wait_for(READY)
@@ -338,6 +353,7 @@ def test_sigterm_exits_zero(launch, when):
     ({**FAST, "transport": "nvlink"}, "transport must be"),
     ({**FAST, "tokens_per_chunk": 0}, "tokens_per_chunk must be"),
     ({**FAST, "decode_tok_s": "fast"}, "decode_tok_s must be"),
+    ({**FAST, "accept_len": 0.5}, "accept_len must be a number >= 1.0"),
 ])
 def test_bad_evidence_is_one_error_line_and_exit_1(launch, evidence, needle):
     server = launch(evidence)

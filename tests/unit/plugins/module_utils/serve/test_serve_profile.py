@@ -142,6 +142,11 @@ TRAPS = [
      "prefixes): the profile field bind sets it"),
     ("abbreviated-api-key", G9700, _field("extra_args", ["--api-ke=sk-secret"]), "rigbook_serve[0].extra_args[0]",
      "--api-ke (the engine reads it as --api-key"),
+    # seed 000 loads its FP8 KV scales as scales/... from the directory it was started in; a unit has none of its own
+    ("kv-scales-relative-path", G3080, _field("extra_args", ["--kv-cache-dtype=fp8_e4m3", "--quantization-param-path",
+                                                             "scales/qwen38-fp8-kv-scales-per-head.json"]),
+     "rigbook_serve[0].extra_args[1]", "--quantization-param-path scales/qwen38-fp8-kv-scales-per-head.json is a "
+     "relative path"),
     ("mem-fraction-nan", G3080, _field("mem_fraction_static", float("nan")), "rigbook_serve[0].mem_fraction_static",
      "nan is not a number the engine can use"),
     ("port-clash", G9700, _second(), "rigbook_serve[1].port", "30000 is also rigbook_serve[0]'s port"),
@@ -259,6 +264,138 @@ def test_missing_model_on_the_box_is_an_error():
                          "the unit is not (re)started; copy the model there or fix the path")
     assert errors[1].startswith("rigbook_serve[1].speculative.draft_model_path: /srv/models/Qwen3.8-27B-DFlash2")
     assert serve.check(_seed(G3080), {**NVIDIA_BOX, "model_path_exists": True})[0] == []
+
+
+def _seed_000_args(old, new):
+    """Seed 000's profile (inventory/homelab, reconstructed from its write-up) with one extra_args item replaced."""
+    profile = _seed(G3080)
+    index = profile["extra_args"].index(old)
+    profile["extra_args"][index] = new
+    return profile, index
+
+
+@pytest.mark.parametrize("present,errors", [(False, 1), (True, 0), (None, 0)])
+def test_a_kv_scales_file_missing_on_the_box_is_an_error(present, errors):
+    facts = dict(NVIDIA_BOX) if present is None else {**NVIDIA_BOX, "quantization_param_path_exists": present}
+    found, warnings = serve.check(_seed(G3080), facts)
+    assert len(found) == errors and warnings == []
+    if errors:
+        index = _seed(G3080)["extra_args"].index(
+            "--quantization-param-path=/srv/models/scales/qwen38-fp8-kv-scales-per-head.json")
+        assert found[0].startswith(f"rigbook_serve[0].extra_args[{index}]: --quantization-param-path "
+                                   "/srv/models/scales/qwen38-fp8-kv-scales-per-head.json does not exist on the box")
+        assert "seed 000" in found[0] and "every scale at 1.0" in found[0] and "not (re)started" in found[0]
+
+
+@pytest.mark.parametrize("args", [["--quantization-param-path="], ["--quantization-param-path", "None"],
+                                  ["--quantization-param-path"]])
+def test_no_kv_scales_file_named_is_nothing_to_check(args):
+    profile = {"name": "a", "model_path": "/m", "extra_args": args}
+    assert serve.check(profile, {"quantization_param_path_exists": False}) == ([], [])
+
+
+# Seed 000's pool: 185000 of a 200000 context held (0.925); 200000 killed the scheduler; between, nothing measured.
+@pytest.mark.parametrize("total,kind", [(185000, None), (185001, "warning"), (199999, "warning"), (200000, "error"),
+                                        (250000, "error"), (100000, None)])
+def test_a_hybrid_models_pool_above_seed_000s_share_warns_and_the_full_context_is_an_error(total, kind):
+    errors, warnings = serve.check({**_seed(G3080), "max_total_tokens": total}, NVIDIA_BOX)
+    found = errors + warnings
+    assert [m.split(":")[0] for m in found] == ([] if kind is None else ["rigbook_serve[0].max_total_tokens"])
+    if kind == "error":
+        assert warnings == [] and "is not below context_length 200000" in errors[0]
+    if kind == "warning":
+        assert errors == []
+        assert f"{total} leaves the Mamba pool {200000 - total} tokens of context_length 200000" in warnings[0]
+        assert "(--mamba-ssm-dtype, --mamba-radix-cache-strategy)" in warnings[0]
+        assert "seed 000" in warnings[0] and "Can not alloc mamba cache" in warnings[0]
+        assert "0.925 of the context (15000 tokens, 7.5% headroom)" in warnings[0]
+        assert warnings[0].endswith("set max_total_tokens to at most 185000 (0.925 x 200000)")
+
+
+def test_the_mamba_share_scales_with_the_context_and_needs_a_hybrid_model():
+    hybrid = {"name": "a", "model_path": "/m", "context_length": 32768, "max_total_tokens": 30400,
+              "extra_args": ["--max-mamba-cache-size", "64"]}
+    _, warnings = serve.check(hybrid, {})
+    assert len(warnings) == 1 and "at most 30310 (0.925 x 32768)" in warnings[0] and "(--max-mamba-cache-size)" in (
+        warnings[0])
+    assert serve.check(dict(hybrid, max_total_tokens=30310), {}) == ([], [])
+    # a model without Mamba layers has no Mamba pool: the seed's share says nothing about it
+    assert serve.check(dict(hybrid, extra_args=["--page-size", "64"]), {}) == ([], [])
+    # the lab's profiles (no Mamba flags) keep 30000 of 32768
+    assert serve.check(_seed(G3080, "lab"), {}) == ([], [])
+
+
+@pytest.mark.parametrize("new,warned", [("--max-running-requests=2", "2"), ("--max-running-requests=1", "1"),
+                                        ("--max-running-requests=4", None), ("--max-running-requests=8", None)])
+def test_fewer_than_4_running_requests_warns(new, warned):
+    profile, index = _seed_000_args("--max-running-requests=4", new)
+    errors, warnings = serve.check(profile, NVIDIA_BOX)
+    assert errors == []
+    if warned is None:
+        assert warnings == []
+    else:
+        assert warnings == [f"rigbook_serve[0].extra_args[{index}]: --max-running-requests {warned}: seed 000 - with "
+                            "2, two long prefills at once crashed the engine, with 4 they did not (odd, but measured, "
+                            "and 4 is what it runs since); set it to 4 or more"]
+
+
+def test_the_last_running_requests_flag_is_the_one_the_engine_reads():
+    profile = {"name": "a", "model_path": "/m", "extra_args": ["--max-running-requests", "2", "--page-size", "64",
+                                                               "--max-running-requests", "3"]}
+    _, warnings = serve.check(profile, {})
+    assert len(warnings) == 1 and warnings[0].startswith("rigbook_serve[0].extra_args[4]: --max-running-requests 3")
+    assert serve.check(dict(profile, extra_args=profile["extra_args"][:4] + ["--max-running-requests=4"]), {}) == (
+        [], [])
+
+
+GIB = 1024 ** 3
+
+
+# Seed 000's box: 62 GB of RAM, --hicache-size 15 at tp_size 2 (30 GB of host pools); 10 GiB kept for the rest.
+@pytest.mark.parametrize("mem_total,tp,refused", [
+    (62 * GIB, 2, False),
+    (32 * GIB, 2, True),
+    (32 * GIB, 1, False),  # 15 GB fits in 22 GiB
+    (30 * 10 ** 9 + 10 * GIB, 2, False),  # exactly the pools and the reserve
+    (30 * 10 ** 9 + 10 * GIB - 1024, 2, True),
+    (None, 2, False),  # the controller does not know the RAM: no guess
+])
+def test_hierarchical_cache_host_pools_must_leave_the_os_its_reserve(mem_total, tp, refused):
+    facts = dict(NVIDIA_BOX) if mem_total is None else {**NVIDIA_BOX, "mem_total_bytes": mem_total}
+    errors, warnings = serve.check({**_seed(G3080), "tp_size": tp}, facts)
+    assert warnings == []
+    assert [e.split(":")[0] for e in errors] == (
+        [f"rigbook_serve[0].extra_args[{_seed(G3080)['extra_args'].index('--hicache-size=15')}]"] if refused else [])
+    if refused and mem_total == 32 * GIB:
+        assert ("--hicache-size 15 is GB for each rank: 2 ranks pin 30.0 GB (27.9 GiB) of host memory, but the box "
+                "has 32.0 GiB (MemTotal) and keeps 10.0 GiB") in errors[0]
+        assert "seed 000" in errors[0] and errors[0].endswith("lower --hicache-size to at most 11.8")
+        # what it names fits
+        fixed, index = _seed_000_args("--hicache-size=15", "--hicache-size=11.8")
+        assert serve.check(fixed, facts) == ([], [])
+        over, _ = _seed_000_args("--hicache-size=15", "--hicache-size=11.9")
+        assert len(serve.check(over, facts)[0]) == 1
+
+
+@pytest.mark.parametrize("args", [["--hicache-size", "15"],  # no hierarchical cache: the size is not used
+                                  ["--enable-hierarchical-cache", "--hicache-size", "0"],  # sized by --hicache-ratio
+                                  ["--enable-hierarchical-cache", "--hicache-size", "inf"],
+                                  ["--enable-hierarchical-cache", "--hicache-size", "lots"]])
+def test_a_host_pool_that_is_not_sized_here_is_not_judged(args):
+    profile = {"name": "a", "model_path": "/m", "tp_size": 2, "extra_args": args}
+    assert serve.check(profile, {"mem_total_bytes": 16 * GIB}) == ([], [])
+    assert serve.check(dict(profile, extra_args=["--enable-hierarchical-cache", "--hicache-size", "15"]),
+                       {"mem_total_bytes": 16 * GIB})[0] != []
+
+
+@pytest.mark.parametrize("args,value", [
+    (["--hicache-size", "15"], "15"), (["--hicache-size=15"], "15"), (["--hicache-size"], None),
+    (["--hicache-size", "--page-size", "64"], None), (["--hicache-size=8", "--hicache-size", "15"], "15"),
+    (["--hicache-size-x", "3"], None), (["--hicache-si", "3"], None), ([], None),
+    (["--hicache-size=8", "--hicache-size"], None),  # the engine's argparse refuses a flag without its value
+])
+def test_extra_value_reads_a_flag_as_the_engine_does(args, value):
+    assert serve.extra_value({"extra_args": args}, "--hicache-size") == value
 
 
 def test_mtp_and_ngram_need_no_draft_model():

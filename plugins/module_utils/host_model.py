@@ -305,22 +305,22 @@ def build(variables):
         # wheel's own NCCL is the one the serving layer names)
         "engine_libraries": ([{"bundled": BUNDLED_RCCL, "target": RCCL_CURRENT + "/lib/librccl.so.1"}]
                              if vendor == "amd" and pins["rccl"]["pinned"] else []),
-        "verify": verify_settings(variables.get("rigbook_verify"), bool(serve)),
+        "verify": verify_settings(variables.get("rigbook_verify"), bool(vendor), bool(serve)),
     }
     model["box_facts"] = box_facts(model)
     model["box_paths"] = box_paths(model)
     return model
 
 
-def verify_settings(raw, serving):
-    """How the ladder runs on the host (rigbook_verify): the layers it must measure (every layer of the registry,
-    serving only with serve profiles: an unknown one fails the play), those allowed to stay unknown, and the venv
-    with PyTorch for the bundled collectives benchmark."""
+def verify_settings(raw, gpus, serving):
+    """How the ladder runs on the host (rigbook_verify): the layers it must measure (on a box whose rigbook_gpu
+    names its GPUs' vendor: every layer of the registry, serving only with serve profiles; an unknown one fails the
+    play), those allowed to stay unknown, and the venv with PyTorch for the bundled collectives benchmark."""
     from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import registry
 
     raw = _dict(raw)
     return {
-        "expected_layers": [name for name in registry.names() if serving or name != registry.SERVING],
+        "expected_layers": [name for name in registry.names() if gpus and (serving or name != registry.SERVING)],
         "allow_unknown": [str(name) for name in _list(raw.get("allow_unknown"))],
         "collectives_python": _str(raw.get("collectives_python")),
     }

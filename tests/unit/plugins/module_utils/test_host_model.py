@@ -103,6 +103,7 @@ def test_the_layers_a_box_must_measure_and_those_it_may_leave_unknown():
     assert view["expected_layers"] == registry.names() and view["allow_unknown"] == ["collectives"]
     bare = host_model.build({"rigbook_gpu": {"vendor": "amd", "count": 2}})
     assert bare["verify"]["expected_layers"] == registry.names()[:-1]  # no serve profile: no serving layer
+    assert host_model.build({})["verify"]["expected_layers"] == []  # no GPUs declared: nothing to expect
     schema = json.loads((REPO / "meta/host_vars.schema.json").read_text())
     assert schema["properties"]["rigbook_verify"]["properties"]["allow_unknown"]["items"]["enum"] == registry.names()
 

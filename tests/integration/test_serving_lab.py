@@ -289,6 +289,19 @@ def test_the_unit_comes_back_after_a_reboot_and_serving_passes(converged_lab):
     assert unit(host, "ActiveState") == "active"
 
 
+def serving_failure(host: str) -> dict:
+    """The serving verdict of `verify` on HOST, which must fail at the serving layer and only there, its message
+    with measured and expected values."""
+    code, hosts = verify("--limit", host)
+    assert code == 1, hosts
+    ladder = hosts[host]["ladder"]
+    assert [v["layer"] for v in ladder if v["status"] == "fail"] == ["serving"], ladder
+    msg = hosts[host]["failures"][0]["msg"]
+    assert msg.startswith("serving: fail:") and "measured" in msg and "expected" in msg
+    assert ladder[-1]["layer"] == "serving"
+    return ladder[-1]
+
+
 # Over SSH, one engine fault (the running engine's own log shows SHM). The serving judge's other faults (a crash loop
 # from NRestarts, not ready within the timeout, decode below the baseline) are checked in
 # tests/unit/plugins/module_utils/judges/test_ladder_serving.py: the judge, and the collectors against an HTTP
@@ -300,14 +313,8 @@ def test_a_serve_fault_fails_the_serving_layer_and_only_it(converged_lab, fault,
     broke = provision("lab", "break", host, fault, timeout=600)
     assert broke.returncode == 0, broke.stderr
     try:
-        code, hosts = verify("--limit", host)
-        assert code == 1, hosts
-        ladder = hosts[host]["ladder"]
-        assert [v["layer"] for v in ladder if v["status"] == "fail"] == ["serving"], ladder
-        verdict = ladder[-1]
-        assert verdict["layer"] == "serving" and verdict["measured"] is not None and verdict["remedy"], verdict
-        msg = hosts[host]["failures"][0]["msg"]
-        assert msg.startswith("serving: fail:") and "measured" in msg and "expected" in msg
+        verdict = serving_failure(host)
+        assert verdict["measured"] is not None and verdict["remedy"], verdict
     finally:
         healed = provision("lab", "heal", host, timeout=600)
         assert healed.returncode == 0, healed.stderr
@@ -324,11 +331,7 @@ def test_an_engine_on_torchs_bundled_rccl_fails_serving_and_the_sglang_role_make
     broke = provision("lab", "break", host, "engine-bundled-rccl", timeout=600)
     assert broke.returncode == 0, broke.stderr
     try:
-        code, hosts = verify("--limit", host)
-        assert code == 1, hosts
-        ladder = hosts[host]["ladder"]
-        assert [v["layer"] for v in ladder if v["status"] == "fail"] == ["serving"], ladder
-        verdict = ladder[-1]
+        verdict = serving_failure(host)
         assert "torch/lib/librccl.so.1" in verdict["why"] and "DT_RPATH" in verdict["why"], verdict["why"]
         assert "shows SHM" in verdict["why"]  # what the stock build picked on this host
         measured = verdict["measured"]["standin"]

@@ -136,7 +136,25 @@ def resolved_library(binary, env, run=None):
     if not found:
         return {"error": "%s loads no libnccl/librccl (ldd)" % binary}
     path = os.path.realpath(found.group(2))
-    return {"path": path, "sha256": sha256_of(path) if os.path.isfile(path) else None}
+    if not os.path.isfile(path):
+        return {"path": path, "sha256": None, "version": None}
+    return {"path": path, "sha256": sha256_of(path), "version": library_version(path, env)}
+
+
+# ncclGetVersion's code is MAJOR*10000 + MINOR*100 + PATCH (NCCL_VERSION_CODE since 2.9); asked in a process of its
+# own, so loading a GPU library cannot take the ladder's module run down with it.
+VERSION_SCRIPT = ("import ctypes, sys\nv = ctypes.c_int()\n"
+                  "ok = ctypes.CDLL(sys.argv[1]).ncclGetVersion(ctypes.byref(v)) == 0\n"
+                  "print('%d.%d.%d' % (v.value // 10000, v.value // 100 % 100, v.value % 100) if ok else '')\n")
+
+
+def library_version(path, env=None):
+    """The NCCL version the library at PATH reports (ncclGetVersion), or None."""
+    import sys
+
+    text, error = _run([sys.executable, "-c", VERSION_SCRIPT, path], 30, env)
+    version = (text or "").strip()
+    return version if not error and re.match(r"^\d+\.\d+\.\d+$", version) else None
 
 
 def verified_library(nccl_tests_dir, env=None, env_file=None):

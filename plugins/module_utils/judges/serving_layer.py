@@ -237,6 +237,15 @@ def _check_library(item, verified, ladder_view, found, measured, expected):
                   "runs is unconfirmed" % item["name"])
         return
     others = [lib for lib in mapped if lib.get("sha256") != verified.get("sha256")]
+    logged = measured["nccl_version_logged"]
+    if verified.get("version"):
+        expected["nccl_version_logged"] = verified["version"]
+    if logged and verified.get("version") and logged != verified["version"]:
+        found.problem("%s: the engine logged NCCL version %s at init, the collectives layer measured %s (%s)"
+                      % (item["name"], logged, verified["version"], verified.get("path")),
+                      "The engine runs another NCCL/RCCL than the one verified: re-run the sglang and serve roles "
+                      "(`provision site.yml -i INV --tags serve`) and read `journalctl -u %s -b | grep 'NCCL "
+                      "version'`." % (item.get("unit") or "the serve unit"))
     if others:
         found.problem("%s: the engine has %s mapped, not the library the collectives layer measured (%s): %s"
                       % (item["name"], ", ".join(lib["path"] for lib in others), verified.get("path"),

@@ -141,7 +141,9 @@ def _compile(tmp_path: Path, rpath=None) -> tuple:
     for name in ("patched", "bundled"):
         folder = tmp_path / name
         folder.mkdir()
-        (folder / "rccl.c").write_text(f'const char *rigbook_which(void) {{ return "{name}"; }}\n')
+        code = 22707 if name == "patched" else 22606
+        (folder / "rccl.c").write_text(f'const char *rigbook_which(void) {{ return "{name}"; }}\n'
+                                       f'int ncclGetVersion(int *v) {{ *v = {code}; return 0; }}\n')
         subprocess.run(["cc", "-shared", "-fPIC", "-Wl,-soname,librccl.so.1", "-o", str(folder / "librccl.so.1"),
                         str(folder / "rccl.c")], check=True)
         folders.append(folder)
@@ -158,12 +160,13 @@ def test_the_library_the_tests_load_is_the_one_the_loader_resolves(tmp_path):
     found = collective_bench.resolved_library(str(program), {"LD_LIBRARY_PATH": str(patched)})
     assert found["path"] == str(patched / "librccl.so.1")
     assert found["sha256"] == hashlib.sha256((patched / "librccl.so.1").read_bytes()).hexdigest()
+    assert found["version"] == "2.27.7"  # what its ncclGetVersion says
     assert "error" in collective_bench.resolved_library(str(program), {"LD_LIBRARY_PATH": ""})
     # a DT_RPATH is searched before LD_LIBRARY_PATH: the environment does not choose the library then
     (tmp_path / "rpath").mkdir()
     program, (patched, bundled) = _compile(tmp_path / "rpath", rpath=True)
     found = collective_bench.resolved_library(str(program), {"LD_LIBRARY_PATH": str(patched)})
-    assert found["path"] == str(bundled / "librccl.so.1")
+    assert found["path"] == str(bundled / "librccl.so.1") and found["version"] == "2.26.6"
     # a program that is no ELF binary (the scripts above): named, not guessed
     (tmp_path / "scripts").mkdir()
     script = make_tests_dir(tmp_path / "scripts") / "sendrecv_perf"

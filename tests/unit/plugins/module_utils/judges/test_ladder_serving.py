@@ -161,6 +161,14 @@ def test_torchs_bundled_copy_mapped_fails_even_beside_the_verified_one():
         assert "--tags sglang" in verdict["remedy"]
 
 
+def test_another_nccl_version_logged_than_the_collectives_measured_fails():
+    verified = dict(PATCHED, version="2.27.7")
+    verdict = judge_library(HIP, PATCHED, verified=verified, log={"nccl_version": "2.26.6"})
+    assert verdict["status"] == "fail" and "logged NCCL version 2.26.6" in verdict["why"]
+    assert "measured 2.27.7" in verdict["why"] and verdict["expected"]["qwen"]["nccl_version_logged"] == "2.27.7"
+    assert judge_library(HIP, PATCHED, verified=verified, log={"nccl_version": "2.27.7"})["status"] == "pass"
+
+
 def test_what_the_library_check_cannot_know_is_unknown_not_a_pass_or_a_fail():
     assert judge_library(HIP)["status"] == "unknown"  # nothing mapped (yet)
     assert judge_library(PATCHED, verified={"error": "ldd: not found"})["status"] == "unknown"

@@ -240,6 +240,8 @@ def _judge_slot_link(gpu, gen, width, found, measured, remedy):
     trained = [v for v in (up.get("current_width"), down.get("current_width")) if v is not None]
     current_width = min(trained) if trained else None  # one link, seen from both ends
     what = "%s slot link (switch upstream port %s -> root port %s)" % (slot, top.get("slot"), port.get("slot"))
+    why = "the link that crosses the slot, behind which the card's own switch hides it from the GPU's link (seed 004 " \
+          "checks Gen3 x16 on both cards)"
     if not speeds or not widths or current_width is None:
         found.gap("%s: speed/width not readable in sysfs" % what)
         return
@@ -249,12 +251,12 @@ def _judge_slot_link(gpu, gen, width, found, measured, remedy):
         top.get("slot"), port.get("slot"), _gen_of(cap_speed) or cap_speed, cap_width,
         current if current is not None else "?", current_width)
     if gen and cap_speed < GEN_SPEED_GTS[gen] - 0.01:
-        found.problem("%s is capable of %s GT/s (Gen%s), rigbook_gpu.pcie expects Gen%d"
-                      % (what, cap_speed, _gen_of(cap_speed), gen), remedy)
+        found.problem("%s is capable of %s GT/s (Gen%s), rigbook_gpu.pcie expects Gen%d: %s"
+                      % (what, cap_speed, _gen_of(cap_speed), gen, why), remedy)
     if width and cap_width < width:
-        found.problem("%s is x%d capable, rigbook_gpu.pcie expects x%d" % (what, cap_width, width), remedy)
+        found.problem("%s is x%d capable, rigbook_gpu.pcie expects x%d: %s" % (what, cap_width, width, why), remedy)
     if current_width < cap_width:
-        found.problem("%s trained at x%d of x%d" % (what, current_width, cap_width), remedy)
+        found.problem("%s trained at x%d of x%d: %s" % (what, current_width, cap_width, why), remedy)
 
 
 def judge_pcie_link(evidence, ladder_view):

@@ -90,7 +90,7 @@ def test_the_slot_link_of_a_card_with_its_own_switch_is_judged(tmp_path):
         assert f"{gpu} slot link (switch upstream port {up} -> root port {port}) trained at x8 of x16" \
             in verdict["why"]
         assert f"{gpu} trained at" not in verdict["why"]  # the GPU's own link on the card is still x16
-    assert "Reseat the card" in verdict["remedy"]
+    assert "seed 004 checks Gen3 x16 on both cards" in verdict["why"] and "Reseat the card" in verdict["remedy"]
 
 
 def test_a_slot_capped_at_gen1_fails_through_the_switch(tmp_path):

@@ -220,6 +220,8 @@ def root_port_placement(gpu):
 
 
 def _judge_placement(gpu, expected_p2p, found, measured):
+    if not gpu.get("chain"):
+        return  # on the root bus itself (a VM's passthrough GPU): no root port to place
     kind, words = root_port_placement(gpu)
     measured["placement %s" % gpu["slot"]] = words
     if kind == "pch" and expected_p2p:

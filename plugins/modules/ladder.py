@@ -82,7 +82,7 @@ options:
     description: Runtime phase. Python with PyTorch (a venv with torch, e.g. the SGLang one - the role variable p2p_verify_python) for the bundled collectives benchmark.
     type: path
   nccl_tests_dir:
-    description: Runtime phase. Directory holding all_reduce_perf and sendrecv_perf (preferred over the bundled benchmark).
+    description: Runtime phase. Directory holding all_reduce_perf and sendrecv_perf, and all_gather_perf and reduce_scatter_perf when built (preferred over the bundled benchmark).
       When both are there they run whatever O(root) is, with the evidence root in RIGBOOK_EVIDENCE_ROOT and
       NCCL_DEBUG=INFO; the nccl_transport layer then reads that run's log (a lab host runs its built stand-ins).
       Serving phase too, with O(env_file) - the NCCL/RCCL library those tests load (ldd) is the one each engine

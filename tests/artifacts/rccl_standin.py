@@ -2,9 +2,9 @@
 
 TEST STAND-INS (not RCCL, not rccl-tests): rccl-standin/ is a small C++ tree laid out like RCCL (CMake at the top,
 src/graph/paths.cc with an ncclTopoCheckP2p of RCCL 2.27's shape and the same lines where the collection's
-p2p-level-user-last.patch applies) that builds a real librccl.so; rccl-tests-standin/ builds sendrecv_perf and
-all_reduce_perf against an installed prefix and prints rccl-tests' output with figures from the host's recorded
-evidence, chosen by the transport the installed librccl picks. Three tarballs:
+p2p-level-user-last.patch applies) that builds a real librccl.so; rccl-tests-standin/ builds sendrecv_perf,
+all_reduce_perf, all_gather_perf and reduce_scatter_perf against an installed prefix and prints rccl-tests' output
+with figures from the host's recorded evidence, chosen by the transport the installed librccl picks. Three tarballs:
 
 - rccl-standin-2.27.7.tar.gz: the pinned source (inventory/lab/group_vars/x99_r9700.yml pins its sha256);
 - rccl-standin-2.27.8-bumped.tar.gz: the same tree "bumped" so that the patch no longer applies (the user

@@ -3,9 +3,10 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Evidence for the collectives and nccl_transport layers (all I/O; standard library only).
 
-Live ("/"): nccl-tests / rccl-tests binaries when installed, else the bundled torch_bench run
-with the serving environment's Python; the NCCL INFO log from that run or from the serving
-unit's journal. Recorded root: var/lib/rigbook/commands/{collectives.json, nccl-tests-*.txt,
+Live ("/"): nccl-tests / rccl-tests binaries when installed (sendrecv_perf and all_reduce_perf, plus
+all_gather_perf and reduce_scatter_perf when built), else the bundled torch_bench run with the serving
+environment's Python (sendrecv and all_reduce); the NCCL INFO log from that run or from the serving
+unit's journal. Recorded root: var/lib/rigbook/commands/{collectives.json, nccl-tests-<op>.txt,
 nccl-log.txt}.
 """
 
@@ -23,7 +24,10 @@ from ansible_collections.rigbook.homelab.plugins.module_utils.collect import sta
 from ansible_collections.rigbook.homelab.plugins.module_utils.file_digest import sha256_of
 from ansible_collections.rigbook.homelab.plugins.module_utils.parse import nccl as parse_nccl
 
-NCCL_TESTS = {"all_reduce": "all_reduce_perf", "sendrecv": "sendrecv_perf"}
+NCCL_TESTS = {"all_reduce": "all_reduce_perf", "sendrecv": "sendrecv_perf", "all_gather": "all_gather_perf",
+              "reduce_scatter": "reduce_scatter_perf"}
+# Without these the tests are not run; the others run when their programs are there (an older build has only these).
+REQUIRED_TESTS = ("all_reduce", "sendrecv")
 P2P_LEVEL_RE = re.compile(r"NCCL_P2P_LEVEL set by environment to (\S+)")
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0"}
 
@@ -112,14 +116,18 @@ def gpu_env(env, env_file):
     return dict(file_env), {"env_file": env_file, "env_file_error": error, "env_file_keys": sorted(file_env)}
 
 
+def _usable(binaries):
+    """{op: binary} of BINARIES ({op: path or None}) that are there, when every REQUIRED_TESTS one is; else None."""
+    found = {op: b for op, b in binaries.items() if b and os.path.isfile(b) and os.access(b, os.X_OK)}
+    return found if all(op in found for op in REQUIRED_TESTS) else None
+
+
 def _built_tests(nccl_tests_dir):
-    """{op: binary} of the rccl-tests / nccl-tests programs in NCCL_TESTS_DIR (None when any is missing there)."""
+    """{op: binary} of the rccl-tests / nccl-tests programs in NCCL_TESTS_DIR (None when a required one is missing
+    there; all_gather_perf and reduce_scatter_perf are run when they are there)."""
     if not nccl_tests_dir:
         return None
-    binaries = {op: os.path.join(nccl_tests_dir, name) for op, name in NCCL_TESTS.items()}
-    if all(os.path.isfile(b) and os.access(b, os.X_OK) for b in binaries.values()):
-        return binaries
-    return None
+    return _usable({op: os.path.join(nccl_tests_dir, name) for op, name in NCCL_TESTS.items()})
 
 
 LDD_LINE = re.compile(r"^\s*(lib(?:rccl|nccl)\.so[.0-9]*)\s+=>\s+(/\S+)", re.M)
@@ -224,8 +232,8 @@ def collect_collectives(root, python=None, nccl_tests_dir=None, size=256 << 20, 
         return {"available": False, "error": "no recorded collectives.json or nccl-tests output under " + root}
     env, env_data = gpu_env(env, env_file)
     search = os.pathsep.join(filter(None, [nccl_tests_dir, os.environ.get("PATH")]))
-    binaries = {op: shutil.which(name, path=search) for op, name in NCCL_TESTS.items()}
-    if all(binaries.values()):
+    binaries = _usable({op: shutil.which(name, path=search) for op, name in NCCL_TESTS.items()})
+    if binaries:
         results, errors = [], []
         for op, binary in binaries.items():
             text, error = _run([binary, "-b", str(size), "-e", str(size), "-g", str(gpus), "-n", str(iters)],

@@ -105,7 +105,7 @@ def snapshot(root, gpus, run=subprocess.run):
     from sysfs)."""
     aer, devices = {}, {}
     for index, (slot, port) in enumerate(_slots(gpus)):
-        port = port or pci.upstream_port(root, slot)
+        port = pci.root_port(root, slot) or port  # the root port, past a card's own switch (the R9700's)
         aer[slot] = aer_counts(root, slot)
         devices[slot] = "GPU%d %s" % (index, slot)
         if port:

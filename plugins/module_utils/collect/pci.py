@@ -51,6 +51,22 @@ def upstream_port(root, slot):
     return None
 
 
+def root_port(root, slot):
+    """The BDF of the root port SLOT sits below (the topmost bridge of its sysfs path: past a card's own PCIe
+    switch), or None."""
+    link = os.path.join(pci_devices_dir(root), slot)
+    try:
+        current = os.path.dirname(os.path.realpath(link))
+    except OSError:
+        return None
+    found = None
+    while True:
+        name = os.path.basename(current)
+        if not (name.count(":") == 2 and "." in name):
+            return found
+        found, current = name, os.path.dirname(current)
+
+
 def list_gpus(root):
     """Display-class PCI functions of NVIDIA and AMD, sorted by slot.
 

@@ -9,7 +9,12 @@ from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import base
 from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import expectations
 from ansible_collections.rigbook.homelab.plugins.module_utils.ladder.verdict import make
 
-OPS = ("sendrecv", "all_reduce")
+# The ops every collectives run has (nccl-tests/rccl-tests sendrecv_perf, all_reduce_perf; the bundled benchmark), and
+# the ones a run of rccl-tests/nccl-tests adds when the programs are there (all_gather_perf, reduce_scatter_perf; seed
+# 004: AllGather busbw 9.16, ReduceScatter busbw 8.92 GB/s). Each op's busbw is a metric held to the baseline.
+REQUIRED_OPS = ("sendrecv", "all_reduce")
+EXTRA_OPS = ("all_gather", "reduce_scatter")
+OPS = REQUIRED_OPS + EXTRA_OPS
 AB_MIN_GAIN = 1.1  # P2P allowed vs NCCL_P2P_DISABLE=1: below this on a box that expects P2P, P2P was not used
 
 
@@ -32,8 +37,47 @@ def shm_remedy(level, want, env_file=None):
             "well (rccl role)." % (want or "PHB"))
 
 
-def judge_collectives(data, ladder_view, baseline_metrics=None, tolerance=None):
-    """Wrong results fail whatever the bandwidth; busbw is held to the recorded baseline."""
+def peer_copy_gbs(probe):
+    """(slowest peer copy GB/s between two GPUs, "GPUi->GPUj") the p2p_bandwidth layer measured (PROBE: the probe
+    evidence), or (None, why not)."""
+    probe = probe or {}
+    if not probe.get("available"):
+        return None, "no peer copy measured (%s)" % (probe.get("error") or "the probe did not run")
+    copies = [(p["peer_gbs"], "GPU%d->GPU%d" % (p["src"], p["dst"])) for p in probe.get("pairs") or []
+              if p.get("src") != p.get("dst") and p.get("peer_gbs")]
+    if not copies:
+        return None, "the probe timed no peer copy"
+    return min(copies)
+
+
+def _sendrecv_of_peer(rows, probe, tol):
+    """(status, text) of sendrecv busbw against the box's own peer copy: fail / warn below the tolerance's
+    sendrecv_of_peer_* shares, None status when not compared (TEXT says why)."""
+    sendrecv = (rows.get("sendrecv") or {}).get("busbw_gbs")
+    peer, where = peer_copy_gbs(probe)
+    if sendrecv is None or peer is None:
+        return None, "sendrecv vs peer copy not compared: %s" % (where if peer is None else "no sendrecv busbw")
+    ratio = float(sendrecv) / float(peer)
+    text = "sendrecv busbw %.2f GB/s is %.2fx the peer copy %s %.2f GB/s" % (sendrecv, ratio, where, peer)
+    if ratio < tol["sendrecv_of_peer_fail_below"]:
+        return "fail", "%s, below %.2fx: the library does not get the path the GPUs have (seed 004: stock RCCL fell " \
+                       "back to SHM, SendRecv 6.90 vs 10.29 GB/s = 0.67)" % (text, tol["sendrecv_of_peer_fail_below"])
+    if ratio < tol["sendrecv_of_peer_warn_below"]:
+        return "warn", "%s, below %.2fx (seed 004: 9.75 vs 10.29 GB/s = 0.95 on a healthy box)" % (
+            text, tol["sendrecv_of_peer_warn_below"])
+    return "pass", text
+
+
+SENDRECV_REMEDY = (
+    "SendRecv runs well below the peer copy the GPUs themselves make: check nccl_transport (a silent SHM fallback: "
+    "NCCL_P2P_LEVEL=PHB in the GPU environment file, and the P2P-level patch for RCCL 2.27.7 on Intel hosts), then "
+    "run the tests by hand with NCCL_DEBUG=INFO and the GPU environment file."
+)
+
+
+def judge_collectives(data, ladder_view, baseline_metrics=None, tolerance=None, probe=None):
+    """Wrong results fail whatever the bandwidth; busbw is held to the recorded baseline; where P2P is expected,
+    sendrecv busbw is held to the peer copy the p2p_bandwidth layer measured on the box (PROBE)."""
     layer = "collectives"
     one_gpu = (ladder_view.get("gpu") or {}).get("count") == 1
     if one_gpu and not data.get("results"):
@@ -85,25 +129,39 @@ def judge_collectives(data, ladder_view, baseline_metrics=None, tolerance=None):
                         "P2P gain %.2fx over NCCL_P2P_DISABLE=1, below %.1fx: the collectives did not use P2P"
                         % (ab["gain"], AB_MIN_GAIN), shm_remedy(data.get("p2p_level"), want, data.get("env_file")),
                         metrics=metrics)
-    missing = [op for op in OPS if op not in rows]
+    missing = [op for op in REQUIRED_OPS if op not in rows]
     if missing and data.get("error"):
         return make(layer, "unknown", measured, expected, "%s not measured: %s" % (", ".join(missing), data["error"]),
                     "Run the failing program by hand with NCCL_DEBUG=INFO and the GPU environment file.",
                     metrics=metrics)
-    tol = expectations.tolerance(ladder_view, tolerance)
+    tol = expectations.tolerance(ladder_view, tolerance, defaults=expectations.SENDRECV_OF_PEER_TOLERANCE)
     baseline_metrics = baseline_metrics or {}
     status, texts, ratios = baseline_mod.compare_all(metrics, baseline_metrics, tol)
     expected.update({k: ">= %.2fx of %s" % (tol["fail_below"], v) for k, v in baseline_metrics.items()
                      if k in metrics})
+    missing += ["%s (the baseline holds %s)" % (op, "%s_busbw_gbs" % op) for op in EXTRA_OPS
+                if op not in rows and baseline_metrics.get("%s_busbw_gbs" % op) is not None]
     path = "P2P" if expectations.p2p_expected(ladder_view) else "the SHM path (P2P declared unavailable)"
-    if status == "skip":
-        why = "; ".join(texts) + "; record one with `provision baseline record`"
-        return make(layer, "pass", measured, expected, "no regression check yet: " + why, metrics=metrics)
+    peer_status, peer_text = None, None
+    if expectations.p2p_expected(ladder_view):
+        peer_status, peer_text = _sendrecv_of_peer(rows, probe, tol)
+        measured["sendrecv_of_peer"] = peer_text
+        expected["sendrecv_of_peer"] = ">= %.2fx the peer copy (p2p_bandwidth)" % tol["sendrecv_of_peer_warn_below"]
     remedy = ""
-    if status in ("fail", "warn"):
+    no_baseline = status == "skip"
+    if no_baseline:
+        status = "pass"
+        texts = ["no regression check yet: " + "; ".join(texts) + "; record one with `provision baseline record`"]
+    elif status in ("fail", "warn"):
         remedy = ("Bus bandwidth fell against the baseline over %s: check nccl_transport (SHM fallback after a "
                   "kernel or driver upgrade), then p2p_bandwidth and the PCIe link." % path)
-    if missing and status == "pass":
+    order = {"pass": 0, "warn": 1, "unknown": 2, "fail": 3}
+    if peer_status in ("warn", "fail"):
+        texts.insert(0, peer_text)
+        remedy = " ".join(filter(None, [SENDRECV_REMEDY, remedy]))
+        if order[peer_status] > order[status]:
+            status = peer_status
+    if missing and status == "pass" and not no_baseline:
         status = "warn"
         texts.append("not measured: %s" % ", ".join(missing))
     return make(layer, status, measured, expected, "; ".join(texts), remedy, metrics=metrics)

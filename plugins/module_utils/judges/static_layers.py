@@ -36,6 +36,25 @@ P2PDMA_HOST_BRIDGES = frozenset(
         "8086:09a2",
     ]
 )
+# What a GPU's root port is on the X99 boards of the seeds, by vendor:device id ranges (inclusive). CPU root ports of
+# Haswell-EP / Broadwell-EP (Xeon E5 v3 / v4): 8086:2f02-2f0b and 8086:6f02-6f0b (PCIe root ports 1a-3d; the
+# recorded trees: seed 000's GPUs on 00:02.0 / 00:03.0, 8086:2f04 / 2f08, seed 004's 8086:6f04 / 6f08). The Intel
+# C610/X99 chipset (PCH) root ports: 8086:8d10-8d1e, behind the CPU's DMI 2.0 x4 link.
+CPU_ROOT_PORTS = (("8086", 0x2F02, 0x2F0B), ("8086", 0x6F02, 0x6F0B))
+PCH_ROOT_PORTS = (("8086", 0x8D10, 0x8D1E),)
+# An Intel root port not in the tables above: the chipset's PCIe root ports sit at device 1c of bus 00 (D28) on
+# every Intel PCH, the CPU's at devices 01-03.
+INTEL_PCH_ROOT_PORT_DEVICE = 0x1C
+PCH_REASON = (
+    "seeds 000 and 004 rely on both GPUs on CPU root ports (seed 000: GPU0 on 00:02.0, GPU1 on 00:03.0, "
+    "\"not through the chipset\", nvidia-smi topo PHB; seed 004: two root ports of one CPU, NCCL_P2P_LEVEL=PHB); "
+    "behind the chipset the peer path crosses the DMI uplink of the PCH (x4) and its slower ports, far below "
+    "seed 004's 10.29 GB/s peer copy"
+)
+PCH_REMEDY = (
+    "Move the card to a slot wired to the CPU (the board manual's slot map; in `lspci -tv` a CPU slot hangs off "
+    "00:01.0-00:03.0, a chipset slot off 00:1c.x), or declare P2P unavailable with rigbook_p2p.expected false."
+)
 BIOS_REMEDY = (
     "In the BIOS: Above 4G Decoding ON, Resizable BAR ON, CSM OFF (boot UEFI). If the BIOS has no "
     "such options (the X99 TF board), GPU P2P is not possible on this board: set rigbook_p2p.expected "
@@ -171,19 +190,98 @@ def _gen_of(speed):
     return None
 
 
+def _in_ranges(ids, ranges):
+    vendor, _, device = (ids or "").partition(":")
+    try:
+        number = int(device, 16)
+    except ValueError:
+        return False
+    return any(vendor == v and low <= number <= high for v, low, high in ranges)
+
+
+def root_port_placement(gpu):
+    """("cpu" | "pch" | None, words) for the root port at the top of GPU's upstream chain: a CPU root port, a
+    chipset (PCH) one, or not known to rigbook (None)."""
+    chain = gpu.get("chain") or []
+    if not chain:
+        return None, "no root port found above it"
+    port = chain[-1]
+    ids, slot = port.get("ids"), port.get("slot") or "?"
+    where = "root port %s (%s)" % (slot, ids)
+    if _in_ranges(ids, CPU_ROOT_PORTS):
+        return "cpu", "CPU " + where
+    if _in_ranges(ids, PCH_ROOT_PORTS):
+        return "pch", "chipset (PCH) " + where
+    bus_device = slot.split(":")[-2:] if slot.count(":") == 2 else []
+    if (ids or "").startswith("8086:") and len(bus_device) == 2 and bus_device[0] == "00" and \
+            bus_device[1].split(".")[0] == "%02x" % INTEL_PCH_ROOT_PORT_DEVICE:
+        return "pch", "chipset (PCH) " + where + ", device 1c of bus 00"
+    return None, where + ", not known to rigbook as a CPU or chipset port"
+
+
+def _judge_placement(gpu, expected_p2p, found, measured):
+    if not gpu.get("chain"):
+        return  # on the root bus itself (a VM's passthrough GPU): no root port to place
+    kind, words = root_port_placement(gpu)
+    measured["placement %s" % gpu["slot"]] = words
+    if kind == "pch" and expected_p2p:
+        found.problem("%s sits behind the %s, not a CPU root port: %s" % (gpu["slot"], words, PCH_REASON),
+                      PCH_REMEDY)
+
+
+def _judge_slot_link(gpu, gen, width, found, measured, remedy):
+    """On a card with its own PCIe switch (GPU -> downstream port -> upstream port -> root port), the slot link:
+    between the device right below the root port (the card's switch upstream port) and the root port."""
+    chain = gpu.get("chain") or []
+    if len(chain) < 2:
+        return  # no switch: the GPU's own link is the slot link
+    slot, top, port = gpu["slot"], chain[-2], chain[-1]
+    up, down = top.get("link") or {}, port.get("link") or {}
+    speeds = [v for v in (up.get("max_speed_gts"), down.get("max_speed_gts")) if v is not None]
+    widths = [v for v in (up.get("max_width"), down.get("max_width")) if v is not None]
+    trained = [v for v in (up.get("current_width"), down.get("current_width")) if v is not None]
+    current_width = min(trained) if trained else None  # one link, seen from both ends
+    what = "%s slot link (switch upstream port %s -> root port %s)" % (slot, top.get("slot"), port.get("slot"))
+    why = "the link that crosses the slot, behind which the card's own switch hides it from the GPU's link (seed 004 " \
+          "checks Gen3 x16 on both cards)"
+    if not speeds or not widths or current_width is None:
+        found.gap("%s: speed/width not readable in sysfs" % what)
+        return
+    cap_speed, cap_width = min(speeds), min(widths)
+    current = up.get("current_speed_gts")
+    measured["slot link %s" % slot] = "%s -> %s: Gen%s x%d (now %s GT/s x%d)" % (
+        top.get("slot"), port.get("slot"), _gen_of(cap_speed) or cap_speed, cap_width,
+        current if current is not None else "?", current_width)
+    if gen and cap_speed < GEN_SPEED_GTS[gen] - 0.01:
+        found.problem("%s is capable of %s GT/s (Gen%s), rigbook_gpu.pcie expects Gen%d: %s"
+                      % (what, cap_speed, _gen_of(cap_speed), gen, why), remedy)
+    if width and cap_width < width:
+        found.problem("%s is x%d capable, rigbook_gpu.pcie expects x%d: %s" % (what, cap_width, width, why), remedy)
+    if current_width < cap_width:
+        found.problem("%s trained at x%d of x%d: %s" % (what, current_width, cap_width, why), remedy)
+
+
 def judge_pcie_link(evidence, ladder_view):
-    """Per GPU: link capability (device and its port) vs rigbook_gpu.pcie; trained width vs capability."""
+    """Per GPU: link capability (device and its port) vs rigbook_gpu.pcie; trained width vs capability; on a card
+    with its own PCIe switch the slot link too (switch upstream port to root port); the root port a CPU one, not the
+    chipset's, where P2P is expected."""
     layer = "pcie_link"
     gpus = evidence.get("gpus") or []
     if not gpus:
         return _no_gpus(layer, evidence)
     found = Findings()
     measured, expected = {}, {}
+    expected_p2p = p2p_expected(evidence, ladder_view)
     remedy_slot = (
         "Reseat the card, check the riser/cable and the slot's electrical width and the BIOS "
         "PCIe bifurcation/speed settings (set the slot to Auto or the card's generation)."
     )
+    if expected_p2p:
+        expected["placement"] = "every GPU on a CPU root port (PHB), not behind the chipset (PCH)"
     for gpu in gpus:
+        _judge_placement(gpu, expected_p2p, found, measured)
+        _judge_slot_link(gpu, *_expected_link(ladder_view, gpu["slot"]), found=found, measured=measured,
+                         remedy=remedy_slot)
         slot, link = gpu["slot"], gpu.get("link") or {}
         gen, width = _expected_link(ladder_view, slot)
         expected[slot] = "Gen%s x%s" % (gen or "?", width or "?")
@@ -213,7 +311,12 @@ def judge_pcie_link(evidence, ladder_view):
             found.problem("%s trained at x%d of x%d" % (slot, link["current_width"], cap_width), remedy_slot)
         if current is not None and current < cap_speed - 0.01 and not found.problems:
             measured[slot] += ", idle down-clock (not a fault)"
-    return found.verdict(layer, measured, expected, ok_text="every GPU link at its expected generation and width")
+    ok_text = "every GPU link at its expected generation and width"
+    behind_pch = [g["slot"] for g in gpus if root_port_placement(g)[0] == "pch"]
+    if behind_pch:  # only here when P2P is not expected: reported, not failed
+        ok_text += "; %s behind the chipset (PCH), not a CPU root port (%s)" % (
+            ", ".join(behind_pch), expectations.declared(ladder_view))
+    return found.verdict(layer, measured, expected, ok_text=ok_text)
 
 
 def iommu_mode(cmdline):

@@ -65,8 +65,10 @@ def _p2p_bandwidth(evidence, ctx):
 
 
 def _collectives(evidence, ctx):
+    """Also reads the probe the p2p_bandwidth layer (one rung down) measured, when this climb collected it: sendrecv
+    is held to the box's own peer copy (a climb of this layer alone compares with the baseline only)."""
     return collective_layers.judge_collectives(evidence.get("collectives") or {}, ctx.ladder_view, ctx.baseline,
-                                               ctx.tolerance)
+                                               ctx.tolerance, probe=evidence.get("probe"))
 
 
 def _nccl_transport(evidence, ctx):
@@ -131,7 +133,8 @@ LAYERS = [
     Layer("p2p_bandwidth", RUNTIME, ("probe",), _p2p_bandwidth,
           summary="peer GB/s each way and both ways vs the host-staged copy, the link and the baseline"),
     Layer("collectives", RUNTIME, ("collectives",), _collectives,
-          summary="sendrecv and all_reduce bus bandwidth vs the baseline, no wrong results"),
+          summary="sendrecv, all_reduce, all_gather and reduce_scatter bus bandwidth vs the baseline, sendrecv vs "
+                  "the peer copy of p2p_bandwidth, no wrong results"),
     Layer("nccl_transport", RUNTIME, ("nccl_transport",), _nccl_transport,
           summary="the NCCL/RCCL INFO log shows P2P (not a silent SHM fallback)"),
     Layer("serving", SERVING, ("serving",), _serving,

@@ -37,7 +37,7 @@ _EDIT_SCHEMA = {
     "additionalProperties": False,
     "minProperties": 1,
     "properties": {
-        "scope": {"enum": ["tree", "gpus", "ports", "host"]},
+        "scope": {"enum": ["tree", "gpus", "ports", "slots", "host"]},
         "gpus": {"oneOf": [{"const": "all"}, {"type": "array", "minItems": 1,
                                                "items": {"type": ["integer", "string"]}}]},
         **{op: {"type": "string", "minLength": 1} for op in OPS if op != "bar"},
@@ -180,6 +180,8 @@ def _targets(edit: dict, rig: dict) -> list:
         gctx = dict(ctx, bdf=gpu["bdf"], index=index, port=gpu["port"], gpu=gpu)
         if scope == "gpus":
             out.append((hardware_trees.device_dir(gpu) + "/", gctx))
+        elif scope == "slots":
+            out.append((gpu["slot_path"] + "/", gctx))
         else:
             out.append((f"sys/devices/pci0000:00/{gpu['port']}/", gctx))
     return out

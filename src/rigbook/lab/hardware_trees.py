@@ -61,11 +61,22 @@ def parse_size(value) -> int:
 
 
 def functions(rig: dict) -> list:
-    """Every PCI function below a root port, with its port's BDF, sorted by BDF."""
+    """Every PCI function below a root port, sorted by BDF, with its root port's BDF (`port`), its sysfs directory
+    (`path`) and the directory of the device in its slot (`slot_path`: the function right below the root port on
+    its way up, the card's switch upstream port on a card with an on-board PCIe switch). A function with
+    `functions` of its own is a bridge (a switch port): those sit below it, as in sysfs."""
     out = []
+
+    def walk(fns, port, parent, slot_path):
+        for fn in fns:
+            path = f"{parent}/{fn['bdf']}"
+            entry = {k: v for k, v in fn.items() if k != "functions"}
+            out.append(dict(entry, port=port, path=path, slot_path=slot_path or path,
+                            bridge="functions" in fn))
+            walk(fn.get("functions") or [], port, path, slot_path or path)
+
     for port in rig["pci"]["ports"]:
-        for fn in port.get("functions", []):
-            out.append(dict(fn, port=port["bdf"]))
+        walk(port.get("functions", []), port["bdf"], f"sys/devices/pci0000:00/{port['bdf']}", None)
     return sorted(out, key=lambda f: f["bdf"])
 
 
@@ -76,8 +87,8 @@ def gpus(rig: dict) -> list:
 
 def device_dir(fn_or_port: dict) -> str:
     """Path (relative to the tree root) of the real sysfs directory of a function or port."""
-    if "port" in fn_or_port:
-        return f"sys/devices/pci0000:00/{fn_or_port['port']}/{fn_or_port['bdf']}"
+    if "path" in fn_or_port:
+        return fn_or_port["path"]
     return f"sys/devices/pci0000:00/{fn_or_port['bdf']}"
 
 
@@ -145,8 +156,9 @@ def _pci(root: Path, pci: dict) -> None:
     bridge = pci["host_bridge"]
     entries = [(device_dir(bridge), bridge)]
     for port in pci["ports"]:
-        entries.append((device_dir(port), dict(port, driver="pcieport")))
-    entries += [(device_dir(fn), fn) for fn in functions({"pci": pci})]
+        entries.append((device_dir(port), dict(port, driver="pcieport", root_port=True)))
+    entries += [(device_dir(fn), dict(fn, driver="pcieport") if fn["bridge"] else fn)
+                for fn in functions({"pci": pci})]
     for d, item in entries:
         (root / d).mkdir(parents=True, exist_ok=True)
         _pci_ids(root, d, item)
@@ -159,7 +171,7 @@ def _pci(root: Path, pci: dict) -> None:
         if "numa_node" in item:
             _write(root, f"{d}/numa_node", f"{item['numa_node']}\n")
         if item is not bridge:
-            _aer(root, d, root_port=item.get("driver") == "pcieport")
+            _aer(root, d, root_port=bool(item.get("root_port")))
         if item.get("driver"):
             _bind(root, d, item["bdf"], item["driver"])
         _symlink(root, f"sys/bus/pci/devices/{item['bdf']}", "../../../" + d[len("sys/"):])
@@ -189,7 +201,11 @@ def _kernel(root: Path, rig: dict) -> None:
 
 def materialize(rig_name: str, dest: Path) -> Path:
     """Write the recorded tree of RIG_NAME into DEST (created; must be absent or empty)."""
-    rig = load_rig(rig_name)
+    return materialize_rig(load_rig(rig_name), dest)
+
+
+def materialize_rig(rig: dict, dest: Path) -> Path:
+    """Write the recorded tree of RIG (a rig as load_rig returns it) into DEST (created; must be absent or empty)."""
     dest = Path(dest)
     if dest.exists() and any(dest.iterdir()):
         raise UserError(f"{dest} is not empty: will not write an evidence tree over it")

@@ -73,8 +73,8 @@ def test_every_host_layer_and_point_is_on_the_page(history, tmp_path):
         assert f"provision snapshot -i lab --limit {host}" in text
     points = _find(elements, "circle")
     assert len(points) == sum(len(metrics_of(ladder)) for runs in history["hosts"].values()
-                              for ladder in runs.values())  # 5 runs x (4 + 7) figures = 55
-    assert len(points) == 55
+                              for ladder in runs.values())  # 5 runs x (4 + 9) figures = 65
+    assert len(points) == 65
 
 
 def test_the_faulted_run_is_drawn_in_the_fail_band(history, tmp_path):
@@ -163,7 +163,7 @@ def test_provision_report_command(history, tmp_path):
     assert proc.returncode == 0, proc.stderr
     path = proc.stdout.strip().rsplit(": ", 1)[1]
     assert path.startswith(str(tmp_path / "state" / "reports" / "lab-")) and path.endswith("Z.html")
-    assert "55 charted point(s)" in proc.stdout
+    assert "65 charted point(s)" in proc.stdout
     out = tmp_path / "mine.html"
     proc = provision("report", "-i", "lab", "-o", out, env=env, timeout=120)
     assert proc.returncode == 0 and out.is_file(), proc.stderr
@@ -209,7 +209,7 @@ def test_bad_run_records_baselines_and_manifests_are_named_and_left_out(history,
         assert words in proc.stderr, words
         assert report._e(words) in page, words
     assert proc.stderr.count("warning: ") == len(said)
-    assert "55 charted point(s)" not in proc.stdout  # lab-r9700's history is left out with its file
+    assert "65 charted point(s)" not in proc.stdout  # lab-r9700's history is left out with its file
     # The report only reads: the corrupt baselines file is where it was, as it was, and nothing was kept aside.
     assert json.loads(host_file.read_text()) == data
     assert not [p.name for p in host_file.parent.iterdir() if ".corrupt-" in p.name]

@@ -92,8 +92,15 @@ int main(int argc, char** argv) {
             p2p ? "collectives" : "host-staged", commands.c_str());
     return 1;
   }
-  // all_reduce: busbw = algbw * 2(n-1)/n; sendrecv: busbw = algbw.
-  double ratio = strcmp(STANDIN_OP, "all_reduce") == 0 && gpus > 1 ? 2.0 * (gpus - 1) / gpus : 1.0;
+  // rccl-tests' bus bandwidth factors: all_reduce busbw = algbw * 2(n-1)/n; all_gather and reduce_scatter
+  // algbw * (n-1)/n (seed 004: AllGather algbw 18.31 -> busbw 9.16 on 2 GPUs); sendrecv busbw = algbw.
+  // all_gather and reduce_scatter print the per-rank element count (size / 4 / n); all_gather has no redop.
+  bool gather = strcmp(STANDIN_OP, "all_gather") == 0, scatter = strcmp(STANDIN_OP, "reduce_scatter") == 0;
+  double ratio = 1.0;
+  if (strcmp(STANDIN_OP, "all_reduce") == 0 && gpus > 1) ratio = 2.0 * (gpus - 1) / gpus;
+  if ((gather || scatter) && gpus > 1) ratio = (double)(gpus - 1) / gpus;
+  long long perRank = gather || scatter ? gpus : 1;
+  const char* redop = gather ? "none" : "sum";
   double algbw = busbw / ratio;
   printf("#\n#%*s out-of-place %*s in-place\n", 60, "", 22, "");
   printf("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   "
@@ -102,8 +109,8 @@ int main(int argc, char** argv) {
          "(GB/s)\n");
   for (long long size = minBytes; size <= maxBytes; size *= factor) {
     double timeUs = (double)size / (algbw * 1e3);
-    printf("%12lld  %12lld     float     sum      -1  %7.1f  %6.2f  %6.2f      0  %7.1f  %6.2f  %6.2f      0\n",
-           size, size / 4, timeUs, algbw, busbw, timeUs, algbw, busbw);
+    printf("%12lld  %12lld     float  %6s      -1  %7.1f  %6.2f  %6.2f      0  %7.1f  %6.2f  %6.2f      0\n",
+           size, size / 4 / perRank, redop, timeUs, algbw, busbw, timeUs, algbw, busbw);
     if (size > maxBytes / factor) break;
   }
   printf("# Out of bounds values : 0 OK\n# Avg bus bandwidth    : %.4f\n#\n", busbw);

@@ -77,7 +77,7 @@ def test_the_lab_twins_models():
     assert amd["pins"]["rocm"]["apt_version_pin"] == "/^.*\\.70100-.*$/"  # the preferences line site.yml writes
     assert amd["pins"]["rocm"]["env"] == {"HSA_ENABLE_IPC_MODE_LEGACY": "0", "NCCL_P2P_LEVEL": "PHB"}
     assert [a["sha256"][:8] for a in amd["artifacts"]] == ["e0061f95", "2a40c463", "845e73df", "e9b9a1fe", "f309dbbf",
-                                                           "daff74a3"]
+                                                           "6adb60d9"]
     assert amd["artifacts"][3]["dest_dir"] == host_model.KEY_DIR
     # the RCCL the engine must run: torch's bundled copy linked to the rccl role's build; NVIDIA builds no NCCL
     assert amd["engine_libraries"] == [{"bundled": "torch/lib/librccl.so.1",

@@ -40,7 +40,7 @@ def test_the_recorded_r9700_box_lists_both_gpus(tree, prefix):
     assert not run.failed, run.msg
     assert [(g["name"], g["marketing_name"], g["chip_id"], g["slot"]) for g in run.result["gpus"]] == [
         ("gfx1201", "AMD Radeon AI PRO R9700", "0x7551", "03:00.0"),
-        ("gfx1201", "AMD Radeon AI PRO R9700", "0x7551", "04:00.0")]
+        ("gfx1201", "AMD Radeon AI PRO R9700", "0x7551", "06:00.0")]
     assert run.result["smi_devices"] == 2 and run.result["problems"] == []
     assert run.result["source"].endswith("var/lib/rigbook/commands")
 

@@ -257,3 +257,33 @@ def test_stand_in_tests_pick_p2p_only_with_the_patch_and_the_level(tmp_path, tar
     assert "via P2P/IPC" in outputs[True, "PHB"] and "Avg bus bandwidth    : 9.7500" in outputs[True, "PHB"]
     for key in ((True, None), (False, "PHB"), (False, None)):
         assert "via SHM/direct/direct" in outputs[key] and "Avg bus bandwidth    : 6.9000" in outputs[key], key
+
+
+@needs_tools
+def test_stand_in_all_gather_and_reduce_scatter_print_seed_004_in_the_tools_format(tmp_path, tarballs):
+    """all_gather_perf and reduce_scatter_perf of the stand-in, read back by the parser the collectives layer uses:
+    seed 004's busbw (AllGather 9.16, ReduceScatter 8.92 GB/s) and algbw = busbw * n/(n-1) on 2 GPUs."""
+    import subprocess
+
+    from ansible_collections.rigbook.homelab.plugins.module_utils.collect import collective_bench
+
+    from rigbook.lab import hardware_trees
+
+    tree = hardware_trees.materialize("x99-r9700", tmp_path / "evidence")
+    a = args(tmp_path, tarballs, tests=True)
+    a["check_files"] += ["bin/all_gather_perf", "bin/reduce_scatter_perf"]
+    result, failed, _ = real(a)
+    assert not failed, result.get("msg")
+    env = {"PATH": os.environ["PATH"], "RIGBOOK_EVIDENCE_ROOT": str(tree), "NCCL_DEBUG": "INFO",
+           "NCCL_P2P_LEVEL": "PHB"}
+    rows = {}
+    for op, redop in (("all_gather", "none"), ("reduce_scatter", "sum")):
+        proc = subprocess.run([f"{result['prefix']}/bin/{op}_perf", "-b", "1G", "-e", "1G", "-g", "2"],
+                              capture_output=True, text=True, env=env, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert f"# Collective test starting: {op}_perf" in proc.stdout
+        assert f"1073741824     134217728     float  {redop:>6}      -1" in proc.stdout  # count per rank
+        rows[op] = collective_bench._rows_from_nccl_tests(op, proc.stdout)
+    assert (rows["all_gather"]["busbw_gbs"], rows["all_gather"]["algbw_gbs"]) == (9.16, 18.32)
+    assert (rows["reduce_scatter"]["busbw_gbs"], rows["reduce_scatter"]["algbw_gbs"]) == (8.92, 17.84)
+    assert rows["all_gather"]["wrong"] == 0 and rows["reduce_scatter"]["out_of_bounds"] == 0

@@ -80,7 +80,7 @@ def test_every_fault_changes_some_rig(name, tmp_path):
 def test_bar1_256m_moves_the_vram_bar_below_4g(tmp_path):
     tree = broken(tmp_path, "x99-r9700", "bar1-256m")
     assert vram_bar(tree, "0000:03:00.0", 0)[:2] == (0xC0000000, 256 << 20)
-    assert vram_bar(tree, "0000:04:00.0", 0)[:2] == (0xD0000000, 256 << 20)
+    assert vram_bar(tree, "0000:06:00.0", 0)[:2] == (0xD0000000, 256 << 20)
     assert vram_bar(tree, "0000:03:00.0", 0)[2] == 0x14220C  # still a 64-bit prefetchable BAR
 
 
@@ -106,9 +106,21 @@ def test_link_faults(tmp_path):
     assert [g["link_width_max"] for g in smi["gpus"]] == [16, 16]
 
     tree = broken(tmp_path / "gen1", "x99-r9700", "link-gen1")
-    for bdf in ("0000:03:00.0", "0000:04:00.0"):
+    for bdf in ("0000:03:00.0", "0000:06:00.0"):
         assert read(tree, f"sys/bus/pci/devices/{bdf}/current_link_speed") == "2.5 GT/s PCIe\n"
     assert read(tree, "sys/bus/pci/devices/0000:00:02.0/max_link_speed") == "2.5 GT/s PCIe\n"
+
+
+def test_slot_link_x8_edits_the_link_across_the_slot_not_the_gpus_own(tmp_path):
+    """On the R9700's card the slot link is the card's switch upstream port's; on the 3080 (no switch) the GPU's."""
+    tree = broken(tmp_path, "x99-r9700", "slot-link-x8")
+    for bdf in ("0000:01:00.0", "0000:04:00.0", "0000:00:02.0", "0000:00:03.0"):
+        assert read(tree, f"sys/bus/pci/devices/{bdf}/current_link_width") == "8\n", bdf
+    for bdf in ("0000:02:00.0", "0000:03:00.0", "0000:05:00.0", "0000:06:00.0"):
+        assert read(tree, f"sys/bus/pci/devices/{bdf}/current_link_width") == "16\n", bdf
+    tree = broken(tmp_path / "3080", "x99-3080", "slot-link-x8")
+    for bdf in ("0000:03:00.0", "0000:04:00.0", "0000:00:03.0"):
+        assert read(tree, f"sys/bus/pci/devices/{bdf}/current_link_width") == "8\n", bdf
 
 
 def test_link_gen1_on_nvidia_smi(tmp_path):
@@ -145,7 +157,7 @@ def test_nvidia_only_fault_on_amd_is_refused(tmp_path):
 
 def test_dma_window_above_44bit(tmp_path):
     tree = broken(tmp_path, "x99-r9700", "dma-window-above-44bit")
-    for bdf in ("0000:03:00.0", "0000:04:00.0"):
+    for bdf in ("0000:03:00.0", "0000:06:00.0"):
         start, size, _ = vram_bar(tree, bdf, 0)
         assert start >= 1 << 44 and size == 32 << 30
 

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from ansible_collections.rigbook.homelab.plugins.module_utils.collect import pci
+from ansible_collections.rigbook.homelab.plugins.module_utils.collect import pci, static_evidence
 from ansible_collections.rigbook.homelab.plugins.module_utils.parse import nccl as parse_nccl
 from ansible_collections.rigbook.homelab.plugins.module_utils.parse import nvidia_smi as parse_nvidia_smi
 
@@ -38,9 +38,10 @@ def test_layout_nested_dirs_and_relative_symlinks(tree):
         real = link.resolve()
         assert real.is_dir() and not real.is_symlink()
         assert tree.resolve() in real.parents  # never escapes the tree
-    gpu = (devices / "0000:03:00.0").resolve()
-    assert gpu.parent.name == "0000:00:02.0"  # nested under its root port, as in sysfs
-    assert (devices / "0000:04:00.0").resolve().parent.name == "0000:00:03.0"
+    gpus = [g["bdf"] for g in hardware_trees.gpus(hardware_trees.load_rig(tree.name))]
+    gpu = (devices / gpus[0]).resolve()
+    assert "0000:00:02.0" in gpu.relative_to(tree.resolve()).parts  # nested under its root port, as in sysfs
+    assert "0000:00:03.0" in (devices / gpus[1]).resolve().relative_to(tree.resolve()).parts
     driver = gpu / "driver"
     assert driver.is_symlink() and driver.resolve().parent.name == "drivers"
     assert (driver.resolve() / "0000:03:00.0").resolve() == gpu
@@ -62,8 +63,26 @@ def test_files_of_every_function(tree):
 def test_the_ladders_gpu_listing_reads_it(tree):
     gpus, error = pci.list_gpus(str(tree))
     assert error is None
-    assert [g["slot"] for g in gpus] == ["0000:03:00.0", "0000:04:00.0"]
-    assert [g["upstream_port"] for g in gpus] == ["0000:00:02.0", "0000:00:03.0"]
+    assert [g["slot"] for g in gpus] == [g["bdf"] for g in hardware_trees.gpus(hardware_trees.load_rig(tree.name))]
+    assert [pci.root_port(str(tree), g["slot"]) for g in gpus] == ["0000:00:02.0", "0000:00:03.0"]
+
+
+def test_the_r9700_cards_sit_behind_their_own_switch(tmp_path):
+    """RECONSTRUCTED on-card switch: root port -> switch upstream port -> downstream port -> GPU, as sysfs nests it;
+    bridges are bound to pcieport, only root ports carry the root port AER totals."""
+    tree = hardware_trees.materialize("x99-r9700", tmp_path / "t")
+    chain = static_evidence.upstream_chain(str(tree), "0000:06:00.0")
+    assert [(b["slot"], b["ids"]) for b in chain] == [
+        ("0000:05:00.0", "1002:1479"), ("0000:04:00.0", "1002:1478"), ("0000:00:03.0", "8086:6f08")]
+    assert chain[1]["link"] == {"current_speed_gts": 8.0, "max_speed_gts": 32.0, "current_width": 16, "max_width": 16}
+    assert pci.upstream_port(str(tree), "0000:06:00.0") == "0000:05:00.0"
+    up = tree / "sys/bus/pci/devices/0000:04:00.0"
+    assert (up / "driver").resolve().name == "pcieport" and (up / "aer_dev_fatal").is_file()
+    assert not (up / "aer_rootport_total_err_fatal").exists()
+    assert (tree / "sys/bus/pci/devices/0000:00:03.0/aer_rootport_total_err_fatal").is_file()
+    assert [g["bdf"] for g in hardware_trees.gpus(hardware_trees.load_rig("x99-r9700"))] == [
+        "0000:03:00.0", "0000:06:00.0"]
+    assert "location_id 1536" in (tree / "sys/class/kfd/kfd/topology/nodes/2/properties").read_text()  # 0x600
 
 
 def test_x99_3080_facts(tmp_path):
@@ -95,7 +114,7 @@ def test_x99_3080_facts(tmp_path):
 def test_x99_r9700_facts(tmp_path):
     tree = hardware_trees.materialize("x99-r9700", tmp_path / "t")
     assert (tree / "sys/bus/pci/devices/0000:00:00.0/device").read_text() == "0x6f00\n"
-    for bdf in ("0000:03:00.0", "0000:04:00.0"):
+    for bdf in ("0000:03:00.0", "0000:06:00.0"):
         assert (tree / f"sys/bus/pci/devices/{bdf}/device").read_text() == "0x7551\n"
         start, end, flags = resources(tree, bdf)[0]  # AMD VRAM window = BAR0
         assert end - start + 1 == 32 << 30

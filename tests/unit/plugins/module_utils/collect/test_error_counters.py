@@ -18,6 +18,7 @@ from rigbook.lab import faults, hardware_trees
 
 FIXTURES = Path(__file__).resolve().parents[4] / "fixtures" / "parse" / "kernel-log"
 GPU0, PORT0, GPU1, PORT1 = "0000:03:00.0", "0000:00:02.0", "0000:04:00.0", "0000:00:03.0"
+R9700_GPU1 = "0000:06:00.0"  # behind its card's own PCIe switch (04:00.0 up, 05:00.0 down) below root port 00:03.0
 
 
 def _log(name):
@@ -73,8 +74,8 @@ def _tree(tmp_path, rig, fault=None):
 
 
 def test_healthy_tree_reads_zero_counters_and_an_empty_log(tmp_path):
-    snap = collect.snapshot(_tree(tmp_path, "x99-r9700"), [GPU0, GPU1])
-    assert sorted(snap["aer"]) == [PORT0, PORT1, GPU0, GPU1]
+    snap = collect.snapshot(_tree(tmp_path, "x99-r9700"), [GPU0, R9700_GPU1])
+    assert sorted(snap["aer"]) == [PORT0, PORT1, GPU0, R9700_GPU1]  # the root ports, past the cards' switches
     assert snap["aer"][GPU0] == {"correctable": 0, "nonfatal": 0, "fatal": 0}  # no rootport_* on an endpoint
     assert snap["aer"][PORT1]["rootport_fatal"] == 0
     assert snap["devices"][PORT1] == "root port 0000:00:03.0 of GPU1"
@@ -97,7 +98,7 @@ def test_missing_files_are_unknown_never_zero(tmp_path):
 def test_fault_trees_read_as_their_counters(tmp_path):
     burst = collect.snapshot(_tree(tmp_path, "x99-3080", "aer-correctable-burst"), [GPU0, GPU1])["aer"]
     assert burst[GPU0]["correctable"] == 250 and burst[PORT0]["rootport_correctable"] == 250
-    fatal = collect.snapshot(_tree(tmp_path, "x99-r9700", "aer-fatal"), [GPU0, GPU1])
+    fatal = collect.snapshot(_tree(tmp_path, "x99-r9700", "aer-fatal"), [GPU0, R9700_GPU1])
     assert fatal["aer"][PORT1]["fatal"] == 1 and fatal["log"]["aer_fatal"]["count"] == 1
 
 

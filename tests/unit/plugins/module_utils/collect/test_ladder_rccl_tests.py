@@ -172,3 +172,31 @@ def test_the_library_the_tests_load_is_the_one_the_loader_resolves(tmp_path):
     script = make_tests_dir(tmp_path / "scripts") / "sendrecv_perf"
     assert collective_bench.resolved_library(str(script), {}) == {
         "error": "ldd exited 1: \tnot a dynamic executable\n"}
+
+
+def test_all_gather_and_reduce_scatter_run_when_built_and_are_not_required(tmp_path, tree):
+    tdir = make_tests_dir(tmp_path)
+    for name in ("all_gather_perf", "reduce_scatter_perf"):
+        (tdir / name).write_text(SCRIPT % {"bw": "9.16"})
+        (tdir / name).chmod((tdir / name).stat().st_mode | stat.S_IXUSR)
+    verdicts, evidence = runtime(tmp_path, tree, tdir, env_file(tmp_path, GOOD_ENV), ab=False)
+    assert sorted(r["op"] for r in evidence["collectives"]["results"]) == [
+        "all_gather", "all_reduce", "reduce_scatter", "sendrecv"]
+    assert verdicts[0]["metrics"]["all_gather_busbw_gbs"] == 9.16
+    (tdir / "all_gather_perf").unlink()
+    (tdir / "reduce_scatter_perf").unlink()
+    _, evidence = runtime(tmp_path, tree, tdir, env_file(tmp_path, GOOD_ENV), ab=False)
+    assert sorted(r["op"] for r in evidence["collectives"]["results"]) == ["all_reduce", "sendrecv"]
+    (tdir / "sendrecv_perf").unlink()
+    _, evidence = runtime(tmp_path, tree, tdir, env_file(tmp_path, GOOD_ENV), ab=False)
+    assert evidence["collectives"]["source"].startswith("seed 004")  # a required program missing: the recording
+
+
+def test_the_collectives_layer_holds_sendrecv_to_the_probe_climbed_below_it(tmp_path, tree):
+    """In one climb, p2p_bandwidth's probe (seed 004: 10.29 GB/s) is what sendrecv is compared with."""
+    tdir = make_tests_dir(tmp_path, bw="6.90")
+    ctx = Context(str(tree), LADDER_VIEW, options=dict(nccl_tests_dir=str(tdir),
+                                                       env_file=str(env_file(tmp_path, GOOD_ENV))))
+    verdicts, _ = climb(["p2p_bandwidth", "collectives"], ctx)
+    assert [(v["layer"], v["status"]) for v in verdicts] == [("p2p_bandwidth", "pass"), ("collectives", "fail")]
+    assert "0.67x the peer copy" in verdicts[1]["why"]

@@ -135,3 +135,72 @@ def test_recorded_collectives_json_and_nccl_tests_text(tmp_path, fixtures):
     (commands / "nccl-log.txt").write_text((LOGS / "nccl1817_shm_8gpu.txt").read_text())
     text, source = collectives.collect_nccl_log(str(tmp_path))
     assert "SHM" in text and source == "recorded nccl-log.txt"
+
+
+# seed 004: TransferBench GFX push 10.29 GB/s each way, the peer copy the p2p_bandwidth layer measures.
+SEED_004_PROBE = {"available": True, "api": "hip",
+                  "pairs": [{"src": 0, "dst": 1, "peer_gbs": 10.29}, {"src": 1, "dst": 0, "peer_gbs": 10.29}]}
+SEED_004_ALL = {**SEED_004, "results": SEED_004["results"] + [
+    {"op": "all_gather", "size_bytes": 1 << 30, "algbw_gbs": 18.31, "busbw_gbs": 9.16, "wrong": 0},
+    {"op": "reduce_scatter", "size_bytes": 1 << 30, "algbw_gbs": 17.83, "busbw_gbs": 8.92, "wrong": 0}]}
+SEED_004_ALL_BASELINE = {**SEED_004_BASELINE, "all_gather_busbw_gbs": 9.16, "reduce_scatter_busbw_gbs": 8.92}
+
+
+def with_sendrecv(data, busbw):
+    return {**data, "results": [dict(r, busbw_gbs=busbw) if r["op"] == "sendrecv" else r for r in data["results"]]}
+
+
+def test_seed_004_sendrecv_at_095_of_its_peer_copy_passes():
+    verdict = judge_collectives(SEED_004, P2P, SEED_004_BASELINE, probe=SEED_004_PROBE)
+    assert verdict["status"] == "pass", verdict
+    assert "sendrecv busbw 9.75 GB/s is 0.95x the peer copy GPU0->GPU1 10.29 GB/s" in \
+        verdict["measured"]["sendrecv_of_peer"]
+
+
+def test_sendrecv_of_stock_rccl_over_shm_fails_against_the_peer_copy_without_a_baseline():
+    """seed 004's stock RCCL: SendRecv 6.90 GB/s while the GPUs copy 10.29 GB/s peer to peer (0.67x)."""
+    verdict = judge_collectives(with_sendrecv(SEED_004, 6.90), P2P, None, probe=SEED_004_PROBE)
+    assert verdict["status"] == "fail", verdict
+    assert "0.67x the peer copy" in verdict["why"] and "below 0.75x" in verdict["why"]
+    assert "seed 004" in verdict["why"] and "NCCL_P2P_LEVEL=PHB" in verdict["remedy"]
+
+
+def test_sendrecv_between_the_lines_warns_and_the_tolerance_moves_them():
+    data = with_sendrecv(SEED_004, 8.5)  # 0.83x of 10.29
+    verdict = judge_collectives(data, P2P, None, probe=SEED_004_PROBE)
+    assert verdict["status"] == "warn" and "below 0.90x" in verdict["why"] and "seed 004: 9.75 vs 10.29" in \
+        verdict["why"]
+    assert judge_collectives(data, P2P, None, {"sendrecv_of_peer_fail_below": 0.85},
+                             probe=SEED_004_PROBE)["status"] == "fail"
+    assert judge_collectives(data, P2P, None, {"sendrecv_of_peer_warn_below": 0.8},
+                             probe=SEED_004_PROBE)["status"] == "pass"
+
+
+def test_the_slower_direction_is_the_reference():
+    probe = {**SEED_004_PROBE, "pairs": [dict(SEED_004_PROBE["pairs"][0], peer_gbs=14.0),
+                                         dict(SEED_004_PROBE["pairs"][1], peer_gbs=10.0)]}
+    verdict = judge_collectives(with_sendrecv(SEED_004, 9.75), P2P, None, probe=probe)
+    assert verdict["status"] == "pass" and "GPU1->GPU0 10.00 GB/s" in verdict["measured"]["sendrecv_of_peer"]
+
+
+def test_no_probe_or_no_p2p_means_no_peer_comparison():
+    alone = judge_collectives(with_sendrecv(SEED_004, 6.90), P2P, None)
+    assert alone["status"] == "pass" and "not compared" in alone["measured"]["sendrecv_of_peer"]
+    shm = judge_collectives(with_sendrecv(SEED_004, 2.0), NO_P2P, None, probe=SEED_004_PROBE)
+    assert shm["status"] == "pass" and "sendrecv_of_peer" not in shm["measured"]
+
+
+def test_all_gather_and_reduce_scatter_are_figures_held_to_the_baseline():
+    verdict = judge_collectives(SEED_004_ALL, P2P, SEED_004_ALL_BASELINE, probe=SEED_004_PROBE)
+    assert verdict["status"] == "pass", verdict
+    assert verdict["metrics"]["all_gather_busbw_gbs"] == 9.16 and verdict["metrics"]["reduce_scatter_busbw_gbs"] == 8.92
+    halved = {**SEED_004_ALL, "results": [dict(r, busbw_gbs=r["busbw_gbs"] * 0.5) if r["op"] == "reduce_scatter"
+                                          else r for r in SEED_004_ALL["results"]]}
+    verdict = judge_collectives(halved, P2P, SEED_004_ALL_BASELINE, probe=SEED_004_PROBE)
+    assert verdict["status"] == "fail" and "reduce_scatter_busbw_gbs 4.46 vs baseline 8.92 (0.50x)" in verdict["why"]
+
+
+def test_a_held_all_gather_that_was_not_measured_warns():
+    verdict = judge_collectives(SEED_004, P2P, SEED_004_ALL_BASELINE, probe=SEED_004_PROBE)
+    assert verdict["status"] == "warn" and "not measured: all_gather" in verdict["why"]
+    assert judge_collectives(SEED_004, P2P, SEED_004_BASELINE, probe=SEED_004_PROBE)["status"] == "pass"

@@ -19,7 +19,7 @@ description:
     update-notifier-common does on most library upgrades), is reported in RV(reboot_required_by) and never makes
     rigbook reboot a serving box.
   - With O(display), whether a display server holds the GPU (C(systemctl get-default) and
-    C(systemctl show display-manager.service)): see RV(display_holds_gpu).
+    C(systemctl show display-manager.service)), see RV(display_holds_gpu).
   - Read-only; supports check mode.
 version_added: "1.0.0"
 author:

@@ -29,7 +29,7 @@ options:
   if_available:
     description:
       - Package names installed only where apt has an installation candidate for them (C(apt-cache policy)); one
-        without (C(Candidate: (none)), or unknown to apt) is skipped and named in RV(unavailable) instead of failing
+        without (C(Candidate (none\)), or unknown to apt) is skipped and named in RV(unavailable) instead of failing
         the install. Ubuntu drops superseded kernels from its archive, so the headers of an older installed kernel
         have no candidate.
       - Before a package is called unavailable the package index is refreshed once (C(apt-get update)); not in

@@ -32,7 +32,8 @@ options:
         without (C(Candidate (none\)), or unknown to apt) is skipped and named in RV(unavailable) instead of failing
         the install. Ubuntu drops superseded kernels from its archive, so the headers of an older installed kernel
         have no candidate.
-      - Before a package is called unavailable the package index is refreshed once (C(apt-get update)); not in
+      - Before a package is called unavailable the package index is refreshed once (C(apt-get update)) when it is
+        older than an hour (so a converged box with a dropped kernel does not refresh it on every run); not in
         check mode, where it is reported from the index as it is.
       - Never held (O(hold) applies to O(name) and O(debs)).
     type: list
@@ -109,6 +110,7 @@ versions:
 """
 
 import os
+import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.rigbook.homelab.plugins.module_utils import apt
@@ -121,6 +123,9 @@ from ansible_collections.rigbook.homelab.plugins.module_utils.apt import (
     run_apt,
 )
 
+# The package index: refreshed before a package is called unavailable when older than INDEX_MAX_AGE seconds.
+INDEX = "/var/lib/apt/lists"
+INDEX_MAX_AGE = 3600
 APT = ["apt-get", "-y", "-q", "-o", "Dpkg::Options::=--force-confdef", "-o", "Dpkg::Options::=--force-confold"]
 
 
@@ -142,6 +147,14 @@ def candidates(module, names):
                              cmd=argv)
         return rc, out
     return apt.candidates(run, names)
+
+
+def index_is_stale():
+    """Whether the package index is older than INDEX_MAX_AGE (or missing): apt-get update replaces its files."""
+    try:
+        return time.time() - os.stat(INDEX).st_mtime > INDEX_MAX_AGE
+    except OSError:
+        return True
 
 
 def is_glob(name):
@@ -203,7 +216,7 @@ def main():
         wanted = [n for n in optional if before[n] is None]
         if wanted:
             found = candidates(module, wanted)
-            if any(v is None for v in found.values()) and not module.check_mode:
+            if any(v is None for v in found.values()) and not module.check_mode and index_is_stale():
                 run(["apt-get", "-q", "update"], "apt-get update")  # a stale index is no missing package
                 found = candidates(module, wanted)
             result["unavailable"] = [n for n in wanted if found[n] is None]

@@ -3,6 +3,8 @@ order, `changed`, the result and the messages."""
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -313,7 +315,18 @@ def _ubuntu(name):
     return (UBUNTU / name).read_text()
 
 
-def test_headers_of_a_kernel_the_archive_dropped_are_skipped_and_named_not_a_failure():
+@pytest.fixture
+def stale_index(monkeypatch, tmp_path):
+    """The package index as a folder last written two hours ago."""
+    index = tmp_path / "lists"
+    index.mkdir()
+    old = time.time() - 7200
+    os.utime(index, (old, old))
+    monkeypatch.setattr(deb_packages, "INDEX", str(index))
+    return index
+
+
+def test_headers_of_a_kernel_the_archive_dropped_are_skipped_and_named_not_a_failure(stale_index):
     policy = _ubuntu("apt-cache-policy-headers.txt")
     run = run_module(deb_packages, {"name": ["dkms"], "if_available": [RUNNING, DROPPED, CUSTOM]}, [
         (query("dkms", RUNNING, DROPPED, CUSTOM),
@@ -327,7 +340,7 @@ def test_headers_of_a_kernel_the_archive_dropped_are_skipped_and_named_not_a_fai
     assert run.result["changed"] is False  # nothing installed: a converged box stays changed=0
 
 
-def test_headers_with_a_candidate_are_installed_the_others_named():
+def test_headers_with_a_candidate_are_installed_the_others_named(stale_index):
     policy = ("linux-headers-6.8.0-88-generic:\n  Installed: (none)\n  Candidate: 6.8.0-88.89\n  Version table:\n"
               "     6.8.0-88.89 500\n        500 http://archive.ubuntu.com/ubuntu noble-updates/main amd64 Packages\n"
               + _ubuntu("apt-cache-policy-headers.txt"))
@@ -344,7 +357,16 @@ def test_headers_with_a_candidate_are_installed_the_others_named():
     assert run.result["installed"] == [other] and run.result["unavailable"] == [DROPPED] and run.result["changed"]
 
 
-def test_check_mode_reports_unavailable_headers_from_the_index_as_it_is():
+def test_a_fresh_index_is_not_refreshed_again_for_a_kernel_the_archive_dropped(stale_index):
+    os.utime(stale_index)  # written just now
+    run = run_module(deb_packages, {"if_available": [DROPPED]}, [
+        (query(DROPPED), dpkg(missing=[DROPPED])),
+        (POLICY + [DROPPED], ok(_ubuntu("apt-cache-policy-headers.txt"))),
+    ])
+    assert not run.failed and run.result["unavailable"] == [DROPPED] and run.result["changed"] is False
+
+
+def test_check_mode_reports_unavailable_headers_from_the_index_as_it_is(stale_index):
     run = run_module(deb_packages, {"if_available": [DROPPED]}, [
         (query(DROPPED), dpkg(missing=[DROPPED])),
         (POLICY + [DROPPED], ok(_ubuntu("apt-cache-policy-headers.txt"))),

@@ -405,7 +405,8 @@ NAMED = {
     "nvidia_p2p_driver": INPUTS["nvidia_p2p_driver"] + ("rigbook_pins.nvidia_driver.commit",
                                                         "rigbook_pins.nvidia_driver.userspace_flags"),
     "cuda_toolchain": INPUTS["cuda_toolchain"] + ("rigbook_pins.cuda_toolchain.versions",),
-    "amd_rocm": INPUTS["amd_rocm"] + ("rigbook_pins.rocm.debs", "rigbook_pins.rocm.packages"),
+    "amd_rocm": INPUTS["amd_rocm"] + ("rigbook_pins.rocm.debs", "rigbook_pins.rocm.packages",
+                                      "rigbook_pins.rocm.build_packages"),
     "rccl": INPUTS["rccl"] + ("rigbook_pins.rccl.patches[].path",),
     "sglang": INPUTS["sglang"] + ("rigbook_pins.sglang.repo.commit", "rigbook_pins.sglang.lock",
                                   "rigbook_pins.sglang.patches[].path"),
@@ -505,6 +506,15 @@ def _rocm_needs(model):
         needs.append(_need("amd_rocm", "rigbook_pins.rocm.debs",
                            "set only one of repo or debs: the role installs from one of them",
                            "remove debs, or remove repo"))
+    if pin["debs"] and not pin["repo"]:
+        files = [os.path.basename(_str(d.get("path") or d.get("url"))) for d in pin["debs"] if isinstance(d, dict)]
+        lacking = [n for n in pin["build_packages"] if not any(f.startswith(n + "_") for f in files)]
+        if lacking:
+            needs.append(_need("amd_rocm", "rigbook_pins.rocm.build_packages",
+                               "the rccl role's build needs %s from the same ROCm release; offline, their .debs come "
+                               "from debs" % ", ".join(lacking),
+                               "add their .debs (NAME_VERSION_amd64.deb from AMD's repository pool) to debs, or set "
+                               "build_packages: [] on a box that never builds RCCL"))
     if not pin["dkms"] and pin["dkms_package"] in pin["packages"]:
         needs.append(_need("amd_rocm", "rigbook_pins.rocm.packages",
                            "%s replaces the kernel's in-tree amdgpu (which carries the pinned kernel's P2P fixes)"

@@ -321,3 +321,19 @@ def test_the_rocm_build_packages_default_and_can_be_declared_empty():
     variables["rigbook_pins"] = dict(variables["rigbook_pins"], rocm=dict(variables["rigbook_pins"]["rocm"],
                                                                           build_packages=[]))
     assert host_model.build(variables)["pins"]["rocm"]["build_packages"] == []
+
+
+def test_offline_rocm_debs_must_carry_the_build_packages():
+    def needs(build_packages=None, names=("rocm-core", "hipcc", "hip-dev", "hsa-rocr-dev", "rocm-cmake", "rocm-llvm",
+                                          "rocm-device-libs")):
+        rocm = {"version": "7.1.0", "debs": [{"path": f"/srv/rocm/{n}_1.0.70100-38~24.04_amd64.deb",
+                                              "sha256": "0" * 64} for n in names]}
+        if build_packages is not None:
+            rocm["build_packages"] = build_packages
+        model = host_model.build({"rigbook_gpu": {"vendor": "amd"}, "rigbook_pins": {"rocm": rocm}})
+        return [n for n in host_model.readiness(model) if n["key"] == "rigbook_pins.rocm.build_packages"]
+
+    assert needs() == []
+    lacking = needs(names=("rocm-core", "hipcc"))
+    assert len(lacking) == 1 and "hip-dev, hsa-rocr-dev, rocm-cmake, rocm-llvm, rocm-device-libs" in lacking[0]["why"]
+    assert needs(build_packages=[], names=("rocm-core",)) == []

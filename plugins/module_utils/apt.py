@@ -11,6 +11,9 @@ names the lock and its holder when it gives up. A run cut short inside dpkg (the
 
 The one reader of what dpkg has installed (deb_packages, rocm_check and provision adopt's collect/adopt.py all read
 it here): DPKG_QUERY + names or patterns, `parse_installed` of its output, `installed_versions` of named packages.
+And the one reader of what apt could install: POLICY + names, `parse_policy` of its output (installed version,
+candidate, the sources of the installed version), `candidates` of named packages. Ubuntu drops superseded kernels
+from its archive: the headers of an older installed kernel then show `Candidate: (none)`.
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ WAIT = (time.sleep, time.monotonic)  # (sleep, clock): replaced in tests
 # dpkg-query's listing, one package a line: name, status abbreviation (desired, status, error: "ii ", "hi ", "rc "),
 # version. Followed by package names or glob patterns; without any it lists every package dpkg knows.
 DPKG_QUERY = ["dpkg-query", "-W", "-f=${Package}\t${db:Status-Abbrev}\t${Version}\n"]
+# apt's view of packages, followed by package names: installed version, candidate, version table.
+POLICY = ["apt-cache", "policy"]
+NONE = "(none)"
 
 
 def parse_installed(text):
@@ -54,6 +60,55 @@ def installed_versions(run, names):
         return out
     _rc, stdout = run(DPKG_QUERY + list(names))
     out.update(parse_installed(stdout))
+    return out
+
+
+def parse_policy(text):
+    """{package: {"installed", "candidate", "sources"}} from `apt-cache policy PKG ...`. installed and candidate are
+    None where apt prints "(none)"; sources are those listed under the installed version (its version line starts
+    with ***), e.g. ["500 http://deb.debian.org/debian bookworm/main amd64 Packages", "100 /var/lib/dpkg/status"].
+    Version lines are indented by up to 5 spaces, their sources by 8. A package apt does not know at all is not
+    listed (apt-cache prints nothing for it and says so on stderr)."""
+    found, package, in_installed = {}, None, False
+    for line in (text or "").splitlines():
+        if not line.strip():
+            continue
+        if not line[0].isspace():
+            package = line.strip().rstrip(":")
+            found[package] = {"installed": None, "candidate": None, "sources": []}
+            in_installed = False
+            continue
+        if package is None:
+            continue
+        stripped = line.strip()
+        indent = len(line) - len(line.lstrip(" "))
+        if stripped.startswith(("Installed:", "Candidate:")):
+            key, value = stripped.split(":", 1)
+            value = value.strip()
+            found[package][key.lower()] = None if value == NONE or not value else value
+        elif stripped.startswith("Version table:"):
+            continue
+        elif indent >= 8:
+            if in_installed:
+                found[package]["sources"].append(stripped)
+        else:
+            in_installed = stripped.startswith("*** ")
+    return found
+
+
+def candidates(run, names):
+    """{name: candidate version or None} of NAMES through RUN(argv) -> (rc, stdout): None when apt has no
+    installation candidate (the archive dropped it, or apt does not know the name). Without NAMES nothing is
+    run. A failed apt-cache (rc != 0) raises RuntimeError: no candidate is never guessed from a broken apt."""
+    out = dict((n, None) for n in names)
+    if not names:
+        return out
+    rc, stdout = run(POLICY + list(names))
+    if rc != 0:
+        raise RuntimeError("%s exited %d" % (" ".join(POLICY + list(names)), rc))
+    policy = parse_policy(stdout)
+    for name in names:
+        out[name] = (policy.get(name) or {}).get("candidate")
     return out
 
 

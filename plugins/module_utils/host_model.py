@@ -8,8 +8,11 @@ it as the one fact `rigbook_host`; `provision validate`, report, manifest and ba
 Roles, modules and judges read the model and nothing else, so every default, the P2P-expected rule, the GPU
 environment file and each serve profile's unit, port and timeouts are decided here and nowhere else.
 
-- build(variables): the complete, defaulted model (see MODEL_KEYS). VARIABLES are the host's merged rigbook_*
-  variables after the schema check; a value of the wrong type is read as absent, never a traceback.
+- build(variables, facts): the complete, defaulted model (see MODEL_KEYS). VARIABLES are the host's merged rigbook_*
+  variables after the schema check; a value of the wrong type is read as absent, never a traceback. FACTS are the
+  host's gathered Ansible facts (the preflight play gathers them): the one OS decision (os_of) is made from them;
+  without them (`provision validate` on the controller) the OS is unknown and what depends on it is the union of
+  what every supported distribution needs.
 - readiness(model, roles, ...): every input a role of the play needs and the inventory lacks, each with the key
   path, the role, why the role needs it and how to get it. The roles' own asserts check exactly this list
   (rigbook_host.readiness), so an assert can never catch what `provision validate` did not.
@@ -62,6 +65,21 @@ DISTRO_KERNEL = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+-[0-9]+(\.[0-9]+)?-(%s)$" % 
     re.escape(f) for f in KERNEL_FLAVOURS))
 CUDA_ALIGNED = ("nvidia-cuda-nvcc", "nvidia-cuda-crt", "nvidia-nvvm")
 ROCM_PACKAGES = ("rocm-core", "rocminfo", "rocm-smi-lib", "hip-runtime-amd")
+# What the rccl role's build needs from AMD's repository (projects/rccl/CMakeLists.txt: hipcc or amdclang++ as the
+# compiler, find_package(hip) and find_package(hsa-runtime64), rocm-cmake's modules; docs/amd.md cites them).
+ROCM_BUILD_PACKAGES = ("hipcc", "hip-dev", "hsa-rocr-dev", "rocm-cmake", "rocm-llvm", "rocm-device-libs")
+# Stock NVIDIA kernel module and driver packages that must not sit beside the P2P fork (purged, then pinned away
+# with Pin-Priority -1). dpkg-query and apt preferences both read these as fnmatch globs. Debian's names:
+NVIDIA_STOCK_DEBIAN = ("nvidia-kernel-dkms", "nvidia-open-kernel-dkms", "nvidia-kernel-open-dkms")
+# Ubuntu's (24.04 archive naming: a branch number in every name, e.g. nvidia-driver-570, libnvidia-compute-570,
+# linux-modules-nvidia-570-6.8.0-90-generic): the prebuilt modules for each kernel, DKMS sources of every branch,
+# the driver metapackages and the branch-numbered userspace libraries that the .run userspace replaces.
+# libnvidia-*-[0-9]* leaves the branch-free libnvidia-egl-wayland1 / libnvidia-container* alone (the desktop and
+# container tooling depend on them).
+NVIDIA_STOCK_UBUNTU = ("linux-modules-nvidia-*", "linux-objects-nvidia-*", "linux-signatures-nvidia-*",
+                       "nvidia-dkms-*", "nvidia-kernel-source-*", "nvidia-kernel-common-*", "nvidia-driver-*",
+                       "nvidia-headless-*", "nvidia-utils-*", "nvidia-compute-utils-*", "nvidia-firmware-*",
+                       "xserver-xorg-video-nvidia-*", "libnvidia-*-[0-9]*")
 ROCM_DKMS_PACKAGE = "amdgpu-dkms"
 HEX40 = re.compile(r"^[0-9a-f]{40}$")
 COMMIT = re.compile(r"^[0-9a-f]{7,40}$")
@@ -100,11 +118,42 @@ def kernel_pin(pins):
         "debs": debs,
         "cmdline": _list(raw.get("cmdline")),
         "keep_previous": raw.get("keep_previous", True) is not False,
+        # unattended-upgrades leaves every package of the pinned release alone (its .debs' too: linux-*-RELEASE).
+        "unattended_blacklist": unattended_blacklist(list(dict.fromkeys(
+            (["linux-*-" + release] if release else []) + _list(raw.get("packages"))))),
         "p2pdma_allow": _list(raw.get("p2pdma_allow")),
     }
 
 
-def nvidia_driver_pin(pins, kernel):
+OS_FACTS = ("distribution", "distribution_version", "distribution_release")
+
+
+def os_of(facts):
+    """The one OS decision: {"id" ("ubuntu", "debian", another lowercased name, or "" unknown), "version",
+    "codename"} from the host's Ansible facts (distribution, distribution_version, distribution_release: what Ansible
+    reads from /etc/os-release). No facts: unknown."""
+    facts = _dict(facts)
+    return {"id": _str(facts.get("distribution")).strip().lower(),
+            "version": _str(facts.get("distribution_version")),
+            "codename": _str(facts.get("distribution_release"))}
+
+
+def nvidia_stock_packages(os_id, major):
+    """The stock NVIDIA package names and globs to purge and pin away on OS_ID: Debian's on debian; on ubuntu, a
+    derivative or an unknown OS ("") Ubuntu's as well (a glob that matches nothing installs and removes nothing)."""
+    names = list(NVIDIA_STOCK_DEBIAN) + (["nvidia-dkms-%s" % major, "nvidia-dkms-%s-open" % major] if major else [])
+    if os_id != "debian":
+        names += [n for n in NVIDIA_STOCK_UBUNTU if n not in names]
+    return names
+
+
+def unattended_blacklist(names):
+    """Unattended-Upgrade::Package-Blacklist entries for package NAMES and fnmatch globs: Python regexes matched from
+    the start of the name, so each is anchored with $ and its regex characters escaped (apt_regex)."""
+    return ["%s$" % apt_regex(name) for name in names]
+
+
+def nvidia_driver_pin(pins, kernel, os_id=""):
     raw = _dict(pins.get("nvidia_driver"))
     version = _str(raw.get("version"))
     major = version.split(".")[0] if version else ""
@@ -120,8 +169,8 @@ def nvidia_driver_pin(pins, kernel):
         "userspace_flags": _list(raw.get("userspace_flags")) or ["--no-kernel-modules"],
         # HMM with iommu=pt breaks NCCL's SHM transport: off whenever the command line pins iommu=pt.
         "uvm_disable_hmm": raw.get("uvm_disable_hmm", True) is not False and "iommu=pt" in kernel["cmdline"],
-        "stock_packages": ["nvidia-kernel-dkms", "nvidia-open-kernel-dkms", "nvidia-kernel-open-dkms"]
-        + (["nvidia-dkms-%s" % major, "nvidia-dkms-%s-open" % major] if major else []),
+        "stock_packages": nvidia_stock_packages(os_id, major),
+        "unattended_blacklist": unattended_blacklist(nvidia_stock_packages(os_id, major)),
     }
 
 
@@ -162,6 +211,8 @@ def rocm_pin(pins, p2p):
     env.update({str(k): _str(v) for k, v in _dict(raw.get("hsa_env")).items()})
     if p2p["nccl_p2p_level"]:
         env["NCCL_P2P_LEVEL"] = p2p["nccl_p2p_level"]
+    packages = _list(raw.get("packages")) or list(ROCM_PACKAGES)
+    build_packages = _list(raw["build_packages"]) if "build_packages" in raw else list(ROCM_BUILD_PACKAGES)
     return {
         "pinned": bool(raw),
         "version": version,
@@ -170,9 +221,13 @@ def rocm_pin(pins, p2p):
         "apt_version_pin": "/^%s$/" % apt_regex(glob) if glob else "",
         "repo": _dict(raw.get("repo")),
         "debs": _list(raw.get("debs")),
-        "packages": _list(raw.get("packages")) or list(ROCM_PACKAGES),
+        "packages": packages,
+        # installed, pinned and held with the runtime by the amd_rocm role: the rccl role's build uses them
+        "build_packages": build_packages,
         "dkms": raw.get("dkms") is True,
         "dkms_package": ROCM_DKMS_PACKAGE,
+        "unattended_blacklist": unattended_blacklist(list(dict.fromkeys(packages + build_packages
+                                                                        + [ROCM_DKMS_PACKAGE]))),
         "prefix": "/opt/rocm-%s" % version if version else "/opt/rocm",
         "env": env,
     }
@@ -257,9 +312,11 @@ def _roles(vendor, pins, serve):
     return roles
 
 
-def build(variables):
-    """The host model of one host's merged rigbook_* variables (a dict; see the module docstring)."""
+def build(variables, facts=None):
+    """The host model of one host's merged rigbook_* variables (a dict; see the module docstring) and, where they
+    were gathered, its Ansible FACTS (the OS decision)."""
     variables = _dict(variables)
+    host_os = os_of(facts)
     gpu = _dict(variables.get("rigbook_gpu"))
     declared_p2p = _dict(variables.get("rigbook_p2p"))
     raw_pins = _dict(variables.get("rigbook_pins"))
@@ -273,7 +330,7 @@ def build(variables):
     kernel = kernel_pin(raw_pins)
     pins = {
         "kernel": kernel,
-        "nvidia_driver": nvidia_driver_pin(raw_pins, kernel),
+        "nvidia_driver": nvidia_driver_pin(raw_pins, kernel, host_os["id"]),
         "cuda_toolchain": cuda_toolchain_pin(raw_pins),
         "rocm": rocm_pin(raw_pins, p2p),
         "rccl": rccl_pin(raw_pins),
@@ -292,6 +349,7 @@ def build(variables):
             "per_gpu": _list(gpu.get("per_gpu")),
         },
         "p2p": p2p,
+        "os": host_os,
         "gpu_env_file": GPU_ENV_FILE,
         "evidence_root": _str(variables.get("rigbook_evidence_root")) or EVIDENCE_ROOT,
         "tolerance": expectations.tolerance(None, _dict(variables.get("rigbook_tolerance"))),
@@ -373,7 +431,8 @@ NAMED = {
     "nvidia_p2p_driver": INPUTS["nvidia_p2p_driver"] + ("rigbook_pins.nvidia_driver.commit",
                                                         "rigbook_pins.nvidia_driver.userspace_flags"),
     "cuda_toolchain": INPUTS["cuda_toolchain"] + ("rigbook_pins.cuda_toolchain.versions",),
-    "amd_rocm": INPUTS["amd_rocm"] + ("rigbook_pins.rocm.debs", "rigbook_pins.rocm.packages"),
+    "amd_rocm": INPUTS["amd_rocm"] + ("rigbook_pins.rocm.debs", "rigbook_pins.rocm.packages",
+                                      "rigbook_pins.rocm.build_packages"),
     "rccl": INPUTS["rccl"] + ("rigbook_pins.rccl.patches[].path",),
     "sglang": INPUTS["sglang"] + ("rigbook_pins.sglang.repo.commit", "rigbook_pins.sglang.lock",
                                   "rigbook_pins.sglang.patches[].path"),
@@ -473,6 +532,15 @@ def _rocm_needs(model):
         needs.append(_need("amd_rocm", "rigbook_pins.rocm.debs",
                            "set only one of repo or debs: the role installs from one of them",
                            "remove debs, or remove repo"))
+    if pin["debs"] and not pin["repo"]:
+        files = [os.path.basename(_str(d.get("path") or d.get("url"))) for d in pin["debs"] if isinstance(d, dict)]
+        lacking = [n for n in pin["build_packages"] if not any(f.startswith(n + "_") for f in files)]
+        if lacking:
+            needs.append(_need("amd_rocm", "rigbook_pins.rocm.build_packages",
+                               "the rccl role's build needs %s from the same ROCm release; offline, their .debs come "
+                               "from debs" % ", ".join(lacking),
+                               "add their .debs (NAME_VERSION_amd64.deb from AMD's repository pool) to debs, or set "
+                               "build_packages: [] on a box that never builds RCCL"))
     if not pin["dkms"] and pin["dkms_package"] in pin["packages"]:
         needs.append(_need("amd_rocm", "rigbook_pins.rocm.packages",
                            "%s replaces the kernel's in-tree amdgpu (which carries the pinned kernel's P2P fixes)"

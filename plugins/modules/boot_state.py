@@ -13,8 +13,13 @@ description:
   - Reads the running kernel release and command line under O(root) (V(/) on a real box; a lab host's recorded
     tree shows the kernel the lab "booted"), the kernels installed under C(/boot) and whether each has its
     headers (C(/lib/modules/<release>/build)), whether GRUB manages the boot (C(/boot/grub/grub.cfg) and
-    C(update-grub) present) and whether a package asked for a reboot (C(/run/reboot-required)).
-  - Compares them with O(release) and O(cmdline) when given and says what a reboot would change.
+    C(update-grub) present) and whether C(update-initramfs) is there.
+  - Compares them with O(release) and O(cmdline) when given and says what a reboot would change. Only these are
+    reboot reasons; C(/run/reboot-required), which any package's postinst may touch (Ubuntu's
+    update-notifier-common does on most library upgrades), is reported in RV(reboot_required_by) and never makes
+    rigbook reboot a serving box.
+  - With O(display), whether a display server holds the GPU (C(systemctl get-default) and
+    C(systemctl show display-manager.service)), see RV(display_holds_gpu).
   - Read-only; supports check mode.
 version_added: "1.0.0"
 author:
@@ -39,6 +44,10 @@ options:
     type: list
     elements: path
     default: []
+  display:
+    description: Also read the default boot target and the display manager's state (runs two systemctl reads).
+    type: bool
+    default: false
 extends_documentation_fragment:
   - rigbook.homelab.attributes.read_only
 """
@@ -79,11 +88,35 @@ grub:
   description: Whether GRUB manages the boot here (update-grub and /boot/grub/grub.cfg present).
   returned: always
   type: bool
+initramfs:
+  description: Whether update-initramfs is there (initramfs-tools, Debian's and Ubuntu's default).
+  returned: always
+  type: bool
 reboot_reasons:
   description: Why the booted state differs from the pins (empty when it matches).
   returned: always
   type: list
   elements: str
+reboot_required_by:
+  description:
+    - The packages /run/reboot-required.pkgs names when /run/reboot-required is present (C([]) when it names none),
+      null when it is absent. Information only, never a reboot reason.
+  returned: always
+  type: list
+  elements: str
+default_target:
+  description: C(systemctl get-default) (with O(display); else null).
+  returned: always
+  type: str
+display_manager:
+  description: "display-manager.service: {id, load_state, active_state, sub_state} (with O(display); else null)."
+  returned: always
+  type: dict
+display_holds_gpu:
+  description: Why a display server holds the GPU now or from the next boot (module_utils/display_state.py), null
+    when none does or without O(display).
+  returned: always
+  type: str
 """
 
 import glob
@@ -91,6 +124,11 @@ import os
 import re
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.rigbook.homelab.plugins.module_utils import display_state
+from ansible_collections.rigbook.homelab.plugins.module_utils.collect.serving_evidence import parse_show
+
+# Touched by packages' postinst scripts (Debian Policy's convention), read for information only.
+REBOOT_REQUIRED = "/run/reboot-required"
 
 
 def read(path):
@@ -105,6 +143,29 @@ def version_key(release):
     return [int(p) if p.isdigit() else p for p in re.split(r"[.\-+~_]", release)]
 
 
+def packages_asking_for_reboot():
+    """The packages named in /run/reboot-required.pkgs when /run/reboot-required is there, else None."""
+    if not os.path.exists(REBOOT_REQUIRED):
+        return None
+    return sorted(set((read(REBOOT_REQUIRED + ".pkgs") or "").split()))
+
+
+def display(module):
+    """(default target, display-manager.service state, why a display server holds the GPU or None)."""
+    env = {"LC_ALL": "C", "SYSTEMD_PAGER": ""}
+    rc, out, err = module.run_command(display_state.GET_DEFAULT, environ_update=env)
+    if rc != 0:
+        module.fail_json(msg="systemctl get-default failed (rc %d): %s" % (rc, (err or out).strip()))
+    default = out.strip()
+    rc, out, err = module.run_command(display_state.SHOW, environ_update=env)
+    if rc != 0:
+        module.fail_json(msg="systemctl show %s failed (rc %d): %s" % (display_state.DISPLAY_MANAGER, rc,
+                                                                     (err or out).strip()))
+    state = parse_show(out)
+    manager = dict((k, state[k]) for k in ("id", "load_state", "active_state", "sub_state"))
+    return default, manager, display_state.holds_gpu(default, manager)
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -112,6 +173,7 @@ def main():
             release=dict(type="str"),
             cmdline=dict(type="list", elements="str", default=[]),
             paths=dict(type="list", elements="path", default=[]),
+            display=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )
@@ -129,10 +191,11 @@ def main():
     missing = [f for f in module.params["cmdline"] if f not in cmdline]
     if missing and (not pin or running == pin):
         reasons.append("kernel command line lacks %s" % " ".join(missing))
-    if os.path.exists("/run/reboot-required"):
-        reasons.append("/run/reboot-required is present")
+    default, manager, holds = display(module) if module.params["display"] else (None, None, None)
     module.exit_json(changed=False, running=running, cmdline=cmdline, installed=installed,
-                     with_headers=with_headers, grub=grub, reboot_reasons=reasons,
+                     with_headers=with_headers, grub=grub, initramfs=bool(module.get_bin_path("update-initramfs")),
+                     reboot_reasons=reasons, reboot_required_by=packages_asking_for_reboot(),
+                     default_target=default, display_manager=manager, display_holds_gpu=holds,
                      exists=dict((path, os.path.exists(path)) for path in module.params["paths"]))
 
 

@@ -20,7 +20,22 @@ author:
   - rigbook developers
 options:
   name:
-    description: Package names.
+    description:
+      - Package names.
+      - With O(state=absent) also dpkg-query globs (V(nvidia-dkms-*)): every installed package they match is purged.
+    type: list
+    elements: str
+    default: []
+  if_available:
+    description:
+      - Package names installed only where apt has an installation candidate for them (C(apt-cache policy)); one
+        without (C(Candidate (none\)), or unknown to apt) is skipped and named in RV(unavailable) instead of failing
+        the install. Ubuntu drops superseded kernels from its archive, so the headers of an older installed kernel
+        have no candidate.
+      - Before a package is called unavailable the package index is refreshed once (C(apt-get update)) when it is
+        older than an hour (so a converged box with a dropped kernel does not refresh it on every run); not in
+        check mode, where it is reported from the index as it is.
+      - Never held (O(hold) applies to O(name) and O(debs)).
     type: list
     elements: str
     default: []
@@ -55,11 +70,26 @@ EXAMPLES = r"""
   rigbook.homelab.deb_packages:
     name: [linux-image-6.1.0-47-amd64, linux-headers-6.1.0-47-amd64]
     hold: true
+
+- name: Install the headers of the other installed kernels where the archive still has them
+  rigbook.homelab.deb_packages:
+    if_available: [linux-headers-6.8.0-31-generic, linux-headers-6.8.0-90-generic]
+
+- name: Purge Ubuntu's prebuilt NVIDIA modules of every branch and kernel
+  rigbook.homelab.deb_packages:
+    name: ["linux-modules-nvidia-*", "nvidia-dkms-*"]
+    state: absent
 """
 
 RETURN = r"""
 installed:
   description: Packages this call installed (or would install in check mode).
+  returned: always
+  type: list
+  elements: str
+unavailable:
+  description: Packages of O(if_available) that are not installed and that apt has no installation candidate for
+    (skipped, not installed).
   returned: always
   type: list
   elements: str
@@ -80,6 +110,7 @@ versions:
 """
 
 import os
+import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.rigbook.homelab.plugins.module_utils import apt
@@ -92,6 +123,9 @@ from ansible_collections.rigbook.homelab.plugins.module_utils.apt import (
     run_apt,
 )
 
+# The package index: refreshed before a package is called unavailable when older than INDEX_MAX_AGE seconds.
+INDEX = "/var/lib/apt/lists"
+INDEX_MAX_AGE = 3600
 APT = ["apt-get", "-y", "-q", "-o", "Dpkg::Options::=--force-confdef", "-o", "Dpkg::Options::=--force-confold"]
 
 
@@ -102,6 +136,29 @@ def installed_versions(module, names):
         _rc, out, _err = module.run_command(argv, environ_update=ENV)
         return _rc, out
     return apt.installed_versions(run, names)
+
+
+def candidates(module, names):
+    """{name: candidate version or None} from apt-cache policy (module_utils/apt.py, the one reader)."""
+    def run(argv):
+        rc, out, err = module.run_command(argv, environ_update=ENV)
+        if rc != 0:
+            module.fail_json(msg="%s failed (rc %d): %s" % (" ".join(argv), rc, (err or out).strip()[-2000:]),
+                             cmd=argv)
+        return rc, out
+    return apt.candidates(run, names)
+
+
+def index_is_stale():
+    """Whether the package index is older than INDEX_MAX_AGE (or missing): apt-get update replaces its files."""
+    try:
+        return time.time() - os.stat(INDEX).st_mtime > INDEX_MAX_AGE
+    except OSError:
+        return True
+
+
+def is_glob(name):
+    return any(c in name for c in "*?[")
 
 
 def deb_fields(module, path):
@@ -121,6 +178,7 @@ def main():
             debs=dict(type="list", elements="path", default=[]),
             state=dict(type="str", choices=["present", "absent"], default="present"),
             hold=dict(type="bool", default=False),
+            if_available=dict(type="list", elements="str", default=[]),
             lock_timeout=dict(type="int", default=LOCK_TIMEOUT),
         ),
         supports_check_mode=True,
@@ -137,16 +195,32 @@ def main():
     for deb in p["debs"]:
         package, version = deb_fields(module, deb)
         debs[package], deb_versions[package] = deb, version
-    names = list(dict.fromkeys(list(p["name"]) + list(debs)))
+    if p["state"] == "absent" and p["if_available"]:
+        module.fail_json(msg="if_available installs packages: it cannot be used with state=absent")
+    if p["state"] == "present" and any(is_glob(n) for n in p["name"]):
+        module.fail_json(msg="a glob in name (%s) purges with state=absent; to install, name the packages"
+                         % ", ".join(n for n in p["name"] if is_glob(n)))
+    optional = [n for n in dict.fromkeys(p["if_available"]) if n not in p["name"] and n not in debs]
+    required = list(dict.fromkeys(list(p["name"]) + list(debs)))
+    names = required + optional
     before = installed_versions(module, names)
-    result = dict(changed=False, installed=[], removed=[], held=[])
+    result = dict(changed=False, installed=[], removed=[], held=[], unavailable=[])
     if p["state"] == "absent":
-        result["removed"] = [n for n in names if before[n] is not None]
+        # globs add every installed package they match (dpkg-query lists them); the globs themselves are no package
+        result["removed"] = sorted(n for n, v in before.items() if v is not None and not is_glob(n))
         if result["removed"] and not module.check_mode:
             run(APT + ["purge"] + result["removed"], "apt-get purge")
     else:
         # a pinned .deb counts as missing while another version of its package is installed
-        missing = [n for n in names if before[n] is None or deb_versions.get(n, before[n]) != before[n]]
+        missing = [n for n in required if before[n] is None or deb_versions.get(n, before[n]) != before[n]]
+        wanted = [n for n in optional if before[n] is None]
+        if wanted:
+            found = candidates(module, wanted)
+            if any(v is None for v in found.values()) and not module.check_mode and index_is_stale():
+                run(["apt-get", "-q", "update"], "apt-get update")  # a stale index is no missing package
+                found = candidates(module, wanted)
+            result["unavailable"] = [n for n in wanted if found[n] is None]
+            missing += [n for n in wanted if found[n] is not None]
         result["installed"] = missing
         if missing and not module.check_mode:
             targets = [debs.get(n, n) for n in missing]
@@ -163,7 +237,7 @@ def main():
         if p["hold"]:
             rc, out, _err = module.run_command(["apt-mark", "showhold"], environ_update=ENV)
             held = set(out.split())
-            result["held"] = [n for n in names if n not in held]
+            result["held"] = [n for n in required if n not in held]
             if result["held"] and not module.check_mode:
                 run(["apt-mark", "hold"] + result["held"], "apt-mark hold")
     mutated = result["installed"] or result["removed"]
@@ -171,8 +245,10 @@ def main():
     result["versions"] = after
     result["changed"] = bool(result["installed"] or result["removed"] or result["held"])
     if module._diff and result["changed"]:
+        listed = [n for n in names if not is_glob(n)] + sorted(n for n in before if n not in names)
+
         def text(state, extra):
-            return "".join("%s %s\n" % (n, state.get(n) or "(not installed)") for n in names) + extra
+            return "".join("%s %s\n" % (n, state.get(n) or "(not installed)") for n in listed) + extra
 
         def planned(n):
             if n in result["removed"]:
@@ -182,7 +258,7 @@ def main():
             return before[n]
         result["diff"] = dict(
             before=text(before, ""),
-            after=text(dict((n, planned(n)) for n in names), "".join("hold %s\n" % n for n in result["held"])),
+            after=text(dict((n, planned(n)) for n in listed), "".join("hold %s\n" % n for n in result["held"])),
             before_header="packages", after_header="packages")
     module.exit_json(**result)
 

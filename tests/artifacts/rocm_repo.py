@@ -1,7 +1,8 @@
 """Build the lab's signed ROCm apt repository of TEST STAND-IN packages (no ROCm inside).
 
 TEST STAND-INS: small .debs named and versioned like ROCm's (rocm-core, rocminfo, rocm-smi-lib,
-hip-runtime-amd, amdgpu-dkms) at ROCm 7.1.0 (the lab pin) and at 7.2.0 (a newer release, so the amd_rocm
+hip-runtime-amd, the RCCL build's hipcc, hip-dev, hsa-rocr-dev, rocm-cmake, rocm-llvm, rocm-device-libs, and
+amdgpu-dkms) at ROCm 7.1.0 (the lab pin) and at 7.2.0 (a newer release, so the amd_rocm
 role's apt preferences pin is tested), laid out like AMD's repository (dists/noble/main, pool/) and signed
 with the TEST KEY in rocm-standin/ (lab-rocm-TEST-ONLY.secret.asc: generated once for these tests, committed
 so the public key's sha256 can be pinned in inventory/lab; it signs nothing but this stand-in repository;
@@ -32,7 +33,7 @@ SECRET = STANDIN / "lab-rocm-TEST-ONLY.secret.asc"
 DEFAULT_DIR = Path("/var/cache/rigbook/artifacts")
 REPO = "rocm-repo"
 SUITE, COMPONENT, ARCH = "noble", "main", "amd64"
-BUILDER_VERSION = "1"  # bump when the packages below change (the cached repository is rebuilt)
+BUILDER_VERSION = "2"  # bump when the packages below change (the cached repository is rebuilt)
 
 # (ROCm release, AMD's numeric tag, build suffix): every package of a release ends in .<tag>-<build>
 RELEASES = (("7.1.0", "70100", "38~24.04"), ("7.2.0", "70200", "43~24.04"))
@@ -58,6 +59,14 @@ def packages(release: str, tag: str, build: str) -> list:
          {f"{prefix}/bin/rocm-smi": (TOOL.format(name="rocm-smi", release=release), 0o755)}, f"rocm-core (= {core})"),
         ("hip-runtime-amd", f"{release[:3]}.25424.{tag}-{build}",
          {f"{prefix}/share/doc/hip-runtime-amd/TEST-STAND-IN": (readme, 0o644)}, f"rocm-core (= {core})"),
+    ] + [
+        # What the RCCL build needs (rigbook_pins.rocm.build_packages' default): documentation only, no compiler (the
+        # lab builds its RCCL stand-in with g++).
+        (name, f"{upstream}.{tag}-{build}",
+         {f"{prefix}/share/doc/{name}/TEST-STAND-IN": (readme, 0o644)}, f"rocm-core (= {core})")
+        for name, upstream in (("hipcc", "1.1.1"), ("hip-dev", f"{release[:3]}.25424"), ("hsa-rocr-dev", "1.18.0"),
+                               ("rocm-cmake", "0.14.0"), ("rocm-llvm", "20.0.0.25425"), ("rocm-device-libs", "1.0.0"))
+    ] + [
         # Never installed by the lab pins (rigbook_pins.rocm.dkms false): present so the pin against it is tested.
         ("amdgpu-dkms", f"6.16.6.{tag}-{build}",
          {"usr/share/doc/amdgpu-dkms/TEST-STAND-IN": ("TEST STAND-IN of amdgpu-dkms; builds nothing.\n", 0o644)}, ""),

@@ -38,6 +38,8 @@ from ansible_collections.rigbook.homelab.plugins.module_utils.collect import eng
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect.manifest import parse_dkms_status
 from ansible_collections.rigbook.homelab.plugins.module_utils.file_digest import sha256_of
 
+parse_policy = apt.parse_policy  # the one apt-cache policy reader (module_utils/apt.py)
+
 BOOT_WORDS = frozenset(("ro", "rw", "quiet", "splash", "$vt_handoff", "nosplash"))
 BOOT_KEYS = frozenset(("BOOT_IMAGE", "root", "resume", "initrd", "rootflags", "rootfstype", "cryptdevice",
                        "rd.luks.uuid", "vt.handoff"))
@@ -91,36 +93,6 @@ def grub_default(system):
     return value, where
 
 
-def parse_policy(text):
-    """{package: {"installed", "sources"}} from `apt-cache policy PKG ...`: the sources listed under the installed
-    version (its version line starts with ***), e.g. ["500 http://deb.debian.org/debian bookworm/main amd64
-    Packages", "100 /var/lib/dpkg/status"]. Version lines are indented by up to 5 spaces, their sources by 8."""
-    found, package, in_installed = {}, None, False
-    for line in (text or "").splitlines():
-        if not line.strip():
-            continue
-        if not line[0].isspace():
-            package = line.strip().rstrip(":")
-            found[package] = {"installed": None, "sources": []}
-            in_installed = False
-            continue
-        if package is None:
-            continue
-        stripped = line.strip()
-        indent = len(line) - len(line.lstrip(" "))
-        if stripped.startswith("Installed:"):
-            value = stripped.split(":", 1)[1].strip()
-            found[package]["installed"] = None if value == "(none)" else value
-        elif stripped.startswith(("Candidate:", "Version table:")):
-            continue
-        elif indent >= 8:
-            if in_installed:
-                found[package]["sources"].append(stripped)
-        else:
-            in_installed = stripped.startswith("*** ")
-    return found
-
-
 def origin(sources):
     """"archive" when a configured archive offers the installed version, else "local": only the dpkg status lists
     it (a .deb installed by hand, or a version the archive has dropped since: Ubuntu drops superseded kernels)."""
@@ -151,7 +123,7 @@ def kernel_facts(system, run, debs_dir=None, evidence_root=None):
                   (p.endswith("-" + release) or installed[p] == installed.get("linux-image-" + release)))
     if not mine:
         return facts
-    rc, out = run(["apt-cache", "policy"] + mine)
+    rc, out = run(apt.POLICY + mine)
     policy = parse_policy(out if rc == 0 else "")
     folders = [APT_CACHE] + ([debs_dir] if debs_dir else [])
     for name in mine:
@@ -513,7 +485,7 @@ def rocm_facts(system, run):
         return None
     packages = dict((n, v) for n, v in installed.items() if ROCM_TAGGED.search(v) or n == "amdgpu-dkms")
     _rc, manual = run(["apt-mark", "showmanual"])
-    _rc, policy = run(["apt-cache", "policy", "rocm-core"])
+    _rc, policy = run(apt.POLICY + ["rocm-core"])
     sources = apt_sources(system)
     return {"version_file": version_file, "packages": packages,
             "manual": sorted(set(manual.split()) & set(packages)),

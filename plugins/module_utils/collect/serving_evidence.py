@@ -108,7 +108,7 @@ def _run(argv, timeout=COMMAND_TIMEOUT_S):
 
 
 def parse_show(text):
-    """`systemctl show -p ...` output -> {load_state, active_state, sub_state, n_restarts, main_pid,
+    """`systemctl show -p ...` output -> {id (with -p Id), load_state, active_state, sub_state, n_restarts, main_pid,
     started_at (as printed), started_epoch (float, when printed as @EPOCH)}."""
     props = {}
     for line in (text or "").splitlines():
@@ -120,6 +120,7 @@ def parse_show(text):
     if started and re.match(r"^@\d+(\.\d+)?$", started):
         epoch = float(started[1:])
     return {
+        "id": props.get("Id"),
         "load_state": props.get("LoadState"),
         "active_state": props.get("ActiveState"),
         "sub_state": props.get("SubState"),

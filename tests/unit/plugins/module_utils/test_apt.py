@@ -5,6 +5,9 @@ status abbreviations: desired, status, error flag)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 from ansible_collections.rigbook.homelab.plugins.module_utils import apt
 
 REAL = "bash\tii \t5.2.15-2+b8\nlibc6\tii \t2.36-9+deb12u14\n"
@@ -35,3 +38,37 @@ def test_installed_versions_runs_one_query_and_names_every_package_asked_for():
                                                                    "libc6": "2.36-9+deb12u14"}
     assert calls == [apt.DPKG_QUERY + ["bash", "nosuch-pkg"]]
     assert apt.installed_versions(run, []) == {} and len(calls) == 1  # nothing asked: nothing run
+
+
+# --- apt-cache policy: the one reader of what apt could install (tests/fixtures/ubuntu/SOURCES.md: reconstructed) ---
+
+UBUNTU_POLICY = (Path(__file__).resolve().parents[3] / "fixtures" / "ubuntu"
+                 / "apt-cache-policy-headers.txt").read_text()
+
+
+def test_policy_names_the_candidate_and_none_where_the_archive_dropped_a_kernel():
+    found = apt.parse_policy(UBUNTU_POLICY)
+    assert found["linux-headers-6.8.0-90-generic"] == {
+        "installed": "6.8.0-90.91", "candidate": "6.8.0-90.91",
+        "sources": ["500 http://archive.ubuntu.com/ubuntu noble-updates/main amd64 Packages",
+                    "500 http://security.ubuntu.com/ubuntu noble-security/main amd64 Packages",
+                    "100 /var/lib/dpkg/status"]}
+    assert found["linux-headers-6.8.0-31-generic"] == {"installed": None, "candidate": None, "sources": []}
+
+
+def test_candidates_of_known_dropped_and_unknown_names_in_one_run():
+    calls = []
+
+    def run(argv):
+        calls.append(argv)
+        return 0, UBUNTU_POLICY
+
+    names = ["linux-headers-6.8.0-90-generic", "linux-headers-6.8.0-31-generic", "linux-headers-6.8.12-r9700-p2p-dma44"]
+    assert apt.candidates(run, names) == {names[0]: "6.8.0-90.91", names[1]: None, names[2]: None}
+    assert calls == [["apt-cache", "policy"] + names]
+    assert apt.candidates(run, []) == {} and len(calls) == 1
+
+
+def test_a_failed_apt_cache_is_an_error_not_a_missing_candidate():
+    with pytest.raises(RuntimeError, match="apt-cache policy x exited 100"):
+        apt.candidates(lambda argv: (100, ""), ["x"])

@@ -4,6 +4,7 @@ catch what `provision validate` did not (the table of inputs is derived from the
 from __future__ import annotations
 
 import copy
+import fnmatch
 import re
 import shutil
 import subprocess
@@ -59,11 +60,15 @@ def _readiness_roles():
     return roles
 
 
+# Ansible's facts of a Debian 12 host (the lab's), as the preflight play gathers them.
+DEBIAN_FACTS = {"distribution": "Debian", "distribution_version": "12", "distribution_release": "bookworm"}
+
+
 # --- the model --------------------------------------------------------------------------------------------------
 
 def test_the_lab_twins_models():
-    nvidia = host_model.build(_vars(LAB, "x99_3080"))
-    amd = host_model.build(_vars(LAB, "x99_r9700"))
+    nvidia = host_model.build(_vars(LAB, "x99_3080"), DEBIAN_FACTS)  # the lab's hosts are Debian 12
+    amd = host_model.build(_vars(LAB, "x99_r9700"), DEBIAN_FACTS)
     assert nvidia["vendor"] == "nvidia" and nvidia["p2p"] == {
         "expected": False, "declared": True, "nccl_p2p_level": "",
         "reason": nvidia["p2p"]["reason"]} and nvidia["p2p"]["reason"].startswith("BAR1 is 256 MiB")
@@ -257,3 +262,99 @@ def test_readiness_names_only_the_keys_the_table_knows():
     for variables in cases:
         for need in host_model.readiness(host_model.build(variables)):
             assert re.sub(r"\[\d+\]", "[]", need["key"]) in host_model.NAMED[need["role"]], need
+
+
+# --- the OS decision (tests/fixtures/ubuntu/SOURCES.md says which outputs are recorded) ---------------------------
+
+UBUNTU = Path(__file__).resolve().parents[3] / "fixtures" / "ubuntu"
+
+
+def _ansible_facts_of(os_release):
+    """The distribution facts Ansible gathers from an /etc/os-release (its own distro reader and naming rule)."""
+    from unittest import mock
+
+    from ansible.module_utils import distro
+    from ansible.module_utils.common import sys_info
+
+    reader = distro.LinuxDistribution(include_lsb=False, os_release_file=str(os_release),
+                                      distro_release_file="/nonexistent", include_uname=False)
+    with mock.patch.object(sys_info.distro, "id", reader.id):
+        name = sys_info.get_distribution()
+    return {"distribution": name, "distribution_version": reader.version(), "distribution_release": reader.codename()}
+
+
+def test_ubuntu_2404_os_release_is_decided_ubuntu_and_gets_ubuntus_stock_packages():
+    facts = _ansible_facts_of(UBUNTU / "os-release-24.04.txt")
+    assert facts == {"distribution": "Ubuntu", "distribution_version": "24.04", "distribution_release": "noble"}
+    model = host_model.build(_vars(HOMELAB, "x99_3080"), facts)
+    assert model["os"] == {"id": "ubuntu", "version": "24.04", "codename": "noble"}
+    stock = model["pins"]["nvidia_driver"]["stock_packages"]
+    assert {"linux-modules-nvidia-*", "nvidia-dkms-*", "nvidia-driver-*", "libnvidia-*-[0-9]*"} <= set(stock)
+    debian = host_model.build(_vars(HOMELAB, "x99_3080"), DEBIAN_FACTS)["pins"]["nvidia_driver"]["stock_packages"]
+    assert not any("*" in name for name in debian) and set(debian) < set(stock)
+    assert host_model.build(_vars(HOMELAB, "x99_3080"))["os"]["id"] == ""  # no facts: unknown, Ubuntu's included
+    assert host_model.build(_vars(HOMELAB, "x99_3080"))["pins"]["nvidia_driver"]["stock_packages"] == stock
+
+
+@pytest.mark.parametrize("recorded", ["ubuntu-drivers-devices-rtx5090.txt", "ubuntu-drivers-devices-gtx650ti.txt"])
+def test_every_driver_ubuntu_drivers_offers_is_pinned_away_and_nouveau_is_not(recorded):
+    stock = host_model.nvidia_stock_packages("ubuntu", "615")
+    offered = [line.split(":", 1)[1].split(" - ")[0].strip()
+               for line in (UBUNTU / recorded).read_text().splitlines() if line.startswith("driver")]
+    nvidia = [name for name in offered if name.startswith("nvidia-driver-")]
+    assert nvidia and all(any(fnmatch.fnmatchcase(n, g) for g in stock) for n in nvidia), (nvidia, stock)
+    assert not any(fnmatch.fnmatchcase("xserver-xorg-video-nouveau", g) for g in stock)
+
+
+def test_the_stock_globs_match_ubuntus_driver_packages_and_spare_the_branch_free_ones():
+    stock = host_model.nvidia_stock_packages("ubuntu", "")
+    listing = (UBUNTU / "dpkg-query-nvidia-570.txt").read_text()
+    listed = [line.split("\t")[0].split(":")[0] for line in listing.splitlines()]
+    assert all(any(fnmatch.fnmatchcase(n, g) for g in stock) for n in listed)
+    for spared in ("libnvidia-egl-wayland1", "libnvidia-container1", "libnvidia-container-tools", "nvidia-prime",
+                   "nvidia-settings", "linux-modules-6.8.0-90-generic", "linux-headers-6.8.0-90-generic"):
+        assert not any(fnmatch.fnmatchcase(spared, g) for g in stock), spared
+
+
+def test_unattended_blacklist_entries_are_anchored_regexes_of_the_names_and_globs():
+    amd = host_model.build(_vars(HOMELAB, "x99_r9700"), DEBIAN_FACTS)
+    kernel = amd["pins"]["kernel"]["unattended_blacklist"]
+    release = amd["pins"]["kernel"]["release"]
+    assert any(re.match(e, "linux-image-" + release) for e in kernel)
+    assert any(re.match(e, "linux-headers-" + release) for e in kernel)
+    assert not any(re.match(e, "linux-image-" + release + "-dbg") for e in kernel)
+    assert not any(re.match(e, "linux-image-6.8.0-90-generic") for e in kernel)
+    rocm = amd["pins"]["rocm"]["unattended_blacklist"]
+    for name in amd["pins"]["rocm"]["packages"] + ["hipcc", "rocm-cmake", "amdgpu-dkms"]:
+        assert any(re.match(e, name) for e in rocm), name
+    assert not any(re.match(e, "rocm-core-asan") for e in rocm)
+    nvidia = host_model.unattended_blacklist(host_model.nvidia_stock_packages("ubuntu", "615"))
+    assert any(re.match(e, "libnvidia-compute-570") for e in nvidia)
+    assert not any(re.match(e, "libnvidia-egl-wayland1") for e in nvidia)
+    assert r"libstdc\+\+6$" == host_model.unattended_blacklist(["libstdc++6"])[0]  # escaped as the stock file shows
+
+
+def test_the_rocm_build_packages_default_and_can_be_declared_empty():
+    amd = host_model.build(_vars(HOMELAB, "x99_r9700"))
+    assert amd["pins"]["rocm"]["build_packages"] == ["hipcc", "hip-dev", "hsa-rocr-dev", "rocm-cmake", "rocm-llvm",
+                                                     "rocm-device-libs"]
+    variables = _vars(HOMELAB, "x99_r9700")
+    variables["rigbook_pins"] = dict(variables["rigbook_pins"], rocm=dict(variables["rigbook_pins"]["rocm"],
+                                                                          build_packages=[]))
+    assert host_model.build(variables)["pins"]["rocm"]["build_packages"] == []
+
+
+def test_offline_rocm_debs_must_carry_the_build_packages():
+    def needs(build_packages=None, names=("rocm-core", "hipcc", "hip-dev", "hsa-rocr-dev", "rocm-cmake", "rocm-llvm",
+                                          "rocm-device-libs")):
+        rocm = {"version": "7.1.0", "debs": [{"path": f"/srv/rocm/{n}_1.0.70100-38~24.04_amd64.deb",
+                                              "sha256": "0" * 64} for n in names]}
+        if build_packages is not None:
+            rocm["build_packages"] = build_packages
+        model = host_model.build({"rigbook_gpu": {"vendor": "amd"}, "rigbook_pins": {"rocm": rocm}})
+        return [n for n in host_model.readiness(model) if n["key"] == "rigbook_pins.rocm.build_packages"]
+
+    assert needs() == []
+    lacking = needs(names=("rocm-core", "hipcc"))
+    assert len(lacking) == 1 and "hip-dev, hsa-rocr-dev, rocm-cmake, rocm-llvm, rocm-device-libs" in lacking[0]["why"]
+    assert needs(build_packages=[], names=("rocm-core",)) == []

@@ -3,6 +3,10 @@ order, `changed`, the result and the messages."""
 
 from __future__ import annotations
 
+import os
+import time
+from pathlib import Path
+
 import pytest
 from ansible_collections.rigbook.homelab.plugins.modules import deb_packages
 from helpers.modules import fail, ok, run_module
@@ -37,7 +41,8 @@ def test_converged_and_held_is_two_read_only_commands():
     assert not run.failed, run.msg
     assert run.commands == [query(*NAMES), SHOWHOLD]
     assert all(env == ENV for env in run.environs)
-    assert run.result == {"changed": False, "installed": [], "removed": [], "held": [], "versions": VERSIONS}
+    assert run.result == {"changed": False, "installed": [], "removed": [], "held": [], "unavailable": [],
+                          "versions": VERSIONS}
 
 
 def test_converged_without_hold_is_one_command():
@@ -55,6 +60,7 @@ def test_a_missing_package_is_installed_and_both_held():
     ])
     assert not run.failed, run.msg
     assert run.result == {"changed": True, "installed": [HEADERS], "removed": [], "held": [IMAGE, HEADERS],
+                          "unavailable": [],
                           "versions": VERSIONS}
 
 
@@ -295,3 +301,115 @@ def test_an_interrupted_dpkg_that_cannot_be_finished_is_named(clock):
     assert run.failed
     assert run.msg.startswith("apt-get purge failed (rc 1): an interrupted dpkg run could not be finished "
                               "(dpkg --configure -a): dpkg: error processing package"), run.msg
+
+
+# --- Ubuntu 24.04 (tests/fixtures/ubuntu/SOURCES.md says which outputs are recorded and which reconstructed) ---
+
+UBUNTU = Path(__file__).resolve().parents[3] / "fixtures" / "ubuntu"
+RUNNING, DROPPED = "linux-headers-6.8.0-90-generic", "linux-headers-6.8.0-31-generic"
+CUSTOM = "linux-headers-6.8.12-r9700-p2p-dma44"
+POLICY = ["apt-cache", "policy"]
+
+
+def _ubuntu(name):
+    return (UBUNTU / name).read_text()
+
+
+@pytest.fixture
+def stale_index(monkeypatch, tmp_path):
+    """The package index as a folder last written two hours ago."""
+    index = tmp_path / "lists"
+    index.mkdir()
+    old = time.time() - 7200
+    os.utime(index, (old, old))
+    monkeypatch.setattr(deb_packages, "INDEX", str(index))
+    return index
+
+
+def test_headers_of_a_kernel_the_archive_dropped_are_skipped_and_named_not_a_failure(stale_index):
+    policy = _ubuntu("apt-cache-policy-headers.txt")
+    run = run_module(deb_packages, {"name": ["dkms"], "if_available": [RUNNING, DROPPED, CUSTOM]}, [
+        (query("dkms", RUNNING, DROPPED, CUSTOM),
+         dpkg(("dkms", "ii ", "3.0.11-1ubuntu13"), (RUNNING, "ii ", "6.8.0-90.91"), missing=[DROPPED, CUSTOM])),
+        (POLICY + [DROPPED, CUSTOM], ok(policy)),
+        (UPDATE, ok()),  # no candidate: the index is refreshed once before a package is called unavailable
+        (POLICY + [DROPPED, CUSTOM], ok(policy)),
+    ])
+    assert not run.failed, run.msg
+    assert run.result["unavailable"] == [DROPPED, CUSTOM] and run.result["installed"] == []
+    assert run.result["changed"] is False  # nothing installed: a converged box stays changed=0
+
+
+def test_headers_with_a_candidate_are_installed_the_others_named(stale_index):
+    policy = ("linux-headers-6.8.0-88-generic:\n  Installed: (none)\n  Candidate: 6.8.0-88.89\n  Version table:\n"
+              "     6.8.0-88.89 500\n        500 http://archive.ubuntu.com/ubuntu noble-updates/main amd64 Packages\n"
+              + _ubuntu("apt-cache-policy-headers.txt"))
+    other = "linux-headers-6.8.0-88-generic"
+    run = run_module(deb_packages, {"if_available": [other, DROPPED]}, [
+        (query(other, DROPPED), dpkg(missing=[other, DROPPED])),
+        (POLICY + [other, DROPPED], ok(policy)),
+        (UPDATE, ok()),
+        (POLICY + [other, DROPPED], ok(policy)),
+        (INSTALL + [other], ok()),
+        (query(other, DROPPED), dpkg((other, "ii ", "6.8.0-88.89"), missing=[DROPPED])),
+    ])
+    assert not run.failed, run.msg
+    assert run.result["installed"] == [other] and run.result["unavailable"] == [DROPPED] and run.result["changed"]
+
+
+def test_a_fresh_index_is_not_refreshed_again_for_a_kernel_the_archive_dropped(stale_index):
+    os.utime(stale_index)  # written just now
+    run = run_module(deb_packages, {"if_available": [DROPPED]}, [
+        (query(DROPPED), dpkg(missing=[DROPPED])),
+        (POLICY + [DROPPED], ok(_ubuntu("apt-cache-policy-headers.txt"))),
+    ])
+    assert not run.failed and run.result["unavailable"] == [DROPPED] and run.result["changed"] is False
+
+
+def test_check_mode_reports_unavailable_headers_from_the_index_as_it_is(stale_index):
+    run = run_module(deb_packages, {"if_available": [DROPPED]}, [
+        (query(DROPPED), dpkg(missing=[DROPPED])),
+        (POLICY + [DROPPED], ok(_ubuntu("apt-cache-policy-headers.txt"))),
+    ], check_mode=True)
+    assert not run.failed and run.result["unavailable"] == [DROPPED] and run.result["changed"] is False
+
+
+def test_a_broken_apt_cache_fails_instead_of_calling_every_package_unavailable():
+    run = run_module(deb_packages, {"if_available": [DROPPED]}, [
+        (query(DROPPED), dpkg(missing=[DROPPED])),
+        (POLICY + [DROPPED], fail(100, "E: The package lists or status file could not be parsed or opened.\n")),
+    ])
+    assert run.failed and "apt-cache policy" in run.msg and "could not be parsed" in run.msg
+
+
+def test_globs_purge_every_installed_stock_nvidia_package_of_an_ubuntu_box():
+    globs = ["linux-modules-nvidia-*", "linux-objects-nvidia-*", "linux-signatures-nvidia-*", "nvidia-dkms-*",
+             "nvidia-driver-*", "libnvidia-*-[0-9]*"]
+    listing = _ubuntu("dpkg-query-nvidia-570.txt")
+    run = run_module(deb_packages, {"name": globs, "state": "absent"}, [
+        (query(*globs), (0, listing, "")),
+        (APT + ["purge", "libnvidia-cfg1-570", "libnvidia-common-570", "libnvidia-compute-570",
+                "libnvidia-decode-570", "libnvidia-encode-570", "libnvidia-extra-570", "libnvidia-fbc1-570",
+                "libnvidia-gl-570", "linux-modules-nvidia-570-6.8.0-90-generic", "linux-modules-nvidia-570-generic",
+                "linux-objects-nvidia-570-6.8.0-90-generic", "linux-signatures-nvidia-6.8.0-90-generic",
+                "nvidia-compute-utils-570", "nvidia-driver-570", "nvidia-firmware-570-570.195.03",
+                "nvidia-kernel-common-570", "nvidia-kernel-source-570", "nvidia-utils-570",
+                "xserver-xorg-video-nvidia-570"], ok()),
+        (query(*globs), dpkg(missing=globs)),
+    ], diff=True)
+    assert not run.failed, run.msg
+    assert "nvidia-dkms-570" not in run.result["removed"]  # "rc": only its configuration files are left
+    assert len(run.result["removed"]) == 19 and run.result["changed"] is True
+    assert "nvidia-driver-570 570.195.03-0ubuntu0.24.04.1\n" in run.result["diff"]["before"]
+    assert "nvidia-driver-570 (not installed)\n" in run.result["diff"]["after"]
+
+
+def test_globs_matching_nothing_installed_change_nothing():
+    globs = ["linux-modules-nvidia-*", "nvidia-dkms-*"]
+    run = run_module(deb_packages, {"name": globs, "state": "absent"}, [(query(*globs), dpkg(missing=globs))])
+    assert not run.failed and run.result["removed"] == [] and run.result["changed"] is False
+
+
+def test_a_glob_is_refused_for_an_install():
+    run = run_module(deb_packages, {"name": ["nvidia-dkms-*"]})
+    assert run.failed and "glob" in run.msg

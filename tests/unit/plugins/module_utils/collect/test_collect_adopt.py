@@ -72,7 +72,7 @@ def _run(outputs):
 
 
 def test_policy_of_a_version_the_archive_dropped_lists_only_the_dpkg_status():
-    assert adopt.parse_policy(BASH_POLICY) == {"bash": {"installed": "5.2.15-2+b8",
+    assert adopt.parse_policy(BASH_POLICY) == {"bash": {"installed": "5.2.15-2+b8", "candidate": "5.2.15-2+b13",
                                                         "sources": ["100 /var/lib/dpkg/status"]}}
     assert adopt.origin(["100 /var/lib/dpkg/status"]) == "local"
     assert adopt.origin(adopt.parse_policy(ARCHIVE_POLICY)["linux-image-6.8.0-31-generic"]["sources"]) == "archive"

@@ -302,7 +302,11 @@ def _rocm_repo(rocm: dict, comments: dict, unpinned: list, notes: list) -> dict 
 def _rocm(facts: dict, comments: dict, unpinned: list, notes: list) -> dict | None:
     """The ROCm pin: the release (/opt/rocm/.info/version, else rocm-core's version), the packages of that release
     installed by name, the repository, amdgpu-dkms, the engine's HSA_* environment."""
-    from ansible_collections.rigbook.homelab.plugins.module_utils.host_model import ROCM_PACKAGES, rocm_tag
+    from ansible_collections.rigbook.homelab.plugins.module_utils.host_model import (
+        ROCM_BUILD_PACKAGES,
+        ROCM_PACKAGES,
+        rocm_tag,
+    )
 
     rocm = facts.get("rocm")
     if not rocm:
@@ -322,6 +326,11 @@ def _rocm(facts: dict, comments: dict, unpinned: list, notes: list) -> dict | No
     tag = f".{rocm_tag(version)}-"
     release = sorted(n for n, v in packages.items() if tag in v and n != "amdgpu-dkms")
     manual = [n for n in release if n in (rocm.get("manual") or [])]
+    # what the RCCL build needs (the role's build_packages) is pinned apart from the runtime
+    build = [n for n in ROCM_BUILD_PACKAGES if n in manual]
+    if build != list(ROCM_BUILD_PACKAGES):
+        pin_build = build
+    manual = [n for n in manual if n not in ROCM_BUILD_PACKAGES]
     chosen = sorted(manual, key=lambda n: (ROCM_PACKAGES.index(n) if n in ROCM_PACKAGES else len(ROCM_PACKAGES), n)
                     ) or [n for n in ROCM_PACKAGES if n in release]  # the role's four first, in its order
     if chosen:
@@ -329,6 +338,13 @@ def _rocm(facts: dict, comments: dict, unpinned: list, notes: list) -> dict | No
         comments[key + ("packages",)] = f"dpkg-query and apt-mark showmanual: the {version} packages installed by name"
     else:
         unpinned.append(f"rigbook_pins.rocm.packages: no installed package of ROCm {version} (versions *{tag}*)")
+    if build != list(ROCM_BUILD_PACKAGES):
+        pin["build_packages"] = pin_build
+        comments[key + ("build_packages",)] = (
+            "dpkg-query and apt-mark showmanual: " + (f"of the RCCL build's packages only {', '.join(build)} are "
+                                                      "installed by name" if build else "none of the RCCL build's "
+                                                      "packages is installed by name (" + ", ".join(
+                                                          ROCM_BUILD_PACKAGES) + ")"))
     repo = _rocm_repo(rocm, comments, unpinned, notes)
     if repo:
         pin["repo"] = repo

@@ -10,8 +10,8 @@ each step; see pytest_collection_modifyitems):
 2. `lab`: any running lab.
 3. `converged_lab`: site.yml has converged both hosts (run once, its result kept for the tests).
 4. `lab_last`: the test takes the lab down itself, after every other test that uses it.
-5. `no_lab`: no lab may be running (takes the session's lab down first if it is still up); `three_hosts`: a
-   three-host lab of its own, in its own state directory (the session's lab taken down first).
+5. `no_lab`: no lab may be running (takes the session's lab down first if it is still up); `three_hosts` and
+   `adopted_pair`: a lab of its own, in its own state directory (the session's lab taken down first).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from helpers.lab_host import leftovers
 from rigbook.lab import artifacts, state
 
 # The step of each fixture, the most particular first: fresh_lab, converged_lab and lab_last all ask for `lab`.
-STEPS = (("no_lab", 5), ("three_hosts", 5), ("lab_last", 4), ("converged_lab", 3), ("fresh_lab", 1), ("lab", 2))
+STEPS = (("no_lab", 5), ("three_hosts", 5), ("adopted_pair", 5), ("lab_last", 4), ("converged_lab", 3),
+         ("fresh_lab", 1), ("lab", 2))
 
 
 def _step(item) -> int | None:

@@ -44,6 +44,9 @@ RIGBOOKS_OWN = {
     "Create the GRUB drop-in directory",
     "Put the command line and default entry in the GRUB drop-in",
     "Keep apt from installing stock NVIDIA kernel modules again",
+    "Keep unattended-upgrades away from the stock NVIDIA packages",
+    "Keep unattended-upgrades from replacing the pinned kernel",
+    "Blacklist nouveau",
     "Build and install the fork through DKMS for every installed kernel",  # stamped only (asserted below)
     "Disable HMM in nvidia-uvm (iommu=pt)",
     "Create rigbook's state directory",

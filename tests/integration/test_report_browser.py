@@ -49,7 +49,7 @@ def test_report_in_headless_chromium(tmp_path, monkeypatch):
             for metric, value in metrics_of(ladder).items():
                 (point,) = find("circle", data_host=host, data_metric=metric, data_run=run)
                 assert float(point["data-value"]) == value
-    assert len(find("circle")) == 55
+    assert len(find("circle")) == 65
 
     faulted = history["faulted"]
     for metric in ("sendrecv_busbw_gbs", "all_reduce_busbw_gbs"):

@@ -22,6 +22,8 @@ from helpers.lab_host import LAB_MARKS, LabHost
 # The session's lab (tests/integration/conftest.py) while it is fresh: these tests run right after the `lab up`
 # checks, before anything else converges or reboots a host, and converge lab-3080 themselves.
 pytestmark = [*LAB_MARKS, pytest.mark.usefixtures("fresh_lab")]
+HEADERS_TASK = ("Install DKMS, the pinned kernel's headers and those of the other installed kernels the archive still "
+                "has")
 PINS = yaml.safe_load((REPO / "inventory/lab/group_vars/x99_3080.yml").read_text())["rigbook_pins"]
 WHEEL_DIR = Path(PINS["cuda_toolchain"]["wheel_dir"])
 UPGRADE_KERNEL = "6.1.0-50-amd64"
@@ -133,12 +135,12 @@ def test_kernel_upgrade_boots_without_the_fork_is_caught_and_repaired(lab_artifa
     proc, summary, changed, _ = site()
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert boots() == before + 1  # exactly one reboot
-    repair = {"Install DKMS and the headers of every installed kernel",
+    repair = {HEADERS_TASK,
               "Build and install the fork through DKMS for every installed kernel",
               "Record which kernels carry the fork", "Put the command line and default entry in the GRUB drop-in",
               "Reboot once into the new kernel, driver and boot target"}
     # the headers' install lets DKMS build the fork for the new kernel (its autoinstall hook, or the role's build)
-    assert {"Install DKMS and the headers of every installed kernel", "Record which kernels carry the fork",
+    assert {HEADERS_TASK, "Record which kernels carry the fork",
             "Put the command line and default entry in the GRUB drop-in"} <= set(changed) <= repair, changed
     assert on_host(f"cat {EVIDENCE}/proc/sys/kernel/osrelease").strip() == KERNEL
     assert f"nvidia/615.71.09, {UPGRADE_KERNEL}, x86_64: installed" in on_host("dkms status")

@@ -309,8 +309,12 @@ LAB_KEY_SHA = "e9b9a1fef379c3cf9ceeab5930c95b518fdda8525c861fefc6f67546e18ed57a"
 ROCM = {"version_file": "7.1.0-38",
         "packages": {"rocm-core": "7.1.0.70100-38~24.04", "rocminfo": "1.0.0.70100-38~24.04",
                      "rocm-smi-lib": "7.8.0.70100-38~24.04", "hip-runtime-amd": "7.1.25424.70100-38~24.04",
-                     "hsa-rocr": "1.18.0.70100-38~24.04"},
-        "manual": ["hip-runtime-amd", "rocm-core", "rocm-smi-lib", "rocminfo"],
+                     "hsa-rocr": "1.18.0.70100-38~24.04", "hipcc": "1.1.1.70100-38~24.04",
+                     "hip-dev": "7.1.25424.70100-38~24.04", "hsa-rocr-dev": "1.18.0.70100-38~24.04",
+                     "rocm-cmake": "0.14.0.70100-38~24.04", "rocm-llvm": "20.0.0.25425.70100-38~24.04",
+                     "rocm-device-libs": "1.0.0.70100-38~24.04"},
+        "manual": ["hip-runtime-amd", "rocm-core", "rocm-smi-lib", "rocminfo", "hipcc", "hip-dev", "hsa-rocr-dev",
+                   "rocm-cmake", "rocm-llvm", "rocm-device-libs"],
         "policy": ["500 file:/var/cache/rigbook/artifacts/rocm-repo noble/main amd64 Packages",
                    "100 /var/lib/dpkg/status"],
         "sources": [{"file": "/etc/apt/sources.list", "types": ["deb"], "uris": ["http://deb.debian.org/debian"],
@@ -337,6 +341,13 @@ def test_rocm_is_pinned_as_the_r9700_twin_pins_it():
     assert not [u for u in unpinned if "rocm" in u]
     pin["repo"]["key_url"] = "file:///etc/apt/keyrings/rigbook-rocm.asc"
     assert _schema_problems(variables) == []
+    # the RCCL build's packages (the role's build_packages) apart from the runtime: all there is the default; none
+    # installed by name (RCCL never built on the box) is pinned as none, with where it was read
+    runtime = ["hip-runtime-amd", "rocm-core", "rocm-smi-lib", "rocminfo"]
+    variables, comments, _, _ = adopt.variables_of({"kernel": {}, "engines": [], "rocm": dict(ROCM, manual=runtime)})
+    assert variables["rigbook_pins"]["rocm"]["build_packages"] == []
+    assert variables["rigbook_pins"]["rocm"]["packages"] == lab["packages"]
+    assert "none of the RCCL build's packages" in comments[("rigbook_pins", "rocm", "build_packages")]
 
 
 def test_rocm_from_debs_an_inline_key_a_hostile_source_and_amdgpu_dkms():

@@ -699,8 +699,11 @@ def run(argv) -> int:
     ev = load_evidence()
     config = model_config(args.model_path)
     state = Standin(args, ev, config)
-    signal.signal(signal.SIGTERM, lambda *_: state.stop.set())
-    signal.signal(signal.SIGINT, lambda *_: state.stop.set())
+    # set from a thread of its own: a handler that takes the event's lock itself could run while the main thread,
+    # entering stop.wait(), holds it (a non-reentrant lock: the engine would hang instead of stopping)
+    stopper = lambda *_: threading.Thread(target=state.stop.set, daemon=True).start()  # noqa: E731
+    signal.signal(signal.SIGTERM, stopper)
+    signal.signal(signal.SIGINT, stopper)
     emit(f"sglang version: {ev['version']}")
     log(state.server_args_line())
     if unknown:

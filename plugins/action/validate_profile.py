@@ -68,7 +68,7 @@ def model_of(host_vars, task_vars):
     """The host model with its readiness ({role: [need]}, every role of the host; run_needs picks this run's)."""
     # the OS decision reads the facts the play gathered (the preflight play gathers them before this task)
     facts = task_vars.get("ansible_facts") or {}
-    model = host_model.build(host_vars, {k: plain(facts.get(k)) for k in host_model.OS_FACTS})
+    model = host_model.build(host_vars, {k: plain(facts.get(k)) for k in host_model.MODEL_FACTS})
     inventory_dir = task_vars.get("inventory_dir")
     model["readiness"] = host_model.by_role(host_model.readiness(model, None, inventory_dir))
     return model

@@ -40,6 +40,14 @@ ARTIFACT_DIR = "/var/cache/rigbook/artifacts"
 # DT_RPATH finds before LD_LIBRARY_PATH: the engine runs the verified RCCL only when that file is the prefix's.
 RCCL_CURRENT = "/opt/rigbook/rccl/current"
 BUNDLED_RCCL = "torch/lib/librccl.so.1"
+# NVIDIA: the nccl_tests role builds nccl-tests into NCCL_TESTS_ROOT/<version>-stock against the NCCL wheel pinned in
+# the CUDA toolchain venv, laid out there as an NCCL_HOME (nccl/include, nccl/lib); the engine's torch finds its
+# NCCL through its RPATH in the venv's nvidia/nccl/lib, which the sglang role links to that same file.
+NCCL_TESTS_ROOT = "/opt/rigbook/nccl-tests"
+NCCL_TESTS_CURRENT = NCCL_TESTS_ROOT + "/current"
+BUNDLED_NCCL = "nvidia/nccl/lib/libnccl.so.2"
+NCCL_WHEEL = re.compile(r"^nvidia-nccl-cu([0-9]+)$")
+CCCL_WHEEL = "nvidia-cuda-cccl"
 KEY_DIR = "/var/cache/rigbook/keys"
 
 # The roles of site.yml, in order, with the tags site.yml gives them and the hosts they run on. ("vendor" roles run
@@ -49,6 +57,7 @@ ROLES = (
     ("kernel", ("kernel",), ("nvidia", "amd")),
     ("nvidia_p2p_driver", ("nvidia_p2p_driver",), ("nvidia",)),
     ("cuda_toolchain", ("cuda_toolchain",), ("nvidia",)),
+    ("nccl_tests", ("nccl_tests",), "pin:nccl_tests"),
     ("multi_user_target", ("multi_user_target",), ("nvidia",)),
     ("amd_rocm", ("amd_rocm",), ("amd",)),
     ("rccl", ("rccl",), ("amd",)),
@@ -126,6 +135,15 @@ def kernel_pin(pins):
 
 
 OS_FACTS = ("distribution", "distribution_version", "distribution_release")
+# The facts the model reads: the OS decision's, and the Python a venv on the box is made with (its site-packages).
+MODEL_FACTS = OS_FACTS + ("python",)
+
+
+def python_of(facts):
+    """"MAJOR.MINOR" of the Python the roles make venvs with (Ansible's python fact), or "" without facts."""
+    version = _dict(_dict(_dict(facts).get("python")).get("version"))
+    major, minor = version.get("major"), version.get("minor")
+    return "%s.%s" % (major, minor) if isinstance(major, int) and isinstance(minor, int) else ""
 
 
 def os_of(facts):
@@ -174,19 +192,42 @@ def nvidia_driver_pin(pins, kernel, os_id=""):
     }
 
 
-def cuda_toolchain_pin(pins):
+def cuda_toolchain_pin(pins, python=""):
+    """The CUDA toolchain venv's pins; with PYTHON ("3.12", from the facts) where its CUDA home and, when an NCCL
+    wheel is pinned among its versions, its NCCL are."""
     raw = _dict(pins.get("cuda_toolchain"))
     version = _str(raw.get("version"))
     packages = _list(raw.get("packages")) or list(CUDA_ALIGNED)
     wanted = {name: version for name in packages + ["nvidia-cuda-runtime"]}
     wanted.update({str(k): _str(v) for k, v in _dict(raw.get("versions")).items()})
+    venv = _str(raw.get("venv")) or "/opt/rigbook/cuda"
+    site = "%s/lib/python%s/site-packages" % (venv, python) if python else ""
+    nccl = [name for name in sorted(wanted) if NCCL_WHEEL.match(name)]
     return {
         "pinned": bool(raw),
         "version": version,
         "packages": packages,
         "wanted": wanted,
-        "venv": _str(raw.get("venv")) or "/opt/rigbook/cuda",
+        "venv": venv,
         "wheel_dir": _str(raw.get("wheel_dir")),
+        # nvcc.profile and nccl-tests' CUDA_HOME: the wheels' nvidia/cuMAJOR tree ("" without the python fact)
+        "home": "%s/nvidia/cu%s" % (site, version.split(".")[0]) if site and version else "",
+        "nccl": {"package": nccl[0], "version": wanted[nccl[0]],
+                 "home": "%s/nvidia/nccl" % site if site else ""} if nccl else {},
+    }
+
+
+def nccl_tests_pin(pins):
+    raw = _dict(pins.get("nccl_tests"))
+    source = _dict(raw.get("source"))
+    return {
+        "pinned": bool(raw),
+        "version": _str(raw.get("version")),
+        "source": source,
+        "repo": _str(source.get("repo")),
+        "commit": _str(source.get("commit")),
+        # nvcc's -gencode list: the GPUs' compute capability (86 for the RTX 3080); empty: nccl-tests' own list
+        "cuda_archs": [_str(a) for a in _list(raw.get("cuda_archs"))],
     }
 
 
@@ -288,6 +329,7 @@ def _artifacts(vendor, pins):
         driver = pins["nvidia_driver"]
         found += [driver["source"]] if driver["source"].get("sha256") else []
         found += [driver["userspace_installer"]] if driver["userspace_installer"] else []
+        found += [pins["nccl_tests"]["source"]] if pins["nccl_tests"]["source"].get("sha256") else []
     elif vendor == "amd":
         rocm, rccl = pins["rocm"], pins["rccl"]
         found += rocm["debs"]
@@ -301,8 +343,8 @@ def _artifacts(vendor, pins):
 def _roles(vendor, pins, serve):
     roles = []
     for name, _tags, hosts in ROLES:
-        if hosts == "pin:sglang":
-            wanted = pins["sglang"]["pinned"]
+        if isinstance(hosts, str) and hosts.startswith("pin:"):
+            wanted = pins[hosts[len("pin:"):]]["pinned"]
         elif hosts == "serve":
             wanted = bool(serve)
         else:
@@ -317,6 +359,7 @@ def build(variables, facts=None):
     were gathered, its Ansible FACTS (the OS decision)."""
     variables = _dict(variables)
     host_os = os_of(facts)
+    python = python_of(facts)
     gpu = _dict(variables.get("rigbook_gpu"))
     declared_p2p = _dict(variables.get("rigbook_p2p"))
     raw_pins = _dict(variables.get("rigbook_pins"))
@@ -331,7 +374,8 @@ def build(variables, facts=None):
     pins = {
         "kernel": kernel,
         "nvidia_driver": nvidia_driver_pin(raw_pins, kernel, host_os["id"]),
-        "cuda_toolchain": cuda_toolchain_pin(raw_pins),
+        "cuda_toolchain": cuda_toolchain_pin(raw_pins, python),
+        "nccl_tests": nccl_tests_pin(raw_pins),
         "rocm": rocm_pin(raw_pins, p2p),
         "rccl": rccl_pin(raw_pins),
         "sglang": sglang_pin(raw_pins),
@@ -358,16 +402,32 @@ def build(variables, facts=None):
         "serve": serve,
         "serve_errors": serve_errors,
         "roles": _roles(vendor, pins, serve),
-        # what the SGLang venv must resolve its bundled collectives library to (pinned_venv libraries): the RCCL
-        # the rccl role built and the collectives layer measured; none without a rigbook-built one (NVIDIA: the
-        # wheel's own NCCL is the one the serving layer names)
-        "engine_libraries": ([{"bundled": BUNDLED_RCCL, "target": RCCL_CURRENT + "/lib/librccl.so.1"}]
-                             if vendor == "amd" and pins["rccl"]["pinned"] else []),
+        # where the collectives layer finds the tests the roles built (rccl-tests / nccl-tests), "" for none
+        "collectives_tests_dir": collectives_tests_dir(vendor, pins),
+        # what the SGLang venv must resolve its bundled collectives library to (pinned_venv libraries): the library
+        # the collectives tests load and the collectives layer measured; none without rigbook-built tests
+        "engine_libraries": engine_libraries(vendor, pins),
         "verify": verify_settings(variables.get("rigbook_verify"), bool(vendor), bool(serve)),
     }
     model["box_facts"] = box_facts(model)
     model["box_paths"] = box_paths(model)
     return model
+
+
+def collectives_tests_dir(vendor, pins):
+    if vendor == "amd" and pins["rccl"]["pinned"]:
+        return RCCL_CURRENT + "/bin"
+    if vendor == "nvidia" and pins["nccl_tests"]["pinned"]:
+        return NCCL_TESTS_CURRENT + "/bin"
+    return ""
+
+
+def engine_libraries(vendor, pins):
+    if vendor == "amd" and pins["rccl"]["pinned"]:
+        return [{"bundled": BUNDLED_RCCL, "target": RCCL_CURRENT + "/lib/librccl.so.1"}]
+    if vendor == "nvidia" and pins["nccl_tests"]["pinned"] and pins["cuda_toolchain"]["nccl"]:
+        return [{"bundled": BUNDLED_NCCL, "target": NCCL_TESTS_CURRENT + "/nccl/lib/libnccl.so.2"}]
+    return []
 
 
 def verify_settings(raw, gpus, serving):
@@ -423,6 +483,7 @@ INPUTS = {
     "amd_rocm": ("rigbook_pins.rocm.version", "rigbook_pins.rocm.repo"),
     "rccl": ("rigbook_pins.rccl.version", "rigbook_pins.rccl.source", "rigbook_pins.rccl.tests.source",
              "rigbook_pins.rccl.gpu_targets"),
+    "nccl_tests": ("rigbook_pins.nccl_tests.version", "rigbook_pins.nccl_tests.source"),
     "sglang": ("rigbook_pins.sglang.version",),
     "serve": ("rigbook_pins.sglang",),
 }
@@ -434,6 +495,7 @@ NAMED = {
     "amd_rocm": INPUTS["amd_rocm"] + ("rigbook_pins.rocm.debs", "rigbook_pins.rocm.packages",
                                       "rigbook_pins.rocm.build_packages"),
     "rccl": INPUTS["rccl"] + ("rigbook_pins.rccl.patches[].path",),
+    "nccl_tests": INPUTS["nccl_tests"] + ("rigbook_pins.cuda_toolchain.versions",),
     "sglang": INPUTS["sglang"] + ("rigbook_pins.sglang.repo.commit", "rigbook_pins.sglang.lock",
                                   "rigbook_pins.sglang.patches[].path"),
     "serve": INPUTS["serve"],
@@ -575,6 +637,34 @@ def _rccl_needs(model):
     return needs
 
 
+def _nccl_tests_needs(model):
+    pin, toolchain = model["pins"]["nccl_tests"], model["pins"]["cuda_toolchain"]
+    needs = []
+    if not pin["version"]:
+        needs.append(_need("nccl_tests", "rigbook_pins.nccl_tests.version", "the nccl_tests role builds this release",
+                           "the nccl-tests release the source is (its src/common.mk NCCL_TESTS_VERSION, e.g. 2.19.6)"))
+    if not pin["source"].get("sha256") and not (pin["repo"] and HEX40.match(pin["commit"])):
+        needs.append(_need("nccl_tests", "rigbook_pins.nccl_tests.source",
+                           "the collectives layer runs nccl-tests built from a pinned source (a tag moves: not a pin)",
+                           "{repo: https://github.com/NVIDIA/nccl-tests.git, commit: the 40-hex commit of a release "
+                           "tag (`git ls-remote https://github.com/NVIDIA/nccl-tests refs/tags/v2.19.6`)}, or a "
+                           "tarball {url or path, sha256}"))
+    major = toolchain["version"].split(".")[0] if toolchain["version"] else "MAJOR"
+    if not toolchain["nccl"]:
+        needs.append(_need("nccl_tests", "rigbook_pins.cuda_toolchain.versions",
+                           "nccl-tests are built against the NCCL wheel pinned in the CUDA toolchain venv, and the "
+                           "engine's venv is linked to that same library, so what was measured is what serves",
+                           "add nvidia-nccl-cu%s: VERSION to cuda_toolchain.versions, the version the engine's torch "
+                           "requires (`pip show nvidia-nccl-cu%s` in the SGLang venv)" % (major, major)))
+    if CCCL_WHEEL not in toolchain["wanted"]:
+        needs.append(_need("nccl_tests", "rigbook_pins.cuda_toolchain.versions",
+                           "nccl.h includes cuda_fp16.h, which needs CCCL's headers (without them nvcc stops at "
+                           "\"fatal error: nv/target: No such file or directory\")",
+                           "add %s: VERSION to cuda_toolchain.versions, the CCCL of the same CUDA release (13.0.85 "
+                           "for 13.0.88)" % CCCL_WHEEL))
+    return needs
+
+
 def _sglang_needs(model, inventory_dir, exists):
     pin = model["pins"]["sglang"]
     needs = []
@@ -635,6 +725,8 @@ def readiness(model, roles=None, inventory_dir=None, exists=os.path.exists):
             needs += _rocm_needs(model)
         elif role == "rccl":
             needs += _rccl_needs(model)
+        elif role == "nccl_tests":
+            needs += _nccl_tests_needs(model)
         elif role == "sglang":
             needs += _sglang_needs(model, inventory_dir, exists)
         elif role == "serve":

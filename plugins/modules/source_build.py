@@ -8,7 +8,7 @@
 DOCUMENTATION = r"""
 ---
 module: source_build
-short_description: Build pinned CMake sources with a checked patch set into a prefix named by version and patch set
+short_description: Build pinned CMake or Make sources with a checked patch set into a prefix named by version and patch set
 description:
   - Checks the whole state in one run, before anything is built or installed. Every component's source (a tarball
     whose sha256 must equal its pin, or a directory checked out at a pinned commit, named by O(components[].source_id))
@@ -22,8 +22,11 @@ description:
     its patches is tried with C(patch --dry-run) first (in check mode too); a patch that no longer applies (a
     version bump) fails naming the patch and the files it could not patch, before anything is built. Then C(cmake)
     configures, builds and installs each component in order into the prefix (C({prefix}) in O(components[].cmake_args)
-    names it, so a later component builds against an earlier one). Build output goes to O(log) as it happens
-    (C(tail -f) it; run the task with C(async) for long builds).
+    names it, so a later component builds against an earlier one); a component with O(components[].build=make) is
+    built with C(make) in its tree and the files O(components[].install) names are copied into C(<prefix>/bin) (as
+    nccl-tests, which has no install target). O(components[].links) are made in the prefix before the component
+    builds (e.g. an C(NCCL_HOME) layout over a pip wheel's NCCL) and checked on every run. Build output goes to
+    O(log) as it happens (C(tail -f) it; run the task with C(async) for long builds).
   - Supports check mode and diff mode. In check mode a source not on the host yet is reported as a change to come.
 version_added: "1.0.0"
 author:
@@ -98,6 +101,30 @@ options:
         type: list
         elements: str
         default: []
+      build:
+        description: How the component builds (C(cmake) configure/build/install, or C(make) in its tree).
+        type: str
+        choices: [cmake, make]
+        default: cmake
+      make_args:
+        description: C(make) arguments (variables such as C(CUDA_HOME=...)); C({prefix}) is replaced by the prefix.
+        type: list
+        elements: str
+        default: []
+      make_env:
+        description: Environment for C(make) (e.g. C(LD_RUN_PATH)); C({prefix}) in a value is replaced by the prefix.
+        type: dict
+        default: {}
+      install:
+        description: Files (globs relative to the source tree) a C(make) build leaves, copied into C(<prefix>/bin);
+          each must match.
+        type: list
+        elements: str
+        default: []
+      links:
+        description: Symlinks made in the prefix before the component builds (relative path in the prefix -> absolute target).
+        type: dict
+        default: {}
   check_files:
     description: Files under the prefix that must exist after the install; their sha256 is stamped and checked on
       every run (a file changed since the build means it is rebuilt).
@@ -136,6 +163,25 @@ EXAMPLES = r"""
         sha256: "{{ rigbook_pins.rccl.tests.source.sha256 }}"
         cmake_args: ["-DNCCL_HOME={prefix}"]
     check_files: [lib/librccl.so, bin/sendrecv_perf, bin/all_reduce_perf]
+
+- name: Build nccl-tests (make) against a pip wheel's NCCL, laid out as an NCCL_HOME in the prefix
+  rigbook.homelab.source_build:
+    name: nccl-tests
+    version: 2.19.6
+    prefix_root: /opt/rigbook/nccl-tests
+    components:
+      - name: nccl-tests
+        src: /var/cache/rigbook/src/nccl-tests-a0b82b2260cf5152b9f8c061bbf7eaf0ba096432
+        source_id: https://github.com/NVIDIA/nccl-tests.git@a0b82b2260cf5152b9f8c061bbf7eaf0ba096432
+        build: make
+        links:
+          nccl/include: /opt/rigbook/cuda/lib/python3.12/site-packages/nvidia/nccl/include
+          nccl/lib/libnccl.so: /opt/rigbook/cuda/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2
+          nccl/lib/libnccl.so.2: /opt/rigbook/cuda/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2
+        make_args: [MPI=0, "NCCL_HOME={prefix}/nccl", CUDA_HOME=/opt/rigbook/cuda/lib/python3.12/site-packages/nvidia/cu13]
+        make_env: {LD_RUN_PATH: "{prefix}/nccl/lib"}
+        install: [build/*_perf]
+    check_files: [bin/sendrecv_perf, bin/all_reduce_perf]
 """
 
 RETURN = r"""
@@ -182,6 +228,7 @@ stamp:
   type: dict
 """
 
+import glob
 import json
 import os
 import re
@@ -251,6 +298,12 @@ class Build(object):
                 patches=["%s -p%d %s" % (os.path.basename(p["path"]), p["strip"], p["sha256"].lower())
                          for p in comp["patches"]],
                 cmake_args=[a.replace("{prefix}", prefix) for a in comp["cmake_args"]]))
+            if comp["build"] == "make":  # only then: a CMake build's stamp stays what it was before make existed
+                comps[-1].update(build="make", make_args=[a.replace("{prefix}", prefix) for a in comp["make_args"]],
+                                 make_env=dict((k, v.replace("{prefix}", prefix)) for k, v in comp["make_env"].items()),
+                                 install=list(comp["install"]))
+            if comp["links"]:
+                comps[-1]["links"] = dict(comp["links"])
         return dict(name=self.p["name"], version=self.p["version"], prefix=prefix, components=comps)
 
     # --- what is there ----------------------------------------------------------------------------------------
@@ -280,16 +333,22 @@ class Build(object):
         for rel in self.p["check_files"]:
             if rel not in (stamp.get("files") or {}):
                 out.append("%s is not in the build stamp" % rel)
+        for comp in self.p["components"]:
+            for rel, target in sorted(comp["links"].items()):
+                path = os.path.join(prefix, rel)
+                if not os.path.islink(path) or os.readlink(path) != target:
+                    out.append("%s is no link to %s" % (path, target))
         return out
 
     # --- doing it ---------------------------------------------------------------------------------------------
 
-    def step(self, what, argv, cwd=None):
-        """Run ARGV with its output appended to the log as it runs; fail naming WHAT with the log's tail."""
+    def step(self, what, argv, cwd=None, env=None):
+        """Run ARGV (with ENV added) with its output appended to the log as it runs; fail naming WHAT with the log's
+        tail."""
         started = time.time()
-        self.note("%s: %s" % (what, " ".join(argv)))
+        self.note("%s: %s%s" % (what, "".join("%s=%s " % kv for kv in sorted((env or {}).items())), " ".join(argv)))
         rc, out, err = self.module.run_command(["sh", "-c", 'exec "$@" >>"$0" 2>&1', self.log] + argv, cwd=cwd,
-                                               environ_update={"LC_ALL": "C"})
+                                               environ_update=dict(env or {}, LC_ALL="C"))
         self.progress.append("%s (%.1f s)" % (what, time.time() - started))
         if rc != 0:
             self.fail("%s failed (rc %d); the end of %s:\n%s" % (what, rc, self.log, self.log_tail() or err or out))
@@ -326,9 +385,44 @@ class Build(object):
             if len(entries) == 1 and os.path.isdir(os.path.join(tree, entries[0])):
                 tree = os.path.join(tree, entries[0])
         top = os.path.join(tree, comp["subdir"]) if comp.get("subdir") else tree
-        if not os.path.isfile(os.path.join(top, "CMakeLists.txt")):
-            self.fail("%s: no CMakeLists.txt in %s of %s" % (comp["name"], comp.get("subdir") or "the top", src))
+        wanted = "Makefile" if comp["build"] == "make" else "CMakeLists.txt"
+        if not os.path.isfile(os.path.join(top, wanted)):
+            self.fail("%s: no %s in %s of %s" % (comp["name"], wanted, comp.get("subdir") or "the top", src))
         return top
+
+    def make_links(self, comp, prefix):
+        for rel, target in sorted(comp["links"].items()):
+            path = os.path.join(prefix, rel)
+            if not os.path.isdir(os.path.dirname(path)):
+                os.makedirs(os.path.dirname(path), 0o755)
+            if os.path.lexists(path):
+                os.unlink(path)
+            os.symlink(target, path)
+
+    def build_component(self, comp, top, work, prefix, jobs):
+        """Configure, build and install COMP (its tree at TOP) into PREFIX."""
+        self.make_links(comp, prefix)
+        if comp["build"] == "make":
+            env = dict((k, v.replace("{prefix}", prefix)) for k, v in comp["make_env"].items())
+            self.step("build %s" % comp["name"], ["make", "-C", top, "-j", jobs]
+                      + [a.replace("{prefix}", prefix) for a in comp["make_args"]], env=env)
+            bindir = os.path.join(prefix, "bin")
+            if not os.path.isdir(bindir):
+                os.makedirs(bindir, 0o755)
+            for pattern in comp["install"]:
+                found = sorted(glob.glob(os.path.join(top, pattern)))
+                if not found:
+                    self.fail("%s: the build left nothing matching %s in %s" % (comp["name"], pattern, top))
+                for path in found:
+                    shutil.copy2(path, os.path.join(bindir, os.path.basename(path)))
+            self.progress.append("install %s: %d files into %s" % (comp["name"], len(os.listdir(bindir)), bindir))
+            return
+        build = os.path.join(work, "build-" + comp["name"])
+        args = [a.replace("{prefix}", prefix) for a in comp["cmake_args"]]
+        self.step("configure %s" % comp["name"], ["cmake", "-S", top, "-B", build, "-DCMAKE_INSTALL_PREFIX=" + prefix,
+                                                   "-DCMAKE_BUILD_TYPE=Release"] + args)
+        self.step("build %s" % comp["name"], ["cmake", "--build", build, "--parallel", jobs])
+        self.step("install %s" % comp["name"], ["cmake", "--install", build])
 
     def apply_patches(self, comp, top, dry_run):
         run = lambda argv: self.module.run_command(argv, environ_update={"LC_ALL": "C"})  # noqa: E731
@@ -366,6 +460,11 @@ def main():
                     strip=dict(type="int", default=1),
                 )),
                 cmake_args=dict(type="list", elements="str", default=[]),
+                build=dict(type="str", choices=["cmake", "make"], default="cmake"),
+                make_args=dict(type="list", elements="str", default=[]),
+                make_env=dict(type="dict", default={}),
+                install=dict(type="list", elements="str", default=[]),
+                links=dict(type="dict", default={}),
             )),
             check_files=dict(type="list", elements="str", default=[]),
             build_root=dict(type="path", default="/var/cache/rigbook/build"),
@@ -377,7 +476,7 @@ def main():
     p = module.params
     check = module.check_mode
     for comp in p["components"]:
-        error = patch_set.resolve_paths(comp["patches"], comp.get("patch_dir"), comp["name"])
+        error = patch_set.resolve_paths(comp["patches"], comp.get("patch_dir"), comp["name"]) or _layout_error(comp)
         if error:
             module.fail_json(msg=error)
     b = Build(module)
@@ -431,13 +530,7 @@ def main():
                 jobs = str(p["jobs"] or os.cpu_count() or 1)
                 for comp, top in zip(p["components"], tops):
                     b.apply_patches(comp, top, dry_run=False)
-                    build = os.path.join(work, "build-" + comp["name"])
-                    args = [a.replace("{prefix}", prefix) for a in comp["cmake_args"]]
-                    b.step("configure %s" % comp["name"], ["cmake", "-S", top, "-B", build,
-                                                            "-DCMAKE_INSTALL_PREFIX=" + prefix,
-                                                            "-DCMAKE_BUILD_TYPE=Release"] + args)
-                    b.step("build %s" % comp["name"], ["cmake", "--build", build, "--parallel", jobs])
-                    b.step("install %s" % comp["name"], ["cmake", "--install", build])
+                    b.build_component(comp, top, work, prefix, jobs)
                 files = {}
                 for rel in p["check_files"]:
                     path = os.path.join(prefix, rel)
@@ -470,6 +563,31 @@ def main():
     module.exit_json(**result)
 
 
+def _inside(rel):
+    """REL is a plain relative path that stays inside the directory it is joined to."""
+    parts = rel.replace("\\", "/").split("/")
+    return bool(rel) and not rel.startswith("/") and ".." not in parts and "" not in parts
+
+
+def _layout_error(comp):
+    """Why COMP's links / install / make_env cannot be used as given (refused before anything is touched), or None."""
+    name = comp["name"]
+    for rel, target in comp["links"].items():
+        if not _inside(str(rel)):
+            return "%s: link %r is no relative path inside the prefix" % (name, rel)
+        if not isinstance(target, str) or not target.startswith("/"):
+            return "%s: link %s -> %r: the target must be an absolute path" % (name, rel, target)
+    for pattern in comp["install"]:
+        if not _inside(pattern):
+            return "%s: install %r is no relative path inside the source tree" % (name, pattern)
+    for key, value in comp["make_env"].items():
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", str(key)) or not isinstance(value, str):
+            return "%s: make_env %r: a variable name and a string value" % (name, key)
+    if comp["build"] != "make" and (comp["make_args"] or comp["install"] or comp["make_env"]):
+        return "%s: make_args, make_env and install are for build: make" % name
+    return None
+
+
 def _stamp_lines(stamp):
     if not stamp:
         return ["(no build)"]
@@ -477,7 +595,11 @@ def _stamp_lines(stamp):
     for comp in stamp.get("components") or []:
         lines.append("%s: source %s" % (comp["name"], comp["source"]))
         lines += ["%s: patch %s" % (comp["name"], patch) for patch in comp["patches"]]
-        lines.append("%s: cmake %s" % (comp["name"], " ".join(comp["cmake_args"])))
+        if comp.get("build") == "make":
+            lines.append("%s: make %s" % (comp["name"], " ".join(comp.get("make_args") or [])))
+        else:
+            lines.append("%s: cmake %s" % (comp["name"], " ".join(comp["cmake_args"])))
+        lines += ["%s: link %s -> %s" % (comp["name"], k, v) for k, v in sorted((comp.get("links") or {}).items())]
     return lines
 
 

@@ -198,7 +198,7 @@ def combination_problems(merged):
     vendor = gpu.get("vendor") if isinstance(gpu, dict) else None
     if not isinstance(pins, dict) or not isinstance(p2p, dict):
         return problems
-    wrong_vendor = {"nvidia": ("rocm", "rccl"), "amd": ("nvidia_driver", "cuda_toolchain")}
+    wrong_vendor = {"nvidia": ("rocm", "rccl"), "amd": ("nvidia_driver", "cuda_toolchain", "nccl_tests")}
     for pin in wrong_vendor.get(vendor, ()):
         if pin in pins:
             problems.append(("rigbook_pins", "rigbook_pins.%s" % pin,

@@ -216,17 +216,26 @@ def _cuda_toolchain(facts: dict, comments: dict, unpinned: list, notes: list) ->
                          f"crt and nvvm must be one release (a mix gives CCCL #error and PTX .version failures): the "
                          f"pin puts all at {version}")
     runtime = wheels.get("nvidia-cuda-runtime")
+    versions, read_from = {}, []
     if runtime and runtime[1] != version:
         if CUDA_VERSION.match(runtime[1]):
-            pin["versions"] = {"nvidia-cuda-runtime": runtime[1]}
-            comments[key + ("versions",)] = f"{where}: {runtime[0]}-{runtime[1]}.dist-info"
+            versions["nvidia-cuda-runtime"] = runtime[1]
+            read_from.append(f"{runtime[0]}-{runtime[1]}.dist-info")
         else:
             unpinned.append(f"rigbook_pins.cuda_toolchain.versions: {runtime[0]} {runtime[1]!r} is no x.y.z release")
+    for name_, version_ in _nccl_build_wheels(packages):  # what an nccl-tests build there compiles and links with
+        if CUDA_VERSION.match(version_):
+            versions[name_] = version_
+            read_from.append(f"{name_}-{version_}.dist-info")
+    if versions:
+        pin["versions"] = versions
+        comments[key + ("versions",)] = f"{where}: " + ", ".join(read_from)
     if name != "nvidia-cuda-nvcc":
         notes.append(f"{venv}: {name} is a suffixed (CUDA 12 style) wheel; the cuda_toolchain role installs "
                      "nvidia-cuda-runtime by that name and looks for nvcc under site-packages/nvidia/cuNN (CUDA 13's "
                      "layout): check what it would change with --check --diff")
-    folder = _one_wheel_folder(packages, pin["packages"] + (["nvidia-cuda-runtime"] if runtime else []))
+    folder = _one_wheel_folder(packages, pin["packages"] + (["nvidia-cuda-runtime"] if runtime else [])
+                               + [name for name in versions if name != "nvidia-cuda-runtime"])
     if folder:
         pin["wheel_dir"] = folder
         comments[key + ("wheel_dir",)] = ("--wheels-dir: the folder with the wheel of each of "
@@ -238,6 +247,24 @@ def _cuda_toolchain(facts: dict, comments: dict, unpinned: list, notes: list) ->
                         + "; ".join(archives) + " (set wheel_dir to a folder of those wheels on the box if the "
                         "index does not have them)")
     return pin
+
+
+def _nccl_build_wheels(packages: list) -> list:
+    """[(name, version)] of the NCCL wheel (nvidia-nccl-cuNN) and the CCCL headers' among PACKAGES (host_model's
+    names: what the nccl_tests role builds against)."""
+    from ansible_collections.rigbook.homelab.plugins.module_utils.host_model import CCCL_WHEEL, NCCL_WHEEL
+
+    return sorted((p["name"], p.get("version") or "") for p in packages or []
+                  if NCCL_WHEEL.match(p.get("name") or "") or p.get("name") == CCCL_WHEEL)
+
+
+def _nccl_tests(pins: dict, unpinned: list) -> None:
+    """nccl-tests are files on the box that no process shows: named as not read when an NCCL is pinned."""
+    versions = (pins.get("cuda_toolchain") or {}).get("versions") or {}
+    if any(name.startswith("nvidia-nccl-cu") for name in versions):
+        unpinned.append("rigbook_pins.nccl_tests: which nccl-tests the box runs is not read (set version and source: "
+                        "{repo, commit} or a tarball {path or url, sha256}, and cuda_archs; without them the "
+                        "collectives layer has no tool: rigbook_verify.allow_unknown: [collectives])")
 
 
 ROCM_RELEASE = re.compile(r"^([0-9]+\.[0-9]+(\.[0-9]+)?)")
@@ -654,6 +681,7 @@ def adopt_of(facts: dict, host: str = "HOST", inventory_dir=".", wheels_dir: str
     cuda = _cuda_toolchain(facts, comments, unpinned, notes)
     if cuda:
         pins["cuda_toolchain"] = cuda
+        _nccl_tests(pins, unpinned)
     rocm = _rocm(facts, comments, unpinned, notes)
     if rocm:
         pins["rocm"] = rocm

@@ -1,7 +1,8 @@
 """Pack the test stand-ins into an offline artifact directory, byte for byte reproducibly.
 
 TEST ARTIFACTS: tests/artifacts/nvidia-fork-standin/ (a tiny real kernel module with the P2P fork's
-DKMS layout) and nvidia-installer-standin.run (a stand-in for the userspace .run installer). The lab
+DKMS layout), nvidia-installer-standin.run (a stand-in for the userspace .run installer) and
+nccl-tests-standin/ (a stand-in for nccl-tests with its make interface: see its Makefile). The lab
 inventory pins their sha256 (inventory/lab/group_vars/x99_3080.yml); tests/unit/rigbook/test_nvidia_roles.py
 (test_standin_artifacts_are_reproducible_and_pinned) checks the pins match. Run as root to fill the lab's artifact
 directory:
@@ -24,9 +25,37 @@ VERSION = "615.71.09"
 DEFAULT_DIR = Path("/var/cache/rigbook/artifacts")
 TARBALL = f"nvidia-fork-standin-{VERSION}.tar.gz"
 INSTALLER = f"nvidia-installer-standin-{VERSION}.run"
+NCCL_TESTS_VERSION = "2.19.6"
+NCCL_TESTS = f"nccl-tests-standin-{NCCL_TESTS_VERSION}.tar.gz"
 
 
-def tarball_bytes() -> bytes:
+def tree_files(tree: Path) -> dict:
+    """{relative path: bytes} of every file under TREE."""
+    return {p.relative_to(tree).as_posix(): p.read_bytes() for p in sorted(tree.rglob("*")) if p.is_file()}
+
+
+def tarball_bytes(top: str, files: dict) -> bytes:
+    """A reproducible .tar.gz of FILES ({relative path: bytes}) under the directory TOP, with its directories."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        dirs = sorted({"/".join(name.split("/")[:i]) for name in files for i in range(1, name.count("/") + 1)})
+        for d in [""] + dirs:
+            info = tarfile.TarInfo(f"{top}/{d}".rstrip("/"))
+            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, 0
+            info.uname = info.gname = "root"
+            tar.addfile(info)
+        for name, data in sorted(files.items()):
+            info = tarfile.TarInfo(f"{top}/{name}")
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            info.uname = info.gname = "root"
+            tar.addfile(info, io.BytesIO(data))
+    out = io.BytesIO()
+    with gzip.GzipFile(fileobj=out, mode="wb", mtime=0, filename="") as gz:
+        gz.write(raw.getvalue())
+    return out.getvalue()
+
+
+def driver_tarball_bytes() -> bytes:
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tar:
         top = f"nvidia-fork-standin-{VERSION}"
@@ -44,11 +73,13 @@ def tarball_bytes() -> bytes:
 
 
 def pack(dest: Path = DEFAULT_DIR) -> dict:
-    """Write both artifacts into DEST; return {file name: sha256}."""
+    """Write the NVIDIA host's artifacts into DEST; return {file name: sha256}."""
     dest.mkdir(parents=True, exist_ok=True)
-    (dest / TARBALL).write_bytes(tarball_bytes())
+    (dest / TARBALL).write_bytes(driver_tarball_bytes())
     shutil.copyfile(HERE / "nvidia-installer-standin.run", dest / INSTALLER)
-    return {name: hashlib.sha256((dest / name).read_bytes()).hexdigest() for name in (TARBALL, INSTALLER)}
+    (dest / NCCL_TESTS).write_bytes(tarball_bytes(f"nccl-tests-{NCCL_TESTS_VERSION}",
+                                                  tree_files(HERE / "nccl-tests-standin")))
+    return {name: hashlib.sha256((dest / name).read_bytes()).hexdigest() for name in (TARBALL, INSTALLER, NCCL_TESTS)}
 
 
 if __name__ == "__main__":

@@ -16,11 +16,9 @@ with figures from the host's recorded evidence, chosen by the transport the inst
 
 from __future__ import annotations
 
-import gzip
 import hashlib
-import io
+import importlib.util
 import sys
-import tarfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -36,28 +34,17 @@ BUMP_TO = ("  // User override (NCCL_P2P_LEVEL / NCCL_P2P_DISABLE), cached per p
            "  NCCLCHECK(ncclGetUserP2pLevel(&p2pLevel));\n")
 
 
-def _files(tree: Path) -> dict:
-    return {p.relative_to(tree).as_posix(): p.read_bytes() for p in sorted(tree.rglob("*")) if p.is_file()}
+def _packing():
+    """pack.py beside this file (the one tarball writer of the stand-ins), loaded by path: the lab loads this file
+    by path too."""
+    spec = importlib.util.spec_from_file_location("rigbook_standin_pack", HERE / "pack.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def tarball_bytes(top: str, files: dict) -> bytes:
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        dirs = sorted({"/".join(name.split("/")[:i]) for name in files for i in range(1, name.count("/") + 1)})
-        for d in [""] + dirs:
-            info = tarfile.TarInfo(f"{top}/{d}".rstrip("/"))
-            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, 0
-            info.uname = info.gname = "root"
-            tar.addfile(info)
-        for name, data in sorted(files.items()):
-            info = tarfile.TarInfo(f"{top}/{name}")
-            info.size, info.mode, info.mtime = len(data), 0o644, 0
-            info.uname = info.gname = "root"
-            tar.addfile(info, io.BytesIO(data))
-    out = io.BytesIO()
-    with gzip.GzipFile(fileobj=out, mode="wb", mtime=0, filename="") as gz:
-        gz.write(raw.getvalue())
-    return out.getvalue()
+_files = _packing().tree_files
+tarball_bytes = _packing().tarball_bytes
 
 
 def bumped_files() -> dict:

@@ -342,6 +342,8 @@ def load_collectives(state=None):
         _LOADED.append(handle)  # kept: the library stays mapped for the engine's life
         if state is not None and hasattr(handle, "rcclStandinP2p"):
             _ask_the_library(handle, state)
+        elif state is not None:  # a real NCCL (the lab's NVIDIA host: the pip wheel's) answers its version only
+            _ask_the_version(handle, state)
         return candidate
     log("no collectives library (" + ", ".join(COLLECTIVES) + ") could be loaded: none is mapped", 0)
     return None
@@ -357,14 +359,21 @@ def _ask_the_library(handle, state) -> None:
             raise StandinError("the collectives library's ncclCommInitAll failed")
         if not handle.rcclStandinP2p(ctypes.c_void_p(comms[0])):
             state.ev["transport"] = "shm"
-        version = ctypes.c_int()
-        if handle.ncclGetVersion(ctypes.byref(version)) == 0:
-            code = version.value
-            state.ev["nccl_version"] = f"{code // 10000}.{code // 100 % 100}.{code % 100}"
+        _ask_the_version(handle, state)
     finally:
         if quiet is not None:
             os.environ["NCCL_DEBUG"] = quiet
     state.custom_ar = state._custom_all_reduce()
+
+
+def _ask_the_version(handle, state) -> None:
+    """The NCCL version the engine logs: the loaded library's ncclGetVersion (MAJOR*10000 + MINOR*100 + PATCH)."""
+    import ctypes
+
+    version = ctypes.c_int()
+    if hasattr(handle, "ncclGetVersion") and handle.ncclGetVersion(ctypes.byref(version)) == 0:
+        code = version.value
+        state.ev["nccl_version"] = f"{code // 10000}.{code // 100 % 100}.{code % 100}"
 
 
 _LOADED: list = []

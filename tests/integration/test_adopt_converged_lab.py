@@ -80,11 +80,13 @@ def test_adopt_of_the_converged_lab_gives_pins_equal_in_meaning_to_the_lab_inven
     said, adopted = _adopt("lab-3080", inv, tmp_path / "lab-3080.yml")
     assert "rigbook_pins.nvidia_driver.source and userspace_installer" in said  # files on the owner's side
     assert "are the ones rigbook's patches of its stamp change: pinned by name" in said
+    assert "rigbook_pins.nccl_tests: which nccl-tests the box runs is not read" in said
     lab_vars = lab.host_vars("lab-3080")
 
     def fill_3080(pins, serve, lab_pins, lab_serve):
         for key in ("source", "userspace_installer"):
             pins["nvidia_driver"][key] = lab_pins["nvidia_driver"][key]
+        pins["nccl_tests"] = lab_pins["nccl_tests"]  # files on the box no process shows: listed as not read
         pins["sglang"]["import_check"] = False  # the lab has no GPU to import SGLang's kernels on (inventory/lab)
         _lab_wait(serve, lab_serve)
 

@@ -63,6 +63,9 @@ def pack_standins(pins: dict) -> None:
     driver = pins["nvidia_driver"]
     wanted = {driver["source"]["path"]: driver["source"]["sha256"],
               driver["userspace_installer"]["path"]: driver["userspace_installer"]["sha256"]}
+    tests = (pins.get("nccl_tests") or {}).get("source") or {}
+    if "path" in tests:
+        wanted[tests["path"]] = tests["sha256"]
     if all(_on_this_machine(p).is_file() and _sha256(_on_this_machine(p)) == s for p, s in wanted.items()):
         progress("artifacts: driver stand-ins present, sha256 as pinned")
         return
@@ -76,15 +79,16 @@ def pack_standins(pins: dict) -> None:
 
 def download_wheels(pins: dict) -> None:
     toolchain = pins["cuda_toolchain"]
-    names = list(toolchain["packages"]) + EXTRA_WHEELS
+    wanted = {name: toolchain["version"] for name in list(toolchain["packages"]) + EXTRA_WHEELS}
+    wanted.update(toolchain.get("versions") or {})  # e.g. the NCCL and CCCL wheels the nccl-tests build needs
     wheel_dir = _on_this_machine(toolchain["wheel_dir"])
-    have = {p.name.split("-")[0].replace("_", "-") for p in wheel_dir.glob("*.whl")}
-    missing = [n for n in names if n not in have]
+    have = {tuple(p.name.split("-")[:2]) for p in wheel_dir.glob("*.whl")}
+    missing = [n for n in wanted if (n.replace("-", "_"), wanted[n]) not in have]
     if not missing:
         progress(f"artifacts: CUDA {toolchain['version']} wheels present in {wheel_dir}")
         return
     wheel_dir.mkdir(parents=True, exist_ok=True)
-    specs = [f"{name}=={toolchain['version']}" for name in missing]
+    specs = [f"{name}=={wanted[name]}" for name in missing]
     progress(f"artifacts: downloading {', '.join(specs)} into {wheel_dir} (once per machine) ...")
     proc = subprocess.run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q",
                            "--only-binary=:all:", "-d", str(wheel_dir), *specs],
@@ -172,35 +176,47 @@ def pack_rccl_standins(pins: dict) -> None:
     progress(f"artifacts: packed the RCCL stand-ins into {source_dir()}")
 
 
+HASHES = r"--hash=sha256:[0-9a-f]{64}(?:\s+--hash=sha256:[0-9a-f]{64})*"
+LOCK_LINE = re.compile(r"^([A-Za-z0-9._-]+)==([^\s;]+)\s+(" + HASHES + ")", re.M)
+
+
 def sglang_artifacts(pins: dict) -> None:
-    """The pinned SGLang wheel in its wheel directory (downloaded once, without dependencies, and checked against
-    the lab's lock) and the engine TEST STAND-IN (tests/artifacts/sglang_standin.py) beside the other artifacts."""
+    """Every wheel the lab's SGLang locks pin, in the SGLang wheel directory (each downloaded once, without
+    dependencies, and checked against its lock's sha256), and the engine TEST STAND-IN
+    (tests/artifacts/sglang_standin.py) beside the other artifacts."""
     sglang = pins.get("sglang") or {}
     if not sglang:
         return
     wheel_dir = _on_this_machine(sglang["wheel_dir"])
-    lock = (paths.collection_root() / "inventory/lab" / sglang["lock"]).read_text()
-    hashes = set(re.findall(r"--hash=sha256:([0-9a-f]{64})", lock))
-    wheels = sorted(wheel_dir.glob(f"sglang-{sglang['version']}-*.whl"))
-    if not wheels:
-        wheel_dir.mkdir(parents=True, exist_ok=True)
-        progress(f"artifacts: downloading sglang=={sglang['version']} (no dependencies) into {wheel_dir} (once) ...")
-        proc = subprocess.run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q",
-                               "--no-deps", "--only-binary=:all:", "-d", str(wheel_dir),
-                               f"sglang=={sglang['version']}"], capture_output=True, text=True, timeout=1800)
-        if proc.returncode != 0:
-            tail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or ["no output"]
-            raise LabFailure(f"artifacts: pip download sglang failed: {tail[0]}")
-        wheels = sorted(wheel_dir.glob(f"sglang-{sglang['version']}-*.whl"))
-    for wheel in wheels:
-        if _sha256(wheel) not in hashes:
-            raise LabFailure(f"artifacts: {wheel} has sha256 {_sha256(wheel)}, not one the lab's lock "
-                             f"inventory/lab/{sglang['lock']} pins")
+    for lock_name in sorted({sglang["lock"]} | {(amd_pins().get("sglang") or {}).get("lock") or sglang["lock"]}):
+        lock = (paths.collection_root() / "inventory/lab" / lock_name).read_text()
+        for name, version, hashes in LOCK_LINE.findall(lock):
+            _locked_wheel(wheel_dir, name, version, set(re.findall(r"[0-9a-f]{64}", hashes)), lock_name)
     standin = paths.collection_root() / "tests/artifacts/sglang_standin.py"
     target = source_dir() / "sglang-standin.py"
     if not target.is_file() or target.read_bytes() != standin.read_bytes():
         shutil.copyfile(standin, target)
-    progress(f"artifacts: sglang {sglang['version']} wheel (sha256 as locked) and the engine stand-in present")
+    progress(f"artifacts: the locked wheels (sha256 as locked) and the engine stand-in present in {wheel_dir}")
+
+
+def _locked_wheel(wheel_dir: Path, name: str, version: str, hashes: set, lock_name: str) -> None:
+    """NAME==VERSION's wheel in WHEEL_DIR, downloaded once without dependencies; its sha256 must be one of HASHES."""
+    stem = f"{name.replace('-', '_')}-{version}-"
+    wheels = sorted(w for w in wheel_dir.glob("*.whl") if w.name.lower().startswith(stem.lower()))
+    if not wheels:
+        wheel_dir.mkdir(parents=True, exist_ok=True)
+        progress(f"artifacts: downloading {name}=={version} (no dependencies) into {wheel_dir} (once) ...")
+        proc = subprocess.run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q",
+                               "--no-deps", "--only-binary=:all:", "-d", str(wheel_dir), f"{name}=={version}"],
+                              capture_output=True, text=True, timeout=1800)
+        if proc.returncode != 0:
+            tail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or ["no output"]
+            raise LabFailure(f"artifacts: pip download {name} failed: {tail[0]}")
+        wheels = sorted(w for w in wheel_dir.glob("*.whl") if w.name.lower().startswith(stem.lower()))
+    for wheel in wheels:
+        if _sha256(wheel) not in hashes:
+            raise LabFailure(f"artifacts: {wheel} has sha256 {_sha256(wheel)}, not one the lab's lock "
+                             f"inventory/lab/{lock_name} pins")
 
 
 def prepare() -> None:

@@ -145,8 +145,9 @@ def _wheels(*pairs, install="index"):
     return [{"name": name, "version": version, "install": install} for name, version in pairs]
 
 
-CUDA_13 = _wheels(("nvidia-cuda-crt", "13.0.88"), ("nvidia-cuda-nvcc", "13.0.88"), ("nvidia-cuda-runtime", "13.0.88"),
-                  ("nvidia-nvvm", "13.0.88"), ("torch", "2.9.1"))
+CUDA_13 = _wheels(("nvidia-cuda-cccl", "13.0.85"), ("nvidia-cuda-crt", "13.0.88"), ("nvidia-cuda-nvcc", "13.0.88"),
+                  ("nvidia-cuda-runtime", "13.0.88"), ("nvidia-nccl-cu13", "2.27.7"), ("nvidia-nvvm", "13.0.88"),
+                  ("torch", "2.9.1"))
 
 
 def _lab_pins(group):
@@ -159,9 +160,14 @@ def test_the_cuda_wheels_of_the_default_venv_are_pinned_as_the_3080_twin_pins_th
     variables, comments, unpinned, notes = adopt.variables_of(facts)
     lab = _lab_pins("x99_3080")["cuda_toolchain"]
     lab.pop("wheel_dir")  # the lab's offline folder: a box installed from the index needs none
-    assert variables["rigbook_pins"]["cuda_toolchain"] == lab
+    assert variables["rigbook_pins"]["cuda_toolchain"] == lab  # the NCCL and CCCL wheels nccl-tests build with too
     assert "nvidia-cuda-nvcc-13.0.88.dist-info" in comments[("rigbook_pins", "cuda_toolchain", "version")]
+    assert comments[("rigbook_pins", "cuda_toolchain", "versions")] == (
+        "/opt/rigbook/cuda (the cuda_toolchain role's default venv): nvidia-cuda-cccl-13.0.85.dist-info, "
+        "nvidia-nccl-cu13-2.27.7.dist-info")
     assert not [u for u in unpinned if "cuda_toolchain" in u] and not [n for n in notes if "problem" in n]
+    # nccl-tests are files no process shows: with an NCCL pinned, named as not read
+    assert [u for u in unpinned if u.startswith("rigbook_pins.nccl_tests: which nccl-tests the box runs is not read")]
     assert yaml.safe_load(adopt.render("box", variables, comments, unpinned, notes)) == variables
     # the wheels of every pinned package (and the runtime) found in one --wheels-dir folder: that folder is the pin's
     folder = "/var/cache/rigbook/artifacts/wheels/cuda-13.0.88"

@@ -61,7 +61,8 @@ def _readiness_roles():
 
 
 # Ansible's facts of a Debian 12 host (the lab's), as the preflight play gathers them.
-DEBIAN_FACTS = {"distribution": "Debian", "distribution_version": "12", "distribution_release": "bookworm"}
+DEBIAN_FACTS = {"distribution": "Debian", "distribution_version": "12", "distribution_release": "bookworm",
+                "python": {"version": {"major": 3, "minor": 11, "micro": 2}}}
 
 
 # --- the model --------------------------------------------------------------------------------------------------
@@ -73,8 +74,8 @@ def test_the_lab_twins_models():
         "expected": False, "declared": True, "nccl_p2p_level": "",
         "reason": nvidia["p2p"]["reason"]} and nvidia["p2p"]["reason"].startswith("BAR1 is 256 MiB")
     assert nvidia["gpu_env_file"] == amd["gpu_env_file"] == "/etc/rigbook/gpu.env"
-    assert nvidia["roles"] == ["bios_checklist", "kernel", "nvidia_p2p_driver", "cuda_toolchain", "multi_user_target",
-                               "p2p_verify", "sglang", "serve"]
+    assert nvidia["roles"] == ["bios_checklist", "kernel", "nvidia_p2p_driver", "cuda_toolchain", "nccl_tests",
+                               "multi_user_target", "p2p_verify", "sglang", "serve"]
     assert amd["roles"] == ["bios_checklist", "kernel", "amd_rocm", "rccl", "p2p_verify", "sglang", "serve"]
     assert nvidia["pins"]["nvidia_driver"]["uvm_disable_hmm"] is True  # iommu=pt on the command line
     assert nvidia["pins"]["nvidia_driver"]["stock_packages"][-2:] == ["nvidia-dkms-615", "nvidia-dkms-615-open"]
@@ -84,10 +85,19 @@ def test_the_lab_twins_models():
     assert [a["sha256"][:8] for a in amd["artifacts"]] == ["e0061f95", "2a40c463", "845e73df", "e9b9a1fe", "f309dbbf",
                                                            "6adb60d9"]
     assert amd["artifacts"][3]["dest_dir"] == host_model.KEY_DIR
-    # the RCCL the engine must run: torch's bundled copy linked to the rccl role's build; NVIDIA builds no NCCL
+    # the library the engine must run: torch's bundled copy linked to the one the collectives tests load (the
+    # rccl role's build; the NCCL wheel of the CUDA toolchain venv, laid out in the nccl-tests prefix)
     assert amd["engine_libraries"] == [{"bundled": "torch/lib/librccl.so.1",
                                         "target": "/opt/rigbook/rccl/current/lib/librccl.so.1"}]
-    assert nvidia["engine_libraries"] == []
+    assert nvidia["engine_libraries"] == [{"bundled": "nvidia/nccl/lib/libnccl.so.2",
+                                           "target": "/opt/rigbook/nccl-tests/current/nccl/lib/libnccl.so.2"}]
+    assert (amd["collectives_tests_dir"], nvidia["collectives_tests_dir"]) == (
+        "/opt/rigbook/rccl/current/bin", "/opt/rigbook/nccl-tests/current/bin")
+    site = "/opt/rigbook/cuda/lib/python3.11/site-packages"
+    assert nvidia["pins"]["cuda_toolchain"]["home"] == site + "/nvidia/cu13"
+    assert nvidia["pins"]["cuda_toolchain"]["nccl"] == {"package": "nvidia-nccl-cu13", "version": "2.27.7",
+                                                        "home": site + "/nvidia/nccl"}
+    assert nvidia["artifacts"][-1]["path"].endswith("nccl-tests-standin-2.19.6.tar.gz")
     (serve,) = nvidia["serve"]
     assert serve["unit"] == "rigbook-serve-standin.service" and serve["bind"] == "127.0.0.1"
     assert serve["startup_timeout_s"] == 60 and serve["api_key_file"] is None
@@ -96,16 +106,36 @@ def test_the_lab_twins_models():
     assert host_model.readiness(amd, inventory_dir=str(LAB)) == []
 
 
+def test_nccl_tests_needs_the_nccl_and_cccl_wheels_pinned_in_the_toolchain():
+    variables = _vars(LAB, "x99_3080")
+    variables["rigbook_pins"]["cuda_toolchain"].pop("versions")
+    model = host_model.build(variables, DEBIAN_FACTS)
+    needs = host_model.readiness(model, roles=["nccl_tests"])
+    assert [n["key"] for n in needs] == ["rigbook_pins.cuda_toolchain.versions"] * 2
+    assert "add nvidia-nccl-cu13: VERSION to cuda_toolchain.versions" in needs[0]["text"]
+    assert "fatal error: nv/target: No such file or directory" in needs[1]["text"]
+    assert model["engine_libraries"] == []  # no pinned NCCL: nothing to link the engine's copy to
+    variables["rigbook_pins"]["nccl_tests"]["source"] = {"repo": "https://github.com/NVIDIA/nccl-tests.git",
+                                                         "commit": "v2.19.6"}  # a tag is no pin
+    needs = host_model.readiness(host_model.build(variables, DEBIAN_FACTS), roles=["nccl_tests"])
+    assert "rigbook_pins.nccl_tests.source" in [n["key"] for n in needs]
+    without = host_model.build(variables)  # no facts (`provision validate`): the venv's Python is not known
+    assert without["pins"]["cuda_toolchain"]["home"] == "" and without["pins"]["cuda_toolchain"]["nccl"] == {}
+
+
 def test_the_layers_a_box_must_measure_and_those_it_may_leave_unknown():
     import json
 
     from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import registry
 
-    nvidia = host_model.build(_vars(LAB, "x99_3080"))
+    variables = _vars(LAB, "x99_3080")
+    variables["rigbook_verify"] = {"allow_unknown": ["collectives"]}
+    nvidia = host_model.build(variables)
     assert nvidia["verify"] == {"expected_layers": registry.names(), "allow_unknown": ["collectives"],
                                 "collectives_python": ""}
     view = host_model.ladder_view(nvidia)
     assert view["expected_layers"] == registry.names() and view["allow_unknown"] == ["collectives"]
+    assert host_model.build(_vars(LAB, "x99_3080"))["verify"]["allow_unknown"] == []  # the lab measures every layer
     bare = host_model.build({"rigbook_gpu": {"vendor": "amd", "count": 2}})
     assert bare["verify"]["expected_layers"] == registry.names()[:-1]  # no serve profile: no serving layer
     assert host_model.build({})["verify"]["expected_layers"] == []  # no GPUs declared: nothing to expect

@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tarfile
 from pathlib import Path
@@ -287,3 +288,100 @@ def test_stand_in_all_gather_and_reduce_scatter_print_seed_004_in_the_tools_form
     assert (rows["all_gather"]["busbw_gbs"], rows["all_gather"]["algbw_gbs"]) == (9.16, 18.32)
     assert (rows["reduce_scatter"]["busbw_gbs"], rows["reduce_scatter"]["algbw_gbs"]) == (8.92, 17.84)
     assert rows["all_gather"]["wrong"] == 0 and rows["reduce_scatter"]["out_of_bounds"] == 0
+
+
+# --- make components (nccl-tests' way: make in the tree, programs copied, an NCCL_HOME of links) ----------------
+
+MAKEFILE = """\
+DEP ?=
+BUILDDIR ?= build
+all: $(BUILDDIR)/hello_perf
+$(BUILDDIR)/hello_perf: hello.cc
+\tmkdir -p $(BUILDDIR)
+\t$(CXX) -I$(DEP)/include -o $@ $< -L$(DEP)/lib -ldemo
+"""
+HELLO = '#include <cstdio>\n#include "demo.h"\nint main() { printf("%d\\n", demo()); return 0; }\n'
+
+
+@pytest.fixture
+def make_tree(tmp_path):
+    """(tarball, sha256, dependency dir): a make project and a shared library it links (libdemo.so.2 only, as a pip
+    wheel ships libnccl.so.2 without the unversioned name)."""
+    dep = tmp_path / "wheel"
+    (dep / "include").mkdir(parents=True)
+    (dep / "lib").mkdir()
+    (dep / "include/demo.h").write_text("int demo();\n")
+    (dep / "demo.cc").write_text("int demo() { return 2277; }\n")
+    subprocess.run(["c++", "-shared", "-fPIC", "-Wl,-soname,libdemo.so.2", "-o", str(dep / "lib/libdemo.so.2"),
+                    str(dep / "demo.cc")], check=True)
+    src = tmp_path / "src"
+    (src / "tests-1.0").mkdir(parents=True)
+    (src / "tests-1.0/Makefile").write_text(MAKEFILE)
+    (src / "tests-1.0/hello.cc").write_text(HELLO)
+    tarball = tmp_path / "tests-1.0.tar.gz"
+    with tarfile.open(tarball, "w:gz") as tar:
+        tar.add(src / "tests-1.0", arcname="tests-1.0")
+    return tarball, sha256(tarball), dep
+
+
+def make_args(tmp_path, make_tree, **comp):
+    tarball, digest, dep = make_tree
+    component = dict(name="tests", src=str(tarball), sha256=digest, build="make",
+                     links={"dep/include": str(dep / "include"), "dep/lib/libdemo.so": str(dep / "lib/libdemo.so.2"),
+                            "dep/lib/libdemo.so.2": str(dep / "lib/libdemo.so.2")},
+                     make_args=["DEP={prefix}/dep"], make_env={"LD_RUN_PATH": "{prefix}/dep/lib"},
+                     install=["build/*_perf"])
+    component.update(comp)
+    return dict(name="tests", version="1.0", prefix_root=str(tmp_path / "opt"), components=[component],
+                check_files=["bin/hello_perf"], build_root=str(tmp_path / "build"), jobs=2)
+
+
+@needs_tools
+def test_make_build_links_the_dependency_copies_the_programs_and_a_rerun_runs_nothing(tmp_path, make_tree):
+    a = make_args(tmp_path, make_tree)
+    first, failed, ran = real(a)
+    assert not failed, first.get("msg")
+    prefix = Path(first["prefix"])
+    assert [argv[4:6] + argv[7:] for argv in ran] == [["make", "-C", "-j", "2", f"DEP={prefix}/dep"]]  # one make run
+    program = prefix / "bin/hello_perf"
+    assert subprocess.run([str(program)], capture_output=True, text=True).stdout == "2277\n"
+    # it loads the library through the prefix's links (LD_RUN_PATH at link time), whatever the caller's paths
+    dynamic = subprocess.run(["readelf", "-d", str(program)], capture_output=True, text=True).stdout
+    assert f"[{prefix}/dep/lib]" in dynamic
+    assert os.readlink(prefix / "dep/lib/libdemo.so") == str(make_tree[2] / "lib/libdemo.so.2")
+    assert first["stamp"]["components"][0]["make_args"] == [f"DEP={prefix}/dep"]
+    second, failed, ran = real(a)
+    assert not failed and not second["changed"] and ran == [] and second["reasons"] == []
+
+
+@needs_tools
+def test_a_link_pointing_elsewhere_is_a_reason_to_rebuild(tmp_path, make_tree):
+    a = make_args(tmp_path, make_tree)
+    first, failed, _ = real(a)
+    assert not failed, first.get("msg")
+    link = Path(first["prefix"]) / "dep/lib/libdemo.so.2"
+    link.unlink()
+    link.symlink_to("/nonexistent/libdemo.so.2")
+    second, failed, _ = real(a, check_mode=True)
+    assert not failed and second["changed"]
+    assert second["reasons"] == [f"{link} is no link to {make_tree[2] / 'lib/libdemo.so.2'}"]
+
+
+@pytest.mark.parametrize("comp, words", [
+    ({"links": {"../escape": "/tmp/x"}}, "link '../escape' is no relative path inside the prefix"),
+    ({"links": {"dep/x": "relative/target"}}, "the target must be an absolute path"),
+    ({"install": ["/etc/passwd"]}, "install '/etc/passwd' is no relative path inside the source tree"),
+    ({"make_env": {"BAD NAME": "x"}}, "make_env 'BAD NAME'"),
+    ({"build": "cmake"}, "make_args, make_env and install are for build: make"),
+])
+def test_bad_make_component_is_refused_before_anything_runs(tmp_path, make_tree, comp, words):
+    result, failed, ran = real(make_args(tmp_path, make_tree, **comp))
+    assert failed and words in result["msg"] and ran == []
+    assert not (tmp_path / "opt").exists()
+
+
+@needs_tools
+def test_an_install_glob_matching_nothing_fails_naming_it(tmp_path, make_tree):
+    result, failed, _ = real(make_args(tmp_path, make_tree, install=["build/*_perf", "build/missing_*"]))
+    assert failed and "the build left nothing matching build/missing_*" in result["msg"]
+    assert not (tmp_path / "opt/current").exists()

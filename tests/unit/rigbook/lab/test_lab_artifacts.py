@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+from unittest import mock
 
 import pytest
 
@@ -40,6 +41,15 @@ def test_wheels_already_there_are_not_downloaded(artifact_dir, capsys, monkeypat
     wheels.mkdir(parents=True)
     for name in ("nvidia_cuda_nvcc", "nvidia_cuda_crt", "nvidia_nvvm", "nvidia_cuda_runtime"):
         (wheels / f"{name}-13.0.88-py3-none-manylinux2014_x86_64.whl").write_bytes(b"")
+    # the pin's other versions (the NCCL and CCCL wheels the nccl-tests build needs), each at its own version
+    (wheels / "nvidia_cuda_cccl-13.0.85-py3-none-manylinux2014_x86_64.whl").write_bytes(b"")
+    stale = wheels / "nvidia_nccl_cu13-2.32.6-py3-none-manylinux_2_27_x86_64.whl"
+    stale.write_bytes(b"")
+    ran = []
+    monkeypatch.setattr(artifacts.subprocess, "run", lambda argv, **kw: ran.append(argv) or mock.Mock(returncode=0))
+    artifacts.download_wheels(PINS)
+    assert [argv[-1] for argv in ran] == ["nvidia-nccl-cu13==2.27.7"]  # another version there is not the pinned one
+    (wheels / "nvidia_nccl_cu13-2.27.7-py3-none-manylinux2014_x86_64.whl").write_bytes(b"")
 
     def no_download(*args, **kwargs):
         raise AssertionError(f"pip was run: {args}")

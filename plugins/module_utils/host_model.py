@@ -90,6 +90,12 @@ NVIDIA_STOCK_UBUNTU = ("linux-modules-nvidia-*", "linux-objects-nvidia-*", "linu
                        "nvidia-headless-*", "nvidia-utils-*", "nvidia-compute-utils-*", "nvidia-firmware-*",
                        "xserver-xorg-video-nvidia-*", "libnvidia-*-[0-9]*")
 ROCM_DKMS_PACKAGE = "amdgpu-dkms"
+# RDNA4 (GC 12.0.x: gfx1200/gfx1201; the R9700 and RX 9070/9060) is driven by mainline amdgpu from Linux 6.11 (the
+# drm-next pull for 6.11-rc1: "GC 12.0 support"); a kernel series before that needs AMD's amdgpu-dkms or a kernel
+# carrying those patches (docs/amd.md, "amdgpu-dkms and RDNA4", with the sources).
+RDNA4_TARGET = re.compile(r"^gfx120[0-9a-f]$")
+RDNA4_MODEL = re.compile(r"\b(R9700|RX ?90[67]0( ?XT| ?GRE)?)\b", re.I)
+GFX12_IN_TREE = (6, 11)
 HEX40 = re.compile(r"^[0-9a-f]{40}$")
 COMMIT = re.compile(r"^[0-9a-f]{7,40}$")
 
@@ -266,6 +272,7 @@ def rocm_pin(pins, p2p):
         # installed, pinned and held with the runtime by the amd_rocm role: the rccl role's build uses them
         "build_packages": build_packages,
         "dkms": raw.get("dkms") is True,
+        "dkms_declared": isinstance(raw.get("dkms"), bool),
         "dkms_package": ROCM_DKMS_PACKAGE,
         "unattended_blacklist": unattended_blacklist(list(dict.fromkeys(packages + build_packages
                                                                         + [ROCM_DKMS_PACKAGE]))),
@@ -492,7 +499,7 @@ NAMED = {
     "nvidia_p2p_driver": INPUTS["nvidia_p2p_driver"] + ("rigbook_pins.nvidia_driver.commit",
                                                         "rigbook_pins.nvidia_driver.userspace_flags"),
     "cuda_toolchain": INPUTS["cuda_toolchain"] + ("rigbook_pins.cuda_toolchain.versions",),
-    "amd_rocm": INPUTS["amd_rocm"] + ("rigbook_pins.rocm.debs", "rigbook_pins.rocm.packages",
+    "amd_rocm": INPUTS["amd_rocm"] + ("rigbook_pins.rocm.debs", "rigbook_pins.rocm.packages", "rigbook_pins.rocm.dkms",
                                       "rigbook_pins.rocm.build_packages"),
     "rccl": INPUTS["rccl"] + ("rigbook_pins.rccl.patches[].path",),
     "nccl_tests": INPUTS["nccl_tests"] + ("rigbook_pins.cuda_toolchain.versions",),
@@ -603,11 +610,42 @@ def _rocm_needs(model):
                                "from debs" % ", ".join(lacking),
                                "add their .debs (NAME_VERSION_amd64.deb from AMD's repository pool) to debs, or set "
                                "build_packages: [] on a box that never builds RCCL"))
+    needs += _rdna4_driver_needs(model)
     if not pin["dkms"] and pin["dkms_package"] in pin["packages"]:
         needs.append(_need("amd_rocm", "rigbook_pins.rocm.packages",
                            "%s replaces the kernel's in-tree amdgpu (which carries the pinned kernel's P2P fixes)"
                            % pin["dkms_package"], "remove it from packages, or set dkms: true"))
     return needs
+
+
+def kernel_series(release):
+    """(major, minor) of a kernel release such as 6.8.12-r9700-p2p-dma44, or None."""
+    found = re.match(r"^([0-9]+)\.([0-9]+)", release or "")
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def rdna4(model):
+    """The GPUs are RDNA4 (GC 12.0.x): by the RCCL pin's gfx targets, else by rigbook_gpu.model."""
+    targets = [str(t) for t in model["pins"]["rccl"]["gpu_targets"]]
+    return any(RDNA4_TARGET.match(t) for t in targets) or bool(RDNA4_MODEL.search(model["gpu"]["model"] or ""))
+
+
+def _rdna4_driver_needs(model):
+    """An RDNA4 box on a kernel series before 6.11: whether amdgpu-dkms drives the GPUs must be said (rocm.dkms),
+    never defaulted: the in-tree amdgpu of such a kernel does not know GC 12.0 unless the kernel carries it."""
+    pin, release = model["pins"]["rocm"], model["pins"]["kernel"]["release"]
+    series = kernel_series(release)
+    if pin["dkms_declared"] or not series or series >= GFX12_IN_TREE or not rdna4(model):
+        return []
+    return [_need("amd_rocm", "rigbook_pins.rocm.dkms",
+                  "the GPUs are RDNA4 (GC 12.0.1) and the pinned kernel %s is a %d.%d kernel: mainline amdgpu drives "
+                  "GC 12.0 from Linux 6.11 on (drm-next pull for 6.11-rc1), so its in-tree amdgpu cannot, unless "
+                  "the kernel carries those patches; AMD's ROCm install for Ubuntu 24.04 (6.8 GA kernel) installs "
+                  "amdgpu-dkms (docs/amd.md)" % (release, series[0], series[1]),
+                  "on the box: `modinfo -F firmware amdgpu | grep gc_12_0_1` (the module names GC 12.0.1 firmware: "
+                  "it drives the card) and `dkms status` (amdgpu listed: amdgpu-dkms is in use); set dkms: true to "
+                  "have the role install and hold amdgpu-dkms, or dkms: false when the kernel's own amdgpu names "
+                  "gc_12_0_1")]
 
 
 def _rccl_needs(model):

@@ -34,12 +34,18 @@ def tree_files(tree: Path) -> dict:
     return {p.relative_to(tree).as_posix(): p.read_bytes() for p in sorted(tree.rglob("*")) if p.is_file()}
 
 
-def tarball_bytes(top: str, files: dict) -> bytes:
-    """A reproducible .tar.gz of FILES ({relative path: bytes}) under the directory TOP, with its directories."""
+def perf_standin_files(tree: Path) -> dict:
+    """tree_files of an nccl-tests / rccl-tests stand-in with the part they share (perf_table.h) in its src/."""
+    return dict(tree_files(tree), **{"src/perf_table.h": (HERE / "perf_table.h").read_bytes()})
+
+
+def tarball_bytes(top: str, files: dict, dirs: bool = True) -> bytes:
+    """A reproducible .tar.gz of FILES ({relative path: bytes}) under the directory TOP, with its directories unless
+    DIRS is false."""
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        dirs = sorted({"/".join(name.split("/")[:i]) for name in files for i in range(1, name.count("/") + 1)})
-        for d in [""] + dirs:
+        folders = sorted({"/".join(name.split("/")[:i]) for name in files for i in range(1, name.count("/") + 1)})
+        for d in ([""] + folders) if dirs else []:
             info = tarfile.TarInfo(f"{top}/{d}".rstrip("/"))
             info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, 0
             info.uname = info.gname = "root"
@@ -56,20 +62,7 @@ def tarball_bytes(top: str, files: dict) -> bytes:
 
 
 def driver_tarball_bytes() -> bytes:
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        top = f"nvidia-fork-standin-{VERSION}"
-        for path in sorted((HERE / "nvidia-fork-standin").iterdir()):
-            info = tarfile.TarInfo(f"{top}/{path.name}")
-            data = path.read_bytes()
-            info.size, info.mode, info.mtime = len(data), 0o644, 0
-            info.uid = info.gid = 0
-            info.uname = info.gname = "root"
-            tar.addfile(info, io.BytesIO(data))
-    out = io.BytesIO()
-    with gzip.GzipFile(fileobj=out, mode="wb", mtime=0, filename="") as gz:
-        gz.write(raw.getvalue())
-    return out.getvalue()
+    return tarball_bytes(f"nvidia-fork-standin-{VERSION}", tree_files(HERE / "nvidia-fork-standin"), dirs=False)
 
 
 def pack(dest: Path = DEFAULT_DIR) -> dict:
@@ -78,7 +71,7 @@ def pack(dest: Path = DEFAULT_DIR) -> dict:
     (dest / TARBALL).write_bytes(driver_tarball_bytes())
     shutil.copyfile(HERE / "nvidia-installer-standin.run", dest / INSTALLER)
     (dest / NCCL_TESTS).write_bytes(tarball_bytes(f"nccl-tests-{NCCL_TESTS_VERSION}",
-                                                  tree_files(HERE / "nccl-tests-standin")))
+                                                  perf_standin_files(HERE / "nccl-tests-standin")))
     return {name: hashlib.sha256((dest / name).read_bytes()).hexdigest() for name in (TARBALL, INSTALLER, NCCL_TESTS)}
 
 

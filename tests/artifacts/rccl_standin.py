@@ -62,7 +62,7 @@ def artifacts() -> dict:
     return {
         SOURCE: tarball_bytes(f"rccl-{VERSION}", _files(HERE / "rccl-standin")),
         BUMPED_SOURCE: tarball_bytes(f"rccl-{BUMPED}", bumped_files()),
-        TESTS: tarball_bytes(f"rccl-tests-{VERSION}", _files(HERE / "rccl-tests-standin")),
+        TESTS: tarball_bytes(f"rccl-tests-{VERSION}", _packing().perf_standin_files(HERE / "rccl-tests-standin")),
     }
 
 

@@ -105,3 +105,30 @@ def test_fault_fails_the_play_at_its_layer(converged_lab, fault, host):
     finally:
         healed = provision("lab", "heal", host)
         assert healed.returncode == 0, healed.stderr
+
+
+def test_a_layer_left_unknown_fails_the_box_that_should_measure_it_unless_allowed(converged_lab):
+    """Fault collectives-tool-missing: the nccl-tests the nccl_tests role built lose sendrecv_perf, so the 3080's
+    collectives layer has no tool and comes out unknown; the box should measure it (its GPUs are declared), so the
+    play fails there, and passes with `--allow-unknown collectives`, the layer shown unknown and allowed."""
+    broke = provision("lab", "break", "lab-3080", "collectives-tool-missing")
+    assert broke.returncode == 0, broke.stderr
+    try:
+        code, hosts = verify("--limit", "lab-3080")
+        assert code == 1, hosts
+        ladder = hosts["lab-3080"]["ladder"]
+        assert ladder[-1]["layer"] == "collectives", ladder  # the host stopped at that rung
+        assert ladder[-1]["status"] == "fail" and ladder[-1]["why"].startswith("unknown on a box that should measure")
+        assert "`--allow-unknown collectives`" in ladder[-1]["remedy"]
+        code, hosts = verify("--limit", "lab-3080", "--allow-unknown", "collectives")
+        assert code == 0, hosts
+        statuses = {v["layer"]: v for v in hosts["lab-3080"]["ladder"]}
+        assert statuses["collectives"]["status"] == "unknown", statuses["collectives"]
+        assert "(allowed unknown: --allow-unknown)" in statuses["collectives"]["why"]
+        assert statuses["nccl_transport"]["status"] == "pass"  # the climb went on past the allowed layer
+    finally:
+        healed = provision("lab", "heal", "lab-3080")
+        assert healed.returncode == 0, healed.stderr
+    code, hosts = verify("--limit", "lab-3080")
+    assert code == 0, hosts
+    assert {v["layer"]: v["status"] for v in hosts["lab-3080"]["ladder"]}["collectives"] == "pass"

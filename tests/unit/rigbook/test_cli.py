@@ -77,10 +77,11 @@ def test_validate_homelab_names_what_only_its_owners_can_supply():
         ("rig-r9700", "rigbook_pins.kernel.debs", "kernel"),
         ("rig-r9700", "rigbook_pins.rocm.version", "amd_rocm"),
         ("rig-r9700", "rigbook_pins.rocm.repo", "amd_rocm"),
+        ("rig-r9700", "rigbook_pins.rocm.dkms", "amd_rocm"),  # RDNA4 on a 6.8 kernel: said, not defaulted
         ("rig-r9700", "rigbook_pins.rccl.source", "rccl"),
         ("rig-r9700", "rigbook_pins.rccl.tests.source", "rccl"),
     ], proc.stderr
-    assert "inventory is not ready: 7 inputs the play needs are missing (nothing was contacted)" in proc.stderr
+    assert "inventory is not ready: 8 inputs the play needs are missing (nothing was contacted)" in proc.stderr
     boxes = proc.stderr.split("error:")[0]
     for path in ("/srv/models/Qwen3.8-27B-AWQ ", "/srv/models/Qwen3.8-27B-DFlash2-W4A16 ",
                  "/srv/wheels/sglang-0.5.18-rocm7.1 ", "/srv/models/Qwen3.8-27B-AWQ-MTP "):

@@ -31,6 +31,8 @@ def test_standin_artifacts_are_reproducible_and_pinned(tmp_path):
     assert first[pack.TARBALL] == LAB_PINS["nvidia_driver"]["source"]["sha256"]
     assert first[pack.INSTALLER] == LAB_PINS["nvidia_driver"]["userspace_installer"]["sha256"]
     assert LAB_PINS["nvidia_driver"]["source"]["path"].endswith(pack.TARBALL)
+    assert first[pack.NCCL_TESTS] == LAB_PINS["nccl_tests"]["source"]["sha256"]
+    assert LAB_PINS["nccl_tests"]["source"]["path"].endswith(pack.NCCL_TESTS)
 
 
 @pytest.mark.parametrize("line,row", [

@@ -83,7 +83,7 @@ def test_the_lab_twins_models():
     assert amd["pins"]["rocm"]["apt_version_pin"] == "/^.*\\.70100-.*$/"  # the preferences line site.yml writes
     assert amd["pins"]["rocm"]["env"] == {"HSA_ENABLE_IPC_MODE_LEGACY": "0", "NCCL_P2P_LEVEL": "PHB"}
     assert [a["sha256"][:8] for a in amd["artifacts"]] == ["e0061f95", "2a40c463", "845e73df", "e9b9a1fe", "f309dbbf",
-                                                           "6adb60d9"]
+                                                           "29ef175a"]
     assert amd["artifacts"][3]["dest_dir"] == host_model.KEY_DIR
     # the library the engine must run: torch's bundled copy linked to the one the collectives tests load (the
     # rccl role's build; the NCCL wheel of the CUDA toolchain venv, laid out in the nccl-tests prefix)
@@ -388,3 +388,26 @@ def test_offline_rocm_debs_must_carry_the_build_packages():
     lacking = needs(names=("rocm-core", "hipcc"))
     assert len(lacking) == 1 and "hip-dev, hsa-rocr-dev, rocm-cmake, rocm-llvm, rocm-device-libs" in lacking[0]["why"]
     assert needs(build_packages=[], names=("rocm-core",)) == []
+
+
+def test_an_rdna4_box_on_a_kernel_before_6_11_must_say_whether_amdgpu_dkms_drives_it():
+    variables = _vars(LAB, "x99_r9700")
+    variables["rigbook_pins"]["rocm"].pop("dkms")
+    variables["rigbook_pins"]["kernel"]["release"] = "6.8.12-r9700-p2p-dma44"  # seed 004's kernel
+    needs = host_model.readiness(host_model.build(variables), roles=["amd_rocm"])
+    assert [n["key"] for n in needs] == ["rigbook_pins.rocm.dkms"]
+    assert "6.8.12-r9700-p2p-dma44 is a 6.8 kernel: mainline amdgpu drives GC 12.0 from Linux 6.11" in needs[0]["text"]
+    assert "modinfo -F firmware amdgpu | grep gc_12_0_1" in needs[0]["how"]
+    for said in (True, False):  # the owner's answer, either way, is the decision
+        variables["rigbook_pins"]["rocm"]["dkms"] = said
+        assert host_model.readiness(host_model.build(variables), roles=["amd_rocm"]) == []
+    variables["rigbook_pins"]["rocm"].pop("dkms")
+    variables["rigbook_pins"]["kernel"]["release"] = "6.14.0-37-generic"  # Ubuntu 24.04's HWE kernel: in-tree
+    assert host_model.readiness(host_model.build(variables), roles=["amd_rocm"]) == []
+    variables["rigbook_pins"]["kernel"]["release"] = "6.8.0-90-generic"
+    variables["rigbook_pins"]["rccl"]["gpu_targets"] = ["gfx1100"]
+    variables["rigbook_gpu"]["model"] = "Radeon PRO W7900"  # RDNA3: known to 6.8's amdgpu
+    assert host_model.readiness(host_model.build(variables), roles=["amd_rocm"]) == []
+    variables["rigbook_gpu"]["model"] = "Radeon RX 9070 XT"  # the model alone says RDNA4
+    assert [n["key"] for n in host_model.readiness(host_model.build(variables), roles=["amd_rocm"])] == [
+        "rigbook_pins.rocm.dkms"]

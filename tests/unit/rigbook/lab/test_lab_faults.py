@@ -69,6 +69,9 @@ def test_every_fault_changes_some_rig(name, tmp_path):
     changed = []
     for rig_name in hardware_trees.rig_names():
         tree = host(tmp_path, rig_name)
+        if name == "collectives-tool-missing":  # it removes what the roles built: the tests' programs
+            (faults.host_root_of(tree) / "opt/rigbook/rccl/current/bin").mkdir()
+            (faults.host_root_of(tree) / "opt/rigbook/rccl/current/bin/sendrecv_perf").write_bytes(b"tests\n")
         try:
             if faults.plan(name, tree, hardware_trees.load_rig(rig_name)):
                 changed.append(rig_name)
@@ -255,6 +258,26 @@ def test_host_faults_change_nothing_without_the_roles_files(tmp_path):
     assert faults.plan("rccl-unpatched", bare, rig) == []
     elsewhere = hardware_trees.materialize("x99-r9700", tmp_path / "t")
     assert faults.host_root_of(elsewhere) is None and faults.plan("p2p-level-unset", elsewhere, rig) == []
+
+
+def test_collectives_tool_missing_removes_the_program_of_the_prefix_the_host_has(tmp_path):
+    tree = host(tmp_path, "x99-r9700")
+    root = faults.host_root_of(tree)
+    rig = hardware_trees.load_rig("x99-r9700")
+    assert faults.plan("collectives-tool-missing", tree, rig) == []  # no tests built: nothing to remove
+    program = root / "opt/rigbook/rccl/2.27.7-abc/bin/sendrecv_perf"
+    program.parent.mkdir()
+    program.write_bytes(b"rccl-tests\n")
+    [change] = faults.plan("collectives-tool-missing", tree, rig)  # only the RCCL prefix is there
+    assert change.run.strip() == "rm -f /opt/rigbook/rccl/current/bin/sendrecv_perf"
+
+    def runner(script):  # what the script does inside the host, done here on the fake root
+        (root / "opt/rigbook/rccl/current/bin/sendrecv_perf").unlink()
+
+    faults.apply([change], runner=runner, backup_dir=tmp_path / "backups")
+    assert not program.exists()
+    faults.restore(tmp_path / "backups", root)
+    assert program.read_bytes() == b"rccl-tests\n"
 
 
 def test_p2p_level_unset_edits_the_env_file_and_restore_heals_it(tmp_path):

@@ -49,6 +49,10 @@ BUNDLED_NCCL = "nvidia/nccl/lib/libnccl.so.2"
 NCCL_WHEEL = re.compile(r"^nvidia-nccl-cu([0-9]+)$")
 CCCL_WHEEL = "nvidia-cuda-cccl"
 KEY_DIR = "/var/cache/rigbook/keys"
+# node_exporter's textfile directory as Debian and Ubuntu package it (prometheus-node-exporter's built-in
+# --collector.textfile.directory default; its /etc/default file passes no other): the health timer's metrics go there.
+TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"
+HEALTH_INTERVAL_S = 300
 
 # The roles of site.yml, in order, with the tags site.yml gives them and the hosts they run on. ("vendor" roles run
 # on hosts of that rigbook_gpu.vendor; "pin" roles where that pin is set; "serve" where rigbook_serve has profiles.)
@@ -64,6 +68,7 @@ ROLES = (
     ("p2p_verify", ("ladder", "serving"), ("nvidia", "amd", "")),
     ("sglang", ("sglang", "serve"), "pin:sglang"),
     ("serve", ("serve",), "serve"),
+    ("health", ("health",), "health"),
 )
 ROLE_TAGS = {name: tags for name, tags, _ in ROLES}
 
@@ -347,13 +352,15 @@ def _artifacts(vendor, pins):
     return found
 
 
-def _roles(vendor, pins, serve):
+def _roles(vendor, pins, serve, health_on=False):
     roles = []
     for name, _tags, hosts in ROLES:
         if isinstance(hosts, str) and hosts.startswith("pin:"):
             wanted = pins[hosts[len("pin:"):]]["pinned"]
         elif hosts == "serve":
             wanted = bool(serve)
+        elif hosts == "health":
+            wanted = health_on
         else:
             wanted = vendor in hosts
         if wanted:
@@ -388,6 +395,7 @@ def build(variables, facts=None):
         "sglang": sglang_pin(raw_pins),
     }
     serve, serve_errors = serve_profile.normalize_all(variables.get("rigbook_serve"))
+    health = health_settings(variables.get("rigbook_health"), bool(vendor))
     model = {
         "version": MODEL_VERSION,
         "vendor": vendor,
@@ -408,17 +416,32 @@ def build(variables, facts=None):
         "artifacts": _artifacts(vendor, pins),
         "serve": serve,
         "serve_errors": serve_errors,
-        "roles": _roles(vendor, pins, serve),
+        "roles": _roles(vendor, pins, serve, health["enabled"]),
         # where the collectives layer finds the tests the roles built (rccl-tests / nccl-tests), "" for none
         "collectives_tests_dir": collectives_tests_dir(vendor, pins),
         # what the SGLang venv must resolve its bundled collectives library to (pinned_venv libraries): the library
         # the collectives tests load and the collectives layer measured; none without rigbook-built tests
         "engine_libraries": engine_libraries(vendor, pins),
         "verify": verify_settings(variables.get("rigbook_verify"), bool(vendor), bool(serve)),
+        "health": health,
     }
     model["box_facts"] = box_facts(model)
     model["box_paths"] = box_paths(model)
     return model
+
+
+def health_settings(raw, gpus):
+    """The health timer (rigbook_health): on by default on a box whose rigbook_gpu names its vendor; its interval and
+    where node_exporter's textfile collector reads its metrics (docs/health.md)."""
+    raw = _dict(raw)
+    interval = raw.get("interval_s")
+    folder = _str(raw.get("textfile_dir")) or TEXTFILE_DIR
+    return {
+        "enabled": gpus and raw.get("enabled", True) is not False,
+        "interval_s": interval if isinstance(interval, int) and not isinstance(interval, bool) and interval > 0
+        else HEALTH_INTERVAL_S,
+        "textfile": folder.rstrip("/") + "/rigbook.prom",
+    }
 
 
 def collectives_tests_dir(vendor, pins):

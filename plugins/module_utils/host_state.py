@@ -12,13 +12,20 @@ import os
 
 def write_json(path, data):
     """Write DATA to PATH atomically (parents created); the error text, or None."""
+    return write_text(path, json.dumps(data, indent=2, sort_keys=True))
+
+
+def write_text(path, text, mode=0o644):
+    """Write TEXT to PATH atomically (parents created; a reader sees the old file or the new one, never a part, as
+    node_exporter's textfile collector needs); the error text, or None."""
+    tmp = path + ".tmp"
     try:
         parent = os.path.dirname(path)
         if parent and not os.path.isdir(parent):
             os.makedirs(parent)
-        tmp = path + ".tmp"
         with open(tmp, "w") as handle:
-            json.dump(data, handle, indent=2, sort_keys=True)
+            handle.write(text)
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except OSError as exc:
         return "cannot write %s: %s" % (path, exc.strerror or exc)

@@ -481,7 +481,8 @@ def _lock_line(p: dict) -> tuple:
     name, version, install = p.get("name") or "", p.get("version") or "", p.get("install")
     if not DIST_NAME.match(name) or not DIST_VERSION.match(version):
         return None, [], f"{name!r} {version!r} is no distribution name and version pip reads"
-    hashes = [w["sha256"] for w in p.get("wheels") or [] if SHA256.match(w.get("sha256") or "")]
+    # one wheel file may be in two --wheels-dir folders: each sha256 once
+    hashes = sorted(set(w["sha256"] for w in p.get("wheels") or [] if SHA256.match(w.get("sha256") or "")))
     if install == "index":
         return f"{name}=={version}", hashes, None
     if isinstance(install, dict) and install.get("vcs"):

@@ -44,7 +44,7 @@ def _step(item) -> int | None:
 # lab, in step order.
 LAB_GROUPS = ("amd", "nvidia", "converged", "own")
 CONVERGED = {"test_serving_lab.py", "test_ladder_lab.py", "test_rccl_lab.py", "test_output_lab.py",
-             "test_adopt_converged_lab.py"}
+             "test_adopt_converged_lab.py", "test_health_lab.py"}
 NVIDIA = {"test_roles_nvidia.py"}
 
 

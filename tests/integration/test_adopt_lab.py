@@ -58,6 +58,8 @@ RIGBOOKS_OWN = {
     "Copy the lock and the patch set",
     "Check the SGLang venv (versions, commit, patches, stamp)",  # stamped only (asserted below)
     "Check the serve units (profiles, files, unit states)",
+    "Install the health program (rigbook-health.pyz)",
+    "Write the health timer, its service and its config; start the timer",
 }
 
 

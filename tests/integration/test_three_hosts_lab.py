@@ -187,8 +187,8 @@ def test_two_twins_converge_in_parallel_diff_clean_and_the_twin_is_held_to_the_g
     assert healthy.returncode == 0, healthy.stdout[-2000:] + healthy.stderr[-2000:]
     assert json.loads(healthy.stdout)["hosts"][TWIN]["baseline_source"] == f"group {GROUP}"
 
-    # the 3080 box has no P2P: its held figures are the host-staged copies, and its collectives go through SHM at
-    # that rate (nccl-tests over SHM), so halving the copies fails both layers
+    # the 3080 box has no P2P: its held figures are the host-staged copies, so halving them fails p2p_bandwidth,
+    # where the climb stops (its collectives, SHM at that copy rate, would fail too)
     broke = provision("lab", "break", TWIN, "p2p-bandwidth-half")
     assert broke.returncode == 0, broke.stdout + broke.stderr
     halved = provision("verify", "-i", inventory, "--limit", TWIN, "--json", timeout=600)
@@ -196,7 +196,7 @@ def test_two_twins_converge_in_parallel_diff_clean_and_the_twin_is_held_to_the_g
     host = json.loads(halved.stdout)["hosts"][TWIN]
     assert host["baseline_source"] == f"group {GROUP}", host
     failed = [v for v in host["ladder"] if v["status"] == "fail"]
-    assert [v["layer"] for v in failed] == ["p2p_bandwidth", "collectives"], host["ladder"]
+    assert [v["layer"] for v in failed] == ["p2p_bandwidth"], host["ladder"]
     assert "baseline" in failed[0]["why"], failed[0]
     report_of_the_lab_history(inventory, Path(json.loads(halved.stdout)["run_dir"]).name,
                               [v["layer"] for v in host["ladder"]])

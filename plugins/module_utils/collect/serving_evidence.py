@@ -440,12 +440,16 @@ def _redact(value, secret):
     return value
 
 
-def measure_requests(endpoint, profile, still_running=None):
-    """{ready, models, stream, decode} of the engine at ENDPOINT: the readiness wait, then the API checks."""
-    out = {"ready": wait_ready(endpoint, profile["startup_timeout_s"], still_running)}
+def measure_requests(endpoint, profile, still_running=None, figures=True):
+    """{ready, models, stream, decode} of the engine at ENDPOINT: the readiness wait, then the API checks. Without
+    FIGURES (the health timer): one readiness poll and the model list, no chat request ("figures": "skipped")."""
+    out = {"ready": wait_ready(endpoint, profile["startup_timeout_s"] if figures else 0, still_running)}
     if not out["ready"]["ready"]:
         return out
     out["models"] = list_models(endpoint)
+    if not figures:
+        out["figures"] = "skipped"
+        return out
     model = profile.get("served_model_name") or ((out["models"].get("ids") or [None])[0]) or "default"
     out["stream"] = stream_chat(endpoint, model)
     out["decode"] = timed_chat(endpoint, model, out["stream"].get("ttft_s"))
@@ -459,9 +463,9 @@ def _still_running(unit, run):
     return check
 
 
-def measure_profile(profile, state_path=STATE_FILE, write_state=True, run=_run, journal=None):
-    """A serve profile's whole measured part, live: unit, readiness, API, figures, journal. RUN runs systemctl,
-    JOURNAL(unit, started_epoch) -> (text, info) reads the journal (read_journal)."""
+def measure_profile(profile, state_path=STATE_FILE, write_state=True, run=_run, journal=None, figures=True):
+    """A serve profile's whole measured part, live: unit, readiness, API, figures (unless not FIGURES), journal. RUN
+    runs systemctl, JOURNAL(unit, started_epoch) -> (text, info) reads the journal (read_journal)."""
     key, key_error = read_api_key(profile.get("api_key_file"))
     endpoint = Endpoint(profile["bind"], profile["port"], key)
     item = dict(profile, address=endpoint.address, source="live", api_key_error=key_error,
@@ -480,7 +484,7 @@ def measure_profile(profile, state_path=STATE_FILE, write_state=True, run=_run, 
         item["ready"] = {"ready": False, "waited_s": 0, "polls": 0, "last": None,
                          "error": "not polled: the unit is %s" % state.get("active_state")}
     else:
-        item.update(measure_requests(endpoint, profile, still_running))
+        item.update(measure_requests(endpoint, profile, still_running, figures))
     if unit:
         text, item["journal"] = (journal or read_journal)(unit, state.get("started_epoch"))
         item["log"] = log_summary(text) if text is not None else None
@@ -509,16 +513,16 @@ def recorded_names(root):
     return sorted(n for n in names if serve_profile.NAME_RE.match(n))
 
 
-def collect_profile(root, profile, state_path=STATE_FILE, write_state=True):
+def collect_profile(root, profile, state_path=STATE_FILE, write_state=True, figures=True):
     """PROFILE's measured part: its recording under a recorded ROOT when there is one, else measured live."""
     if not recorded.is_live(root):
         found = recorded_profile(root, profile["name"])
         if found is not None:
             return found
-    return measure_profile(profile, state_path, write_state)
+    return measure_profile(profile, state_path, write_state, figures=figures)
 
 
-def collect_serving(root, serve, state_path=STATE_FILE, write_state=True):
+def collect_serving(root, serve, state_path=STATE_FILE, write_state=True, figures=True):
     """{"profiles": [measured part per profile], "error"}: the serve profiles given (the host model's, read again
     by serve/profile.normalize: one reading), else (recorded root) those recorded."""
     profiles, errors = serve_profile.normalize_all(serve, "serve")
@@ -526,7 +530,7 @@ def collect_serving(root, serve, state_path=STATE_FILE, write_state=True):
         return {"profiles": [], "error": "; ".join(errors)}
     if not profiles and not recorded.is_live(root):
         return {"profiles": [recorded_profile(root, name) for name in recorded_names(root)], "error": None}
-    return {"profiles": [collect_profile(root, p, state_path, write_state) for p in profiles], "error": None}
+    return {"profiles": [collect_profile(root, p, state_path, write_state, figures) for p in profiles], "error": None}
 
 
 def serving_part(ctx, evidence):
@@ -535,7 +539,7 @@ def serving_part(ctx, evidence):
     engine's mapped one is held to."""
     opts = ctx.options
     serving = collect_serving(ctx.root, opts.get("serve"), opts.get("serving_state") or STATE_FILE,
-                              not opts.get("check_mode"))
+                              not opts.get("check_mode"), opts.get("serving_figures", True))
     if opts.get("nccl_tests_dir"):
         serving["verified_library"] = collective_bench.verified_library(opts["nccl_tests_dir"], opts.get("env"),
                                                                         opts.get("env_file"))

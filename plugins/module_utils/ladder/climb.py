@@ -32,6 +32,7 @@ OPTION_DEFAULTS = {
     "error_state": None,  # the error counters' state file (ladder/error_watch.py); None: none kept
     "check_mode": False,
     "allow_unknown": [],  # layers allowed to stay unknown on this run, besides the host model's (--allow-unknown)
+    "serving_figures": True,  # false (the health timer): no chat requests, one readiness poll, no figures judged
 }
 
 

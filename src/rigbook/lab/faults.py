@@ -307,7 +307,7 @@ def _save(host_root: Path, path: Path, backup_dir: Path) -> None:
         return
     saved.parent.mkdir(parents=True, exist_ok=True)
     if path.is_file():
-        shutil.copyfile(path, saved)  # follows links: the file a link names is what is restored
+        shutil.copy2(path, saved)  # follows links: the file a link names is what is restored, with its mode
     else:
         absent.write_text("")
 
@@ -342,7 +342,7 @@ def restore(backup_dir: Path, host_root: Path) -> list:
         else:
             target = host_root / rel
             target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(saved, target)
+            shutil.copy2(saved, target)  # its mode too: a program comes back executable
         done.append(target)
     shutil.rmtree(backup_dir)
     return done

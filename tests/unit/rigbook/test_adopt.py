@@ -228,7 +228,8 @@ def _engine(packages, sglang_files=None):
 def test_a_venv_whose_every_wheel_was_found_is_locked_with_hashes_as_the_labs_lock(tmp_path):
     packages = [{"name": "sglang", "version": "0.5.23", "install": "index", "wheels": [SGLANG_WHEEL]},
                 {"name": "torch", "version": "2.9.1+cu128", "install": "index",
-                 "wheels": [{"path": "/srv/wheels/torch.whl", "sha256": "c" * 64}]},
+                 "wheels": [{"path": "/srv/wheels/torch.whl", "sha256": "c" * 64},
+                            {"path": "/srv/other/torch.whl", "sha256": "c" * 64}]},  # in two folders: hashed once
                 # what `python -m venv` put there: left out, as `pip freeze` leaves it out
                 {"name": "pip", "version": "23.0.1", "install": "index", "wheels": []},
                 {"name": "setuptools", "version": "66.1.1", "install": "index", "wheels": []}]

@@ -75,8 +75,11 @@ def test_the_lab_twins_models():
         "reason": nvidia["p2p"]["reason"]} and nvidia["p2p"]["reason"].startswith("BAR1 is 256 MiB")
     assert nvidia["gpu_env_file"] == amd["gpu_env_file"] == "/etc/rigbook/gpu.env"
     assert nvidia["roles"] == ["bios_checklist", "kernel", "nvidia_p2p_driver", "cuda_toolchain", "nccl_tests",
-                               "multi_user_target", "p2p_verify", "sglang", "serve"]
-    assert amd["roles"] == ["bios_checklist", "kernel", "amd_rocm", "rccl", "p2p_verify", "sglang", "serve"]
+                               "multi_user_target", "p2p_verify", "sglang", "serve", "health"]
+    assert amd["roles"] == ["bios_checklist", "kernel", "amd_rocm", "rccl", "p2p_verify", "sglang", "serve", "health"]
+    assert nvidia["health"] == {"enabled": True, "interval_s": 20,  # the lab's (group_vars/lab.yml)
+                                "textfile": "/var/lib/prometheus/node-exporter/rigbook.prom"}
+    assert host_model.build({})["health"]["enabled"] is False  # no GPUs declared: nothing to watch
     assert nvidia["pins"]["nvidia_driver"]["uvm_disable_hmm"] is True  # iommu=pt on the command line
     assert nvidia["pins"]["nvidia_driver"]["stock_packages"][-2:] == ["nvidia-dkms-615", "nvidia-dkms-615-open"]
     assert amd["pins"]["rocm"]["version_glob"] == "*.70100-*"

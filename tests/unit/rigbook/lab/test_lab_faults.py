@@ -268,6 +268,7 @@ def test_collectives_tool_missing_removes_the_program_of_the_prefix_the_host_has
     program = root / "opt/rigbook/rccl/2.27.7-abc/bin/sendrecv_perf"
     program.parent.mkdir()
     program.write_bytes(b"rccl-tests\n")
+    program.chmod(0o755)
     [change] = faults.plan("collectives-tool-missing", tree, rig)  # only the RCCL prefix is there
     assert change.run.strip() == "rm -f /opt/rigbook/rccl/current/bin/sendrecv_perf"
 
@@ -277,7 +278,7 @@ def test_collectives_tool_missing_removes_the_program_of_the_prefix_the_host_has
     faults.apply([change], runner=runner, backup_dir=tmp_path / "backups")
     assert not program.exists()
     faults.restore(tmp_path / "backups", root)
-    assert program.read_bytes() == b"rccl-tests\n"
+    assert program.read_bytes() == b"rccl-tests\n" and program.stat().st_mode & 0o777 == 0o755  # runnable again
 
 
 def test_p2p_level_unset_edits_the_env_file_and_restore_heals_it(tmp_path):

@@ -1,0 +1,157 @@
+# -*- coding: utf-8 -*-
+# Copyright: rigbook developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""P2P health between runs: what the rigbook-health timer runs on a box (standard library only).
+
+The health role installs this collection's module_utils as one zip (rigbook-health.pyz, entry point
+health_main.py) and a systemd timer that runs it with the config the role wrote from the host model. One run:
+
+- the static layers of the ladder (firmware, pcie_link, dma_window, kernel_state, driver_state: sysfs, procfs and
+  commands; nothing touches the GPUs);
+- the hardware error counters (AER, Xid, GPU resets, IOMMU faults) against the snapshot the last run stored;
+- with serve profiles, the serving layer without its figures: the unit, one readiness poll, the served model and
+  the engine's own transport line from its journal (a box that fell back to SHM shows here). It never runs the
+  peer probe, the bandwidth or the collectives tests, and never sends the engine a request beyond /health and
+  /v1/models, so a serving engine is not disturbed;
+
+then writes node_exporter textfile metrics (one file, atomically) and one journal line per layer (stdout).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from ansible_collections.rigbook.homelab.plugins.module_utils import host_state
+from ansible_collections.rigbook.homelab.plugins.module_utils.collect import error_counters as counters
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges import error_counters as counter_judges
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import climb as climb_mod
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import registry
+
+# rigbook_layer_status's value per verdict status (docs/health.md)
+STATUS_VALUE = {"pass": 0, "warn": 1, "fail": 2, "unknown": 3, "skip": 4}
+ERROR_COUNTERS_STATE = "error-counters.json"
+SERVING_STATE = "serving-state.json"
+
+
+def config_of(model, name, state_dir="/var/lib/rigbook/health"):
+    """The health run's config for the host NAME of host model MODEL (host_model.build): what the timer reads."""
+    from ansible_collections.rigbook.homelab.plugins.module_utils import host_model
+
+    return {"host": name, "ladder_view": host_model.ladder_view(model), "evidence_root": model["evidence_root"],
+            "serve": model["serve"], "textfile": model["health"]["textfile"], "state_dir": state_dir}
+
+
+def layers_of(config):
+    """The layers a health run judges: the static ones, and serving when the box has serve profiles."""
+    names = registry.names(registry.STATIC)
+    return names + ([registry.SERVING] if config.get("serve") else [])
+
+
+def check(config, climb=None, take=None, now=None):
+    """{"host", "time", "duration_s", "layers": [verdict], "error_counters": {...}} of one health run. CLIMB (the
+    ladder's climb) and TAKE (the error counters' snapshot) are replaceable for tests; NOW a clock."""
+    clock = now or time.time
+    started = clock()
+    state_dir = config.get("state_dir") or "/var/lib/rigbook/health"
+    ctx = climb_mod.Context(config.get("evidence_root") or "/", config.get("ladder_view") or {},
+                            options={"serve": config.get("serve") or [], "serving_figures": False,
+                                     "serving_state": state_dir + "/" + SERVING_STATE})
+    verdicts, evidence = (climb or climb_mod.climb)(layers_of(config), ctx, stop_at_fail=False)
+    errors = error_counters(ctx, evidence, state_dir + "/" + ERROR_COUNTERS_STATE, take)
+    ended = clock()
+    return {"host": config.get("host") or "", "time": ended, "duration_s": round(ended - started, 3),
+            "layers": verdicts, "error_counters": errors}
+
+
+def error_counters(ctx, evidence, state_path, take=None):
+    """{"status", "why", "aer", "log"} of what the error counters did since the last run's snapshot (stored at
+    STATE_PATH; the first run judges the fail class counted since boot), and the new snapshot stored."""
+    now = (take or counters.snapshot_part)(ctx, evidence)
+    before, error = counters.load_state(state_path)
+    delta = counters.delta(before, now)
+    judged = counter_judges.judge(delta, ctx.tolerance.get("aer_correctable_warn_above",
+                                                           counter_judges.DEFAULT_CORRECTABLE_WARN_ABOVE))
+    stored = counters.store_state(state_path, now)
+    why = "; ".join(judged["problems"] + judged["notes"] + [e for e in (error, stored) if e]) or "no error rose"
+    return {"status": judged["status"], "why": why, "aer": delta.get("aer"), "since_boot": delta.get("since_boot")}
+
+
+def _label(value):
+    """A Prometheus label value: backslash, double quote and newline escaped."""
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _figures(verdict):
+    """(name, number) of a verdict's figures: its metrics (what a baseline records), numbers only."""
+    for name, value in sorted((verdict.get("metrics") or {}).items()):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            yield name, value
+
+
+def prometheus_text(result):
+    """node_exporter textfile format of one health run's RESULT."""
+    lines = [
+        "# HELP rigbook_layer_status Status of a P2P ladder layer at the last rigbook health run "
+        "(0 pass, 1 warn, 2 fail, 3 unknown, 4 skip).",
+        "# TYPE rigbook_layer_status gauge",
+    ]
+    for verdict in result["layers"]:
+        lines.append('rigbook_layer_status{layer="%s"} %d' % (_label(verdict["layer"]),
+                                                               STATUS_VALUE.get(verdict["status"], 3)))
+    figures = [(v["layer"], name, value) for v in result["layers"] for name, value in _figures(v)]
+    if figures:
+        lines += ["# HELP rigbook_layer_figure A figure a layer measured at the last rigbook health run.",
+                  "# TYPE rigbook_layer_figure gauge"]
+        lines += ['rigbook_layer_figure{layer="%s",figure="%s"} %s' % (_label(layer), _label(name), repr(float(value)))
+                  for layer, name, value in figures]
+    errors = result["error_counters"]
+    lines += [
+        "# HELP rigbook_error_counters_status Hardware error counters since the last rigbook health run "
+        "(0 pass, 1 warn, 2 fail).",
+        "# TYPE rigbook_error_counters_status gauge",
+        "rigbook_error_counters_status %d" % STATUS_VALUE.get(errors["status"], 3),
+        "# HELP rigbook_health_last_run_timestamp_seconds When the last rigbook health run ended (Unix time).",
+        "# TYPE rigbook_health_last_run_timestamp_seconds gauge",
+        "rigbook_health_last_run_timestamp_seconds %s" % repr(float(result["time"])),
+        "# HELP rigbook_health_run_duration_seconds How long the last rigbook health run took.",
+        "# TYPE rigbook_health_run_duration_seconds gauge",
+        "rigbook_health_run_duration_seconds %s" % repr(float(result["duration_s"])),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def journal_lines(result):
+    """One line per layer and one for the error counters (the timer's service writes them to the journal)."""
+    lines = ["%s: %s: %s" % (v["layer"], v["status"], " ".join(str(v.get("why") or "").split()))
+             for v in result["layers"]]
+    errors = result["error_counters"]
+    lines.append("error_counters: %s: %s" % (errors["status"], errors["why"]))
+    return lines
+
+
+def main(argv=None):
+    """rigbook-health --config FILE: one run; exit 0 when no layer failed, 1 when one did, 2 on a bad config."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 2 or args[0] != "--config":
+        sys.stderr.write("usage: rigbook-health --config FILE\n")
+        return 2
+    try:
+        with open(args[1]) as handle:
+            config = json.load(handle)
+    except (OSError, ValueError) as exc:
+        sys.stderr.write("rigbook-health: cannot read %s: %s\n" % (args[1], exc))
+        return 2
+    if not isinstance(config, dict) or not config.get("textfile"):
+        sys.stderr.write("rigbook-health: %s names no textfile to write\n" % args[1])
+        return 2
+    result = check(config)
+    for line in journal_lines(result):
+        sys.stdout.write(line + "\n")
+    error = host_state.write_text(config["textfile"], prometheus_text(result))
+    if error:
+        sys.stderr.write("rigbook-health: %s\n" % error)
+        return 2
+    return 1 if any(v["status"] == "fail" for v in result["layers"]) or result["error_counters"]["status"] == "fail" \
+        else 0

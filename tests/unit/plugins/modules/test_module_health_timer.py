@@ -1,0 +1,75 @@
+"""rigbook.homelab.health_timer: the health run's config from the host model, the oneshot service and the timer,
+written only when they differ, systemd told exactly what changed (exact commands, faked), check mode and removal."""
+
+from __future__ import annotations
+
+import json
+
+from helpers.modules import ok, run_module
+
+from rigbook.paths import link_collection
+
+link_collection()
+from ansible_collections.rigbook.homelab.plugins.module_utils import host_model  # noqa: E402
+from ansible_collections.rigbook.homelab.plugins.modules import health_timer  # noqa: E402
+
+MODEL = host_model.build({"rigbook_gpu": {"vendor": "amd", "count": 2}, "rigbook_health": {"interval_s": 20}})
+IS_ENABLED = ["systemctl", "is-enabled", "rigbook-health.timer"]
+IS_ACTIVE = ["systemctl", "is-active", "rigbook-health.timer"]
+START = [(["systemctl", "enable", "rigbook-health.timer"], ok()),
+         (["systemctl", "start", "rigbook-health.timer"], ok())]
+
+
+def _args(tmp_path, **extra):
+    return dict({"host": MODEL, "name": "box-1", "config_path": str(tmp_path / "etc/health.json"),
+                 "unit_dir": str(tmp_path / "units"), "interval_s": MODEL["health"]["interval_s"]}, **extra)
+
+
+def test_a_fresh_box_gets_the_three_files_and_a_started_timer_then_a_rerun_changes_nothing(tmp_path):
+    first = run_module(health_timer, _args(tmp_path), [
+        (IS_ENABLED, (1, "disabled\n", "")), (IS_ACTIVE, (3, "inactive\n", "")),
+        (["systemctl", "daemon-reload"], ok()),
+        *START])
+    assert not first.failed, first.msg
+    assert first.result["changed"] and first.result["timer"] == ["enabled", "started"]
+    config = json.loads((tmp_path / "etc/health.json").read_text())
+    assert config["host"] == "box-1" and config["textfile"] == "/var/lib/prometheus/node-exporter/rigbook.prom"
+    assert config["ladder_view"] == host_model.ladder_view(MODEL) and config["evidence_root"] == "/"
+    service = (tmp_path / "units/rigbook-health.service").read_text()
+    assert "Type=oneshot" in service
+    assert f"ExecStart=/usr/bin/python3 /usr/local/lib/rigbook-health.pyz --config {tmp_path}/etc/health.json" \
+        in service
+    assert "OnUnitActiveSec=20s" in (tmp_path / "units/rigbook-health.timer").read_text()
+    again = run_module(health_timer, _args(tmp_path), [(IS_ENABLED, ok("enabled\n")), (IS_ACTIVE, ok("active\n"))])
+    assert not again.failed and not again.result["changed"] and again.result["files_changed"] == []
+
+
+def test_a_new_interval_rewrites_the_timer_and_restarts_it_check_mode_touches_nothing(tmp_path):
+    run_module(health_timer, _args(tmp_path), [
+        (IS_ENABLED, ok("disabled\n")), (IS_ACTIVE, ok("inactive\n")), (["systemctl", "daemon-reload"], ok()),
+        *START])
+    timer = tmp_path / "units/rigbook-health.timer"
+    before = timer.read_text()
+    checked = run_module(health_timer, _args(tmp_path, interval_s=60), [
+        (IS_ENABLED, ok("enabled\n")), (IS_ACTIVE, ok("active\n"))], check_mode=True, diff=True)
+    assert checked.result["changed"] and checked.result["files_changed"] == [str(timer)]
+    assert "OnUnitActiveSec=60s" in checked.result["diff"]["after"] and timer.read_text() == before
+    done = run_module(health_timer, _args(tmp_path, interval_s=60), [
+        (IS_ENABLED, ok("enabled\n")), (IS_ACTIVE, ok("active\n")), (["systemctl", "daemon-reload"], ok()),
+        (["systemctl", "restart", "rigbook-health.timer"], ok())])
+    assert done.result["timer"] == ["restarted"] and "OnUnitActiveSec=60s" in timer.read_text()
+
+
+def test_absent_stops_the_timer_and_removes_the_files_and_bad_input_is_refused(tmp_path):
+    run_module(health_timer, _args(tmp_path), [
+        (IS_ENABLED, ok("disabled\n")), (IS_ACTIVE, ok("inactive\n")), (["systemctl", "daemon-reload"], ok()),
+        *START])
+    gone = run_module(health_timer, _args(tmp_path, state="absent"), [
+        (["systemctl", "disable", "--now", "rigbook-health.timer"], ok()), (["systemctl", "daemon-reload"], ok())])
+    assert gone.result["changed"] and not list((tmp_path / "units").iterdir())
+    assert not (tmp_path / "etc/health.json").exists()
+    assert run_module(health_timer, _args(tmp_path, state="absent")).result["changed"] is False
+    bad = run_module(health_timer, _args(tmp_path, interval_s=0))
+    assert bad.failed and "interval_s 0: at least 1 second" in bad.msg
+    not_a_model = run_module(health_timer, _args(tmp_path, host={"vendor": "amd"}))
+    assert not_a_model.failed and "not a host model" in not_a_model.msg

@@ -83,6 +83,9 @@ def _playbook_parser() -> argparse.ArgumentParser:
     p.add_argument("-C", "--check", action="store_true", help="change nothing; report what would change")
     p.add_argument("-D", "--diff", action="store_true", help="show file and template differences")
     p.add_argument("-f", "--forks", type=int, help="parallel hosts")
+    p.add_argument("--rolling", nargs="?", const="1", metavar="N|N%",
+                   help="site.yml in batches: one canary host, then N hosts (or N%% of them) per batch; each batch's "
+                        "reboots, ladder and serving must pass before the next starts; the first failure stops it")
     p.add_argument("--json", action="store_true", help="print one JSON summary on stdout (progress goes to stderr)")
     p.add_argument("--junit", metavar="FILE", help="write a JUnit XML report")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more Ansible detail (repeatable)")
@@ -325,9 +328,10 @@ def _dispatch(argv: list) -> int:
     if argv and not argv[0].startswith("-"):
         _check_playbook_word(argv[0])
     args = _playbook_parser().parse_args(argv)
-    from rigbook.run import RunOptions, run_playbook
+    from rigbook.run import RunOptions, run_playbook, run_rolling
 
-    return run_playbook(
+    run = (lambda o: run_rolling(o, args.rolling)) if args.rolling is not None else run_playbook
+    return run(
         RunOptions(
             playbook=args.playbook,
             inventory=args.inventory,

@@ -35,6 +35,7 @@ class RunOptions:
     verbosity: int = 0
     baseline_mode: str = "compare"  # compare (and keep history), record, off
     baseline_group: str | None = None  # record: also record the hosts' group baselines ("*" all groups, or one)
+    summaries: list | None = None  # --json of a rolling run: each run's summary goes here instead of stdout
 
 
 def resolve_playbook(name: str) -> Path:
@@ -383,9 +384,84 @@ def _run_locked(opts: RunOptions, playbook: Path, inventory: Path, inv) -> int:
         }
         if tracker.errors:
             summary["errors"] = tracker.errors
-        sys.stdout.write(json.dumps(summary, indent=2) + "\n")
+        if opts.summaries is not None:
+            opts.summaries.append(summary)
+        else:
+            sys.stdout.write(json.dumps(summary, indent=2) + "\n")
+            sys.stdout.flush()
+    return code
+
+
+def rolling_batches(hosts: list, spec: str) -> list:
+    """HOSTS in batches for a rolling run: a canary batch of the first host, then SPEC hosts per batch ("N", or "N%"
+    of all the hosts, rounded up; at least one). A bad SPEC is a UserError."""
+    text = (spec or "").strip()
+    percent = text.endswith("%")
+    number = text[:-1] if percent else text
+    if not number.isdigit() or int(number) < 1 or (percent and int(number) > 100):
+        raise UserError(f"--rolling {spec!r}: a number of hosts per batch (e.g. 2) or a percentage (e.g. 25%)")
+    size = -(-len(hosts) * int(number) // 100) if percent else int(number)
+    size = max(1, size)
+    batches = [hosts[:1]] if hosts else []
+    rest = hosts[1:]
+    batches += [rest[i:i + size] for i in range(0, len(rest), size)]
+    return batches
+
+
+def run_rolling(opts: RunOptions, spec: str) -> int:
+    """site.yml in batches (rolling_batches, in inventory order): each batch is one whole run (its reboots, the
+    ladder and the serving layer after them), and the next starts only when it passed; the first batch that fails
+    stops the roll, the hosts after it untouched. The summary says which batch stopped and why."""
+    from rigbook.baselines import inventory_order
+    from rigbook.validate import run_roles, validate
+
+    if opts.limit and any(c in opts.limit for c in "*?!&~[]"):
+        raise UserError(f"--rolling with --limit {opts.limit!r}: name hosts or groups (no patterns), so the batches "
+                        "are known before the first one starts")
+    batches = rolling_batches([], spec)  # a bad SPEC is said before anything is read
+    playbook = resolve_playbook(opts.playbook)
+    inventory = resolve_inventory(opts.inventory)
+    inv = validate(inventory, roles=run_roles(playbook, opts.tags, opts.skip_tags), extra_vars=opts.extra_vars,
+                   limit=opts.limit)
+    hosts = inventory_order(inv, inv.limited(opts.limit))
+    batches = rolling_batches(hosts, spec)
+    out = sys.stderr if opts.json else sys.stdout
+    summaries = [] if opts.json else None
+    done, code, stopped = [], 0, None
+    for number, batch in enumerate(batches, 1):
+        kind = " (canary)" if number == 1 else ""
+        print(f"rolling: batch {number}/{len(batches)}{kind}: {', '.join(batch)}", file=out, flush=True)
+        code = run_playbook(RunOptions(**{**opts.__dict__, "limit": ",".join(batch), "summaries": summaries}))
+        done.append({"batch": number, "hosts": batch, "exit_code": code})
+        if code != 0:
+            stopped = number
+            break
+    untouched = [h for batch in batches[len(done):] for h in batch]
+    if stopped is None:
+        print(f"rolling: all {len(batches)} batches passed ({len(hosts)} hosts)", file=out, flush=True)
+    else:
+        failed = _failed_hosts(summaries[-1] if summaries else None)
+        why = f"exit {code}" + (f": {failed}" if failed else "")
+        print(f"rolling: stopped at batch {stopped}/{len(batches)} ({', '.join(batches[stopped - 1])}): {why}; "
+              f"not reached, untouched: {', '.join(untouched) or 'none'}", file=out, flush=True)
+    if opts.json:
+        sys.stdout.write(json.dumps({"exit_code": code, "rolling": {
+            "spec": spec, "batches": done, "stopped_at_batch": stopped, "untouched": untouched},
+            "runs": summaries}, indent=2) + "\n")
         sys.stdout.flush()
     return code
+
+
+def _failed_hosts(summary) -> str:
+    """"HOST at TASK: MSG" of each failed host of a run's JSON summary ("" without one)."""
+    if not summary:
+        return ""
+    said = []
+    for host, entry in (summary.get("hosts") or {}).items():
+        for failure in entry.get("failures") or []:
+            said.append(f"{host} at {failure.get('task')!r}: {str(failure.get('msg') or '').splitlines()[0][:200]}")
+            break
+    return "; ".join(said)
 
 
 def _update_baselines(opts: RunOptions, hosts: dict, run_dir: Path, code: int, inv=None) -> None:

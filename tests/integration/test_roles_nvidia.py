@@ -138,7 +138,7 @@ def test_kernel_upgrade_boots_without_the_fork_is_caught_and_repaired(lab_artifa
     repair = {HEADERS_TASK,
               "Build and install the fork through DKMS for every installed kernel",
               "Record which kernels carry the fork", "Put the command line and default entry in the GRUB drop-in",
-              "Reboot once into the new kernel, driver and boot target"}
+              "Stop the serve units before the reboot", "Reboot once into the new kernel, driver and boot target"}
     # the headers' install lets DKMS build the fork for the new kernel (its autoinstall hook, or the role's build)
     assert {HEADERS_TASK, "Record which kernels carry the fork",
             "Put the command line and default entry in the GRUB drop-in"} <= set(changed) <= repair, changed

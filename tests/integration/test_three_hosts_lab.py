@@ -11,6 +11,8 @@ session's lab leaks into the twins' judgement). In order, each test building on 
 3. A second identical box: both 3080 twins converged by one site.yml run in parallel, their manifests diffed, and
    the twin with no baseline of its own held to the first box's group baseline; then `provision report` of that
    history in headless Chromium.
+4. A rolling kernel upgrade (`--rolling 1`) of the two twins whose canary fails after its reboot: the roll stops
+   there and the twin is untouched.
 
 The twins' measured failure is the starting point of 3: twins share the lab's apt archive cache (as two boxes behind
 one apt proxy share a mirror), so the second twin's kernel install met "Could not get lock
@@ -32,8 +34,9 @@ import subprocess
 import time
 from pathlib import Path
 
+import yaml
 from helpers.browser import browse, chromium, page_dom
-from helpers.cli import REPO, provision
+from helpers.cli import REPO, changed_tasks, provision
 from helpers.lab_host import LAB_MARKS, LabHost
 
 from rigbook.lab import machine, state
@@ -245,3 +248,47 @@ def report_of_the_lab_history(inventory: str, halved_run: str, layers: list) -> 
     shutil.copy(shot, ARTIFACTS / "report-lab.png")
     if os.environ.get("RIGBOOK_UPDATE_SCREENSHOT"):
         shutil.copy(shot, REPO / "docs" / "report.png")
+
+
+def test_a_rolling_kernel_upgrade_stops_at_the_box_that_fails_after_its_reboot(three_hosts, tmp_path):
+    """`provision site.yml --rolling 1` of a kernel upgrade (6.1.0-47 -> 6.1.0-50, the pin changed in a copy of the
+    inventory) across the two 3080 twins: the canary installs the new kernel, builds the fork for it, stops its
+    engine and reboots, and then fails its ladder (fault iommu-flags-lost: the new kernel booted without the IOMMU
+    flags); the roll stops there and the twin after it is untouched: its old kernel, no reboot, no new package."""
+    first, twin = LabHost(FIRST), LabHost(TWIN)
+    for host in (FIRST, TWIN):
+        healed = provision("lab", "heal", host)
+        assert healed.returncode == 0, healed.stdout + healed.stderr
+    inv = tmp_path / "inv"
+    inv.mkdir()
+    shutil.copy(Path(three_hosts) / "hosts.yml", inv / "hosts.yml")
+    shutil.copytree(REPO / "inventory/lab/group_vars", inv / "group_vars")
+    shutil.copytree(REPO / "inventory/lab/locks", inv / "locks")
+    group = inv / "group_vars" / f"{GROUP}.yml"
+    old = yaml.safe_load(group.read_text())["rigbook_pins"]["kernel"]["release"]
+    new = "6.1.0-50-amd64"
+    group.write_text(group.read_text().replace(old, new))
+    twin_boots, twin_packages = twin.boots(), twin.out("dpkg-query -W -f='${Package}\\n' 'linux-image-*'")
+    broke = provision("lab", "break", FIRST, "iommu-flags-lost")
+    assert broke.returncode == 0, broke.stdout + broke.stderr
+    try:
+        roll = provision("site.yml", "-i", inv, "--limit", GROUP, "--rolling", "1", "--json", timeout=1800)
+        assert roll.returncode == 1, roll.stdout[-3000:] + roll.stderr[-3000:]
+        data = json.loads(roll.stdout)
+        assert data["rolling"]["batches"] == [{"batch": 1, "hosts": [FIRST], "exit_code": 1}]
+        assert data["rolling"]["stopped_at_batch"] == 1 and data["rolling"]["untouched"] == [TWIN]
+        assert f"rolling: stopped at batch 1/2 ({FIRST}): exit 1: {FIRST} at 'Ladder 1-5: " in roll.stderr
+        canary = data["runs"][0]["hosts"][FIRST]
+        assert [v["layer"] for v in canary["ladder"] if v["status"] == "fail"] == ["kernel_state"], canary["ladder"]
+        done = [name for name, _ in changed_tasks(data["runs"][0]["run_dir"])[FIRST]]
+        # its engine was stopped before the reboot, the reboot came after the new kernel and the fork's build for it
+        assert done.index("Stop the serve units before the reboot") < done.index(
+            "Reboot once into the new kernel, driver and boot target"), done
+        assert first.out("cat /var/lib/rigbook-lab/evidence/proc/sys/kernel/osrelease").strip() == new
+        # the twin: never contacted by the roll
+        assert twin.boots() == twin_boots
+        assert twin.out("cat /var/lib/rigbook-lab/evidence/proc/sys/kernel/osrelease").strip() == old
+        assert twin.out("dpkg-query -W -f='${Package}\\n' 'linux-image-*'") == twin_packages
+    finally:
+        healed = provision("lab", "heal", FIRST)
+        assert healed.returncode == 0, healed.stdout + healed.stderr

@@ -47,6 +47,7 @@ class HostData:
     runs: list = field(default_factory=list)  # run records with a ladder for this host, newest first
     tolerance: dict = field(default_factory=dict)  # the ladder's merge (expectations.tolerance) for this host
     manifest: dict | None = None
+    group: str = ""  # the narrowest group that holds it (the fleet table's grouping)
 
 
 @dataclass
@@ -58,6 +59,7 @@ class ReportData:
     groups: list  # (title, [host names])
     manifest_run: str | None = None
     notes: list = field(default_factory=list)
+    last_roll: dict | None = None  # the newest `--rolling` run of this inventory (run.save_roll)
 
 
 def lower_is_better(metric: str) -> bool:
@@ -120,6 +122,12 @@ def group_members(inv) -> dict:
     return members
 
 
+def _narrowest(members: dict, host: str) -> str:
+    """The group with the fewest hosts that holds HOST ("" when only all/ungrouped do)."""
+    owners = [g for g, names in members.items() if host in names and g not in NO_GROUP]
+    return min(owners, key=lambda g: (len(members[g]), g)) if owners else ""
+
+
 def _groups(inv, hosts: list) -> list:
     """(title, hosts) of each group with two or more hosts (one entry per distinct set of hosts, the narrowest
     group first); the whole inventory as "fleet" when no group holds it all."""
@@ -151,8 +159,12 @@ def gather(inventory: str) -> ReportData:
                       generated=time.strftime("%Y-%m-%d %H:%M:%S %Z"), hosts=[], groups=_groups(inv, names),
                       manifest_run=str(manifest_run) if manifest_run else None)
     records = _run_records(data.notes)
+    from rigbook.run import last_roll
+
+    data.last_roll = last_roll(str(path))
+    members = group_members(inv)
     for name in names:
-        host = HostData(name, tolerance=_tolerance(inv, name))
+        host = HostData(name, tolerance=_tolerance(inv, name), group=_narrowest(members, name))
         # The report only reads: a corrupt baselines file is named in the notes and left out, never moved.
         host.baseline_label, host.baseline = baselines.resolve(name, inv, notes=data.notes)
         file_data, _problem = baselines._read(baselines._file(name))
@@ -553,6 +565,51 @@ def _manifest_table(hosts: list, data: ReportData) -> str:
             f"<table class=manifest><thead><tr><th>item</th>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
 
 
+def fleet_layers() -> list:
+    """The fleet table's columns: every layer of the ladder's registry, in ladder order."""
+    _ladder_utils()  # links the collection
+    from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import registry
+
+    return registry.names()
+
+
+def fleet_table(data: ReportData) -> str:
+    """Every host's layers of its newest run in one table, the hosts of a group together (groups side by side)."""
+    layers = fleet_layers()
+    rows = []
+    for host in sorted(data.hosts, key=lambda h: (h.group, data.hosts.index(h))):
+        record, entry = _latest(host)
+        status = {v.get("layer"): v.get("status") for v in entry.get("ladder") or []}
+        cells = "".join(f'<td data-layer="{_e(layer)}" data-status="{_e(status.get(layer) or "")}">'
+                        + (_status(status[layer]) if layer in status else "-") + "</td>" for layer in layers)
+        rows.append(f'<tr data-host="{_e(host.name)}" data-group="{_e(host.group)}"><th>{_e(host.name)}</th>'
+                    f"<td>{_e(host.group or '-')}</td><td>{_e(record.get('started', '?')) if record else '-'}</td>"
+                    + cells + "</tr>")
+    head = "".join(f"<th>{_e(layer)}</th>" for layer in layers)
+    return ('<section class="fleet"><h2>fleet: every box\'s layers (newest run)</h2><table class="fleet">'
+            f"<thead><tr><th>host</th><th>group</th><th>run</th>{head}</tr></thead><tbody>"
+            + "".join(rows) + "</tbody></table></section>")
+
+
+def roll_section(roll) -> str:
+    """The last `--rolling` run: its batches, where it stopped and why, the boxes it did not reach."""
+    if not roll:
+        return ""
+    rows = "".join(f'<tr data-batch="{_e(b.get("batch"))}"><td>{_e(b.get("batch"))}</td>'
+                   f'<td>{_e(", ".join(b.get("hosts") or []))}</td>'
+                   f'<td>{_status("pass" if b.get("exit_code") == 0 else "fail")} '
+                   f'exit {_e(b.get("exit_code"))}</td></tr>'
+                   for b in roll.get("batches") or [] if isinstance(b, dict))
+    stopped = roll.get("stopped_at_batch")
+    said = (f"stopped at batch {_e(stopped)}: {_e(roll.get('why') or '')}; not reached: "
+            f"{_e(', '.join(roll.get('untouched') or []) or 'none')}" if stopped else "every batch passed")
+    return (f'<section class="roll" data-stopped="{_e(stopped or "")}"><h2>last roll</h2>'
+            f"<p>{_e(roll.get('playbook', ''))} --rolling {_e(roll.get('spec', ''))}"
+            f"{' (check mode)' if roll.get('check') else ''}, ended {_e(roll.get('ended', '?'))}: {said}</p>"
+            "<table class=roll><thead><tr><th>batch</th><th>hosts</th><th>result</th></tr></thead><tbody>"
+            + rows + "</tbody></table></section>")
+
+
 def render(data: ReportData) -> str:
     """The page: one HTML string, inline CSS and SVG, no script, no external URL."""
     toc = " · ".join(f'<a href="#host-{_e(h.name)}">{_e(h.name)}</a>' for h in data.hosts)
@@ -573,7 +630,7 @@ def render(data: ReportData) -> str:
             f"{_e(data.inventory)}</code> first for fresh figures)</p>{notes}<nav>{toc}</nav></header>",
             "<table class=overview><thead><tr><th>host</th><th>latest run</th><th>worst layer</th>"
             "<th>baseline</th><th>figures below the fail band (any run)</th></tr></thead><tbody>"
-            + "".join(summary) + "</tbody></table>"]
+            + "".join(summary) + "</tbody></table>", fleet_table(data), roll_section(data.last_roll)]
     body += [host_section(h, data) for h in data.hosts]
     body += [group_section(title, names, data) for title, names in data.groups]
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"

@@ -372,7 +372,7 @@ def _run_locked(opts: RunOptions, playbook: Path, inventory: Path, inv) -> int:
         baselines.print_judged({h: judged.get(h, "none") for h in hosts}, progress_stream)
     if opts.junit:
         junit.write(Path(opts.junit), f"rigbook {playbook.name}", hosts, duration)
-    if opts.json:
+    if opts.json or opts.summaries is not None:
         summary = {
             "exit_code": code,
             "playbook": str(playbook),
@@ -426,7 +426,7 @@ def run_rolling(opts: RunOptions, spec: str) -> int:
     hosts = inventory_order(inv, inv.limited(opts.limit))
     batches = rolling_batches(hosts, spec)
     out = sys.stderr if opts.json else sys.stdout
-    summaries = [] if opts.json else None
+    summaries = []  # each run's JSON summary: the reason a batch stopped, and --json's runs
     done, code, stopped = [], 0, None
     for number, batch in enumerate(batches, 1):
         kind = " (canary)" if number == 1 else ""
@@ -437,6 +437,7 @@ def run_rolling(opts: RunOptions, spec: str) -> int:
             stopped = number
             break
     untouched = [h for batch in batches[len(done):] for h in batch]
+    why = None
     if stopped is None:
         print(f"rolling: all {len(batches)} batches passed ({len(hosts)} hosts)", file=out, flush=True)
     else:
@@ -444,12 +445,42 @@ def run_rolling(opts: RunOptions, spec: str) -> int:
         why = f"exit {code}" + (f": {failed}" if failed else "")
         print(f"rolling: stopped at batch {stopped}/{len(batches)} ({', '.join(batches[stopped - 1])}): {why}; "
               f"not reached, untouched: {', '.join(untouched) or 'none'}", file=out, flush=True)
+    rolling = {"spec": spec, "batches": done, "stopped_at_batch": stopped, "untouched": untouched}
+    save_roll(dict(rolling, inventory=str(inventory), playbook=playbook.name, check=opts.check, exit_code=code,
+                   why=why if stopped is not None else None))
     if opts.json:
-        sys.stdout.write(json.dumps({"exit_code": code, "rolling": {
-            "spec": spec, "batches": done, "stopped_at_batch": stopped, "untouched": untouched},
-            "runs": summaries}, indent=2) + "\n")
+        sys.stdout.write(json.dumps({"exit_code": code, "rolling": rolling, "runs": summaries}, indent=2) + "\n")
         sys.stdout.flush()
     return code
+
+
+ROLLS_DIR = "rolls"
+
+
+def save_roll(record: dict) -> Path:
+    """A rolling run's record (batches, where it stopped and why, what was not reached) under the state directory's
+    rolls/, named by its end time: `provision report` shows the last one."""
+    from rigbook import statefile
+
+    ended = time.time()
+    record = dict(record, ended=time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ended)))
+    path = paths.state_dir() / ROLLS_DIR / (time.strftime("%Y%m%d-%H%M%S", time.localtime(ended))
+                                            + f"-{time.time_ns() % 10**9:09d}-{os.getpid()}.json")
+    statefile.write_json_atomic(path, record)
+    return path
+
+
+def last_roll(inventory_path: str):
+    """The newest saved roll of INVENTORY_PATH, or None (an unreadable record is skipped)."""
+    folder = paths.state_dir() / ROLLS_DIR
+    for path in sorted(folder.glob("*.json"), reverse=True) if folder.is_dir() else []:
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and record.get("inventory") == str(inventory_path):
+            return record
+    return None
 
 
 def _failed_hosts(summary) -> str:

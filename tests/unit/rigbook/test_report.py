@@ -272,3 +272,28 @@ def test_report_files_written_by_default_are_the_users_alone(tmp_path, monkeypat
     path, _ = report.write_report("lab")
     assert path.parent == tmp_path / "state" / "reports"
     assert path.stat().st_mode & 0o077 == 0 and path.parent.stat().st_mode & 0o077 == 0
+
+
+def test_the_fleet_table_holds_every_box_s_layers_and_the_last_roll_is_shown(history, tmp_path):
+    from rigbook import run
+
+    run.save_roll({"inventory": str(run.resolve_inventory("lab")), "playbook": "site.yml", "spec": "1",
+                   "check": False, "exit_code": 1, "batches": [{"batch": 1, "hosts": ["lab-3080"], "exit_code": 0},
+                                                              {"batch": 2, "hosts": ["lab-r9700"], "exit_code": 1}],
+                   "stopped_at_batch": 2, "untouched": [], "why": "exit 1: lab-r9700 at 'Ladder 6-9: collectives'"})
+    run.save_roll({"inventory": "/another/inventory", "spec": "9", "batches": []})  # not this inventory's
+    text, elements, problems, data = _page(tmp_path)
+    assert problems == []
+    for host in data.hosts:  # one row per box, one cell per layer with its newest run's status, in ladder order
+        record, entry = report._latest(host)
+        assert host.group in ("x99_3080", "x99_r9700")
+        (row,) = re.findall(r'<tr data-host="%s" data-group="%s">(.*?)</tr>' % (host.name, host.group), text)
+        cells = re.findall(r'<td data-layer="([a-z_0-9]+)" data-status="([a-z]*)">', row)
+        assert [layer for layer, _ in cells] == report.fleet_layers()
+        assert {layer: status for layer, status in cells if status} == {v["layer"]: v["status"]
+                                                                        for v in entry["ladder"]}
+    (roll,) = _find(elements, "section", class_="roll")
+    assert roll["data-stopped"] == "2"
+    assert "stopped at batch 2: exit 1: lab-r9700 at &#x27;Ladder 6-9: collectives&#x27;" in text
+    assert [e["data-batch"] for e in _find(elements, "tr") if e.get("data-batch")] == ["1", "2"]
+    assert "--rolling 9" not in text

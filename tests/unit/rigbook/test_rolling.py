@@ -41,8 +41,10 @@ class FakeInventory:
 
 
 @pytest.fixture
-def fake_runs(monkeypatch):
-    """Each run's options, recorded; box-3's run fails (exit 1) with a failure in its JSON summary."""
+def fake_runs(monkeypatch, tmp_path):
+    """Each run's options, recorded; box-3's run fails (exit 1) with a failure in its JSON summary. The roll's
+    record goes to a state directory of the test's own."""
+    monkeypatch.setenv("RIGBOOK_STATE_DIR", str(tmp_path / "state"))
     ran = []
 
     def run_playbook(opts):
@@ -67,7 +69,11 @@ def test_the_first_failing_batch_stops_the_roll_and_the_rest_is_untouched(fake_r
     assert all(o.extra_vars == ["k=v"] and o.playbook == "site.yml" for o in fake_runs)
     out = capsys.readouterr().out
     assert "rolling: batch 1/3 (canary): box-1\n" in out and "rolling: batch 2/3: box-2, box-3\n" in out
-    assert "rolling: stopped at batch 2/3 (box-2, box-3): exit 1; not reached, untouched: box-4, box-5" in out
+    assert ("rolling: stopped at batch 2/3 (box-2, box-3): exit 1: box-3 at 'Ladder 1-5: pcie_link': pcie_link: fail: "
+            "x8 of x16; not reached, untouched: box-4, box-5") in out
+    roll = run.last_roll(str(run.resolve_inventory("lab")))  # what `provision report` shows as the last roll
+    assert roll["stopped_at_batch"] == 2 and roll["untouched"] == ["box-4", "box-5"] and roll["spec"] == "2"
+    assert roll["why"].startswith("exit 1: box-3 at 'Ladder 1-5: pcie_link'") and roll["exit_code"] == 1
 
 
 def test_json_is_one_document_with_every_run_and_the_reason(fake_runs, capsys):

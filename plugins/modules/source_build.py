@@ -125,6 +125,18 @@ options:
         description: Symlinks made in the prefix before the component builds (relative path in the prefix -> absolute target).
         type: dict
         default: {}
+  export_dir:
+    description: After a build, write the prefix (its files and relative links, the stamp included; not the
+      O(components[].links), which the installing host makes itself) as C(<name>-<identity_id>-<sha256>.tar.gz) into
+      this folder, byte for byte reproducibly, so the other boxes of a group install it instead of building
+      (RV(export_path), RV(export_sha256)).
+    type: path
+  install_from:
+    description: When a build is due, install this archive (an O(export_dir) archive of a group's build host)
+      instead of building - its sha256 must be the one its name carries, its stamp must be this build's identity
+      (sources, patches, arguments, prefix) and every stamped file's sha256 must match; then the links are made and
+      the O(link) switched. Nothing is compiled and no build log is written.
+    type: path
   check_files:
     description: Files under the prefix that must exist after the install; their sha256 is stamped and checked on
       every run (a file changed since the build means it is rebuilt).
@@ -185,6 +197,23 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+identity_id:
+  description: The first 16 hex digits of the sha256 of what is built (sources, patches, arguments, prefix); boxes
+    with equal ones can share one build.
+  type: str
+  returned: always
+export_path:
+  description: The archive written into O(export_dir) after a build.
+  type: str
+  returned: when a build wrote one
+export_sha256:
+  description: Its sha256 (also in its name).
+  type: str
+  returned: when a build wrote one
+installed_from:
+  description: The archive installed instead of a build (O(install_from)).
+  type: str
+  returned: when one was installed
 lock_waited_s:
   description: Seconds this run waited for another build of the same path to finish (one a run cut short left
     running on the host); 0 when none held the lock, and in check mode.
@@ -229,6 +258,9 @@ stamp:
 """
 
 import glob
+import gzip
+import hashlib
+import io
 import json
 import os
 import re
@@ -436,6 +468,84 @@ class Build(object):
         return names
 
 
+    # --- one build for a group ------------------------------------------------------------------------------
+
+    def export(self, prefix, identity_id, folder):
+        """(path, sha256) of the prefix as a reproducible .tar.gz in FOLDER (files, folders and relative links; the
+        components' links are left out: each host makes its own)."""
+        made = set(rel for comp in self.p["components"] for rel in comp["links"])
+        raw = io.BytesIO()
+        with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            for top, dirs, names in os.walk(prefix):
+                dirs.sort()
+                for name in sorted(dirs + names):
+                    path = os.path.join(top, name)
+                    rel = os.path.relpath(path, prefix)
+                    if rel in made or (os.path.islink(path) and os.readlink(path).startswith("/")):
+                        continue
+                    info = tar.gettarinfo(path, arcname=rel)
+                    info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "root", "root"
+                    if info.isfile():
+                        with open(path, "rb") as handle:
+                            tar.addfile(info, handle)
+                    elif info.isdir() or info.issym():
+                        tar.addfile(info)
+        out = io.BytesIO()
+        with gzip.GzipFile(fileobj=out, mode="wb", mtime=0, filename="") as gz:
+            gz.write(raw.getvalue())
+        data = out.getvalue()
+        digest = hashlib.sha256(data).hexdigest()
+        if not os.path.isdir(folder):
+            os.makedirs(folder, 0o755)
+        path = os.path.join(folder, "%s-%s-%s.tar.gz" % (self.p["name"], identity_id, digest))
+        handle, tmp = tempfile.mkstemp(dir=folder, prefix=".rigbook-export-")
+        with os.fdopen(handle, "wb") as written:
+            written.write(data)
+        os.chmod(tmp, 0o644)
+        self.module.atomic_move(tmp, path)
+        return path, digest
+
+    def install(self, prefix, wanted, archive):
+        """ARCHIVE (another host's export of this very build) into PREFIX instead of a build: its sha256 is the one
+        its name carries, its stamp is WANTED, every stamped file is as stamped; then this host's links."""
+        named = re.match(r"^.+-([0-9a-f]{64})\.tar\.gz$", os.path.basename(archive))
+        if not named:
+            self.fail("install_from %s: not a build archive (NAME-ID-SHA256.tar.gz); nothing was installed" % archive)
+        got = sha256_of(archive)
+        if got != named.group(1):
+            self.fail("refused %s: its sha256 is %s, its name says %s; nothing was installed"
+                      % (archive, got, named.group(1)), sha256=got)
+        parent = os.path.dirname(prefix)
+        work = tempfile.mkdtemp(prefix=".rigbook-install-", dir=parent)
+        try:
+            try:
+                safe_untar.unpack(archive, work)
+            except safe_untar.UnsafeArchive as exc:
+                self.fail("%s: unsafe archive, nothing was installed: %s" % (archive, exc))
+            except (tarfile.TarError, EOFError, OSError) as exc:
+                self.fail("cannot unpack %s: %s" % (archive, exc))
+            stamp = self.read_stamp(work)
+            have = dict((k, v) for k, v in (stamp or {}).items() if k != "files")
+            if have != wanted:
+                changed = sorted(k for k in set(have) | set(wanted) if have.get(k) != wanted.get(k))
+                self.fail("refused %s: it is another build (its stamp differs in %s); nothing was installed"
+                          % (archive, ", ".join(changed) or "everything"))
+            for rel, digest in sorted((stamp.get("files") or {}).items()):
+                path = os.path.join(work, rel)
+                if not os.path.isfile(path) or sha256_of(path) != digest:
+                    self.fail("refused %s: %s is not the file its stamp names; nothing was installed" % (archive, rel))
+            for comp in self.p["components"]:
+                self.make_links(comp, work)
+            os.chmod(work, 0o755)
+            if os.path.isdir(prefix):
+                shutil.rmtree(prefix)
+            os.rename(work, prefix)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        self.progress.append("installed %s from %s (sha256 %s): nothing built" % (self.p["name"], archive, got[:12]))
+        return stamp
+
+
 failing_files = patch_set.failing_files
 
 
@@ -467,6 +577,8 @@ def main():
                 links=dict(type="dict", default={}),
             )),
             check_files=dict(type="list", elements="str", default=[]),
+            export_dir=dict(type="path"),
+            install_from=dict(type="path"),
             build_root=dict(type="path", default="/var/cache/rigbook/build"),
             jobs=dict(type="int"),
             log=dict(type="path"),
@@ -488,6 +600,7 @@ def main():
     patches_id = b.patch_set()
     prefix = os.path.join(p["prefix_root"], "%s-%s" % (p["version"], patches_id))
     wanted = b.identity(prefix)
+    identity_id = hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()[:16]
     if not check:  # a build a cut-short run left running finishes first; then its stamp is read
         result_waited = build_lock.hold(prefix, b.note)
     stamp = old_stamp = b.read_stamp(prefix)
@@ -501,12 +614,19 @@ def main():
     link_changed = bool(link_path) and link_now != link_target
     result = dict(changed=False, prefix=prefix, patch_set=patches_id, built=bool(reasons), reasons=reasons,
                   lock_waited_s=0.0 if check else result_waited,
-                  link_changed=link_changed, patches_checked=[], progress=b.progress, stamp=stamp or {})
+                  link_changed=link_changed, patches_checked=[], progress=b.progress, stamp=stamp or {},
+                  identity_id=identity_id)
     if missing:  # check mode only: the tasks before this one did not fetch them
         result.update(changed=True, built=True, link_changed=bool(link_path),
                       msg="not on the host yet (check mode): %s" % ", ".join(missing))
         module.exit_json(**result)
-    if reasons:
+    if reasons and p["install_from"]:
+        result.update(built=False, installed_from=p["install_from"])
+        if not check:
+            if not os.path.isdir(p["prefix_root"]):
+                os.makedirs(p["prefix_root"], 0o755)
+            result["stamp"] = b.install(prefix, wanted, p["install_from"])
+    elif reasons:
         if not check:
             for path in (p["build_root"], p["prefix_root"]):
                 if not os.path.isdir(path):
@@ -544,6 +664,8 @@ def main():
                     handle.write("\n")
                 result["stamp"] = stamp
                 b.note("built %s %s into %s" % (p["name"], p["version"], prefix))
+                if p["export_dir"]:
+                    result["export_path"], result["export_sha256"] = b.export(prefix, identity_id, p["export_dir"])
         finally:
             shutil.rmtree(work, ignore_errors=True)
     if link_changed and not check:

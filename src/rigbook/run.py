@@ -281,7 +281,9 @@ def _run_locked(opts: RunOptions, playbook: Path, inventory: Path, inv) -> int:
         "exit_code": None,
     }
     runs.save_record(run_dir, record)
-    extra = list(opts.extra_vars) + [json.dumps({"rigbook_run_dir": str(run_dir)})]
+    # rigbook_builds_dir: where a group's build host leaves its builds for the other boxes (roles/nccl_tests)
+    extra = list(opts.extra_vars) + [json.dumps({"rigbook_run_dir": str(run_dir),
+                                                 "rigbook_builds_dir": str(paths.state_dir() / BUILDS_DIR)})]
     if given is not None:
         baseline_file = run_dir / "baselines.json"
         statefile.write_json_atomic(baseline_file, given)
@@ -455,6 +457,7 @@ def run_rolling(opts: RunOptions, spec: str) -> int:
 
 
 ROLLS_DIR = "rolls"
+BUILDS_DIR = "builds"
 
 
 def save_roll(record: dict) -> Path:

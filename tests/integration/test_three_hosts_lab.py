@@ -40,6 +40,7 @@ from helpers.cli import REPO, changed_tasks, provision
 from helpers.lab_host import LAB_MARKS, LabHost
 
 from rigbook.lab import machine, state
+from rigbook.paths import state_dir
 
 pytestmark = LAB_MARKS
 ARTIFACTS = REPO / "tests" / "artifacts-out"
@@ -172,6 +173,14 @@ def test_two_twins_converge_in_parallel_diff_clean_and_the_twin_is_held_to_the_g
     installs = re.findall(r"^(\S+ \S+) install linux-image-", first.out("cat /var/log/dpkg.log"), re.M)
     assert installs and min(installs) >= released, (released, installs)
     print(f"site.yml converged both twins in {elapsed:.0f} s")
+    # one build for the group: the first twin built nccl-tests and left the archive on the controller; the twin
+    # installed it (its sha256 and stamp checked), compiling nothing: no build log there, the same programs
+    programs = "sha256sum /opt/rigbook/nccl-tests/current/bin/*_perf | sed 's| .*/| |'"
+    assert first.out(programs) == twin.out(programs) and len(first.out(programs).splitlines()) == 4
+    assert first.run("test -s /opt/rigbook/nccl-tests/.nccl-tests-build.log", check=False).returncode == 0
+    assert twin.run("test -e /opt/rigbook/nccl-tests/.nccl-tests-build.log", check=False).returncode != 0
+    [archive] = (state_dir() / "builds").glob("nccl-tests-*.tar.gz")
+    assert twin.out(f"sha256sum /var/cache/rigbook/builds/{archive.name}").split()[0] == archive.name[-71:-7]
 
     manifest = provision("manifest", "-i", inventory, "--limit", GROUP, timeout=600)
     assert manifest.returncode == 0, manifest.stdout[-2000:] + manifest.stderr[-2000:]
@@ -209,7 +218,6 @@ def report_of_the_lab_history(inventory: str, halved_run: str, layers: list) -> 
     """`provision report` of this lab history (a group baseline, a healthy and a halved verify of the twin) in
     headless Chromium with the network off: every host and layer, every recorded figure drawn, the halved run
     below the fail band; the screenshot kept (and made the README's picture with RIGBOOK_UPDATE_SCREENSHOT=1)."""
-    from rigbook.paths import state_dir
 
     out = state_dir() / "report.html"
     made = provision("report", "-i", inventory, "-o", str(out))

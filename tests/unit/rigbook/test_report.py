@@ -287,7 +287,7 @@ def test_the_fleet_table_holds_every_box_s_layers_and_the_last_roll_is_shown(his
     for host in data.hosts:  # one row per box, one cell per layer with its newest run's status, in ladder order
         record, entry = report._latest(host)
         assert host.group in ("x99_3080", "x99_r9700")
-        (row,) = re.findall(r'<tr data-host="%s" data-group="%s">(.*?)</tr>' % (host.name, host.group), text)
+        (row,) = re.findall(rf'<tr data-host="{host.name}" data-group="{host.group}">(.*?)</tr>', text)
         cells = re.findall(r'<td data-layer="([a-z_0-9]+)" data-status="([a-z]*)">', row)
         assert [layer for layer, _ in cells] == report.fleet_layers()
         assert {layer: status for layer, status in cells if status} == {v["layer"]: v["status"]

@@ -385,3 +385,53 @@ def test_an_install_glob_matching_nothing_fails_naming_it(tmp_path, make_tree):
     result, failed, _ = real(make_args(tmp_path, make_tree, install=["build/*_perf", "build/missing_*"]))
     assert failed and "the build left nothing matching build/missing_*" in result["msg"]
     assert not (tmp_path / "opt/current").exists()
+
+
+# --- one build for a group: the build host exports, the others install ---------------------------------------
+
+@needs_tools
+def test_a_build_exported_by_one_box_installs_on_another_without_building(tmp_path, make_tree):
+    a = dict(make_args(tmp_path, make_tree), export_dir=str(tmp_path / "exports"))
+    first, failed, _ = real(a)
+    assert not failed, first.get("msg")
+    archive = Path(first["export_path"])
+    assert archive.name == f"tests-{first['identity_id']}-{first['export_sha256']}.tar.gz"
+    assert sha256(archive) == first["export_sha256"]
+    # the same build exported again is the same bytes (reproducible), so every twin's copy has one sha256
+    shutil.rmtree(tmp_path / "opt")
+    again, failed, _ = real(a)
+    assert not failed and again["export_path"] == str(archive)
+    built = (Path(again["prefix"]) / "bin/hello_perf").read_bytes()
+    # the other box: nothing of this build on it; it installs the archive instead of building
+    shutil.rmtree(tmp_path / "opt")
+    other = dict(make_args(tmp_path, make_tree), install_from=str(archive))
+    installed, failed, ran = real(other)
+    assert not failed, installed.get("msg")
+    assert ran == [] and installed["built"] is False and installed["installed_from"] == str(archive)
+    prefix = Path(installed["prefix"])
+    assert (prefix / "bin/hello_perf").read_bytes() == built
+    assert subprocess.run([str(prefix / "bin/hello_perf")], capture_output=True, text=True).stdout == "2277\n"
+    assert os.readlink(prefix / "dep/lib/libdemo.so") == str(make_tree[2] / "lib/libdemo.so.2")  # its own links
+    assert not (tmp_path / "opt/.tests-build.log").exists()  # no build log: nothing was built here
+    assert (tmp_path / "opt/current").resolve() == prefix.resolve()
+    rerun, failed, ran = real(other)
+    assert not failed and not rerun["changed"] and ran == []
+
+
+@needs_tools
+def test_an_archive_whose_bytes_or_build_differ_is_refused_and_nothing_is_installed(tmp_path, make_tree):
+    exported, failed, _ = real(dict(make_args(tmp_path, make_tree), export_dir=str(tmp_path / "exports")))
+    assert not failed, exported.get("msg")
+    archive = Path(exported["export_path"])
+    shutil.rmtree(tmp_path / "opt")
+    forged = archive.with_name(archive.name.replace(exported["export_sha256"], "0" * 64))
+    shutil.copy(archive, forged)
+    result, failed, ran = real(dict(make_args(tmp_path, make_tree), install_from=str(forged)))
+    assert failed and f"its sha256 is {exported['export_sha256']}, its name says {'0' * 64}" in result["msg"]
+    assert ran == [] and not (tmp_path / "opt/current").exists()
+    # a box whose build differs (other make arguments) cannot take this one
+    other = dict(make_args(tmp_path, make_tree, make_args=["DEP={prefix}/dep", "X=1"]), install_from=str(archive))
+    result, failed, ran = real(other)
+    assert failed and "it is another build (its stamp differs in components)" in result["msg"]
+    assert ran == [] and not (tmp_path / "opt/current").exists()
+    assert not [p for p in (tmp_path / "opt").iterdir() if p.name.startswith(".rigbook-install-")]

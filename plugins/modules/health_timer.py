@@ -16,6 +16,8 @@ description:
     starts the timer (restarting it when its interval changed). A converged host is one read of each file and
     two C(systemctl is-*) calls.
   - O(state=absent) stops and disables the timer and removes the three files.
+  - Where systemd is not the init system (a container, a chroot), the files are written and the timer is neither
+    enabled nor started; the module says so in a warning.
   - Supports check mode and diff mode.
 version_added: "1.0.0"
 author:
@@ -73,6 +75,10 @@ files_changed:
   type: list
   elements: str
   returned: always
+systemd:
+  description: Whether systemd is the init system (false - files written, timer not started).
+  type: bool
+  returned: when state is present
 timer:
   description: What was done to the timer (enabled, started, restarted, stopped), in order.
   type: list
@@ -88,6 +94,8 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.rigbook.homelab.plugins.module_utils import health
 
 NAME = "rigbook-health"
+# sd_booted(3): systemd is the init system when this folder exists (a container without it has none)
+SYSTEMD_RUN = "/run/systemd/system"
 
 
 def service_text(p):
@@ -161,12 +169,15 @@ def main():
     if p["state"] == "absent":
         present = [f for f in (timer, service, p["config_path"]) if os.path.exists(f)]
         if present:
-            result.update(changed=True, files_changed=present, timer=["stopped", "disabled"])
+            booted = os.path.isdir(SYSTEMD_RUN)
+            result.update(changed=True, files_changed=present, timer=["stopped", "disabled"] if booted else [])
             if not module.check_mode:
-                systemctl("disable", "--now", NAME + ".timer")
+                if booted:
+                    systemctl("disable", "--now", NAME + ".timer")
                 for path in present:
                     os.unlink(path)
-                systemctl("daemon-reload")
+                if booted:
+                    systemctl("daemon-reload")
         module.exit_json(**result)
     try:
         config = health.config_of(p["host"], p["name"])
@@ -181,21 +192,26 @@ def main():
             result["files_changed"].append(path)
             before += "--- %s\n%s" % (path, now or "(none)\n")
             after += "--- %s\n%s" % (path, text)
-    enabled = systemctl("is-enabled", NAME + ".timer")[1].strip() == "enabled"
-    active = systemctl("is-active", NAME + ".timer")[1].strip() == "active"
+    booted = os.path.isdir(SYSTEMD_RUN)
+    if not booted:
+        module.warn("systemd is not the init system here (no %s): the health timer's files are written, the timer "
+                    "is not started" % SYSTEMD_RUN)
+    enabled = not booted or systemctl("is-enabled", NAME + ".timer")[1].strip() == "enabled"
+    active = not booted or systemctl("is-active", NAME + ".timer")[1].strip() == "active"
     units_changed = any(path in result["files_changed"] for path in (service, timer))
-    if not enabled:
+    result["systemd"] = booted
+    if booted and not enabled:
         result["timer"].append("enabled")
-    if not active:
+    if booted and not active:
         result["timer"].append("started")
-    elif timer in result["files_changed"]:
+    elif booted and timer in result["files_changed"]:
         result["timer"].append("restarted")
     result["changed"] = bool(result["files_changed"] or result["timer"])
     if result["changed"] and not module.check_mode:
         for path, text, mode in wanted:
             if path in result["files_changed"]:
                 write(module, path, text, mode)
-        if units_changed:
+        if units_changed and booted:
             rc, _, err = systemctl("daemon-reload")
             if rc != 0:
                 module.fail_json(msg="systemctl daemon-reload failed: %s" % err.strip(), **result)

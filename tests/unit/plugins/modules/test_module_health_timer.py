@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from helpers.modules import ok, run_module
 
 from rigbook.paths import link_collection
@@ -18,6 +19,15 @@ IS_ENABLED = ["systemctl", "is-enabled", "rigbook-health.timer"]
 IS_ACTIVE = ["systemctl", "is-active", "rigbook-health.timer"]
 START = [(["systemctl", "enable", "rigbook-health.timer"], ok()),
          (["systemctl", "start", "rigbook-health.timer"], ok())]
+
+
+@pytest.fixture(autouse=True)
+def booted(tmp_path, monkeypatch):
+    """systemd as the init system (sd_booted: its run folder exists), unless a test says otherwise."""
+    folder = tmp_path / "run-systemd-system"
+    folder.mkdir()
+    monkeypatch.setattr(health_timer, "SYSTEMD_RUN", str(folder))
+    return folder
 
 
 def _args(tmp_path, **extra):
@@ -73,3 +83,13 @@ def test_absent_stops_the_timer_and_removes_the_files_and_bad_input_is_refused(t
     assert bad.failed and "interval_s 0: at least 1 second" in bad.msg
     not_a_model = run_module(health_timer, _args(tmp_path, host={"vendor": "amd"}))
     assert not_a_model.failed and "not a host model" in not_a_model.msg
+
+
+def test_without_systemd_as_init_the_files_are_written_and_no_systemctl_runs(tmp_path, booted):
+    booted.rmdir()  # a container or a chroot: systemctl cannot talk to systemd
+    first = run_module(health_timer, _args(tmp_path))
+    assert not first.failed and first.result["changed"] and first.result["timer"] == []
+    assert first.result["systemd"] is False  # said in a warning too
+    assert len(first.result["files_changed"]) == 3 and (tmp_path / "units/rigbook-health.timer").is_file()
+    again = run_module(health_timer, _args(tmp_path))
+    assert not again.failed and not again.result["changed"]

@@ -351,9 +351,8 @@ class Build(object):
     def reasons(self, prefix, wanted, stamp):
         if stamp is None:
             return ["no build stamp in %s" % prefix]
-        have = dict((k, v) for k, v in stamp.items() if k != "files")
-        if have != wanted:
-            changed = sorted(k for k in set(have) | set(wanted) if have.get(k) != wanted.get(k))
+        changed = _differs(stamp, wanted)
+        if changed is not None:
             return ["the build stamp differs in %s" % ", ".join(changed)]
         out = []
         for rel, digest in sorted((stamp.get("files") or {}).items()):
@@ -399,6 +398,15 @@ class Build(object):
         except OSError:
             return ""
 
+    def untar(self, archive, dest, nothing_done):
+        """ARCHIVE unpacked into the empty folder DEST (module_utils/safe_untar.py), or the run failed naming it."""
+        try:
+            safe_untar.unpack(archive, dest)
+        except safe_untar.UnsafeArchive as exc:
+            self.fail("%s: unsafe archive, %s: %s" % (archive, nothing_done, exc))
+        except (tarfile.TarError, EOFError, OSError) as exc:
+            self.fail("cannot unpack %s: %s" % (archive, exc))
+
     def unpack(self, comp, dest):
         """The component's source tree (its subdir) as a fresh copy under DEST."""
         src = comp["src"]
@@ -407,12 +415,7 @@ class Build(object):
             shutil.copytree(src, tree, symlinks=True, ignore=shutil.ignore_patterns(".git"))
         else:
             os.makedirs(tree)
-            try:
-                safe_untar.unpack(src, tree)
-            except safe_untar.UnsafeArchive as exc:
-                self.fail("%s: unsafe tarball, nothing was built: %s" % (src, exc))
-            except (tarfile.TarError, EOFError, OSError) as exc:
-                self.fail("cannot unpack %s: %s" % (src, exc))
+            self.untar(src, tree, "nothing was built")
             entries = os.listdir(tree)
             if len(entries) == 1 and os.path.isdir(os.path.join(tree, entries[0])):
                 tree = os.path.join(tree, entries[0])
@@ -518,16 +521,10 @@ class Build(object):
         parent = os.path.dirname(prefix)
         work = tempfile.mkdtemp(prefix=".rigbook-install-", dir=parent)
         try:
-            try:
-                safe_untar.unpack(archive, work)
-            except safe_untar.UnsafeArchive as exc:
-                self.fail("%s: unsafe archive, nothing was installed: %s" % (archive, exc))
-            except (tarfile.TarError, EOFError, OSError) as exc:
-                self.fail("cannot unpack %s: %s" % (archive, exc))
+            self.untar(archive, work, "nothing was installed")
             stamp = self.read_stamp(work)
-            have = dict((k, v) for k, v in (stamp or {}).items() if k != "files")
-            if have != wanted:
-                changed = sorted(k for k in set(have) | set(wanted) if have.get(k) != wanted.get(k))
+            changed = _differs(stamp, wanted)
+            if changed is not None:
                 self.fail("refused %s: it is another build (its stamp differs in %s); nothing was installed"
                           % (archive, ", ".join(changed) or "everything"))
             for rel, digest in sorted((stamp.get("files") or {}).items()):
@@ -683,6 +680,14 @@ def main():
         result["diff"] = dict(before=before, after=after, before_header="%s (before)" % prefix,
                               after_header="%s (after)" % prefix)
     module.exit_json(**result)
+
+
+def _differs(stamp, wanted):
+    """The sorted keys in which STAMP (less its files) differs from the WANTED identity, or None when equal."""
+    have = dict((k, v) for k, v in (stamp or {}).items() if k != "files")
+    if have == wanted:
+        return None
+    return sorted(k for k in set(have) | set(wanted) if have.get(k) != wanted.get(k))
 
 
 def _inside(rel):

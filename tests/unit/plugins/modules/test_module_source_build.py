@@ -139,7 +139,7 @@ def test_an_unsafe_source_tarball_fails_before_any_command(tmp_path, tarballs):
     a = args(tmp_path, tarballs)
     a["components"][0].update(src=str(bad), sha256=sha256(bad))
     run = run_module(source_build, a, [])
-    assert run.failed and run.msg == (f"{bad}: unsafe tarball, nothing was built: member 'rccl/x/y' lies under the "
+    assert run.failed and run.msg == (f"{bad}: unsafe archive, nothing was built: member 'rccl/x/y' lies under the "
                                       "symlink 'rccl/x'"), run.msg
     assert not (tmp_path / "outside").exists() and not (tmp_path / "opt" / "current").exists()
     assert list((tmp_path / "build").iterdir()) == []  # the unpack folder is removed

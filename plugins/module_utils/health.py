@@ -36,11 +36,13 @@ SERVING_STATE = "serving-state.json"
 
 
 def config_of(model, name, state_dir="/var/lib/rigbook/health"):
-    """The health run's config for the host NAME of host model MODEL (host_model.build): what the timer reads."""
+    """The health run's config for the host NAME of host model MODEL (host_model.build): what the timer reads. The
+    serve profiles go without their environment (it may hold tokens; a health run starts no engine)."""
     from ansible_collections.rigbook.homelab.plugins.module_utils import host_model
 
+    serve = [dict((k, v) for k, v in profile.items() if k != "env") for profile in model["serve"]]
     return {"host": name, "ladder_view": host_model.ladder_view(model), "evidence_root": model["evidence_root"],
-            "serve": model["serve"], "textfile": model["health"]["textfile"], "state_dir": state_dir}
+            "serve": serve, "textfile": model["health"]["textfile"], "state_dir": state_dir}
 
 
 def layers_of(config):

@@ -140,6 +140,7 @@ def write(module, path, text, mode):
         out.write(text)
     os.chmod(tmp, mode)
     module.atomic_move(tmp, path)
+    os.chmod(path, mode)  # atomic_move gives a new file the default mode
 
 
 def main():
@@ -183,7 +184,8 @@ def main():
         config = health.config_of(p["host"], p["name"])
     except (KeyError, TypeError) as exc:
         module.fail_json(msg="host: not a host model (rigbook_host): %s missing" % exc)
-    wanted = [(p["config_path"], json.dumps(config, indent=2, sort_keys=True) + "\n", 0o644),
+    # root's alone: it names the serve units' key files and the box's layout (the service runs as root)
+    wanted = [(p["config_path"], json.dumps(config, indent=2, sort_keys=True) + "\n", 0o600),
               (service, service_text(p), 0o644), (timer, timer_text(p), 0o644)]
     before, after = "", ""
     for path, text, _mode in wanted:

@@ -14,7 +14,9 @@ link_collection()
 from ansible_collections.rigbook.homelab.plugins.module_utils import host_model  # noqa: E402
 from ansible_collections.rigbook.homelab.plugins.modules import health_timer  # noqa: E402
 
-MODEL = host_model.build({"rigbook_gpu": {"vendor": "amd", "count": 2}, "rigbook_health": {"interval_s": 20}})
+MODEL = host_model.build({"rigbook_gpu": {"vendor": "amd", "count": 2}, "rigbook_health": {"interval_s": 20},
+                          "rigbook_serve": [{"name": "m", "model_path": "/srv/m", "tp_size": 2,
+                                             "env": {"HF_TOKEN": "hf_secret_value"}}]})
 IS_ENABLED = ["systemctl", "is-enabled", "rigbook-health.timer"]
 IS_ACTIVE = ["systemctl", "is-active", "rigbook-health.timer"]
 START = [(["systemctl", "enable", "rigbook-health.timer"], ok()),
@@ -44,6 +46,10 @@ def test_a_fresh_box_gets_the_three_files_and_a_started_timer_then_a_rerun_chang
     assert first.result["changed"] and first.result["timer"] == ["enabled", "started"]
     config = json.loads((tmp_path / "etc/health.json").read_text())
     assert config["host"] == "box-1" and config["textfile"] == "/var/lib/prometheus/node-exporter/rigbook.prom"
+    # the serve profiles without their environment (a token there stays out), the file root's alone
+    assert [p["name"] for p in config["serve"]] == ["m"] and "env" not in config["serve"][0]
+    assert "hf_secret_value" not in (tmp_path / "etc/health.json").read_text()
+    assert (tmp_path / "etc/health.json").stat().st_mode & 0o777 == 0o600
     assert config["ladder_view"] == host_model.ladder_view(MODEL) and config["evidence_root"] == "/"
     service = (tmp_path / "units/rigbook-health.service").read_text()
     assert "Type=oneshot" in service

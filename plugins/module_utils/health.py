@@ -31,11 +31,12 @@ from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import regi
 
 # rigbook_layer_status's value per verdict status (docs/health.md)
 STATUS_VALUE = {"pass": 0, "warn": 1, "fail": 2, "unknown": 3, "skip": 4}
+STATE_DIR = "/var/lib/rigbook/health"  # the timer's own state (error counters, serve unit restarts)
 ERROR_COUNTERS_STATE = "error-counters.json"
 SERVING_STATE = "serving-state.json"
 
 
-def config_of(model, name, state_dir="/var/lib/rigbook/health"):
+def config_of(model, name, state_dir=STATE_DIR):
     """The health run's config for the host NAME of host model MODEL (host_model.build): what the timer reads. The
     serve profiles go without their environment (it may hold tokens; a health run starts no engine)."""
     from ansible_collections.rigbook.homelab.plugins.module_utils import host_model
@@ -56,7 +57,7 @@ def check(config, climb=None, take=None, now=None):
     ladder's climb) and TAKE (the error counters' snapshot) are replaceable for tests; NOW a clock."""
     clock = now or time.time
     started = clock()
-    state_dir = config.get("state_dir") or "/var/lib/rigbook/health"
+    state_dir = config.get("state_dir") or STATE_DIR
     ctx = climb_mod.Context(config.get("evidence_root") or "/", config.get("ladder_view") or {},
                             options={"serve": config.get("serve") or [], "serving_figures": False,
                                      "serving_state": state_dir + "/" + SERVING_STATE})

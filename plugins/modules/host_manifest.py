@@ -12,9 +12,9 @@ short_description: Everything that makes two boxes the same, in one run
 description:
   - Collects the host manifest that C(provision diff) compares between two boxes, in one module run (one
     interpreter start) - the running, default, installed and held kernels and the kernel command line; DKMS state per
-    kernel (C(dkms status)); the NVIDIA/amdgpu driver, ROCm and CUDA versions; the RCCL build stamp
-    (C(/opt/rigbook/rccl/current/.rigbook-build.json)) and every SGLang venv stamp
-    (C(/opt/rigbook/sglang/*/.rigbook-venv.json)) with their applied patch hashes; the serving venv's package list
+    kernel (C(dkms status)); the NVIDIA/amdgpu driver, ROCm and CUDA versions; the build stamps of RCCL
+    and nccl-tests (C(.rigbook-build.json) in C(/opt/rigbook/rccl/current), C(/opt/rigbook/nccl-tests/current)) with
+    their files' sha256 and every SGLang venv stamp (C(/opt/rigbook/sglang/*/.rigbook-venv.json)) with their applied patch hashes; the serving venv's package list
     (dist-info names and versions); the held packages (dpkg status); the sha256 of C(/etc/rigbook/gpu.env),
     C(/etc/rigbook/cuda.env) and the serve unit and environment files; GPU models, VBIOS, PCIe links and BAR
     sizes.
@@ -46,7 +46,7 @@ RETURN = r"""
 manifest:
   description:
     - "C({schema, root, system, items}); each item C({group, value, unique}): group is the ladder layer or role it
-      belongs to (kernel_state, driver_state, firmware, pcie_link, dma_window, rccl, sglang, serve, packages, host)."
+      belongs to (kernel_state, driver_state, firmware, pcie_link, dma_window, rccl, nccl_tests, sglang, serve, packages, host)."
   returned: always
   type: dict
 """

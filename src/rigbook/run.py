@@ -281,7 +281,7 @@ def _run_locked(opts: RunOptions, playbook: Path, inventory: Path, inv) -> int:
         "exit_code": None,
     }
     runs.save_record(run_dir, record)
-    # rigbook_builds_dir: where a group's build host leaves its builds for the other boxes (roles/nccl_tests)
+    # rigbook_builds_dir: where a group's build host leaves its builds for the other boxes (roles/group_build)
     extra = list(opts.extra_vars) + [json.dumps({"rigbook_run_dir": str(run_dir),
                                                  "rigbook_builds_dir": str(paths.state_dir() / BUILDS_DIR)})]
     if given is not None:

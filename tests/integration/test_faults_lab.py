@@ -11,6 +11,7 @@ user would at the box's console.
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import time
@@ -20,11 +21,12 @@ from helpers.cli import provision_argv
 from helpers.lab_host import LAB_MARKS, LabHost
 
 from rigbook.lab import machine
+from rigbook.paths import state_dir
 
 pytestmark = [*LAB_MARKS, pytest.mark.usefixtures("r9700_converged")]
 LAB = LabHost("lab-r9700")
 BUILD_STAMP = "/opt/rigbook/rccl/current/.rigbook-build.json"
-BUILD_TASK = "Wait for the RCCL build"
+BUILD_TASK = "Wait for the group's build"  # roles/group_build
 REBOOT_TASK = "Reboot once into the new kernel, driver and boot target"
 
 
@@ -55,6 +57,7 @@ def cut_short(action) -> tuple:
     """A site.yml run that must rebuild RCCL (its build stamp removed), cut short by ACTION(process) two seconds
     into the wait for the build; (exit code, the JSON summary's host entry or None, stdout + stderr)."""
     LAB.run(f"rm {BUILD_STAMP}")  # the build is no longer known good: site.yml rebuilds it (a long async task)
+    shutil.rmtree(state_dir() / "builds", ignore_errors=True)  # and none left on the controller to install
     run = subprocess.Popen(provision_argv("site.yml", "-i", "lab", "--limit", LAB.name, "--json"),
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen = []

@@ -23,6 +23,7 @@ import os
 import re
 import subprocess
 
+from ansible_collections.rigbook.homelab.plugins.module_utils import host_model
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import pci
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence as evidence
 
@@ -31,7 +32,10 @@ COMMANDS = {
     "dkms-status": ["dkms", "status"],
     "ip-addr": ["ip", "-o", "addr", "show"],
 }
-RCCL_STAMP = "opt/rigbook/rccl/current/.rigbook-build.json"
+# The source builds a role made (rigbook.homelab.source_build): item group -> the stamp of the active prefix. Twins
+# that installed one group build have byte-equal stamps (no time in them) and equal stamped files.
+BUILD_STAMPS = (("rccl", host_model.RCCL_CURRENT.lstrip("/") + "/.rigbook-build.json"),
+                ("nccl_tests", host_model.NCCL_TESTS_CURRENT.lstrip("/") + "/.rigbook-build.json"))
 SGLANG_STAMPS = "opt/rigbook/sglang/*/.rigbook-venv.json"
 ENV_FILES = ("etc/rigbook/gpu.env", "etc/rigbook/cuda.env")
 SERVE_UNITS = "etc/systemd/system/rigbook-serve-*.service"
@@ -197,17 +201,21 @@ def patches_of(stamp):
     return sorted(found)
 
 
-def rccl_items(root):
-    path = _under(root, RCCL_STAMP)
-    stamp = read_json(path)
-    if stamp is None:
-        return {}
-    return {
-        "rccl.version": _item("rccl", stamp.get("version")),
-        "rccl.stamp_sha256": _item("rccl", sha256_of(path)),
-        "rccl.patches": _item("rccl", patches_of(stamp)),
-        "rccl.files": _item("rccl", stamp.get("files")),
-    }
+def build_items(root):
+    """The version, stamp sha256, patches and stamped files' sha256 of each source build (BUILD_STAMPS) found."""
+    items = {}
+    for group, rel in BUILD_STAMPS:
+        path = _under(root, rel)
+        stamp = read_json(path)
+        if stamp is None:
+            continue
+        items.update({
+            group + ".version": _item(group, stamp.get("version")),
+            group + ".stamp_sha256": _item(group, sha256_of(path)),
+            group + ".patches": _item(group, patches_of(stamp)),
+            group + ".files": _item(group, stamp.get("files")),
+        })
+    return items
 
 
 def dist_packages(venv):
@@ -340,7 +348,7 @@ def collect_manifest(root="/", system="/"):
     """{"schema", "root", "system", "items"}: every manifest item of the host (hardware under ROOT, installed
     state and identity under SYSTEM)."""
     items = {}
-    for part in (kernel_items(root, system), package_items(system), driver_items(root, system), rccl_items(system),
+    for part in (kernel_items(root, system), package_items(system), driver_items(root, system), build_items(system),
                  sglang_items(system), serve_items(system), gpu_items(root), platform_items(root),
                  identity_items(system)):
         items.update(part)

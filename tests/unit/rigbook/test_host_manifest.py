@@ -7,6 +7,7 @@ RECONSTRUCTED here by add_installed_state() / add_identity(), in the formats the
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -35,6 +36,9 @@ Version: 1.0
 """
 DKMS_STATUS = ("nvidia/615.71.09, 7.0.0-31-generic, x86_64: installed\n"
                "nvidia/615.71.09, 6.8.0-40-generic, x86_64: built\n")
+# source_build's stamp of an nccl-tests prefix (its keys as the module writes them; the values reconstructed)
+NCCL_TESTS_STAMP = {"name": "nccl-tests", "version": "2.19.6", "components": [{"name": "nccl-tests", "patches": []}],
+                    "files": {"bin/sendrecv_perf": "5e" * 32, "bin/all_reduce_perf": "a1" * 32}}
 VENV_STAMP = {"patches": ["0001-p2p.patch -p1 " + "ab" * 32], "versions": {"sglang": "0.5.18"}, "patch_set": "0f1e"}
 
 
@@ -49,6 +53,7 @@ def add_installed_state(root: Path) -> None:
     write(root, "usr/local/cuda-13.0/version.json", json.dumps({"cuda": {"version": "13.0.48"}}))
     write(root, "var/lib/dpkg/status", DPKG_STATUS)
     write(root, "var/lib/rigbook/commands/dkms-status.txt", DKMS_STATUS)
+    write(root, "opt/rigbook/nccl-tests/current/.rigbook-build.json", json.dumps(NCCL_TESTS_STAMP, sort_keys=True))
     venv = "opt/rigbook/sglang/0.5.18-0f1e"
     write(root, f"{venv}/.rigbook-venv.json", json.dumps(VENV_STAMP, indent=2, sort_keys=True))
     for dist in ("sglang-0.5.18", "torch-2.9.1", "sgl_kernel-0.3.21"):
@@ -121,6 +126,24 @@ def test_two_materialized_twins_differ_only_in_host_unique_items(twins):
     assert result["same"] > 20
 
 
+def test_twins_with_one_group_build_are_equal_and_another_build_is_pinned_under_its_role(twins):
+    a, b = twins
+    items = collect(a)["items"]
+    assert items["nccl_tests.version"] == {"group": "nccl_tests", "value": "2.19.6", "unique": False}
+    assert items["nccl_tests.files"]["value"] == NCCL_TESTS_STAMP["files"]
+    assert len(items["nccl_tests.stamp_sha256"]["value"]) == 64
+    other = dict(NCCL_TESTS_STAMP, files=dict(NCCL_TESTS_STAMP["files"], **{"bin/sendrecv_perf": "00" * 32}))
+    write(b, "opt/rigbook/nccl-tests/current/.rigbook-build.json", json.dumps(other, sort_keys=True))
+    result = manifests.diff(collect(a), collect(b))
+    assert list(result["pinned"]) == ["nccl_tests"], result["pinned"]
+    assert [r["item"] for r in result["pinned"]["nccl_tests"]] == ["nccl_tests.files", "nccl_tests.stamp_sha256"]
+    builds = {build["build"]: build for build in result["builds"]}  # the SGLang venv's stamp too
+    assert set(builds) == {"nccl_tests", "sglang.0.5.18-0f1e"} and builds["sglang.0.5.18-0f1e"]["equal"]
+    assert not builds["nccl_tests"]["equal"] and builds["nccl_tests"]["a"] != builds["nccl_tests"]["b"]
+    same = {build["build"]: build["equal"] for build in manifests.diff(collect(a), collect(a))["builds"]}
+    assert same == {"nccl_tests": True, "sglang.0.5.18-0f1e": True}
+
+
 def test_a_serve_unit_is_pinned_apart_from_the_address_it_listens_on(twins):
     unit = twins[1] / "etc/systemd/system/rigbook-serve-qwen.service"
     unit.write_text(unit.read_text().replace("--tp-size 2", "--tp-size 1"))
@@ -151,6 +174,8 @@ def test_diff_exit_codes_and_json(twins, tmp_path, capsys):
     assert manifests.diff_command(str(a), str(b), False, os.sys.stdout) == 0
     out = capsys.readouterr().out
     assert "no pinned item differs" in out and "host-unique (5 item(s)" in out
+    stamp = hashlib.sha256(json.dumps(NCCL_TESTS_STAMP, sort_keys=True).encode()).hexdigest()
+    assert f"build nccl_tests: equal, stamp sha256 {stamp}\n" in out
     write(twins[1], "sys/bus/pci/devices/0000:04:00.0/current_link_width", "8\n")
     b = save(tmp_path / "b.json", collect(twins[1]))
     assert manifests.diff_command(str(a), str(b), True, os.sys.stdout) == 1

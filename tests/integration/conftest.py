@@ -10,7 +10,7 @@ each step; see pytest_collection_modifyitems):
 2. `lab`: any running lab.
 3. `converged_lab`: site.yml has converged both hosts (run once, its result kept for the tests).
 4. `lab_last`: the test takes the lab down itself, after every other test that uses it.
-5. `no_lab`: no lab may be running (takes the session's lab down first if it is still up); `three_hosts` and
+5. `no_lab`: no lab may be running (takes the session's lab down first if it is still up); `four_hosts` and
    `adopted_pair`: a lab of its own, in its own state directory (the session's lab taken down first).
 """
 
@@ -25,7 +25,7 @@ from helpers.lab_host import leftovers
 from rigbook.lab import artifacts, state
 
 # The step of each fixture, the most particular first: fresh_lab, converged_lab and lab_last all ask for `lab`.
-STEPS = (("no_lab", 5), ("three_hosts", 5), ("adopted_pair", 5), ("lab_last", 4), ("converged_lab", 3),
+STEPS = (("no_lab", 5), ("four_hosts", 5), ("adopted_pair", 5), ("lab_last", 4), ("converged_lab", 3),
          ("fresh_lab", 1), ("lab", 2))
 
 
@@ -37,14 +37,14 @@ def _step(item) -> int | None:
 
 # Lab groups: scripts/test runs each group's lab tests in a pytest process of its own, side by side, each with its
 # own state directory and address block (RIGBOOK_TEST_LAB_GROUP, RIGBOOK_LAB_ADDRESS_BLOCK), so no two tests ever
-# touch one lab at once. A test asking for `no_lab` or `three_hosts` brings up labs of its own ("own"); the files of
+# touch one lab at once. A test asking for `no_lab` or `four_hosts` brings up labs of its own ("own"); the files of
 # CONVERGED start from a converged session lab of their own; the NVIDIA role tests converge lab-3080 on a lab of
 # their own ("nvidia"); every other lab test (the lab's own checks, the AMD role tests, the faults of a run on the
 # AMD host) shares the session's lab in block 0 ("amd"). Without RIGBOOK_TEST_LAB_GROUP every lab test runs, on one
 # lab, in step order.
 LAB_GROUPS = ("amd", "nvidia", "converged", "own")
 CONVERGED = {"test_serving_lab.py", "test_ladder_lab.py", "test_rccl_lab.py", "test_output_lab.py",
-             "test_adopt_converged_lab.py", "test_health_lab.py"}
+             "test_adopt_converged_lab.py"}
 NVIDIA = {"test_roles_nvidia.py"}
 
 
@@ -52,7 +52,7 @@ def lab_group(item) -> str | None:
     """The lab group of ITEM (None: it uses no lab)."""
     if _step(item) is None:
         return None
-    if {"no_lab", "three_hosts", "adopted_pair"} & set(getattr(item, "fixturenames", ())):
+    if {"no_lab", "four_hosts", "adopted_pair"} & set(getattr(item, "fixturenames", ())):
         return "own"
     if item.path.name in CONVERGED:
         return "converged"
@@ -179,9 +179,10 @@ def _own_lab(tmp_path_factory, name: str, up_args: list):
 
 
 @pytest.fixture(scope="module")
-def three_hosts(tmp_path_factory):
-    """Three lab hosts (lab-3080, lab-r9700, lab-3080-2 started bare) for tests/integration/test_three_hosts_lab.py,
-    up once for that module in a state directory of its own; yields the generated inventory's path. The session's
-    lab is taken down first (it may hold the same addresses when one process runs every test)."""
-    yield from _own_lab(tmp_path_factory, "three-hosts", ["--hosts", "3", "--rig", "x99-3080", "x99-r9700",
-                                                          "x99-3080", "--bare", "lab-3080-2"])
+def four_hosts(tmp_path_factory):
+    """Four lab hosts, two of each vendor (lab-3080, lab-r9700, lab-3080-2 started bare, lab-r9700-2) for
+    tests/integration/test_four_hosts_lab.py, up once for that module in a state directory of its own; yields the
+    generated inventory's path. The session's lab is taken down first (it may hold the same addresses when one
+    process runs every test)."""
+    yield from _own_lab(tmp_path_factory, "four-hosts", ["--hosts", "4", "--rig", "x99-3080", "x99-r9700",
+                                                         "x99-3080", "x99-r9700", "--bare", "lab-3080-2"])

@@ -1,18 +1,23 @@
-"""More than the session's lab, on one three-host lab of its own (marker: lab): lab-3080, lab-r9700 and
-lab-3080-2, the second 3080 started bare, in a state directory of this module's own (no baseline or run of the
-session's lab leaks into the twins' judgement). In order, each test building on the one before:
+"""More than the session's lab, on one four-host lab of its own (marker: lab): two boxes of each vendor - lab-3080 and
+lab-3080-2 (started bare), lab-r9700 and lab-r9700-2 - in a state directory of this module's own (no baseline, run or
+build of the session's lab leaks into the twins' judgement). Brought up once for every test here, in order, each
+building on the one before:
 
 1. `provision bootstrap` of the bare twin: no rigbook user, key or sudoers drop-in, an `admin` account in group sudo
    with a password, its host key not in the lab's known_hosts. The unknown host key refused with nothing changed on
    the host, a wrong fingerprint refused, a wrong password (with --accept-new-host-key: the key printed and
    recorded), the converge, ssh as rigbook with the lab key and `sudo -n true`, a second run changing nothing, a
    user without sudo.
-2. More hosts than the default layout get their own generated inventory, and Ansible reaches all three through it.
-3. A second identical box: both 3080 twins converged by one site.yml run in parallel, their manifests diffed, and
-   the twin with no baseline of its own held to the first box's group baseline; then `provision report` of that
-   history in headless Chromium.
-4. A rolling kernel upgrade (`--rolling 1`) of the two twins whose canary fails after its reboot: the roll stops
-   there and the twin is untouched.
+2. More hosts than the default layout get their own generated inventory, and Ansible reaches all four through it.
+3. Two groups of twins: all four boxes converged by one site.yml run in parallel; in each group one box builds (RCCL
+   with rccl-tests; nccl-tests) and the other installs that build (no build log on it, equal sha256); `provision
+   diff` of each pair shows no pinned difference and equal build hashes; the twin with no baseline of its own held
+   to the first box's group baseline; then `provision report` of that history in headless Chromium.
+4. The health timer on the AMD twin: a lab fault in its Prometheus textfile within one interval, gone after heal.
+5. A rolling kernel upgrade across all four (`--rolling 2`: a canary, then two per batch): the 3080 boxes get the
+   next Debian kernel, the R9700 boxes the stock Debian kernel in place of their custom P2P kernel; the first R9700
+   fails its ladder after its reboot (the stock kernel has no CONFIG_PCI_P2PDMA), the roll stops at its batch and
+   the box after it keeps its old kernel.
 
 The twins' measured failure is the starting point of 3: twins share the lab's apt archive cache (as two boxes behind
 one apt proxy share a mirror), so the second twin's kernel install met "Could not get lock
@@ -44,7 +49,14 @@ from rigbook.paths import state_dir
 
 pytestmark = LAB_MARKS
 ARTIFACTS = REPO / "tests" / "artifacts-out"
-FIRST, TWIN, GROUP = "lab-3080", "lab-3080-2", "x99_3080"  # the hosts of the `three_hosts` fixture
+FIRST, TWIN, GROUP = "lab-3080", "lab-3080-2", "x99_3080"  # the hosts of the `four_hosts` fixture
+AMD, AMD_TWIN, AMD_GROUP = "lab-r9700", "lab-r9700-2", "x99_r9700"
+HOSTS = [FIRST, TWIN, AMD, AMD_TWIN]  # inventory order: the groups as `lab up` names them
+# each group's build: (the archive's name, its install root, the files compared between the twins)
+BUILDS = {GROUP: ("nccl-tests", "/opt/rigbook/nccl-tests", "bin/*_perf"),
+          AMD_GROUP: ("rccl", "/opt/rigbook/rccl", "lib/librccl.so.* bin/*_perf")}
+PROM = "/var/lib/prometheus/node-exporter/rigbook.prom"
+INTERVAL_S = 20  # rigbook_health.interval_s of inventory/lab/group_vars/lab.yml
 HOLD_S = 20
 HOLDER = ("import fcntl, time; f = open('/var/lib/dpkg/lock-frontend', 'w'); fcntl.lockf(f, fcntl.LOCK_EX); "
           "open('/run/rigbook-test-hold', 'w').write('held'); "
@@ -61,7 +73,7 @@ def _ssh_as_rigbook(host, command: str) -> subprocess.CompletedProcess:
     return subprocess.run(machine.ssh_command(host, command), capture_output=True, text=True, timeout=60)
 
 
-def test_bootstrap_of_the_bare_twin(three_hosts):
+def test_bootstrap_of_the_bare_twin(four_hosts):
     bootstrap_steps()
 
 
@@ -141,17 +153,18 @@ def bootstrap_steps():
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
-def test_more_hosts_get_their_own_inventory_and_ansible_reaches_them(three_hosts):
-    proc = provision("site.yml", "-i", three_hosts, "--tags", "preflight", "--json", timeout=600)
+def test_more_hosts_get_their_own_inventory_and_ansible_reaches_them(four_hosts):
+    proc = provision("site.yml", "-i", four_hosts, "--tags", "preflight", "--json", timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads(proc.stdout)["hosts"]
-    assert sorted(summary) == [FIRST, TWIN, "lab-r9700"], summary
+    assert sorted(summary) == sorted(HOSTS), summary
     assert {entry["failed"] for entry in summary.values()} == {0}, summary
 
 
-def test_two_twins_converge_in_parallel_diff_clean_and_the_twin_is_held_to_the_group_baseline(three_hosts):
-    inventory = three_hosts
-    first, twin = LabHost(FIRST), LabHost(TWIN)
+def test_two_groups_of_twins_converge_in_parallel_each_built_once_diff_clean_and_held_to_the_group_baseline(
+        four_hosts):
+    inventory = four_hosts
+    first = LabHost(FIRST)
 
     # unattended-upgrades on the first twin: its dpkg lock held when the run starts
     first.run(f"setsid nohup /usr/bin/python3 -c {shlex.quote(HOLDER)} >/dev/null 2>&1 &")
@@ -161,39 +174,35 @@ def test_two_twins_converge_in_parallel_diff_clean_and_the_twin_is_held_to_the_g
         time.sleep(0.3)
 
     started = time.monotonic()
-    site = provision("site.yml", "-i", inventory, "--limit", GROUP, "--json", timeout=1800)
+    site = provision("site.yml", "-i", inventory, "--json", timeout=2400)
     elapsed = time.monotonic() - started
     assert site.returncode == 0, site.stdout[-3000:] + site.stderr[-3000:]
     summary = json.loads(site.stdout)["hosts"]
-    assert {summary[h]["failed"] for h in (FIRST, TWIN)} == {0}, summary
-    # both converged by the one run: each got the pinned kernel and its one reboot
-    assert first.boots() == 2 and twin.boots() == 2
+    assert {summary[h]["failed"] for h in HOSTS} == {0}, summary
+    # all four converged by the one run: each got the pinned kernel and its one reboot
+    assert {name: LabHost(name).boots() for name in HOSTS} == dict.fromkeys(HOSTS, 2)
     # the first twin's kernel install waited for the held lock instead of failing
     released = first.out("cat /var/tmp/rigbook-test-released").strip()
     installs = re.findall(r"^(\S+ \S+) install linux-image-", first.out("cat /var/log/dpkg.log"), re.M)
     assert installs and min(installs) >= released, (released, installs)
-    print(f"site.yml converged both twins in {elapsed:.0f} s")
-    # one build for the group: one twin (the first of the play's hosts) built nccl-tests and left the archive on the
-    # controller; the other installed it (its sha256 and stamp checked), compiling nothing: no build log there, the
-    # same programs
-    programs = "sha256sum /opt/rigbook/nccl-tests/current/bin/*_perf | sed 's| .*/| |'"
-    assert first.out(programs) == twin.out(programs) and len(first.out(programs).splitlines()) == 4
-    built = {box.name: box.run("test -e /opt/rigbook/nccl-tests/.nccl-tests-build.log", check=False).returncode == 0
-             for box in (first, twin)}
-    assert sorted(built.values()) == [False, True], (built, site.stdout[-3000:])
-    [installer] = [box for box in (first, twin) if not built[box.name]]
-    [archive] = (state_dir() / "builds").glob("nccl-tests-*.tar.gz")
-    assert installer.out(f"sha256sum /var/cache/rigbook/builds/{archive.name}").split()[0] == archive.name[-71:-7]
+    print(f"site.yml converged the four boxes in {elapsed:.0f} s")
+    for group, pair in ((GROUP, (FIRST, TWIN)), (AMD_GROUP, (AMD, AMD_TWIN))):
+        one_build_for_the_group(group, [LabHost(name) for name in pair], site.stdout)
 
-    manifest = provision("manifest", "-i", inventory, "--limit", GROUP, timeout=600)
+    manifest = provision("manifest", "-i", inventory, timeout=600)
     assert manifest.returncode == 0, manifest.stdout[-2000:] + manifest.stderr[-2000:]
-    diff = provision("diff", FIRST, TWIN, "--json")
-    assert diff.returncode == 0, diff.stdout[-3000:] + diff.stderr[-3000:]
-    result = json.loads(diff.stdout)
-    assert result["pinned"] == {}, result["pinned"]
-    unique = {row["item"] for row in result["unique"]}
-    assert {"host.hostname", "host.machine_id", "bind.etc/systemd/system/rigbook-serve-standin.service"} <= unique
-    assert result["same"] > 20
+    for a, b, build in ((FIRST, TWIN, "nccl_tests"), (AMD, AMD_TWIN, "rccl")):
+        diff = provision("diff", a, b, "--json")
+        assert diff.returncode == 0, diff.stdout[-3000:] + diff.stderr[-3000:]
+        result = json.loads(diff.stdout)
+        assert result["pinned"] == {}, result["pinned"]
+        unique = {row["item"] for row in result["unique"]}
+        assert {"host.hostname", "host.machine_id"} <= unique and result["same"] > 20
+        equal = {row["build"]: row["equal"] for row in result["builds"]}
+        assert equal.get(build) is True and all(equal.values()), result["builds"]
+        plain = provision("diff", a, b)
+        assert f"build {build}: equal, stamp sha256 " in plain.stdout, plain.stdout
+    assert any(row["item"] == "bind.etc/systemd/system/rigbook-serve-standin.service" for row in result["unique"])
 
     # the first box's figures as the group's baseline; the twin has none of its own
     record = provision("baseline", "record", "-i", inventory, "--limit", FIRST, "--group", timeout=600)
@@ -217,6 +226,21 @@ def test_two_twins_converge_in_parallel_diff_clean_and_the_twin_is_held_to_the_g
                               [v["layer"] for v in host["ladder"]])
 
 
+def one_build_for_the_group(group: str, boxes: list, run_out: str) -> None:
+    """One build for GROUP's BOXES: one of them (the first of the play's hosts needing it) built it and left the
+    archive on the controller; the other installed it (its sha256 and stamp checked), compiling nothing: no build log
+    there, the same files."""
+    name, root, files = BUILDS[group]
+    listing = f"cd {root}/current && sha256sum {files}"
+    sums = [box.out(listing) for box in boxes]
+    assert sums[0] == sums[1] and len(sums[0].splitlines()) >= 2, sums
+    built = {box.name: box.run(f"test -e {root}/.{name}-build.log", check=False).returncode == 0 for box in boxes}
+    assert sorted(built.values()) == [False, True], (group, built, run_out[-3000:])
+    [installer] = [box for box in boxes if not built[box.name]]
+    [archive] = (state_dir() / "builds").glob(f"{name}-*.tar.gz")
+    assert installer.out(f"sha256sum /var/cache/rigbook/builds/{archive.name}").split()[0] == archive.name[-71:-7]
+
+
 def report_of_the_lab_history(inventory: str, halved_run: str, layers: list) -> None:
     """`provision report` of this lab history (a group baseline, a healthy and a halved verify of the twin) in
     headless Chromium with the network off: every host and layer, every recorded figure drawn, the halved run
@@ -231,11 +255,12 @@ def report_of_the_lab_history(inventory: str, halved_run: str, layers: list) -> 
     profile.mkdir()
     find = page_dom(out, profile)
 
-    for name in (FIRST, TWIN, "lab-r9700"):
+    for name in HOSTS:
         assert find("section", class_="host", data_host=name), name
     points = 0
-    for name in (FIRST, TWIN):
-        history = json.loads((state_dir() / "baselines" / f"{name}.json").read_text())["history"]
+    for name in HOSTS:
+        path = state_dir() / "baselines" / f"{name}.json"
+        history = json.loads(path.read_text())["history"] if path.is_file() else []
         for entry in history:
             for metric, value in entry["metrics"].items():
                 if isinstance(value, (int, float)):
@@ -261,45 +286,100 @@ def report_of_the_lab_history(inventory: str, halved_run: str, layers: list) -> 
         shutil.copy(shot, REPO / "docs" / "report.png")
 
 
-def test_a_rolling_kernel_upgrade_stops_at_the_box_that_fails_after_its_reboot(three_hosts, tmp_path):
-    """`provision site.yml --rolling 1` of a kernel upgrade (6.1.0-47 -> 6.1.0-50, the pin changed in a copy of the
-    inventory) across the two 3080 twins: the canary installs the new kernel, builds the fork for it, stops its
-    engine and reboots, and then fails its ladder (fault iommu-flags-lost: the new kernel booted without the IOMMU
-    flags); the roll stops there and the twin after it is untouched: its old kernel, no reboot, no new package."""
-    first, twin = LabHost(FIRST), LabHost(TWIN)
-    for host in (FIRST, TWIN):
-        healed = provision("lab", "heal", host)
-        assert healed.returncode == 0, healed.stdout + healed.stderr
+def _metrics(box) -> dict:
+    text = box.out(f"cat {PROM}")
+    return {name: float(value) for name, value in re.findall(r"^(rigbook_\S+) (\S+)$", text, re.M)}
+
+
+def _metrics_once(box, predicate, what, limit_s=2 * INTERVAL_S + 15) -> dict:
+    """BOX's metrics once PREDICATE holds of them, waiting at most LIMIT_S (a run ends within one interval)."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        metrics = _metrics(box)
+        if predicate(metrics):
+            return metrics
+        assert time.monotonic() < deadline, f"{what}: not within {limit_s} s: {metrics}"
+        time.sleep(2)
+
+
+def test_the_health_timer_shows_a_fault_within_an_interval_and_clears_after_heal(four_hosts):
+    """rigbook-health.timer on the AMD twin runs the static layers, the error counters and the serving layer without
+    requests every rigbook_health.interval_s and writes node_exporter textfile metrics: a lab fault shows in them
+    within one interval and clears after heal. Real systemd timer, real files; the GPUs are the lab's recorded trees."""
+    box = LabHost(AMD_TWIN)
+    assert box.out("systemctl is-active rigbook-health.timer").strip() == "active"
+    assert box.out("systemctl is-enabled rigbook-health.timer").strip() == "enabled"
+    link = 'rigbook_layer_status{layer="pcie_link"}'
+    healthy = _metrics_once(box, lambda m: m.get(link) == 0, "a healthy run")
+    assert healthy['rigbook_layer_status{layer="serving"}'] == 0  # the engine: up, ready, on its transport
+    assert healthy["rigbook_error_counters_status"] == 0
+    broke = provision("lab", "break", AMD_TWIN, "link-x8")
+    assert broke.returncode == 0, broke.stderr
+    try:
+        since = time.time()
+        failed = _metrics_once(box, lambda m: m.get(link) == 2, "link-x8 in the metrics")
+        assert failed["rigbook_health_last_run_timestamp_seconds"] >= since - 1
+        assert "pcie_link: fail: " in box.out("journalctl -u rigbook-health.service --no-pager -o cat -n 40")
+    finally:
+        healed = provision("lab", "heal", AMD_TWIN)
+        assert healed.returncode == 0, healed.stderr
+    _metrics_once(box, lambda m: m.get(link) == 0, "the heal in the metrics")
+
+
+def _kernel_pin(group_file: Path, pin: dict) -> str:
+    """GROUP_FILE with its kernel pin replaced by PIN; returns the release it had."""
+    data = yaml.safe_load(group_file.read_text())
+    old = data["rigbook_pins"]["kernel"]["release"]
+    data["rigbook_pins"]["kernel"] = pin
+    group_file.write_text(yaml.safe_dump(data, sort_keys=False))
+    return old
+
+
+def test_a_rolling_kernel_upgrade_across_the_four_stops_at_the_box_that_fails_after_its_reboot(four_hosts, tmp_path):
+    """`provision site.yml --rolling 2` of a kernel upgrade across the four boxes (the pins changed in a copy of the
+    inventory): the 3080 boxes 6.1.0-47 -> 6.1.0-50 (Debian's), the R9700 boxes from their custom P2P kernel (its
+    lab stand-in) to Debian's stock 6.1.0-50. Batches: the canary lab-3080; lab-3080-2 and lab-r9700; lab-r9700-2.
+    Each box of a batch installs the new kernel (and the fork's DKMS build for it), stops its engine, reboots and
+    runs the ladder: lab-r9700 fails it (the stock kernel has no CONFIG_PCI_P2PDMA), so the roll stops at batch 2 and
+    lab-r9700-2 is untouched: its old kernel, no reboot, no new package."""
     inv = tmp_path / "inv"
     inv.mkdir()
-    shutil.copy(Path(three_hosts) / "hosts.yml", inv / "hosts.yml")
+    shutil.copy(Path(four_hosts) / "hosts.yml", inv / "hosts.yml")
     shutil.copytree(REPO / "inventory/lab/group_vars", inv / "group_vars")
     shutil.copytree(REPO / "inventory/lab/locks", inv / "locks")
-    group = inv / "group_vars" / f"{GROUP}.yml"
-    old = yaml.safe_load(group.read_text())["rigbook_pins"]["kernel"]["release"]
     new = "6.1.0-50-amd64"
-    group.write_text(group.read_text().replace(old, new))
-    twin_boots, twin_packages = twin.boots(), twin.out("dpkg-query -W -f='${Package}\\n' 'linux-image-*'")
-    broke = provision("lab", "break", FIRST, "iommu-flags-lost")
-    assert broke.returncode == 0, broke.stdout + broke.stderr
-    try:
-        roll = provision("site.yml", "-i", inv, "--limit", GROUP, "--rolling", "1", "--json", timeout=1800)
-        assert roll.returncode == 1, roll.stdout[-3000:] + roll.stderr[-3000:]
-        data = json.loads(roll.stdout)
-        assert data["rolling"]["batches"] == [{"batch": 1, "hosts": [FIRST], "exit_code": 1}]
-        assert data["rolling"]["stopped_at_batch"] == 1 and data["rolling"]["untouched"] == [TWIN]
-        assert f"rolling: stopped at batch 1/2 ({FIRST}): exit 1: {FIRST} at 'Ladder 1-5: " in roll.stderr
-        canary = data["runs"][0]["hosts"][FIRST]
-        assert [v["layer"] for v in canary["ladder"] if v["status"] == "fail"] == ["kernel_state"], canary["ladder"]
-        done = [name for name, _ in changed_tasks(data["runs"][0]["run_dir"])[FIRST]]
-        # its engine was stopped before the reboot, the reboot came after the new kernel and the fork's build for it
+    nvidia_pin = yaml.safe_load((inv / "group_vars" / f"{GROUP}.yml").read_text())["rigbook_pins"]["kernel"]
+    old = _kernel_pin(inv / "group_vars" / f"{GROUP}.yml",
+                      {**nvidia_pin, "release": new, "packages": [f"linux-image-{new}", f"linux-headers-{new}"]})
+    amd_pin = yaml.safe_load((inv / "group_vars" / f"{AMD_GROUP}.yml").read_text())["rigbook_pins"]["kernel"]
+    amd_old = _kernel_pin(inv / "group_vars" / f"{AMD_GROUP}.yml",
+                          {"release": new, "source": "distro", "cmdline": amd_pin["cmdline"],
+                           "packages": [f"linux-image-{new}", f"linux-headers-{new}"]})
+    last = LabHost(AMD_TWIN)
+    last_boots, last_packages = last.boots(), last.out("dpkg-query -W -f='${Package}\\n' 'linux-image-*'")
+    roll = provision("site.yml", "-i", inv, "--rolling", "2", "--json", timeout=2400)
+    assert roll.returncode == 1, roll.stdout[-3000:] + roll.stderr[-3000:]
+    data = json.loads(roll.stdout)
+    assert data["rolling"]["batches"] == [{"batch": 1, "hosts": [FIRST], "exit_code": 0},
+                                          {"batch": 2, "hosts": [TWIN, AMD], "exit_code": 1}], data["rolling"]
+    assert data["rolling"]["stopped_at_batch"] == 2 and data["rolling"]["untouched"] == [AMD_TWIN]
+    assert "rolling: stopped at batch 2/3 " in roll.stderr and f"{AMD} at 'Ladder 1-5: " in roll.stderr, roll.stderr
+    # the canary and the 3080 twin: on the new kernel, every layer as before
+    for run, name in ((0, FIRST), (1, TWIN)):
+        host = data["runs"][run]["hosts"][name]
+        assert host["failed"] == 0 and {v["status"] for v in host["ladder"]} <= {"pass", "warn"}, host["ladder"]
+        assert LabHost(name).out("cat /var/lib/rigbook-lab/evidence/proc/sys/kernel/osrelease").strip() == new
+    # the R9700: booted the stock kernel, and the ladder says what it lacks
+    amd = data["runs"][1]["hosts"][AMD]
+    failed = [v for v in amd["ladder"] if v["status"] == "fail"]
+    assert [v["layer"] for v in failed] == ["kernel_state"] and "CONFIG_PCI_P2PDMA" in failed[0]["why"], amd["ladder"]
+    assert LabHost(AMD).out("cat /var/lib/rigbook-lab/evidence/proc/sys/kernel/osrelease").strip() == new
+    for name in (FIRST, TWIN, AMD):  # each box's engine stopped before its reboot, which came after the new kernel
+        done = [task for task, _ in changed_tasks(data["runs"][0 if name == FIRST else 1]["run_dir"])[name]]
         assert done.index("Stop the serve units before the reboot") < done.index(
-            "Reboot once into the new kernel, driver and boot target"), done
-        assert first.out("cat /var/lib/rigbook-lab/evidence/proc/sys/kernel/osrelease").strip() == new
-        # the twin: never contacted by the roll
-        assert twin.boots() == twin_boots
-        assert twin.out("cat /var/lib/rigbook-lab/evidence/proc/sys/kernel/osrelease").strip() == old
-        assert twin.out("dpkg-query -W -f='${Package}\\n' 'linux-image-*'") == twin_packages
-    finally:
-        healed = provision("lab", "heal", FIRST)
-        assert healed.returncode == 0, healed.stdout + healed.stderr
+            "Reboot once into the new kernel, driver and boot target"), (name, done)
+    # the box after the failing batch: never contacted by the roll
+    assert last.boots() == last_boots
+    assert last.out("cat /var/lib/rigbook-lab/evidence/proc/sys/kernel/osrelease").strip() == amd_old
+    assert last.out("dpkg-query -W -f='${Package}\\n' 'linux-image-*'") == last_packages
+    assert old == amd_old == "6.1.0-47-amd64"

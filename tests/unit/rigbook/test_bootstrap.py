@@ -2,7 +2,7 @@
 and the host key policy against an in-process SSH server on 127.0.0.1 (paramiko; it only authenticates).
 
 The converge itself (user, key, sudoers, python3 on a bare lab host) is tested in
-tests/integration/test_three_hosts_lab.py.
+tests/integration/test_four_hosts_lab.py.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def test_parse_steps():
     assert bootstrap.parse_steps("rigbook-fail sudoers visudo -cf refused\n")[1] == "sudoers visudo -cf refused"
 
 
-# --- the lab's bare hosts (planning only; booting them: tests/integration/test_three_hosts_lab.py) --------------
+# --- the lab's bare hosts (planning only; booting them: tests/integration/test_four_hosts_lab.py) --------------
 
 
 def test_lab_plan_bare_hosts():

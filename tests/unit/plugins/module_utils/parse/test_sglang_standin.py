@@ -157,6 +157,7 @@ def test_port_refused_while_loading_then_503_then_200(launch):
             time.sleep(0.05)
     assert statuses[0] == 503 and statuses[-1] == 200, statuses
     assert set(statuses) == {503, 200}
+    server.wait_for(READY)  # /health_generate may answer 200 a moment before the ready line reaches the log file
     log = server.text()
     assert log.index("Load weight end") < log.index("Uvicorn running") < log.index(READY)
 

@@ -48,6 +48,20 @@ options:
     description: Module names that must resolve to the DKMS build (default O(name)).
     type: list
     elements: str
+  export_dir:
+    description:
+      - After building for the kernels that lacked the module, write the builds as one binaries-only DKMS tarball
+        (C(dkms mktarball --binaries-only)) named C(<name>-<identity_id>-<sha256>.tar.gz) into this folder, for the
+        group's other boxes (RV(export_path)).
+    type: path
+  install_from:
+    description:
+      - When kernels lack the module, install this archive (an O(export_dir) archive of a group's build host)
+        instead of building - its name must carry this call's RV(identity_id) (the same source, version, kernels,
+        their headers' C(Module.symvers) and architecture) and its sha256, and every member is checked before
+        anything is loaded (C(dkms_binaries_only) naming this package, C(dkms_main_tree) holding exactly those
+        kernels' builds); then C(dkms ldtarball) and C(dkms install) for each kernel, nothing compiled.
+    type: path
 extends_documentation_fragment:
   - rigbook.homelab.attributes.changes
 """
@@ -92,6 +106,23 @@ unpacked:
   description: Whether O(src) was (or in check mode would be) unpacked anew into C(/usr/src/<name>-<version>).
   returned: always
   type: bool
+identity_id:
+  description: What the kernels of RV(built) need built (sha256 of the source, the version, each kernel with its
+    headers' C(Module.symvers) sha256, the architecture; 16 hex digits), also in check mode; empty when nothing is.
+  returned: always
+  type: str
+export_path:
+  description: The archive written into O(export_dir) after a build.
+  returned: when a build was exported
+  type: str
+export_sha256:
+  description: Its sha256.
+  returned: when a build was exported
+  type: str
+installed_from:
+  description: The O(install_from) archive installed instead of a build.
+  returned: when one was installed
+  type: str
 status:
   description: The parsed dkms status of O(name) after the call.
   returned: always
@@ -99,6 +130,8 @@ status:
   elements: dict
 """
 
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -207,6 +240,105 @@ def install_tree(top, dest, sha):
     write_stamp(dest, sha)
 
 
+def symvers_sha256(kernel):
+    """The sha256 of KERNEL's headers' Module.symvers (its exported symbols and their CRCs: what a module built
+    against it must match), or None without one."""
+    path = os.path.join(MODULES_ROOT, kernel, "build", "Module.symvers")
+    return sha256_of(path) if os.path.isfile(path) else None
+
+
+def tree_digest(root):
+    """The sha256 of a source folder's files and links (its .git and rigbook's stamp aside)."""
+    digest = hashlib.sha256()
+    for dirpath, dirs, names in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not (dirpath == root and d == ".git"))
+        for n in sorted(names):
+            full = os.path.join(dirpath, n)
+            rel = os.path.relpath(full, root)
+            if rel != STAMP:
+                digest.update(("%s\0%s\n" % (rel, os.readlink(full) if os.path.islink(full)
+                                              else sha256_of(full))).encode())
+    return digest.hexdigest()
+
+
+def identity_of(name, version, source, kernels):
+    """identity_id: what KERNELS need built from SOURCE (its sha256), for this architecture."""
+    wanted = dict(name=name, version=version, source=source, arch=os.uname()[4],
+                  kernels=dict((k, symvers_sha256(k)) for k in sorted(kernels)))
+    return hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def export(module, dkms, name, version, kernels, identity, folder):
+    """(path, sha256) of the builds of KERNELS as one binaries-only DKMS tarball in FOLDER."""
+    if not os.path.isdir(folder):
+        os.makedirs(folder, 0o755)
+    tmp = os.path.join(folder, ".rigbook-dkms-%s.tar.gz" % identity)  # dkms writes it (one build at a time)
+    if os.path.exists(tmp):
+        os.remove(tmp)  # a cut-short export's
+    argv = ["dkms", "mktarball", "-m", name, "-v", version, "--binaries-only", "--archive", tmp]
+    for kernel in kernels:
+        argv += ["-k", kernel]
+    try:
+        dkms.run(argv, "dkms mktarball %s/%s" % (name, version))
+        digest = sha256_of(tmp)
+        os.chmod(tmp, 0o644)
+        path = os.path.join(folder, "%s-%s-%s.tar.gz" % (name, identity, digest))
+        module.atomic_move(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return path, digest
+
+
+def _read_member(top, rel):
+    try:
+        with open(os.path.join(top, rel)) as handle:
+            return handle.read().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def check_archive(module, archive, name, version, kernels, identity):
+    """Fail, with nothing loaded, unless ARCHIVE is a binaries-only DKMS tarball of NAME/VERSION holding exactly the
+    builds of KERNELS, named for IDENTITY and its own sha256 (every member checked by safe_untar first)."""
+    named = re.match(r"^%s-([0-9a-f]{16})-([0-9a-f]{64})\.tar\.gz$" % re.escape(name), os.path.basename(archive))
+    if not named:
+        module.fail_json(msg="install_from %s: not a DKMS build archive (%s-ID-SHA256.tar.gz); no module was installed"
+                         % (archive, name))
+    if named.group(1) != identity:
+        module.fail_json(msg="refused %s: it is another build (identity %s; the kernels %s here need %s); no "
+                         "module was installed" % (archive, named.group(1), ", ".join(kernels), identity))
+    got = sha256_of(archive)
+    if got != named.group(2):
+        module.fail_json(msg="refused %s: its sha256 is %s, its name says %s; no module was installed"
+                         % (archive, got, named.group(2)), sha256=got)
+    tmp = tempfile.mkdtemp(prefix=".rigbook-dkms-check-")
+    try:
+        try:
+            safe_untar.unpack(archive, tmp)
+        except safe_untar.UnsafeArchive as exc:
+            module.fail_json(msg="%s: unsafe archive, no module was installed: %s" % (archive, exc))
+        except (tarfile.TarError, EOFError, OSError) as exc:
+            module.fail_json(msg="cannot unpack %s: %s" % (archive, exc))
+        meta = (_read_member(tmp, "dkms_binaries_only/PACKAGE_NAME"),
+                _read_member(tmp, "dkms_binaries_only/PACKAGE_VERSION"))
+        tree = os.path.join(tmp, "dkms_main_tree")
+        held = sorted(os.listdir(tree)) if os.path.isdir(tree) else []
+        if meta != (name, version) or held != sorted(kernels):
+            module.fail_json(msg="refused %s: not the binaries-only build of %s/%s for %s (it holds %s/%s for %s); "
+                             "no module was installed" % (archive, name, version, ", ".join(sorted(kernels)),
+                                                        meta[0], meta[1], ", ".join(held) or "no kernel"))
+        for kernel in held:
+            built = [f for top, _dirs, files in os.walk(os.path.join(tree, kernel)) for f in files
+                     if f.endswith((".ko", ".ko.xz", ".ko.zst", ".ko.gz"))]
+            if not built:
+                module.fail_json(msg="refused %s: no built module for %s in it; no module was installed"
+                                 % (archive, kernel))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return got
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -216,7 +348,10 @@ def main():
             sha256=dict(type="str"),
             kernels=dict(type="list", elements="str", required=True),
             modules=dict(type="list", elements="str"),
+            export_dir=dict(type="path"),
+            install_from=dict(type="path"),
         ),
+        mutually_exclusive=[("export_dir", "install_from")],
         supports_check_mode=True,
     )
     p = module.params
@@ -225,7 +360,7 @@ def main():
     if not os.path.exists(src):
         if check:  # the fetch before this task did not copy it in check mode
             module.exit_json(changed=True, built=list(p["kernels"]), removed=[], shadowing_removed=[], modinfo={},
-                             status=[], msg="%s is not on the host yet (check mode)" % src)
+                             status=[], identity_id="", msg="%s is not on the host yet (check mode)" % src)
         module.fail_json(msg="DKMS source %s does not exist" % src)
     sha = "directory"
     if os.path.isfile(src):
@@ -236,7 +371,7 @@ def main():
     if not module.get_bin_path("dkms"):
         if check:
             module.exit_json(changed=True, built=list(p["kernels"]), removed=[], shadowing_removed=[], modinfo={},
-                             status=[], msg="dkms is not installed yet (check mode)")
+                             status=[], identity_id="", msg="dkms is not installed yet (check mode)")
         module.fail_json(msg="dkms is not installed")
     dkms = Dkms(module)
     dest = os.path.join(SRC_ROOT, "%s-%s" % (name, version))
@@ -246,7 +381,7 @@ def main():
         with open(stamp) as handle:
             have = handle.read().strip()
     result = dict(changed=False, built=[], removed=[], shadowing_removed=[], modinfo={}, unpacked=False,
-                  stamped=False)
+                  stamped=False, identity_id="")
     notes = []
     initial = before = dkms.status(name)
     if have is None and sha != "directory" and os.path.isdir(dest):
@@ -295,9 +430,24 @@ def main():
             # in check mode the task that installs the headers did not run
             notes.append("the headers of %s are not installed yet (check mode)" % kernel)
         result["built"].append(kernel)
-        if not check:
+    if result["built"]:
+        source = sha if sha != "directory" else tree_digest(src)
+        result["identity_id"] = identity_of(name, version, source, result["built"])
+    if result["built"] and not check and p["install_from"]:
+        # a group's build host built these very kernels' modules: load its binaries, compile nothing
+        check_archive(module, p["install_from"], name, version, result["built"], result["identity_id"])
+        dkms.run(["dkms", "ldtarball", "--force", p["install_from"]], "dkms ldtarball %s" % p["install_from"])
+        for kernel in result["built"]:
+            dkms.run(["dkms", "install", "%s/%s" % (name, version), "-k", kernel],
+                     "dkms install %s/%s -k %s" % (name, version, kernel))
+        result["installed_from"] = p["install_from"]
+    elif result["built"] and not check:
+        for kernel in result["built"]:
             dkms.run(["dkms", "install", "%s/%s" % (name, version), "-k", kernel, "--force"],
                      "dkms install %s/%s -k %s" % (name, version, kernel))
+        if p["export_dir"]:
+            result["export_path"], result["export_sha256"] = export(
+                module, dkms, name, version, result["built"], result["identity_id"], p["export_dir"])
     for kernel in p["kernels"]:
         result["modinfo"][kernel] = {}
         for mod in p["modules"] or [name]:

@@ -119,17 +119,19 @@ def resolve_inventory_side(spec: str, inv, stored: dict, given: str) -> tuple:
                     f"(hosts: {', '.join(inv.hosts) or 'none'})")
 
 
-BUILD_HASH = ".stamp_sha256"  # collect/manifest.py's build items: <group>.stamp_sha256
+# collect/manifest.py's build items: <group>.stamp_sha256 (a source build's or a venv's stamp), dkms.<kernel>.
+# modules_sha256 (the modules DKMS installed for a kernel)
+BUILD_HASHES = (".stamp_sha256", ".modules_sha256")
 
 
 def diff(a: dict, b: dict) -> dict:
     """{"pinned": {group: [{item, a, b}]}, "unique": [{item, group, a, b}], "same": N, "builds": [{build, a, b,
-    equal}]} of two manifests; builds: the source builds' stamp sha256 on either side (equal: one group build)."""
+    equal}]} of two manifests; builds: each build's hash on either side (equal: one group build)."""
     items_a, items_b = a.get("items") or {}, b.get("items") or {}
     pinned, unique, same = {}, [], 0
-    builds = [{"build": key[:-len(BUILD_HASH)], "a": (items_a.get(key) or {}).get("value"),
+    builds = [{"build": key.rsplit(".", 1)[0], "a": (items_a.get(key) or {}).get("value"),
                "b": (items_b.get(key) or {}).get("value")}
-              for key in sorted(set(items_a) | set(items_b)) if key.endswith(BUILD_HASH)]
+              for key in sorted(set(items_a) | set(items_b)) if key.endswith(BUILD_HASHES)]
     for build in builds:
         build["equal"] = build["a"] is not None and build["a"] == build["b"]
     for key in sorted(set(items_a) | set(items_b)):
@@ -157,7 +159,7 @@ def print_diff(result: dict, label_a: str, label_b: str, stream) -> None:
     verdict = f"{count} pinned item(s) differ" if count else "no pinned item differs"
     print(f"{label_a} vs {label_b}: {verdict}; {result['same']} item(s) equal", file=stream)
     for build in result.get("builds") or []:
-        said = (f"equal, stamp sha256 {build['a']}" if build["equal"]
+        said = (f"equal, sha256 {build['a']}" if build["equal"]
                 else f"{_show(build['a'])} / {_show(build['b'])}")
         print(f"build {build['build']}: {said}", file=stream)
     for group in sorted(pinned):

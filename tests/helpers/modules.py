@@ -64,7 +64,8 @@ def run_module(module, args: dict, commands=(), *, check_mode=False, diff=False,
     """Run MODULE.main() in-process with ARGS; every command it runs must be the next row of COMMANDS.
 
     COMMANDS is a table of (exact argv, (rc, stdout, stderr)) in the order the module must run them; an
-    unexpected or out-of-order command fails the test at once, and a row left over fails it afterwards.
+    unexpected or out-of-order command fails the test at once, and a row left over fails it afterwards. An answer
+    may be a function of the argv returning that triple: a stand-in for a command that writes a file.
     BINS maps a program name to what AnsibleModule.get_bin_path returns (default /usr/bin/NAME; None: missing).
     exit_json and fail_json raise; anything else the module raises propagates (a traceback is a test failure).
     """
@@ -80,7 +81,7 @@ def run_module(module, args: dict, commands=(), *, check_mode=False, diff=False,
         assert table, f"unexpected command {argv} (every expected command already ran: {run.commands[:-1]})"
         want, answer = table.pop(0)
         assert argv == want, f"command {len(run.commands)}: ran {argv}, expected {want}"
-        return answer
+        return answer(argv) if callable(answer) else answer
 
     def get_bin_path(self, arg, required=False, opt_dirs=None):
         path = (bins or {}).get(arg, "/usr/bin/" + arg)

@@ -10,8 +10,9 @@ building on the one before:
    user without sudo.
 2. More hosts than the default layout get their own generated inventory, and Ansible reaches all four through it.
 3. Two groups of twins: all four boxes converged by one site.yml run in parallel; in each group one box builds (RCCL
-   with rccl-tests; nccl-tests) and the other installs that build (no build log on it, equal sha256); `provision
-   diff` of each pair shows no pinned difference and equal build hashes; the twin with no baseline of its own held
+   with rccl-tests; the NVIDIA fork through DKMS and nccl-tests) and the other installs that build (no build log on
+   it, equal sha256; the fork's binaries loaded with dkms ldtarball); `provision diff` of each pair shows no pinned
+   difference and equal build hashes; the twin with no baseline of its own held
    to the first box's group baseline; then `provision report` of that history in headless Chromium.
 4. The health timer on the AMD twin: a lab fault in its Prometheus textfile within one interval, gone after heal.
 5. A rolling kernel upgrade across all four (`--rolling 2`: a canary, then two per batch): the 3080 boxes get the
@@ -188,10 +189,13 @@ def test_two_groups_of_twins_converge_in_parallel_each_built_once_diff_clean_and
     print(f"site.yml converged the four boxes in {elapsed:.0f} s")
     for group, pair in ((GROUP, (FIRST, TWIN)), (AMD_GROUP, (AMD, AMD_TWIN))):
         one_build_for_the_group(group, [LabHost(name) for name in pair], site.stdout)
+    one_dkms_build_for_the_twins(json.loads(site.stdout)["run_dir"])
 
     manifest = provision("manifest", "-i", inventory, timeout=600)
     assert manifest.returncode == 0, manifest.stdout[-2000:] + manifest.stderr[-2000:]
-    for a, b, build in ((FIRST, TWIN, "nccl_tests"), (AMD, AMD_TWIN, "rccl")):
+    pins = yaml.safe_load((REPO / f"inventory/lab/group_vars/{GROUP}.yml").read_text())["rigbook_pins"]
+    dkms = f"dkms.{pins['kernel']['release']}"  # the fork's modules DKMS installed for the pinned kernel
+    for a, b, build in ((FIRST, TWIN, "nccl_tests"), (FIRST, TWIN, dkms), (AMD, AMD_TWIN, "rccl")):
         diff = provision("diff", a, b, "--json")
         assert diff.returncode == 0, diff.stdout[-3000:] + diff.stderr[-3000:]
         result = json.loads(diff.stdout)
@@ -201,7 +205,7 @@ def test_two_groups_of_twins_converge_in_parallel_each_built_once_diff_clean_and
         equal = {row["build"]: row["equal"] for row in result["builds"]}
         assert equal.get(build) is True and all(equal.values()), result["builds"]
         plain = provision("diff", a, b)
-        assert f"build {build}: equal, stamp sha256 " in plain.stdout, plain.stdout
+        assert f"build {build}: equal, sha256 " in plain.stdout, plain.stdout
     assert any(row["item"] == "bind.etc/systemd/system/rigbook-serve-standin.service" for row in result["unique"])
 
     # the first box's figures as the group's baseline; the twin has none of its own
@@ -239,6 +243,21 @@ def one_build_for_the_group(group: str, boxes: list, run_out: str) -> None:
     [installer] = [box for box in boxes if not built[box.name]]
     [archive] = (state_dir() / "builds").glob(f"{name}-*.tar.gz")
     assert installer.out(f"sha256sum /var/cache/rigbook/builds/{archive.name}").split()[0] == archive.name[-71:-7]
+
+
+def one_dkms_build_for_the_twins(run_dir: str) -> None:
+    """The driver fork's DKMS build: one 3080 twin built it and exported its binaries (dkms mktarball), the other
+    loaded them (dkms ldtarball) and installed them; the same module files on both."""
+    results = {host: [res for _task, res in tasks if "/nvidia-" in str(res.get("export_path") or "")
+                      + str(res.get("installed_from") or "")] for host, tasks in changed_tasks(run_dir).items()}
+    ways = {host: ["built" if res.get("export_path") else "installed" for res in found]
+            for host, found in results.items() if host in (FIRST, TWIN)}
+    assert sorted(ways.values()) == [["built"], ["installed"]], ways
+    [built] = [res for host in (FIRST, TWIN) for res in results[host] if res.get("export_path")]
+    [installed] = [res for host in (FIRST, TWIN) for res in results[host] if res.get("installed_from")]
+    assert Path(installed["installed_from"]).name == Path(built["export_path"]).name
+    modules = "cd /lib/modules && sha256sum */updates/dkms/*"
+    assert LabHost(FIRST).out(modules) == LabHost(TWIN).out(modules) != ""
 
 
 def report_of_the_lab_history(inventory: str, halved_run: str, layers: list) -> None:

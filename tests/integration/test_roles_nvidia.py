@@ -136,7 +136,7 @@ def test_kernel_upgrade_boots_without_the_fork_is_caught_and_repaired(lab_artifa
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert boots() == before + 1  # exactly one reboot
     repair = {HEADERS_TASK,
-              "Build and install the fork through DKMS for every installed kernel",
+              "Check the fork's DKMS builds for every installed kernel", "Wait for the group's build",
               "Record which kernels carry the fork", "Put the command line and default entry in the GRUB drop-in",
               "Stop the serve units before the reboot", "Reboot once into the new kernel, driver and boot target"}
     # the headers' install lets DKMS build the fork for the new kernel (its autoinstall hook, or the role's build)

@@ -140,7 +140,22 @@ def kernel_items(root, system):
     }
     for kernel_name, modules in sorted(parse_dkms_status(command_text(system, "dkms-status")).items()):
         items["dkms.%s" % kernel_name] = _item("driver_state", modules)
+        built = dkms_modules_sha256(system, kernel_name)
+        if built:
+            items["dkms.%s.modules_sha256" % kernel_name] = _item("driver_state", built)
     return items
+
+
+def dkms_modules_sha256(system, kernel_name):
+    """The sha256 over the modules DKMS installed for KERNEL_NAME (lib/modules/<kernel>/updates/dkms: each name and
+    sha256), or None without any: twins that installed one group build have equal ones."""
+    found = sorted(glob.glob(_under(system, "lib/modules/%s/updates/dkms/*" % kernel_name)))
+    if not found:
+        return None
+    digest = hashlib.sha256()
+    for path in found:
+        digest.update(("%s %s\n" % (os.path.basename(path), sha256_of(path))).encode())
+    return digest.hexdigest()
 
 
 def package_items(root):

@@ -137,11 +137,26 @@ def test_twins_with_one_group_build_are_equal_and_another_build_is_pinned_under_
     result = manifests.diff(collect(a), collect(b))
     assert list(result["pinned"]) == ["nccl_tests"], result["pinned"]
     assert [r["item"] for r in result["pinned"]["nccl_tests"]] == ["nccl_tests.files", "nccl_tests.stamp_sha256"]
-    builds = {build["build"]: build for build in result["builds"]}  # the SGLang venv's stamp too
-    assert set(builds) == {"nccl_tests", "sglang.0.5.18-0f1e"} and builds["sglang.0.5.18-0f1e"]["equal"]
+    builds = {build["build"]: build for build in result["builds"]}  # the SGLang venv's and the DKMS modules' too
+    assert set(builds) == {"nccl_tests", "sglang.0.5.18-0f1e", "dkms.7.0.0-31-generic"}
+    assert builds["sglang.0.5.18-0f1e"]["equal"] and builds["dkms.7.0.0-31-generic"]["equal"]
     assert not builds["nccl_tests"]["equal"] and builds["nccl_tests"]["a"] != builds["nccl_tests"]["b"]
     same = {build["build"]: build["equal"] for build in manifests.diff(collect(a), collect(a))["builds"]}
-    assert same == {"nccl_tests": True, "sglang.0.5.18-0f1e": True}
+    assert same == {"nccl_tests": True, "sglang.0.5.18-0f1e": True, "dkms.7.0.0-31-generic": True}
+
+
+def test_the_modules_dkms_installed_are_hashed_per_kernel(twins):
+    a, b = twins
+    for root in twins:
+        write(root, "lib/modules/7.0.0-31-generic/updates/dkms/nvidia.ko", "the fork, built once\n")
+    items = collect(a)["items"]
+    assert items["dkms.7.0.0-31-generic.modules_sha256"]["group"] == "driver_state"
+    assert "dkms.6.8.0-40-generic.modules_sha256" not in items  # no module file for that kernel
+    assert {r["build"]: r["equal"] for r in manifests.diff(collect(a), collect(b))["builds"]}[
+        "dkms.7.0.0-31-generic"] is True
+    write(b, "lib/modules/7.0.0-31-generic/updates/dkms/nvidia.ko", "built again\n")
+    result = manifests.diff(collect(a), collect(b))
+    assert [r["item"] for r in result["pinned"]["driver_state"]] == ["dkms.7.0.0-31-generic.modules_sha256"]
 
 
 def test_a_serve_unit_is_pinned_apart_from_the_address_it_listens_on(twins):
@@ -175,7 +190,7 @@ def test_diff_exit_codes_and_json(twins, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "no pinned item differs" in out and "host-unique (5 item(s)" in out
     stamp = hashlib.sha256(json.dumps(NCCL_TESTS_STAMP, sort_keys=True).encode()).hexdigest()
-    assert f"build nccl_tests: equal, stamp sha256 {stamp}\n" in out
+    assert f"build nccl_tests: equal, sha256 {stamp}\n" in out
     write(twins[1], "sys/bus/pci/devices/0000:04:00.0/current_link_width", "8\n")
     b = save(tmp_path / "b.json", collect(twins[1]))
     assert manifests.diff_command(str(a), str(b), True, os.sys.stdout) == 1

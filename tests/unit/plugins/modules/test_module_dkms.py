@@ -408,3 +408,111 @@ def test_a_bad_tarball_fails_before_the_old_build_is_touched(host, kind, message
     assert run.commands == [STATUS]  # no `dkms remove` of the working build
     assert (host.dest / dkms_module.STAMP).read_text() == "0" * 64 + "\n"
     assert no_leftover_temp_dirs(host) and not (host.tmp / "evil").exists()
+
+
+# --- one build for a group: export (dkms mktarball --binaries-only) and install_from (dkms ldtarball) -----------
+
+def binaries_only(path: Path, kernels=(K,), name="nvidia", version="615.71.09", ko=True) -> Path:
+    """A binaries-only DKMS tarball at PATH in the layout dkms 3.0.10's mktarball writes (RECONSTRUCTED from its
+    source: dkms_main_tree/<kernel>/<arch>/{module,log},
+    dkms_binaries_only/{PACKAGE_NAME,PACKAGE_VERSION,dkms.conf})."""
+    files = {"./dkms_binaries_only/PACKAGE_NAME": name + "\n", "./dkms_binaries_only/PACKAGE_VERSION": version + "\n",
+             "./dkms_binaries_only/dkms.conf": FORK["nvidia-615.71.09/dkms.conf"]}
+    for kernel in kernels:
+        files[f"./dkms_main_tree/{kernel}/x86_64/log/make.log"] = "DKMS make.log\n"
+        if ko:
+            files[f"./dkms_main_tree/{kernel}/x86_64/module/nvidia.ko"] = f"built for {kernel}\n"
+    return tarball(path, files)
+
+
+def mktarball(kernels=(K,)):
+    """dkms mktarball's stand-in: writes the tarball where --archive says."""
+    def run(argv):
+        binaries_only(Path(argv[argv.index("--archive") + 1]), kernels)
+        return ok("Tarball location: ...\n")
+    return run
+
+
+def mktarball_argv(folder: Path, identity: str, kernels=(K,)):
+    return (["dkms", "mktarball", "-m", "nvidia", "-v", "615.71.09", "--binaries-only", "--archive",
+             str(folder / f".rigbook-dkms-{identity}.tar.gz")] + [a for k in kernels for a in ("-k", k)])
+
+
+def group_archive(host, folder: Path, identity: str, **kw) -> Path:
+    """An exported archive named as export names it."""
+    tmp = binaries_only(folder / "tmp.tar.gz", **kw)
+    path = folder / f"nvidia-{identity}-{sha256(tmp)}.tar.gz"
+    tmp.rename(path)
+    return path
+
+
+def identity(host, kernels=(K,)):
+    run = run_module(dkms_module, args(host, kernels=list(kernels)), [(STATUS, ok())] + [
+        (modinfo(k), fail(1)) for k in kernels], check_mode=True)
+    return run.result["identity_id"]
+
+
+def test_check_mode_names_the_identity_of_what_is_due_and_the_headers_symbols_are_part_of_it(host):
+    first = identity(host)
+    assert len(first) == 16 and first == identity(host)
+    (host.modules / K / "build" / "Module.symvers").write_text("0x12345678\tprintk\tvmlinux\tEXPORT_SYMBOL\n")
+    assert identity(host) != first  # another kernel build: another binary
+    unpacked(host)
+    run = run_module(dkms_module, args(host), [(STATUS, installed(K)), (modinfo(K), ok(DKMS_KO + "\n"))])
+    assert run.result["identity_id"] == ""  # nothing to build
+
+
+def test_a_build_is_exported_as_one_binaries_only_tarball_named_by_identity_and_sha256(host):
+    unpacked(host)
+    wanted = identity(host)
+    out = host.tmp / "builds"
+    run = run_module(dkms_module, args(host, export_dir=str(out)), [
+        (STATUS, ok("nvidia/615.71.09: added\n")), (install(K), ok()),
+        (mktarball_argv(out, wanted), mktarball()),
+        (modinfo(K), ok(DKMS_KO + "\n")), (STATUS, installed(K))])
+    assert not run.failed, run.msg
+    path = Path(run.result["export_path"])
+    assert path.name == f"nvidia-{wanted}-{run.result['export_sha256']}.tar.gz"
+    assert sha256(path) == run.result["export_sha256"] and [p.name for p in out.iterdir()] == [path.name]
+
+
+def test_a_twin_installs_the_group_archive_with_ldtarball_and_compiles_nothing(host):
+    unpacked(host)
+    archive = group_archive(host, host.tmp, identity(host))
+    run = run_module(dkms_module, args(host, install_from=str(archive)), [
+        (STATUS, ok("nvidia/615.71.09: added\n")),
+        (["dkms", "ldtarball", "--force", str(archive)], ok()),
+        (["dkms", "install", PKG, "-k", K], ok()),  # no --force: the loaded build is installed, not rebuilt
+        (modinfo(K), ok(DKMS_KO + "\n")), (STATUS, installed(K))])
+    assert not run.failed, run.msg
+    assert run.result["installed_from"] == str(archive) and run.result["built"] == [K]
+
+
+@pytest.mark.parametrize("problem", ["identity", "sha256", "kernels", "package", "no module", "unsafe", "name"])
+def test_an_archive_that_is_not_this_build_is_refused_before_anything_is_loaded(host, problem):
+    unpacked(host)
+    wanted = identity(host)
+    if problem == "identity":
+        archive = group_archive(host, host.tmp, "0" * 16)
+    elif problem == "sha256":
+        good = group_archive(host, host.tmp, wanted)
+        archive = good.with_name(f"nvidia-{wanted}-{'ab' * 32}.tar.gz")
+        good.rename(archive)
+    elif problem == "kernels":
+        archive = group_archive(host, host.tmp, wanted, kernels=(K, K2))
+    elif problem == "package":
+        archive = group_archive(host, host.tmp, wanted, version="615.71.08")
+    elif problem == "no module":
+        archive = group_archive(host, host.tmp, wanted, ko=False)
+    elif problem == "unsafe":
+        bad = tarball(host.tmp / "bad.tar.gz", {"./dkms_binaries_only/PACKAGE_NAME": "nvidia\n"},
+                      {"./dkms_main_tree": "/lib/modules"})
+        archive = bad.with_name(f"nvidia-{wanted}-{sha256(bad)}.tar.gz")
+        bad.rename(archive)
+    else:
+        archive = binaries_only(host.tmp / "nvidia-prebuilt.tar.gz")
+    run = run_module(dkms_module, args(host, install_from=str(archive)), [(STATUS, ok("nvidia/615.71.09: added\n"))])
+    assert run.failed and "no module was installed" in run.msg, run.msg
+    assert {"identity": "it is another build", "sha256": "its name says", "kernels": f"for {K}, {K2})",
+            "package": "615.71.08", "no module": "no built module", "unsafe": "unsafe archive",
+            "name": "not a DKMS build archive"}[problem] in run.msg, run.msg

@@ -169,6 +169,16 @@ class Dkms(object):
             self.module.fail_json(msg="%s failed (rc %d): %s" % (what, rc, (err + out).strip()[-3000:]), cmd=argv)
         return rc, out
 
+    def ldtarball(self, archive, name, version):
+        """Load ARCHIVE's prebuilt modules. dkms ldtarball loads them, then registers the package: a package already
+        registered (its source is in place) ends it with rc 3 "DKMS tree already contains", the modules loaded."""
+        argv = ["dkms", "ldtarball", "--force", archive]
+        rc, out, err = self.module.run_command(argv, environ_update={"LC_ALL": "C"})
+        registered = rc == 3 and ("DKMS tree already contains: %s-%s" % (name, version)) in err + out
+        if rc != 0 and not registered:
+            self.module.fail_json(msg="dkms ldtarball %s failed (rc %d): %s" % (archive, rc, (err + out).strip()[-3000:]),
+                                  cmd=argv)
+
     def status(self, name):
         _rc, out = self.run(["dkms", "status", "-m", name], "dkms status", check=False)
         return parse_status(out)
@@ -436,7 +446,12 @@ def main():
     if result["built"] and not check and p["install_from"]:
         # a group's build host built these very kernels' modules: load its binaries, compile nothing
         check_archive(module, p["install_from"], name, version, result["built"], result["identity_id"])
-        dkms.run(["dkms", "ldtarball", "--force", p["install_from"]], "dkms ldtarball %s" % p["install_from"])
+        dkms.ldtarball(p["install_from"], name, version)
+        loaded = set(r["kernel"] for r in dkms.status(name) if r["version"] == version
+                     and r["state"] in ("built", "installed"))
+        if not set(result["built"]) <= loaded:
+            module.fail_json(msg="dkms ldtarball %s loaded no build for %s: nothing installed, nothing compiled"
+                             % (p["install_from"], ", ".join(k for k in result["built"] if k not in loaded)))
         for kernel in result["built"]:
             dkms.run(["dkms", "install", "%s/%s" % (name, version), "-k", kernel],
                      "dkms install %s/%s -k %s" % (name, version, kernel))

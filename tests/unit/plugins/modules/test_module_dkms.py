@@ -425,6 +425,13 @@ def binaries_only(path: Path, kernels=(K,), name="nvidia", version="615.71.09", 
     return tarball(path, files)
 
 
+# what dkms 3.0.10's ldtarball says when the package is registered already (its source in place): the modules are
+# loaded, then add_module dies with rc 3 (its message as a lab host's dkms 3.0.10-8+deb12u1 printed it)
+LOADED = f"Loading tarball for nvidia-615.71.09\nLoading /var/lib/dkms/nvidia/615.71.09/{K}/x86_64...\n"
+REGISTERED = ("Error! DKMS tree already contains: nvidia-615.71.09\n"
+              "You cannot add the same module/version combo more than once.\n")
+
+
 def mktarball(kernels=(K,)):
     """dkms mktarball's stand-in: writes the tarball where --archive says."""
     def run(argv):
@@ -481,11 +488,25 @@ def test_a_twin_installs_the_group_archive_with_ldtarball_and_compiles_nothing(h
     archive = group_archive(host, host.tmp, identity(host))
     run = run_module(dkms_module, args(host, install_from=str(archive)), [
         (STATUS, ok("nvidia/615.71.09: added\n")),
-        (["dkms", "ldtarball", "--force", str(archive)], ok()),
+        (["dkms", "ldtarball", "--force", str(archive)], fail(3, REGISTERED, LOADED)),
+        (STATUS, ok(f"nvidia/615.71.09, {K}, x86_64: built\n")),
         (["dkms", "install", PKG, "-k", K], ok()),  # no --force: the loaded build is installed, not rebuilt
         (modinfo(K), ok(DKMS_KO + "\n")), (STATUS, installed(K))])
     assert not run.failed, run.msg
     assert run.result["installed_from"] == str(archive) and run.result["built"] == [K]
+
+
+@pytest.mark.parametrize("ldtarball, loaded, problem", [
+    (fail(3, REGISTERED, LOADED), "nvidia/615.71.09: added\n", f"loaded no build for {K}: nothing installed"),
+    (fail(4, "Error! Malformed dkms.conf\n"), None, "dkms ldtarball"),
+])
+def test_an_ldtarball_that_loads_nothing_fails_before_dkms_could_compile(host, ldtarball, loaded, problem):
+    unpacked(host)
+    archive = group_archive(host, host.tmp, identity(host))
+    commands = [(STATUS, ok("nvidia/615.71.09: added\n")), (["dkms", "ldtarball", "--force", str(archive)], ldtarball)]
+    run = run_module(dkms_module, args(host, install_from=str(archive)),
+                     commands + ([(STATUS, ok(loaded))] if loaded else []))
+    assert run.failed and problem in run.msg, run.msg
 
 
 @pytest.mark.parametrize("problem", ["identity", "sha256", "kernels", "package", "no module", "unsafe", "name"])

@@ -334,3 +334,14 @@ def _empty(real_dest):
             shutil.rmtree(path)
         else:
             os.unlink(path)
+
+
+def unpack_or_fail(fail, archive, dest, nothing_done):
+    """unpack() for a module: a refused or damaged ARCHIVE calls FAIL(msg) (a module's fail_json, or its own
+    wrapper) with one line naming it and NOTHING_DONE ("nothing was built")."""
+    try:
+        unpack(archive, dest)
+    except UnsafeArchive as exc:
+        fail("%s: unsafe archive, %s: %s" % (archive, nothing_done, exc))
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        fail("cannot unpack %s: %s" % (archive, exc))

@@ -135,7 +135,6 @@ import json
 import os
 import re
 import shutil
-import tarfile
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
@@ -197,12 +196,7 @@ def extract(module, src, tmp):
     if os.path.isdir(src):
         top = src
     else:
-        try:
-            safe_untar.unpack(src, tmp)
-        except safe_untar.UnsafeArchive as exc:
-            module.fail_json(msg="%s: unsafe tarball, nothing was installed: %s" % (src, exc))
-        except (tarfile.TarError, EOFError, OSError) as exc:
-            module.fail_json(msg="cannot unpack %s: %s" % (src, exc))
+        safe_untar.unpack_or_fail(lambda msg: module.fail_json(msg=msg), src, tmp, "nothing was installed")
         entries = os.listdir(tmp)
         top = os.path.join(tmp, entries[0]) if len(entries) == 1 and os.path.isdir(
             os.path.join(tmp, entries[0])) else tmp
@@ -324,12 +318,7 @@ def check_archive(module, archive, name, version, kernels, identity):
                          % (archive, got, named.group(2)), sha256=got)
     tmp = tempfile.mkdtemp(prefix=".rigbook-dkms-check-")
     try:
-        try:
-            safe_untar.unpack(archive, tmp)
-        except safe_untar.UnsafeArchive as exc:
-            module.fail_json(msg="%s: unsafe archive, no module was installed: %s" % (archive, exc))
-        except (tarfile.TarError, EOFError, OSError) as exc:
-            module.fail_json(msg="cannot unpack %s: %s" % (archive, exc))
+        safe_untar.unpack_or_fail(lambda msg: module.fail_json(msg=msg), archive, tmp, "no module was installed")
         meta = (_read_member(tmp, "dkms_binaries_only/PACKAGE_NAME"),
                 _read_member(tmp, "dkms_binaries_only/PACKAGE_VERSION"))
         tree = os.path.join(tmp, "dkms_main_tree")

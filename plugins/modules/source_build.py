@@ -400,12 +400,7 @@ class Build(object):
 
     def untar(self, archive, dest, nothing_done):
         """ARCHIVE unpacked into the empty folder DEST (module_utils/safe_untar.py), or the run failed naming it."""
-        try:
-            safe_untar.unpack(archive, dest)
-        except safe_untar.UnsafeArchive as exc:
-            self.fail("%s: unsafe archive, %s: %s" % (archive, nothing_done, exc))
-        except (tarfile.TarError, EOFError, OSError) as exc:
-            self.fail("cannot unpack %s: %s" % (archive, exc))
+        safe_untar.unpack_or_fail(self.fail, archive, dest, nothing_done)
 
     def unpack(self, comp, dest):
         """The component's source tree (its subdir) as a fresh copy under DEST."""

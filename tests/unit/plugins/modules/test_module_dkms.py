@@ -378,13 +378,13 @@ def test_missing_headers_fail_naming_the_kernel(host):
 @pytest.mark.parametrize("kind,message", [
     ("not-a-tarball", "cannot unpack {src}: "),
     ("no-dkms-conf", "{src} has no dkms.conf at its top level"),
-    ("dotdot", "{src}: unsafe tarball, nothing was installed: member 'nvidia-615.71.09/../../evil' has a '..' "
+    ("dotdot", "{src}: unsafe archive, nothing was installed: member 'nvidia-615.71.09/../../evil' has a '..' "
                "component"),
-    ("symlink-out", "{src}: unsafe tarball, nothing was installed: member 'nvidia-615.71.09/shadow' is a symlink to "
+    ("symlink-out", "{src}: unsafe archive, nothing was installed: member 'nvidia-615.71.09/shadow' is a symlink to "
                     "'/etc/shadow', an absolute path"),
-    ("symlink-up-and-out", "{src}: unsafe tarball, nothing was installed: member 'nvidia-615.71.09/etc' is a symlink "
+    ("symlink-up-and-out", "{src}: unsafe archive, nothing was installed: member 'nvidia-615.71.09/etc' is a symlink "
                            "to '../../etc', which leads out of the folder"),
-    ("symlink-chain", "{src}: unsafe tarball, nothing was installed: member 'nvidia-615.71.09/x/y' lies under the "
+    ("symlink-chain", "{src}: unsafe archive, nothing was installed: member 'nvidia-615.71.09/x/y' lies under the "
                       "symlink 'nvidia-615.71.09/x'"),
 ], ids=["not-a-tarball", "no-dkms-conf", "dotdot", "symlink-out", "symlink-up-and-out", "symlink-chain"])
 def test_a_bad_tarball_fails_before_the_old_build_is_touched(host, kind, message):

@@ -46,7 +46,8 @@ RETURN = r"""
 manifest:
   description:
     - "C({schema, root, system, items}); each item C({group, value, unique}): group is the ladder layer or role it
-      belongs to (kernel_state, driver_state, firmware, pcie_link, dma_window, rccl, nccl_tests, sglang, serve, packages, host)."
+      belongs to (kernel_state, driver_state, firmware, pcie_link, dma_window, rccl, nccl_tests, sglang, serve,
+      packages, host). An item that is only a build's bits (the DKMS modules' hash per kernel) has C(bits) true."
   returned: always
   type: dict
 """

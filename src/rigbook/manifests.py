@@ -139,6 +139,8 @@ def diff(a: dict, b: dict) -> dict:
         if key in items_a and key in items_b and left.get("value") == right.get("value"):
             same += 1
             continue
+        if left.get("bits") or right.get("bits"):
+            continue  # a build's own bits: in builds below, never a pinned difference
         group = left.get("group") or right.get("group") or "other"
         row = {"item": key, "a": left.get("value"), "b": right.get("value")}
         if left.get("unique") or right.get("unique"):

@@ -52,6 +52,12 @@ def _item(group, value, unique=False):
     return {"group": group, "value": value, "unique": bool(unique)}
 
 
+def _bits(group, value):
+    """An item that is only the bits of a build made on the box: two boxes that built the same pin each have their
+    own (a compiler's output is not byte-identical), so a diff lists it with the builds, never as a pinned item."""
+    return dict(_item(group, value), bits=True)
+
+
 def _under(root, rel):
     return os.path.join(root or "/", rel)
 
@@ -142,13 +148,14 @@ def kernel_items(root, system):
         items["dkms.%s" % kernel_name] = _item("driver_state", modules)
         built = dkms_modules_sha256(system, kernel_name)
         if built:
-            items["dkms.%s.modules_sha256" % kernel_name] = _item("driver_state", built)
+            items["dkms.%s.modules_sha256" % kernel_name] = _bits("driver_state", built)
     return items
 
 
 def dkms_modules_sha256(system, kernel_name):
     """The sha256 over the modules DKMS installed for KERNEL_NAME (lib/modules/<kernel>/updates/dkms: each name and
-    sha256), or None without any: twins that installed one group build have equal ones."""
+    sha256), or None without any: twins that installed one group build have equal ones, two separate builds of the
+    same source and kernel do not (measured on the lab: an adopted box's build by hand and its twin's)."""
     found = sorted(glob.glob(_under(system, "lib/modules/%s/updates/dkms/*" % kernel_name)))
     if not found:
         return None

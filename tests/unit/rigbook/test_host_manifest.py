@@ -145,7 +145,7 @@ def test_twins_with_one_group_build_are_equal_and_another_build_is_pinned_under_
     assert same == {"nccl_tests": True, "sglang.0.5.18-0f1e": True, "dkms.7.0.0-31-generic": True}
 
 
-def test_the_modules_dkms_installed_are_hashed_per_kernel(twins):
+def test_the_modules_dkms_installed_are_hashed_per_kernel_and_listed_with_the_builds(twins):
     a, b = twins
     for root in twins:
         write(root, "lib/modules/7.0.0-31-generic/updates/dkms/nvidia.ko", "the fork, built once\n")
@@ -154,9 +154,11 @@ def test_the_modules_dkms_installed_are_hashed_per_kernel(twins):
     assert "dkms.6.8.0-40-generic.modules_sha256" not in items  # no module file for that kernel
     assert {r["build"]: r["equal"] for r in manifests.diff(collect(a), collect(b))["builds"]}[
         "dkms.7.0.0-31-generic"] is True
+    # built again on the twin: the same pin, other bits - listed with the builds, not a pinned difference
     write(b, "lib/modules/7.0.0-31-generic/updates/dkms/nvidia.ko", "built again\n")
     result = manifests.diff(collect(a), collect(b))
-    assert [r["item"] for r in result["pinned"]["driver_state"]] == ["dkms.7.0.0-31-generic.modules_sha256"]
+    assert result["pinned"] == {} and items["dkms.7.0.0-31-generic.modules_sha256"]["bits"] is True
+    assert {r["build"]: r["equal"] for r in result["builds"]}["dkms.7.0.0-31-generic"] is False
 
 
 def test_a_serve_unit_is_pinned_apart_from_the_address_it_listens_on(twins):

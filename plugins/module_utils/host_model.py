@@ -38,7 +38,8 @@ EVIDENCE_ROOT = "/"
 ARTIFACT_DIR = "/var/cache/rigbook/artifacts"
 # The rccl role's active prefix (rccl_install_root/current) and the file in a ROCm torch wheel that its libtorch's
 # DT_RPATH finds before LD_LIBRARY_PATH: the engine runs the verified RCCL only when that file is the prefix's.
-RCCL_CURRENT = "/opt/rigbook/rccl/current"
+RCCL_ROOT = "/opt/rigbook/rccl"
+RCCL_CURRENT = RCCL_ROOT + "/current"
 BUNDLED_RCCL = "torch/lib/librccl.so.1"
 # NVIDIA: the nccl_tests role builds nccl-tests into NCCL_TESTS_ROOT/<version>-stock against the NCCL wheel pinned in
 # the CUDA toolchain venv, laid out there as an NCCL_HOME (nccl/include, nccl/lib); the engine's torch finds its
@@ -419,6 +420,8 @@ def build(variables, facts=None):
         "roles": _roles(vendor, pins, serve, health["enabled"]),
         # where the collectives layer finds the tests the roles built (rccl-tests / nccl-tests), "" for none
         "collectives_tests_dir": collectives_tests_dir(vendor, pins),
+        # where the rccl and nccl_tests roles keep their prefixes (<root>/<version>-<patch set>, <root>/current)
+        "install_roots": {"rccl": RCCL_ROOT, "nccl_tests": NCCL_TESTS_ROOT},
         # what the SGLang venv must resolve its bundled collectives library to (pinned_venv libraries): the library
         # the collectives tests load and the collectives layer measured; none without rigbook-built tests
         "engine_libraries": engine_libraries(vendor, pins),

@@ -96,6 +96,10 @@ def test_the_lab_twins_models():
                                            "target": "/opt/rigbook/nccl-tests/current/nccl/lib/libnccl.so.2"}]
     assert (amd["collectives_tests_dir"], nvidia["collectives_tests_dir"]) == (
         "/opt/rigbook/rccl/current/bin", "/opt/rigbook/nccl-tests/current/bin")
+    # the roles' install roots (their defaults read them) are the folders those paths lie under
+    assert amd["install_roots"] == {"rccl": "/opt/rigbook/rccl", "nccl_tests": "/opt/rigbook/nccl-tests"}
+    assert amd["collectives_tests_dir"].startswith(amd["install_roots"]["rccl"] + "/current/")
+    assert nvidia["collectives_tests_dir"].startswith(nvidia["install_roots"]["nccl_tests"] + "/current/")
     site = "/opt/rigbook/cuda/lib/python3.11/site-packages"
     assert nvidia["pins"]["cuda_toolchain"]["home"] == site + "/nvidia/cu13"
     assert nvidia["pins"]["cuda_toolchain"]["nccl"] == {"package": "nvidia-nccl-cu13", "version": "2.27.7",

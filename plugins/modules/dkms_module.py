@@ -205,21 +205,23 @@ def extract(module, src, tmp):
     return top
 
 
+def tree_files(root):
+    """{relative path: link target, or None for a file} of a source folder (its .git and rigbook's stamp aside)."""
+    found = {}
+    for dirpath, dirs, names in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not (dirpath == root and d == ".git"))
+        for n in names:
+            full = os.path.join(dirpath, n)
+            rel = os.path.relpath(full, root)
+            if rel != STAMP:
+                found[rel] = os.readlink(full) if os.path.islink(full) else None
+    return found
+
+
 def same_tree(top, dest):
     """Whether DEST holds exactly the files of TOP, byte for byte (a work tree's .git and rigbook's stamp aside): a
     source tree put there by hand from the pinned source (a box set up by hand, then adopted)."""
-    def files(root):
-        found = {}
-        for dirpath, dirs, names in os.walk(root):
-            dirs[:] = [d for d in dirs if not (dirpath == root and d == ".git")]
-            for n in names:
-                full = os.path.join(dirpath, n)
-                rel = os.path.relpath(full, root)
-                if rel != STAMP:
-                    found[rel] = os.readlink(full) if os.path.islink(full) else None
-        return found
-
-    mine, theirs = files(top), files(dest)
+    mine, theirs = tree_files(top), tree_files(dest)
     if set(mine) != set(theirs):
         return False
     for rel, link in mine.items():
@@ -254,14 +256,8 @@ def symvers_sha256(kernel):
 def tree_digest(root):
     """The sha256 of a source folder's files and links (its .git and rigbook's stamp aside)."""
     digest = hashlib.sha256()
-    for dirpath, dirs, names in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not (dirpath == root and d == ".git"))
-        for n in sorted(names):
-            full = os.path.join(dirpath, n)
-            rel = os.path.relpath(full, root)
-            if rel != STAMP:
-                digest.update(("%s\0%s\n" % (rel, os.readlink(full) if os.path.islink(full)
-                                              else sha256_of(full))).encode())
+    for rel, link in sorted(tree_files(root).items()):
+        digest.update(("%s\0%s\n" % (rel, link if link is not None else sha256_of(os.path.join(root, rel)))).encode())
     return digest.hexdigest()
 
 

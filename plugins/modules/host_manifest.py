@@ -47,7 +47,8 @@ manifest:
   description:
     - "C({schema, root, system, items}); each item C({group, value, unique}): group is the ladder layer or role it
       belongs to (kernel_state, driver_state, firmware, pcie_link, dma_window, rccl, nccl_tests, sglang, serve,
-      packages, host). An item that is only a build's bits (the DKMS modules' hash per kernel) has C(bits) true."
+      packages, host). A build's hash (a stamp's, or a kernel's DKMS modules') names its build in C(build); one that
+      is only the bits built on the box (the DKMS modules') has C(bits) true."
   returned: always
   type: dict
 """

@@ -119,23 +119,17 @@ def resolve_inventory_side(spec: str, inv, stored: dict, given: str) -> tuple:
                     f"(hosts: {', '.join(inv.hosts) or 'none'})")
 
 
-# collect/manifest.py's build items: <group>.stamp_sha256 (a source build's or a venv's stamp), dkms.<kernel>.
-# modules_sha256 (the modules DKMS installed for a kernel)
-BUILD_HASHES = (".stamp_sha256", ".modules_sha256")
-
-
 def diff(a: dict, b: dict) -> dict:
     """{"pinned": {group: [{item, a, b}]}, "unique": [{item, group, a, b}], "same": N, "builds": [{build, a, b,
     equal}]} of two manifests; builds: each build's hash on either side (equal: one group build)."""
     items_a, items_b = a.get("items") or {}, b.get("items") or {}
-    pinned, unique, same = {}, [], 0
-    builds = [{"build": key.rsplit(".", 1)[0], "a": (items_a.get(key) or {}).get("value"),
-               "b": (items_b.get(key) or {}).get("value")}
-              for key in sorted(set(items_a) | set(items_b)) if key.endswith(BUILD_HASHES)]
-    for build in builds:
-        build["equal"] = build["a"] is not None and build["a"] == build["b"]
+    pinned, unique, same, builds = {}, [], 0, []
     for key in sorted(set(items_a) | set(items_b)):
         left, right = items_a.get(key) or {}, items_b.get(key) or {}
+        build = left.get("build") or right.get("build")  # a build's hash (collect/manifest.py's _build_hash)
+        if build:
+            builds.append({"build": str(build), "a": left.get("value"), "b": right.get("value"),
+                           "equal": left.get("value") is not None and left.get("value") == right.get("value")})
         if key in items_a and key in items_b and left.get("value") == right.get("value"):
             same += 1
             continue

@@ -52,10 +52,14 @@ def _item(group, value, unique=False):
     return {"group": group, "value": value, "unique": bool(unique)}
 
 
-def _bits(group, value):
-    """An item that is only the bits of a build made on the box: two boxes that built the same pin each have their
-    own (a compiler's output is not byte-identical), so a diff lists it with the builds, never as a pinned item."""
-    return dict(_item(group, value), bits=True)
+def _build_hash(group, build, value, bits=False):
+    """The hash of the build BUILD (a source build's or a venv's stamp, or a kernel's DKMS modules): a diff lists it
+    with the builds. BITS: only the bits of a build made on the box - two boxes that built the same pin each have
+    their own (a compiler's output is not byte-identical), so it is never a pinned difference."""
+    item = dict(_item(group, value), build=build)
+    if bits:
+        item["bits"] = True
+    return item
 
 
 def _under(root, rel):
@@ -148,7 +152,8 @@ def kernel_items(root, system):
         items["dkms.%s" % kernel_name] = _item("driver_state", modules)
         built = dkms_modules_sha256(system, kernel_name)
         if built:
-            items["dkms.%s.modules_sha256" % kernel_name] = _bits("driver_state", built)
+            items["dkms.%s.modules_sha256" % kernel_name] = _build_hash("driver_state", "dkms.%s" % kernel_name, built,
+                                                                        bits=True)
     return items
 
 
@@ -233,7 +238,7 @@ def build_items(root):
             continue
         items.update({
             group + ".version": _item(group, stamp.get("version")),
-            group + ".stamp_sha256": _item(group, sha256_of(path)),
+            group + ".stamp_sha256": _build_hash(group, group, sha256_of(path)),
             group + ".patches": _item(group, patches_of(stamp)),
             group + ".files": _item(group, stamp.get("files")),
         })
@@ -258,7 +263,7 @@ def sglang_items(root):
         stamp = read_json(path) or {}
         items["sglang.%s.versions" % name] = _item("sglang", stamp.get("versions"))
         items["sglang.%s.patches" % name] = _item("sglang", patches_of(stamp))
-        items["sglang.%s.stamp_sha256" % name] = _item("sglang", sha256_of(path))
+        items["sglang.%s.stamp_sha256" % name] = _build_hash("sglang", "sglang.%s" % name, sha256_of(path))
         items["sglang.%s.packages" % name] = _item("sglang", dist_packages(venv))
     return items
 

@@ -60,16 +60,18 @@ def start_standin(work: Path, tokens_per_chunk: int, rate: float, port: int):
 
 def run_layer(work: Path, port: int, log: Path):
     """(item, verdict, seconds) of the serving collector and judge against the stand-in on PORT."""
+    from ansible_collections.rigbook.homelab.plugins.module_utils import host_model
     from ansible_collections.rigbook.homelab.plugins.module_utils.collect import serving_evidence as serving
     from ansible_collections.rigbook.homelab.plugins.module_utils.judges.serving_layer import judge_serving
-    from ansible_collections.rigbook.homelab.plugins.module_utils.serve import profile as serve_profile
 
     key_file = work / "api-key"
     key_file.write_text(KEY + "\n")
-    (profile,), errors = serve_profile.normalize_all([{"name": "standin", "port": port, "served_model_name": "standin",
-                                                       "api_key_file": str(key_file), "startup_timeout_s": 60,
-                                                       "tp_size": 2}])
-    assert not errors, errors
+    # the serve profile as the ladder gets it: the host model's (rigbook_host.serve)
+    model = host_model.build({"rigbook_serve": [{"name": "standin", "model_path": "/srv/models/standin", "port": port,
+                                                 "served_model_name": "standin", "api_key_file": str(key_file),
+                                                 "startup_timeout_s": 60, "tp_size": 2}]})
+    assert not model["serve_errors"], model["serve_errors"]
+    (profile,) = model["serve"]
     profile["unit"] = None  # no systemd unit here
     start = time.perf_counter()
     item = serving.measure_profile(profile)

@@ -32,6 +32,7 @@ _raw:
 
 import os
 
+from ansible.errors import AnsibleLookupError
 from ansible.plugins.lookup import LookupBase
 from ansible_collections.rigbook.homelab.plugins.plugin_utils import health_bundle
 
@@ -39,4 +40,7 @@ from ansible_collections.rigbook.homelab.plugins.plugin_utils import health_bund
 class LookupModule(LookupBase):
     def run(self, terms, variables=None, **kwargs):
         module_utils = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils")
-        return [health_bundle.bundle_path(module_utils)]
+        try:
+            return [health_bundle.bundle_path(module_utils)]
+        except OSError as exc:  # the temporary directory refused the file (a link or another user's file there)
+            raise AnsibleLookupError("cannot write rigbook-health.pyz: %s" % exc) from exc

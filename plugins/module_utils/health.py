@@ -23,13 +23,12 @@ import json
 import sys
 import time
 
-from ansible_collections.rigbook.homelab.plugins.module_utils import host_state
-from ansible_collections.rigbook.homelab.plugins.module_utils.collect import error_counters as counters
-from ansible_collections.rigbook.homelab.plugins.module_utils.judges import error_counters as counter_judges
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files
 from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import climb as climb_mod
-from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import registry
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import error_watch, registry
 
-# rigbook_layer_status's value per verdict status (docs/health.md)
+# rigbook_layer_status's value per verdict status (docs/health.md): the metric's published encoding, which alert
+# rules compare with (== 2 is fail), not a severity order (that is judges/verdict.SEVERITY)
 STATUS_VALUE = {"pass": 0, "warn": 1, "fail": 2, "unknown": 3, "skip": 4}
 STATE_DIR = "/var/lib/rigbook/health"  # the timer's own state (error counters, serve unit restarts)
 ERROR_COUNTERS_STATE = "error-counters.json"
@@ -69,15 +68,14 @@ def check(config, climb=None, take=None, now=None):
 
 
 def error_counters(ctx, evidence, state_path, take=None):
-    """{"status", "why", "aer", "log"} of what the error counters did since the last run's snapshot (stored at
-    STATE_PATH; the first run judges the fail class counted since boot), and the new snapshot stored."""
-    now = (take or counters.snapshot_part)(ctx, evidence)
-    before, error = counters.load_state(state_path)
-    delta = counters.delta(before, now)
-    judged = counter_judges.judge(delta, ctx.tolerance.get("aer_correctable_warn_above",
-                                                           counter_judges.DEFAULT_CORRECTABLE_WARN_ABOVE))
-    stored = counters.store_state(state_path, now)
-    why = "; ".join(judged["problems"] + judged["notes"] + [e for e in (error, stored) if e]) or "no error rose"
+    """{"status", "why", "aer", "since_boot"} of what the error counters did since the last run's snapshot (stored
+    at STATE_PATH; the first run judges the fail class counted since boot), and the new snapshot stored: the
+    ladder's own sequence (ladder/error_watch.sequence) on the ladder's snapshot (registry.ERROR_COUNTERS)."""
+    now = (take or registry.ERROR_COUNTERS)(ctx, evidence)
+    out = error_watch.sequence(ctx, now, state_path, load=True, store=True)
+    judged, delta = out["judged"], out["delta"]
+    errors = [e for e in (out["load_error"], out["store_error"]) if e]
+    why = "; ".join(judged["problems"] + judged["notes"] + errors) or "no error rose"
     return {"status": judged["status"], "why": why, "aer": delta.get("aer"), "since_boot": delta.get("since_boot")}
 
 
@@ -152,9 +150,10 @@ def main(argv=None):
     result = check(config)
     for line in journal_lines(result):
         sys.stdout.write(line + "\n")
-    error = host_state.write_text(config["textfile"], prometheus_text(result))
-    if error:
-        sys.stderr.write("rigbook-health: %s\n" % error)
+    try:  # atomically: node_exporter's textfile collector reads the old file or the new one, never a part
+        files.write_atomic(config["textfile"], prometheus_text(result), make_parents=True)
+    except OSError as exc:
+        sys.stderr.write("rigbook-health: cannot write %s: %s\n" % (config["textfile"], exc.strerror or exc))
         return 2
     return 1 if any(v["status"] == "fail" for v in result["layers"]) or result["error_counters"]["status"] == "fail" \
         else 0

@@ -3,8 +3,9 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The host model: what one host is, decided once from its merged rigbook_* variables.
 
-Pure; standard library only. The preflight role computes it on the controller (action validate_profile) and sets
-it as the one fact `rigbook_host`; `provision validate`, report, manifest and baselines call the same build().
+Pure; standard library only. The preflight role computes it on the controller (action rigbook.homelab.host_model,
+plugins/action/host_model.py) and sets it as the one fact `rigbook_host`; `provision validate`, report, manifest and
+baselines call the same build().
 Roles, modules and judges read the model and nothing else, so every default, the P2P-expected rule, the GPU
 environment file and each serve profile's unit, port and timeouts are decided here and nowhere else.
 
@@ -17,6 +18,9 @@ environment file and each serve profile's unit, port and timeouts are decided he
   path, the role, why the role needs it and how to get it. The roles' own asserts check exactly this list
   (rigbook_host.readiness), so an assert can never catch what `provision validate` did not.
 
+The pins (model["pins"]) are defaulted by host_pins.PINS, the one table of rigbook_pins: each pin's forward (used
+here) beside its inverse (what `provision adopt` reads on a box -> that pin).
+
 Names: the "host model" is this; a "serve profile" is one rigbook_serve item; the lab's recorded hardware is a
 "lab rig"; the JSON Schema checks the "host variables".
 """
@@ -26,7 +30,24 @@ from __future__ import annotations
 import os
 import re
 
-from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import expectations
+from ansible_collections.rigbook.homelab.plugins.module_utils import host_pins
+from ansible_collections.rigbook.homelab.plugins.module_utils.host_pins import (  # noqa: F401 (host_model.kernel_pin, ...)
+    CCCL_WHEEL,
+    CUDA_ALIGNED,
+    DISTRO_KERNEL,
+    apt_regex,
+    cuda_toolchain_pin,
+    kernel_pin,
+    nccl_tests_pin,
+    nvidia_driver_pin,
+    nvidia_stock_packages,
+    rccl_pin,
+    rocm_pin,
+    rocm_tag,
+    sglang_pin,
+    unattended_blacklist,
+)
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges import expectations
 from ansible_collections.rigbook.homelab.plugins.module_utils.serve import profile as serve_profile
 
 MODEL_VERSION = 1
@@ -47,8 +68,6 @@ BUNDLED_RCCL = "torch/lib/librccl.so.1"
 NCCL_TESTS_ROOT = "/opt/rigbook/nccl-tests"
 NCCL_TESTS_CURRENT = NCCL_TESTS_ROOT + "/current"
 BUNDLED_NCCL = "nvidia/nccl/lib/libnccl.so.2"
-NCCL_WHEEL = re.compile(r"^nvidia-nccl-cu([0-9]+)$")
-CCCL_WHEEL = "nvidia-cuda-cccl"
 KEY_DIR = "/var/cache/rigbook/keys"
 # node_exporter's textfile directory as Debian and Ubuntu package it (prometheus-node-exporter's built-in
 # --collector.textfile.directory default; its /etc/default file passes no other): the health timer's metrics go there.
@@ -73,29 +92,6 @@ ROLES = (
 )
 ROLE_TAGS = {name: tags for name, tags, _ in ROLES}
 
-KERNEL_FLAVOURS = ("generic", "lowlatency", "amd64", "cloud-amd64", "rt-amd64", "generic-64k", "nvidia",
-                   "nvidia-lowlatency", "realtime", "oem", "aws", "azure", "gcp", "gke", "kvm", "oracle", "ibm")
-# A release a distribution archive carries: 6.8.0-90-generic (Ubuntu), 6.1.0-47-amd64 (Debian).
-DISTRO_KERNEL = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+-[0-9]+(\.[0-9]+)?-(%s)$" % "|".join(
-    re.escape(f) for f in KERNEL_FLAVOURS))
-CUDA_ALIGNED = ("nvidia-cuda-nvcc", "nvidia-cuda-crt", "nvidia-nvvm")
-ROCM_PACKAGES = ("rocm-core", "rocminfo", "rocm-smi-lib", "hip-runtime-amd")
-# What the rccl role's build needs from AMD's repository (projects/rccl/CMakeLists.txt: hipcc or amdclang++ as the
-# compiler, find_package(hip) and find_package(hsa-runtime64), rocm-cmake's modules; docs/amd.md cites them).
-ROCM_BUILD_PACKAGES = ("hipcc", "hip-dev", "hsa-rocr-dev", "rocm-cmake", "rocm-llvm", "rocm-device-libs")
-# Stock NVIDIA kernel module and driver packages that must not sit beside the P2P fork (purged, then pinned away
-# with Pin-Priority -1). dpkg-query and apt preferences both read these as fnmatch globs. Debian's names:
-NVIDIA_STOCK_DEBIAN = ("nvidia-kernel-dkms", "nvidia-open-kernel-dkms", "nvidia-kernel-open-dkms")
-# Ubuntu's (24.04 archive naming: a branch number in every name, e.g. nvidia-driver-570, libnvidia-compute-570,
-# linux-modules-nvidia-570-6.8.0-90-generic): the prebuilt modules for each kernel, DKMS sources of every branch,
-# the driver metapackages and the branch-numbered userspace libraries that the .run userspace replaces.
-# libnvidia-*-[0-9]* leaves the branch-free libnvidia-egl-wayland1 / libnvidia-container* alone (the desktop and
-# container tooling depend on them).
-NVIDIA_STOCK_UBUNTU = ("linux-modules-nvidia-*", "linux-objects-nvidia-*", "linux-signatures-nvidia-*",
-                       "nvidia-dkms-*", "nvidia-kernel-source-*", "nvidia-kernel-common-*", "nvidia-driver-*",
-                       "nvidia-headless-*", "nvidia-utils-*", "nvidia-compute-utils-*", "nvidia-firmware-*",
-                       "xserver-xorg-video-nvidia-*", "libnvidia-*-[0-9]*")
-ROCM_DKMS_PACKAGE = "amdgpu-dkms"
 # RDNA4 (GC 12.0.x: gfx1200/gfx1201; the R9700 and RX 9070/9060) is driven by mainline amdgpu from Linux 6.11 (the
 # drm-next pull for 6.11-rc1: "GC 12.0 support"); a kernel series before that needs AMD's amdgpu-dkms or a kernel
 # carrying those patches (docs/amd.md, "amdgpu-dkms and RDNA4", with the sources).
@@ -122,29 +118,8 @@ def _int(value):
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-# --- the pins, defaulted ----------------------------------------------------------------------------------------
-
-def kernel_pin(pins):
-    raw = _dict(pins.get("kernel"))
-    release = _str(raw.get("release"))
-    debs = _list(raw.get("debs"))
-    # One decision: declared; else .debs when any are listed or the release is no distribution kernel.
-    source = raw.get("source") or ("debs" if debs or (release and not DISTRO_KERNEL.match(release)) else "distro")
-    return {
-        "pinned": bool(raw),
-        "release": release,
-        "source": source,
-        "packages": _list(raw.get("packages")) or (["linux-image-" + release, "linux-headers-" + release]
-                                                   if release else []),
-        "debs": debs,
-        "cmdline": _list(raw.get("cmdline")),
-        "keep_previous": raw.get("keep_previous", True) is not False,
-        # unattended-upgrades leaves every package of the pinned release alone (its .debs' too: linux-*-RELEASE).
-        "unattended_blacklist": unattended_blacklist(list(dict.fromkeys(
-            (["linux-*-" + release] if release else []) + _list(raw.get("packages"))))),
-        "p2pdma_allow": _list(raw.get("p2pdma_allow")),
-    }
-
+# --- the facts the model reads ---------------------------------------------------------------------------------
+# (The pins, defaulted: host_pins.PINS, each pin's forward beside adopt's inverse of it.)
 
 OS_FACTS = ("distribution", "distribution_version", "distribution_release")
 # The facts the model reads: the OS decision's, and the Python a venv on the box is made with (its site-packages).
@@ -166,173 +141,6 @@ def os_of(facts):
     return {"id": _str(facts.get("distribution")).strip().lower(),
             "version": _str(facts.get("distribution_version")),
             "codename": _str(facts.get("distribution_release"))}
-
-
-def nvidia_stock_packages(os_id, major):
-    """The stock NVIDIA package names and globs to purge and pin away on OS_ID: Debian's on debian; on ubuntu, a
-    derivative or an unknown OS ("") Ubuntu's as well (a glob that matches nothing installs and removes nothing)."""
-    names = list(NVIDIA_STOCK_DEBIAN) + (["nvidia-dkms-%s" % major, "nvidia-dkms-%s-open" % major] if major else [])
-    if os_id != "debian":
-        names += [n for n in NVIDIA_STOCK_UBUNTU if n not in names]
-    return names
-
-
-def unattended_blacklist(names):
-    """Unattended-Upgrade::Package-Blacklist entries for package NAMES and fnmatch globs: Python regexes matched from
-    the start of the name, so each is anchored with $ and its regex characters escaped (apt_regex)."""
-    return ["%s$" % apt_regex(name) for name in names]
-
-
-def nvidia_driver_pin(pins, kernel, os_id=""):
-    raw = _dict(pins.get("nvidia_driver"))
-    version = _str(raw.get("version"))
-    major = version.split(".")[0] if version else ""
-    return {
-        "pinned": bool(raw),
-        "version": version,
-        "source": _dict(raw.get("source")),
-        "fork_repo": _str(raw.get("fork_repo")),
-        "branch": _str(raw.get("branch")),
-        "commit": _str(raw.get("commit")),
-        "userspace_version": _str(raw.get("userspace_version")) or version,
-        "userspace_installer": _dict(raw.get("userspace_installer")),
-        "userspace_flags": _list(raw.get("userspace_flags")) or ["--no-kernel-modules"],
-        # HMM with iommu=pt breaks NCCL's SHM transport: off whenever the command line pins iommu=pt.
-        "uvm_disable_hmm": raw.get("uvm_disable_hmm", True) is not False and "iommu=pt" in kernel["cmdline"],
-        "stock_packages": nvidia_stock_packages(os_id, major),
-        "unattended_blacklist": unattended_blacklist(nvidia_stock_packages(os_id, major)),
-    }
-
-
-def cuda_toolchain_pin(pins, python=""):
-    """The CUDA toolchain venv's pins; with PYTHON ("3.12", from the facts) where its CUDA home and, when an NCCL
-    wheel is pinned among its versions, its NCCL are."""
-    raw = _dict(pins.get("cuda_toolchain"))
-    version = _str(raw.get("version"))
-    packages = _list(raw.get("packages")) or list(CUDA_ALIGNED)
-    wanted = {name: version for name in packages + ["nvidia-cuda-runtime"]}
-    wanted.update({str(k): _str(v) for k, v in _dict(raw.get("versions")).items()})
-    venv = _str(raw.get("venv")) or "/opt/rigbook/cuda"
-    site = "%s/lib/python%s/site-packages" % (venv, python) if python else ""
-    nccl = [name for name in sorted(wanted) if NCCL_WHEEL.match(name)]
-    return {
-        "pinned": bool(raw),
-        "version": version,
-        "packages": packages,
-        "wanted": wanted,
-        "venv": venv,
-        "wheel_dir": _str(raw.get("wheel_dir")),
-        # nvcc.profile and nccl-tests' CUDA_HOME: the wheels' nvidia/cuMAJOR tree ("" without the python fact)
-        "home": "%s/nvidia/cu%s" % (site, version.split(".")[0]) if site and version else "",
-        "nccl": {"package": nccl[0], "version": wanted[nccl[0]],
-                 "home": "%s/nvidia/nccl" % site if site else ""} if nccl else {},
-    }
-
-
-def nccl_tests_pin(pins):
-    raw = _dict(pins.get("nccl_tests"))
-    source = _dict(raw.get("source"))
-    return {
-        "pinned": bool(raw),
-        "version": _str(raw.get("version")),
-        "source": source,
-        "repo": _str(source.get("repo")),
-        "commit": _str(source.get("commit")),
-        # nvcc's -gencode list: the GPUs' compute capability (86 for the RTX 3080); empty: nccl-tests' own list
-        "cuda_archs": [_str(a) for a in _list(raw.get("cuda_archs"))],
-    }
-
-
-def rocm_tag(version):
-    """ROCm's package version tag: 7.1.0 -> 70100 (every ROCm package version ends in .<tag>-<build>)."""
-    parts = (version.split(".") + ["0", "0"])[:3]
-    if not all(p.isdigit() for p in parts):
-        return ""
-    return str(int(parts[0]) * 10000 + int(parts[1]) * 100 + int(parts[2]))
-
-
-def apt_regex(glob):
-    """An fnmatch glob of package versions as apt's preferences regex body: . and + escaped, * and ? as .* and ."""
-    return glob.replace(".", "\\.").replace("+", "\\+").replace("*", ".*").replace("?", ".")
-
-
-def rocm_pin(pins, p2p):
-    raw = _dict(pins.get("rocm"))
-    version = _str(raw.get("version"))
-    glob = _str(raw.get("version_glob")) or ("*.%s-*" % rocm_tag(version) if rocm_tag(version) else "")
-    env = {"HSA_ENABLE_IPC_MODE_LEGACY": "0"}
-    env.update({str(k): _str(v) for k, v in _dict(raw.get("hsa_env")).items()})
-    if p2p["nccl_p2p_level"]:
-        env["NCCL_P2P_LEVEL"] = p2p["nccl_p2p_level"]
-    packages = _list(raw.get("packages")) or list(ROCM_PACKAGES)
-    build_packages = _list(raw["build_packages"]) if "build_packages" in raw else list(ROCM_BUILD_PACKAGES)
-    return {
-        "pinned": bool(raw),
-        "version": version,
-        "version_glob": glob,
-        # apt matches a glob only as a prefix (a trailing *): the preferences pin is an anchored regex instead.
-        "apt_version_pin": "/^%s$/" % apt_regex(glob) if glob else "",
-        "repo": _dict(raw.get("repo")),
-        "debs": _list(raw.get("debs")),
-        "packages": packages,
-        # installed, pinned and held with the runtime by the amd_rocm role: the rccl role's build uses them
-        "build_packages": build_packages,
-        "dkms": raw.get("dkms") is True,
-        "dkms_declared": isinstance(raw.get("dkms"), bool),
-        "dkms_package": ROCM_DKMS_PACKAGE,
-        "unattended_blacklist": unattended_blacklist(list(dict.fromkeys(packages + build_packages
-                                                                        + [ROCM_DKMS_PACKAGE]))),
-        "prefix": "/opt/rocm-%s" % version if version else "/opt/rocm",
-        "env": env,
-    }
-
-
-def rccl_pin(pins):
-    raw = _dict(pins.get("rccl"))
-    source = _dict(raw.get("source"))
-    repo = _str(source.get("repo"))
-    tests = _dict(_dict(raw.get("tests")).get("source"))
-    return {
-        "pinned": bool(raw),
-        "version": _str(raw.get("version")),
-        "source": source,
-        "repo": repo,
-        "commit": _str(source.get("commit")),
-        # RCCL lives in ROCm/rocm-systems under projects/rccl; a ROCm/rccl tree or tarball has it at the top.
-        "subdir": _str(source["subdir"]) if "subdir" in source else ("projects/rccl" if "rocm-systems" in repo else ""),
-        "patches": _list(raw.get("patches")),
-        "gpu_targets": _list(raw.get("gpu_targets")),
-        "tests_source": tests,
-    }
-
-
-def sglang_pin(pins):
-    raw = _dict(pins.get("sglang"))
-    version = _str(raw.get("version"))
-    repo = _dict(raw.get("repo"))
-    commit = _str(repo.get("commit"))
-    if version:
-        pin_name, requirement = version, "sglang==" + version
-    elif repo:
-        pin_name = "commit-" + commit[:12]
-        requirement = "sglang @ git+%s@%s#subdirectory=%s" % (_str(repo.get("url")), commit,
-                                                              _str(repo.get("subdirectory")) or "python")
-    else:
-        pin_name, requirement = "", ""
-    return {
-        "pinned": bool(raw),
-        "version": version,
-        "repo": repo,
-        "commit": commit,
-        "pin_name": pin_name,
-        "requirement": requirement,
-        "venv": _str(raw.get("venv")),
-        "lock": _str(raw.get("lock")),
-        "wheel_dir": _str(raw.get("wheel_dir")),
-        "patches": _list(raw.get("patches")),
-        "no_deps": raw.get("no_deps") is True,
-        "import_check": raw.get("import_check", True) is not False,
-    }
 
 
 def _artifacts(vendor, pins):
@@ -385,16 +193,7 @@ def build(variables, facts=None):
         "reason": " ".join(_str(declared_p2p.get("reason")).split()),
         "nccl_p2p_level": _str(declared_p2p.get("nccl_p2p_level")),
     }
-    kernel = kernel_pin(raw_pins)
-    pins = {
-        "kernel": kernel,
-        "nvidia_driver": nvidia_driver_pin(raw_pins, kernel, host_os["id"]),
-        "cuda_toolchain": cuda_toolchain_pin(raw_pins, python),
-        "nccl_tests": nccl_tests_pin(raw_pins),
-        "rocm": rocm_pin(raw_pins, p2p),
-        "rccl": rccl_pin(raw_pins),
-        "sglang": sglang_pin(raw_pins),
-    }
+    pins = host_pins.forward_pins(raw_pins, host_os["id"], python, p2p)  # every pin of host_pins.PINS, defaulted
     serve, serve_errors = serve_profile.normalize_all(variables.get("rigbook_serve"))
     health = health_settings(variables.get("rigbook_health"), bool(vendor))
     model = {
@@ -479,7 +278,7 @@ def verify_settings(raw, gpus, serving):
 
 def ladder_view(model):
     """What the ladder's judges read of the model: {gpu, p2p, pins, tolerance}. p2p carries `expected` only when
-    the inventory declared it: undeclared, the judges apply the one rule (ladder/expectations.p2p_expected) to the
+    the inventory declared it: undeclared, the judges apply the one rule (judges/expectations.p2p_expected) to the
     GPUs they saw."""
     if not isinstance(model, dict) or "pins" not in model:
         return {}

@@ -10,7 +10,7 @@ import hashlib
 import os
 import re
 
-from ansible_collections.rigbook.homelab.plugins.module_utils.file_digest import sha256_of
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files, runner
 
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -42,7 +42,7 @@ def verify(patches, check_mode, owner):
                 missing.append(patch["path"])
                 continue
             return missing, "patch %s (%s) does not exist" % (patch["path"], owner), None
-        got = sha256_of(patch["path"])
+        got = files.sha256_of(patch["path"])
         if got != pin:
             return missing, ("refused patch %s (%s): its sha256 is %s, pinned %s; nothing was changed"
                              % (patch["path"], owner, got, pin)), got
@@ -63,17 +63,19 @@ def argv(patch, top, dry_run):
     return cmd
 
 
-def apply(run_command, patches, top, dry_run):
-    """Try (DRY_RUN) or apply PATCHES in TOP in order through RUN_COMMAND(argv) -> (rc, out, err).
+def apply(patches, top, dry_run, run=None):
+    """Try (DRY_RUN) or apply PATCHES in TOP in order through RUN(argv) -> runner.Result (facts/runner.run).
 
     Returns (names done, files patched, failure) where failure is None or a dict: name, path, files (those GNU
-    patch could not patch) and text (its output)."""
+    patch could not patch) and text (its output, or why it could not run)."""
+    run = run or runner.run
     names, touched = [], []
     for patch in patches:
-        rc, out, err = run_command(argv(patch, top, dry_run))
-        text = (out + err).strip()
+        result = run(argv(patch, top, dry_run))
+        text = (result.stdout + result.stderr).strip()
         name = os.path.basename(patch["path"])
-        if rc != 0:
+        if result.rc != 0:
+            text = text or result.error or ""
             return names, touched, dict(name=name, path=patch["path"], files=failing_files(text), text=text)
         names.append(name)
         touched += [f for f in patched_files(text) if f not in touched]

@@ -74,6 +74,7 @@ facts:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect.adopt import adopt_facts
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import runner
 
 
 def main():
@@ -84,17 +85,10 @@ def main():
                            gpu_env_file=dict(type="path", default="/etc/rigbook/gpu.env")),
         supports_check_mode=True,
     )
-
-    def run(argv):
-        """(rc, stdout) of ARGV; (127, "") when the box has no such command (no dkms, no apt-cache)."""
-        if module.get_bin_path(argv[0]) is None:
-            return 127, ""
-        rc, out, _err = module.run_command(argv, environ_update={"LC_ALL": "C"})
-        return rc, out
-
     try:
-        facts = adopt_facts(module.params["system"], run, module.params["debs_dir"], module.params["engine"],
-                            module.params["evidence_root"], module.params["wheels_dir"],
+        # RUN: (rc, stdout) of an argv through the one runner; rc -1 when the box has no such command (no dkms)
+        facts = adopt_facts(module.params["system"], runner.rc_output, module.params["debs_dir"],
+                            module.params["engine"], module.params["evidence_root"], module.params["wheels_dir"],
                             module.params["gpu_env_file"])
     except (OSError, ValueError) as exc:
         module.fail_json(msg="reading the box failed: %s" % exc)

@@ -107,7 +107,6 @@ updated:
 import hashlib
 import os
 import re
-import tempfile
 from http.client import HTTPException
 from urllib.parse import urlparse
 
@@ -115,6 +114,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import ConnectionError as UrlConnectionError
 from ansible.module_utils.urls import open_url
 from ansible_collections.rigbook.homelab.plugins.module_utils.apt import LOCK_TIMEOUT, run_apt
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files
 
 SOURCES_DIR = "/etc/apt/sources.list.d"
 KEYRINGS_DIR = "/etc/apt/keyrings"
@@ -139,27 +139,21 @@ def fetch(module, url):
     module.fail_json(msg="unsupported key URL %s: use https://, http:// or file://" % url)
 
 
+def state(content, binary):
+    """What a file's CONTENT is compared by: its text, or for a key (BINARY) its sha256."""
+    return hashlib.sha256(content).hexdigest() if binary else content
+
+
 def read(path, binary=False):
-    try:
-        with open(path, "rb" if binary else "r") as handle:
-            return handle.read()
-    except OSError:
-        return None
+    """What PATH holds now, as `state` gives it (facts/files.py); None when it is not there."""
+    if binary:
+        return files.digest(path)[0]
+    return files.read_text(path, strip=False)
 
 
-def write(path, content, binary=False):
-    directory = os.path.dirname(path)
-    if not os.path.isdir(directory):
-        os.makedirs(directory, 0o755)
-    fd, tmp = tempfile.mkstemp(prefix=".rigbook-", dir=directory)
-    try:
-        with os.fdopen(fd, "wb" if binary else "w") as handle:
-            handle.write(content)
-        os.chmod(tmp, 0o644)
-        os.rename(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+def write(path, content):
+    """CONTENT (text, or a key's bytes) at PATH through the one atomic write (facts/files.write_atomic)."""
+    files.write_atomic(path, content, mode=0o644, make_parents=True)
 
 
 def preferences_text(name, prefs):
@@ -221,15 +215,15 @@ def main():
             module.fail_json(msg="each preference needs package, pin and priority: %s" % p["preferences"])
         wanted.append((os.path.join(PREFERENCES_DIR, "rigbook-%s" % name), text, False))
     changes = [(path, content, binary, read(path, binary)) for path, content, binary in wanted]
-    changes = [c for c in changes if c[3] != c[1]]
-    files = [c[0] for c in changes]
-    apt_changed = any(not path.startswith(PREFERENCES_DIR) for path in files)
+    changes = [c for c in changes if c[3] != state(c[1], c[2])]
+    changed_files = [c[0] for c in changes]
+    apt_changed = any(not path.startswith(PREFERENCES_DIR) for path in changed_files)
     updated = False
     if changes and not module.check_mode:
-        for path, content, binary, _old in changes:
-            write(path, content, binary)
+        for path, content, _binary, _old in changes:
+            write(path, content)
         if apt_changed and p["update"]:
-            rc, out, err = run_apt(module, ["apt-get", "-q", "update"], p["lock_timeout"])
+            rc, out, err = run_apt(["apt-get", "-q", "update"], p["lock_timeout"])
             updated = True
             if rc != 0 or re.search(r"^(W|E): .*(rigbook-%s|NO_PUBKEY|not signed)" % re.escape(name),
                                     out + err, re.M):
@@ -240,14 +234,16 @@ def main():
                         else:
                             write(path, old)
                 module.fail_json(msg="apt-get update failed for the %s repository (source file restored): %s"
-                                 % (name, (err or out).strip()[-1500:]), files=files)
-    result = dict(changed=bool(changes), files=files, keyring=keyring, updated=updated)
+                                 % (name, (err or out).strip()[-1500:]), files=changed_files)
+    result = dict(changed=bool(changes), files=changed_files, keyring=keyring, updated=updated)
     if module._diff and changes:
-        def show(content):
-            return "(%d bytes of key)\n" % len(content) if isinstance(content, bytes) else content
+        def show(content, binary):
+            return "(%d bytes of key)\n" % len(content) if isinstance(content, bytes) else (
+                "(key of sha256 %s)\n" % content if binary else content)
 
-        result["diff"] = [dict(before_header=path, after_header=path, before=show(old) if old is not None else "",
-                               after=show(content)) for path, content, _binary, old in changes]
+        result["diff"] = [dict(before_header=path, after_header=path,
+                               before=show(old, binary) if old is not None else "", after=show(content, binary))
+                          for path, content, binary, old in changes]
     module.exit_json(**result)
 
 

@@ -71,7 +71,7 @@ from urllib.parse import urlparse
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import ConnectionError as UrlConnectionError
 from ansible.module_utils.urls import open_url
-from ansible_collections.rigbook.homelab.plugins.module_utils.file_digest import sha256_of
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files
 
 SCHEMES = ("https", "http", "file")
 
@@ -82,14 +82,14 @@ def ensure(module, url, path, want, dest_dir):
     if path:
         if not os.path.isfile(path):
             module.fail_json(msg="artifact %s does not exist on the host" % path, path=path)
-        found = sha256_of(path)
+        found = files.sha256_of(path)
         if found != want:
             module.fail_json(msg="refused artifact %s: sha256 %s, pinned %s" % (path, found, want), path=path,
                              sha256=found)
         return False, path
     name = os.path.basename(urlparse(url).path) or "artifact"
     dest = os.path.join(dest_dir, name)
-    if os.path.isfile(dest) and sha256_of(dest) == want:
+    if os.path.isfile(dest) and files.sha256_of(dest) == want:
         return False, dest
     if module.check_mode:
         return True, dest
@@ -107,12 +107,12 @@ def ensure(module, url, path, want, dest_dir):
                     shutil.copyfileobj(response, out)
                 finally:
                     response.close()
-        found = sha256_of(tmp)
+        found = files.sha256_of(tmp)
         if found != want:
             module.fail_json(msg="refused artifact %s: sha256 %s, pinned %s (download discarded)" % (url, found, want),
                              sha256=found, path=dest)
         os.chmod(tmp, 0o644)
-        os.rename(tmp, dest)
+        files.move_atomic(tmp, dest)  # verified, then kept: nothing unverified is ever at DEST
     except (OSError, ValueError, HTTPException, UrlConnectionError) as exc:
         module.fail_json(msg="could not fetch %s: %s" % (url, exc), path=dest)
     finally:

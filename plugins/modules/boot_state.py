@@ -125,18 +125,10 @@ import re
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.rigbook.homelab.plugins.module_utils import display_state
-from ansible_collections.rigbook.homelab.plugins.module_utils.collect.serving_evidence import parse_show
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files, kernel
 
 # Touched by packages' postinst scripts (Debian Policy's convention), read for information only.
 REBOOT_REQUIRED = "/run/reboot-required"
-
-
-def read(path):
-    try:
-        with open(path) as handle:
-            return handle.read().strip()
-    except OSError:
-        return None
 
 
 def version_key(release):
@@ -147,22 +139,14 @@ def packages_asking_for_reboot():
     """The packages named in /run/reboot-required.pkgs when /run/reboot-required is there, else None."""
     if not os.path.exists(REBOOT_REQUIRED):
         return None
-    return sorted(set((read(REBOOT_REQUIRED + ".pkgs") or "").split()))
+    return sorted(set((files.read_text(REBOOT_REQUIRED + ".pkgs") or "").split()))
 
 
 def display(module):
     """(default target, display-manager.service state, why a display server holds the GPU or None)."""
-    env = {"LC_ALL": "C", "SYSTEMD_PAGER": ""}
-    rc, out, err = module.run_command(display_state.GET_DEFAULT, environ_update=env)
-    if rc != 0:
-        module.fail_json(msg="systemctl get-default failed (rc %d): %s" % (rc, (err or out).strip()))
-    default = out.strip()
-    rc, out, err = module.run_command(display_state.SHOW, environ_update=env)
-    if rc != 0:
-        module.fail_json(msg="systemctl show %s failed (rc %d): %s" % (display_state.DISPLAY_MANAGER, rc,
-                                                                     (err or out).strip()))
-    state = parse_show(out)
-    manager = dict((k, state[k]) for k in ("id", "load_state", "active_state", "sub_state"))
+    default, manager, error = display_state.read()
+    if error:
+        module.fail_json(msg=error)
     return default, manager, display_state.holds_gpu(default, manager)
 
 
@@ -178,9 +162,8 @@ def main():
         supports_check_mode=True,
     )
     root = module.params["root"]
-    running = read(os.path.join(root, "proc", "sys", "kernel", "osrelease"))
-    cmdline_text = read(os.path.join(root, "proc", "cmdline"))
-    cmdline = cmdline_text.split() if cmdline_text is not None else []
+    running = kernel.release(root)
+    cmdline = kernel.cmdline(root) or []
     installed = sorted((p[len("/boot/vmlinuz-"):] for p in glob.glob("/boot/vmlinuz-*")), key=version_key)
     with_headers = [k for k in installed if os.path.isdir("/lib/modules/%s/build" % k)]
     grub = bool(module.get_bin_path("update-grub")) and os.path.isfile("/boot/grub/grub.cfg")

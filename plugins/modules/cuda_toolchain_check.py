@@ -80,6 +80,7 @@ import shutil
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files, runner
 
 TEST_CU = r"""
 #include <cstdio>
@@ -152,12 +153,7 @@ def main():
     home = homes[-1]
     result["cuda_home"] = home
     wanted_stamp = "%s arch=%s\n" % (" ".join("%s=%s" % kv for kv in sorted(versions.items())), p["arch"])
-    try:
-        with open(p["stamp"]) as handle:
-            have_stamp = handle.read()
-    except OSError:
-        have_stamp = None
-    if have_stamp == wanted_stamp:
+    if files.read_text(p["stamp"], strip=False) == wanted_stamp:
         module.exit_json(**result)
     result["changed"] = True
     if module.check_mode:
@@ -168,14 +164,18 @@ def main():
             handle.write(TEST_CU)
         env = dict(CUDA_HOME=home, CUDA_PATH=home, PATH="%s/bin:%s" % (home, os.environ.get("PATH", "/usr/bin:/bin")))
         argv = [os.path.join(home, "bin", "nvcc"), "-arch=" + p["arch"], "-o", "t", "t.cu"]
-        rc, out, err = module.run_command(argv, cwd=work, environ_update=env)
-        if rc != 0 or not os.path.isfile(os.path.join(work, "t")):
-            module.fail_json(msg="nvcc could not compile and link a test .cu (%s): %s" % (listing, (err or out)[-3000:]),
+        ran = runner.run(argv, cwd=work, env=env)
+        if ran.rc != 0 or not os.path.isfile(os.path.join(work, "t")):
+            said = (ran.stderr or ran.stdout) if ran.rc is not None else ran.error
+            module.fail_json(msg="nvcc could not compile and link a test .cu (%s): %s" % (listing, said[-3000:]),
                              cmd=argv, **result)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    with open(p["stamp"], "w") as handle:
-        handle.write(wanted_stamp)
+    try:
+        files.write_atomic(p["stamp"], wanted_stamp)
+    except OSError as exc:
+        module.fail_json(msg="nvcc compiled and linked a test .cu, but its stamp %s cannot be written: %s"
+                         % (p["stamp"], exc), **result)
     result["compiled"] = True
     module.exit_json(msg="nvcc compiled and linked a test .cu for %s (%s)" % (p["arch"], listing), **result)
 

@@ -113,7 +113,6 @@ import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.rigbook.homelab.plugins.module_utils import apt
 from ansible_collections.rigbook.homelab.plugins.module_utils.apt import (
     ENV,
     LOCK_TIMEOUT,
@@ -122,6 +121,7 @@ from ansible_collections.rigbook.homelab.plugins.module_utils.apt import (
     lock_message,
     run_apt,
 )
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import packages, runner
 
 # The package index: refreshed before a package is called unavailable when older than INDEX_MAX_AGE seconds.
 INDEX = "/var/lib/apt/lists"
@@ -129,24 +129,21 @@ INDEX_MAX_AGE = 3600
 APT = ["apt-get", "-y", "-q", "-o", "Dpkg::Options::=--force-confdef", "-o", "Dpkg::Options::=--force-confold"]
 
 
-def installed_versions(module, names):
-    """{name: version or None} from dpkg-query (module_utils/apt.py, the one reader; unknown names are simply not
-    installed)."""
-    def run(argv):
-        _rc, out, _err = module.run_command(argv, environ_update=ENV)
-        return _rc, out
-    return apt.installed_versions(run, names)
+def versions_of(found):
+    """{name: version or None} of a packages.listing (dpkg-query through facts/packages.py, the one reader; unknown
+    names are simply not installed)."""
+    return dict((name, item["version"] if item else None) for name, item in found.items())
 
 
 def candidates(module, names):
-    """{name: candidate version or None} from apt-cache policy (module_utils/apt.py, the one reader)."""
+    """{name: candidate version or None} from apt-cache policy (facts/packages.py, the one reader); a failed
+    apt-cache fails the module with its error."""
     def run(argv):
-        rc, out, err = module.run_command(argv, environ_update=ENV)
-        if rc != 0:
-            module.fail_json(msg="%s failed (rc %d): %s" % (" ".join(argv), rc, (err or out).strip()[-2000:]),
-                             cmd=argv)
-        return rc, out
-    return apt.candidates(run, names)
+        result = runner.run(argv, env=ENV)
+        if result.rc != 0:
+            module.fail_json(msg=result.error, cmd=argv)
+        return result.rc, result.stdout
+    return packages.candidates(names, run=run)
 
 
 def index_is_stale():
@@ -162,12 +159,12 @@ def is_glob(name):
 
 
 def deb_fields(module, path):
-    """(package name, version) a .deb file holds."""
-    rc, out, err = module.run_command(["dpkg-deb", "--show", "--showformat=${Package}\t${Version}\n", path],
-                                      environ_update=ENV)
-    parts = out.strip().split("\t")
-    if rc != 0 or len(parts) != 2 or not all(parts):
-        module.fail_json(msg="%s is not a readable .deb: %s" % (path, (err or out).strip()))
+    """(package name, version) a .deb file holds (dpkg-deb reads the file, not what dpkg has installed)."""
+    result = runner.run(["dpkg-deb", "--show", "--showformat=${Package}\t${Version}\n", path], env=ENV)
+    parts = result.stdout.strip().split("\t")
+    if result.rc != 0 or len(parts) != 2 or not all(parts):
+        module.fail_json(msg="%s is not a readable .deb: %s" % (path, (result.stderr or result.stdout).strip()
+                                                                  or result.error))
     return parts[0], parts[1]
 
 
@@ -203,7 +200,8 @@ def main():
     optional = [n for n in dict.fromkeys(p["if_available"]) if n not in p["name"] and n not in debs]
     required = list(dict.fromkeys(list(p["name"]) + list(debs)))
     names = required + optional
-    before = installed_versions(module, names)
+    found_before = packages.listing(names)
+    before = versions_of(found_before)
     result = dict(changed=False, installed=[], removed=[], held=[], unavailable=[])
     if p["state"] == "absent":
         # globs add every installed package they match (dpkg-query lists them); the globs themselves are no package
@@ -228,21 +226,20 @@ def main():
             if any(before[n] is not None for n in missing):  # the pinned version replaces another (held) one
                 argv += ["--allow-downgrades", "--allow-change-held-packages"]
             argv += targets
-            rc, out, err = run_apt(module, argv, p["lock_timeout"])
-            if rc != 0 and lock_held(out + err):
+            rc, out, err = run_apt(argv, p["lock_timeout"])
+            if rc is None or (rc != 0 and lock_held(out + err)):
                 module.fail_json(msg=lock_message("apt-get install", rc, out, err, p["lock_timeout"]), cmd=argv)
             if rc != 0:  # a stale index (404, unknown package): refresh once and retry
                 run(["apt-get", "-q", "update"], "apt-get update")
                 run(argv, "apt-get install")
-        if p["hold"]:
-            rc, out, _err = module.run_command(["apt-mark", "showhold"], environ_update=ENV)
-            held = set(out.split())
-            result["held"] = [n for n in required if n not in held]
-            if result["held"] and not module.check_mode:
-                run(["apt-mark", "hold"] + result["held"], "apt-mark hold")
     mutated = result["installed"] or result["removed"]
-    after = before if module.check_mode or not mutated else installed_versions(module, names)
-    result["versions"] = after
+    found_after = found_before if module.check_mode or not mutated else packages.listing(names)
+    if p["state"] == "present" and p["hold"]:
+        # held: dpkg's selection as the listing after the install shows it (a held package apt replaced stays held)
+        result["held"] = [n for n in required if not (found_after.get(n) or {}).get("held")]
+        if result["held"] and not module.check_mode:
+            run(["apt-mark", "hold"] + result["held"], "apt-mark hold")
+    result["versions"] = versions_of(found_after)
     result["changed"] = bool(result["installed"] or result["removed"] or result["held"])
     if module._diff and result["changed"]:
         listed = [n for n in names if not is_glob(n)] + sorted(n for n in before if n not in names)

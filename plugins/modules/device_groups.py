@@ -46,6 +46,7 @@ done:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.rigbook.homelab.plugins.module_utils import account
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import runner
 
 
 def main():
@@ -61,9 +62,12 @@ def main():
     done = [what for what, _ in todo]
     if todo and not module.check_mode:
         def run(argv):
-            rc, out, err = module.run_command(argv)
-            if rc != 0:
-                module.fail_json(msg="%s failed (rc %d): %s" % (" ".join(argv), rc, (err or out).strip()), done=done)
+            result = runner.run(argv)
+            if result.rc is None:
+                module.fail_json(msg=result.error, done=done)
+            if result.rc != 0:
+                module.fail_json(msg="%s failed (rc %d): %s" % (" ".join(argv), result.rc,
+                                                                (result.stderr or result.stdout).strip()), done=done)
         account.apply(todo, run)
     module.exit_json(changed=bool(todo), done=done)
 

@@ -111,6 +111,12 @@ identity_id:
     headers' C(Module.symvers) sha256, the architecture; 16 hex digits), also in check mode; empty when nothing is.
   returned: always
   type: str
+archive_glob:
+  description: The file name pattern of the group archives of RV(identity_id) (C(<name>-<identity_id>-*.tar.gz),
+    whatever their sha256), also in check mode - what roles/group_build looks for on the controller; empty when
+    nothing is built.
+  returned: always
+  type: str
 export_path:
   description: The archive written into O(export_dir) after a build.
   returned: when a build was exported
@@ -139,9 +145,8 @@ import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.rigbook.homelab.plugins.module_utils import safe_untar
-from ansible_collections.rigbook.homelab.plugins.module_utils.file_digest import sha256_of
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import builds, files, runner
 
-STAMP = ".rigbook-source-sha256"
 # Where sources are unpacked and where kernel headers live (module-level so unit tests can point them elsewhere).
 SRC_ROOT = "/usr/src"
 MODULES_ROOT = "/lib/modules"
@@ -163,19 +168,26 @@ class Dkms(object):
         self.module = module
 
     def run(self, argv, what, check=True):
-        rc, out, err = self.module.run_command(argv, environ_update={"LC_ALL": "C"})
-        if check and rc != 0:
-            self.module.fail_json(msg="%s failed (rc %d): %s" % (what, rc, (err + out).strip()[-3000:]), cmd=argv)
-        return rc, out
+        """(rc, stdout) of ARGV (facts/runner.py; rc None when it could not start); with CHECK a failure fails the
+        module naming WHAT."""
+        result = runner.run(argv)
+        if check and result.rc is None:
+            self.module.fail_json(msg="%s could not run: %s" % (what, result.error), cmd=argv)
+        if check and result.rc != 0:
+            self.module.fail_json(msg="%s failed (rc %d): %s" % (what, result.rc,
+                                                               (result.stderr + result.stdout).strip()[-3000:]),
+                                  cmd=argv)
+        return result.rc, result.stdout
 
     def ldtarball(self, archive, name, version):
         """Load ARCHIVE's prebuilt modules. dkms ldtarball loads them, then registers the package: a package already
         registered (its source is in place) ends it with rc 3 "DKMS tree already contains", the modules loaded."""
         argv = ["dkms", "ldtarball", "--force", archive]
-        rc, out, err = self.module.run_command(argv, environ_update={"LC_ALL": "C"})
-        registered = rc == 3 and ("DKMS tree already contains: %s-%s" % (name, version)) in err + out
-        if rc != 0 and not registered:
-            self.module.fail_json(msg="dkms ldtarball %s failed (rc %d): %s" % (archive, rc, (err + out).strip()[-3000:]),
+        result = runner.run(argv)
+        said = (result.stderr + result.stdout) if result.rc is not None else result.error
+        registered = result.rc == 3 and ("DKMS tree already contains: %s-%s" % (name, version)) in said
+        if result.rc != 0 and not registered:
+            self.module.fail_json(msg="dkms ldtarball %s failed (rc %s): %s" % (archive, result.rc, said.strip()[-3000:]),
                                   cmd=argv)
 
     def status(self, name):
@@ -213,7 +225,7 @@ def tree_files(root):
         for n in names:
             full = os.path.join(dirpath, n)
             rel = os.path.relpath(full, root)
-            if rel != STAMP:
+            if rel != builds.SOURCE_STAMP:
                 found[rel] = os.readlink(full) if os.path.islink(full) else None
     return found
 
@@ -228,14 +240,19 @@ def same_tree(top, dest):
         if link is not None or theirs[rel] is not None:
             if link != theirs[rel]:
                 return False
-        elif sha256_of(os.path.join(top, rel)) != sha256_of(os.path.join(dest, rel)):
+        elif files.sha256_of(os.path.join(top, rel)) != files.sha256_of(os.path.join(dest, rel)):
             return False
     return True
 
 
 def write_stamp(dest, sha):
-    with open(os.path.join(dest, STAMP), "w") as handle:
-        handle.write(sha + "\n")
+    """The unpacked source's stamp: its tarball's sha256 (facts/builds.SOURCE_STAMP), through the one atomic write."""
+    files.write_atomic(os.path.join(dest, builds.SOURCE_STAMP), sha + "\n")
+
+
+def read_stamp(dest):
+    """The sha256 the unpacked source in DEST was stamped with, or None."""
+    return files.read_text(os.path.join(dest, builds.SOURCE_STAMP))
 
 
 def install_tree(top, dest, sha):
@@ -250,14 +267,15 @@ def symvers_sha256(kernel):
     """The sha256 of KERNEL's headers' Module.symvers (its exported symbols and their CRCs: what a module built
     against it must match), or None without one."""
     path = os.path.join(MODULES_ROOT, kernel, "build", "Module.symvers")
-    return sha256_of(path) if os.path.isfile(path) else None
+    return files.sha256_of(path) if os.path.isfile(path) else None
 
 
 def tree_digest(root):
     """The sha256 of a source folder's files and links (its .git and rigbook's stamp aside)."""
     digest = hashlib.sha256()
     for rel, link in sorted(tree_files(root).items()):
-        digest.update(("%s\0%s\n" % (rel, link if link is not None else sha256_of(os.path.join(root, rel)))).encode())
+        digest.update(("%s\0%s\n" % (rel, link if link is not None else files.sha256_of(os.path.join(root, rel))))
+                      .encode())
     return digest.hexdigest()
 
 
@@ -280,10 +298,13 @@ def export(module, dkms, name, version, kernels, identity, folder):
         argv += ["-k", kernel]
     try:
         dkms.run(argv, "dkms mktarball %s/%s" % (name, version))
-        digest = sha256_of(tmp)
+        digest = files.sha256_of(tmp)
+        try:
+            path = os.path.join(folder, builds.archive_name(name, identity, digest))
+        except ValueError:
+            module.fail_json(msg="export_dir: the DKMS package name %r cannot name a build archive" % name)
         os.chmod(tmp, 0o644)
-        path = os.path.join(folder, "%s-%s-%s.tar.gz" % (name, identity, digest))
-        module.atomic_move(tmp, path)
+        files.move_atomic(tmp, path)  # dkms wrote it whole; its final name carries its sha256
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
@@ -291,27 +312,23 @@ def export(module, dkms, name, version, kernels, identity, folder):
 
 
 def _read_member(top, rel):
-    try:
-        with open(os.path.join(top, rel)) as handle:
-            return handle.read().strip()
-    except (OSError, UnicodeDecodeError):
-        return None
+    return files.read_text(os.path.join(top, rel), limit=4096)
 
 
 def check_archive(module, archive, name, version, kernels, identity):
     """Fail, with nothing loaded, unless ARCHIVE is a binaries-only DKMS tarball of NAME/VERSION holding exactly the
     builds of KERNELS, named for IDENTITY and its own sha256 (every member checked by safe_untar first)."""
-    named = re.match(r"^%s-([0-9a-f]{16})-([0-9a-f]{64})\.tar\.gz$" % re.escape(name), os.path.basename(archive))
-    if not named:
-        module.fail_json(msg="install_from %s: not a DKMS build archive (%s-ID-SHA256.tar.gz); no module was installed"
-                         % (archive, name))
-    if named.group(1) != identity:
+    named = builds.parse_archive_name(archive)
+    if not named or named["name"] != name:
+        module.fail_json(msg="install_from %s: not a DKMS build archive (%s); no module was installed"
+                         % (archive, builds.archive_glob(name, identity)))
+    if named["identity_id"] != identity:
         module.fail_json(msg="refused %s: it is another build (identity %s; the kernels %s here need %s); no "
-                         "module was installed" % (archive, named.group(1), ", ".join(kernels), identity))
-    got = sha256_of(archive)
-    if got != named.group(2):
+                         "module was installed" % (archive, named["identity_id"], ", ".join(kernels), identity))
+    got = files.sha256_of(archive)
+    if got != named["sha256"]:
         module.fail_json(msg="refused %s: its sha256 is %s, its name says %s; no module was installed"
-                         % (archive, got, named.group(2)), sha256=got)
+                         % (archive, got, named["sha256"]), sha256=got)
     tmp = tempfile.mkdtemp(prefix=".rigbook-dkms-check-")
     try:
         safe_untar.unpack_or_fail(lambda msg: module.fail_json(msg=msg), archive, tmp, "no module was installed")
@@ -324,7 +341,7 @@ def check_archive(module, archive, name, version, kernels, identity):
                              "no module was installed" % (archive, name, version, ", ".join(sorted(kernels)),
                                                         meta[0], meta[1], ", ".join(held) or "no kernel"))
         for kernel in held:
-            built = [f for top, _dirs, files in os.walk(os.path.join(tree, kernel)) for f in files
+            built = [f for _top, _dirs, names in os.walk(os.path.join(tree, kernel)) for f in names
                      if f.endswith((".ko", ".ko.xz", ".ko.zst", ".ko.gz"))]
             if not built:
                 module.fail_json(msg="refused %s: no built module for %s in it; no module was installed"
@@ -355,28 +372,25 @@ def main():
     if not os.path.exists(src):
         if check:  # the fetch before this task did not copy it in check mode
             module.exit_json(changed=True, built=list(p["kernels"]), removed=[], shadowing_removed=[], modinfo={},
-                             status=[], identity_id="", msg="%s is not on the host yet (check mode)" % src)
+                             status=[], identity_id="", archive_glob="",
+                             msg="%s is not on the host yet (check mode)" % src)
         module.fail_json(msg="DKMS source %s does not exist" % src)
     sha = "directory"
     if os.path.isfile(src):
-        sha = sha256_of(src)
+        sha = files.sha256_of(src)
         if not p["sha256"] or sha != p["sha256"].lower():
             module.fail_json(msg="refused %s: its sha256 is %s, pinned %s; nothing was installed"
                              % (src, sha, p["sha256"] or "(no sha256 given)"), sha256=sha)
     if not module.get_bin_path("dkms"):
         if check:
             module.exit_json(changed=True, built=list(p["kernels"]), removed=[], shadowing_removed=[], modinfo={},
-                             status=[], identity_id="", msg="dkms is not installed yet (check mode)")
+                             status=[], identity_id="", archive_glob="", msg="dkms is not installed yet (check mode)")
         module.fail_json(msg="dkms is not installed")
     dkms = Dkms(module)
     dest = os.path.join(SRC_ROOT, "%s-%s" % (name, version))
-    stamp = os.path.join(dest, STAMP)
-    have = None
-    if os.path.isfile(stamp):
-        with open(stamp) as handle:
-            have = handle.read().strip()
+    have = read_stamp(dest)
     result = dict(changed=False, built=[], removed=[], shadowing_removed=[], modinfo={}, unpacked=False,
-                  stamped=False, identity_id="")
+                  stamped=False, identity_id="", archive_glob="")
     notes = []
     initial = before = dkms.status(name)
     if have is None and sha != "directory" and os.path.isdir(dest):
@@ -428,6 +442,7 @@ def main():
     if result["built"]:
         source = sha if sha != "directory" else tree_digest(src)
         result["identity_id"] = identity_of(name, version, source, result["built"])
+        result["archive_glob"] = builds.archive_glob(name, result["identity_id"])
     if result["built"] and not check and p["install_from"]:
         # a group's build host built these very kernels' modules: load its binaries, compile nothing
         check_archive(module, p["install_from"], name, version, result["built"], result["identity_id"])

@@ -72,9 +72,9 @@ owners:
 
 import os
 import re
-import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files
 
 HEADER = [
     "# rigbook: the GPU stack's environment (KEY=value, read by systemd EnvironmentFile= and `set -a; . FILE`).",
@@ -134,22 +134,13 @@ def render(blocks, order, loose):
 
 
 def write(module, path, text):
-    directory = os.path.dirname(path)
-    if not os.path.isdir(directory):
-        os.makedirs(directory, 0o755)
-    fd, tmp = tempfile.mkstemp(prefix=".gpu.env.", dir=directory)
+    """TEXT to PATH, mode 0644 (and root's when run as root), through the one atomic write."""
     try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.chmod(tmp, 0o644)
+        files.write_atomic(path, text, 0o644, make_parents=True)
         if os.geteuid() == 0:
-            os.chown(tmp, 0, 0)
-        os.rename(tmp, path)
+            os.lchown(path, 0, 0)
     except OSError as exc:
         module.fail_json(msg="could not write %s: %s" % (path, exc))
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def main():
@@ -166,11 +157,7 @@ def main():
     path, owner = p["path"], p["owner"]
     if not OWNER_RE.match(owner):
         module.fail_json(msg="owner %r: use lower-case letters, digits, '_', '.', '-'" % owner)
-    try:
-        with open(path) as handle:
-            before = handle.read()
-    except OSError:
-        before = None
+    before = files.read_text(path, strip=False)
     blocks, order, loose = parse(before or "")
     others = {}
     for other in order:

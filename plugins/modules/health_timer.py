@@ -88,10 +88,10 @@ timer:
 
 import json
 import os
-import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.rigbook.homelab.plugins.module_utils import health
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files, runner
 
 NAME = "rigbook-health"
 # sd_booted(3): systemd is the init system when this folder exists (a container without it has none)
@@ -122,27 +122,6 @@ def timer_text(p):
             "WantedBy=timers.target\n" % (p["interval_s"], p["interval_s"], p["interval_s"]))
 
 
-def read(path):
-    try:
-        with open(path) as handle:
-            return handle.read()
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-def write(module, path, text, mode):
-    """TEXT to PATH through a temporary file beside it and AnsibleModule.atomic_move."""
-    folder = os.path.dirname(path)
-    if not os.path.isdir(folder):
-        os.makedirs(folder, 0o755)
-    handle, tmp = tempfile.mkstemp(dir=folder, prefix=".rigbook-")
-    with os.fdopen(handle, "w") as out:
-        out.write(text)
-    os.chmod(tmp, mode)
-    module.atomic_move(tmp, path)
-    os.chmod(path, mode)  # atomic_move gives a new file the default mode
-
-
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -165,7 +144,7 @@ def main():
     result = dict(changed=False, files_changed=[], timer=[])
 
     def systemctl(*args):
-        return module.run_command(["systemctl"] + list(args), environ_update={"LC_ALL": "C"})
+        return runner.run(["systemctl"] + list(args))
 
     if p["state"] == "absent":
         present = [f for f in (timer, service, p["config_path"]) if os.path.exists(f)]
@@ -189,7 +168,7 @@ def main():
               (service, service_text(p), 0o644), (timer, timer_text(p), 0o644)]
     before, after = "", ""
     for path, text, _mode in wanted:
-        now = read(path)
+        now = files.read_text(path, strip=False)
         if now != text:
             result["files_changed"].append(path)
             before += "--- %s\n%s" % (path, now or "(none)\n")
@@ -198,8 +177,8 @@ def main():
     if not booted:
         module.warn("systemd is not the init system here (no %s): the health timer's files are written, the timer "
                     "is not started" % SYSTEMD_RUN)
-    enabled = not booted or systemctl("is-enabled", NAME + ".timer")[1].strip() == "enabled"
-    active = not booted or systemctl("is-active", NAME + ".timer")[1].strip() == "active"
+    enabled = not booted or systemctl("is-enabled", NAME + ".timer").stdout.strip() == "enabled"
+    active = not booted or systemctl("is-active", NAME + ".timer").stdout.strip() == "active"
     units_changed = any(path in result["files_changed"] for path in (service, timer))
     result["systemd"] = booted
     if booted and not enabled:
@@ -212,17 +191,21 @@ def main():
     if result["changed"] and not module.check_mode:
         for path, text, mode in wanted:
             if path in result["files_changed"]:
-                write(module, path, text, mode)
+                try:
+                    files.write_atomic(path, text, mode, make_parents=True)
+                except OSError as exc:
+                    module.fail_json(msg="cannot write %s: %s" % (path, getattr(exc, "strerror", None) or exc),
+                                     **result)
         if units_changed and booted:
-            rc, _, err = systemctl("daemon-reload")
-            if rc != 0:
-                module.fail_json(msg="systemctl daemon-reload failed: %s" % err.strip(), **result)
+            done = systemctl("daemon-reload")
+            if done.rc != 0:
+                module.fail_json(msg=done.error, **result)
         for action, argv in (("enabled", ["enable", NAME + ".timer"]), ("started", ["start", NAME + ".timer"]),
                              ("restarted", ["restart", NAME + ".timer"])):
             if action in result["timer"]:
-                rc, _, err = systemctl(*argv)
-                if rc != 0:
-                    module.fail_json(msg="systemctl %s failed: %s" % (" ".join(argv), err.strip()), **result)
+                done = systemctl(*argv)
+                if done.rc != 0:
+                    module.fail_json(msg=done.error, **result)
     if module._diff and result["files_changed"]:
         result["diff"] = dict(before=before, after=after)
     module.exit_json(**result)

@@ -18,6 +18,9 @@ description:
     serving C(serving) (each serve profile's systemd unit, readiness, C(/v1/models), TTFT and decode tok/s of one
     chat completion each, and the engine's journal), run after the serve role has started the engine.
   - Every layer is defined once, in the collection's layer registry (module_utils/ladder/registry.py).
+  - The task passes the host model (O(host)) and what is its own (O(phase), O(layers), O(baseline), ...); the
+    evidence root, the tolerance, the GPU environment file, the collectives tests and their Python, the benchmark's
+    environment and the serve profiles are read from the model, an option given only overriding one of them.
   - Under a recorded O(root) the saved outputs are judged (lab hosts, replays) with the same code.
   - The task fails when a layer fails, with that layer's measured and expected values and remedy in the
     message; C(warn) and C(unknown) verdicts are reported as warnings.
@@ -29,6 +32,22 @@ version_added: "1.0.0"
 author:
   - rigbook developers
 options:
+  host:
+    description:
+      - "The host model, C(rigbook_host) (plugins/module_utils/host_model.py; the preflight role sets it). The judges
+        read its GPUs, P2P expectation, pins, tolerance and the layers it expects measured; the module also reads
+        its C(evidence_root), C(gpu_env_file), C(collectives_tests_dir), C(verify.collectives_python) and C(serve)
+        (the serve profiles, each with its unit, bind, port and timeouts filled in)."
+      - Serving phase - each of the model's serve profiles is checked; under a recorded O(root),
+        C(var/lib/rigbook/commands/serving-NAME.json) holds a serve profile's measured part and is judged instead,
+        and with no serve profile in the model there every recorded one is judged.
+    type: dict
+    default: {}
+  root:
+    description:
+      - Evidence root; V(/) on a real box, a recorded tree on a lab host or in a replay (docs/evidence.md).
+      - Omitted - the host model's C(evidence_root) (V(/) without a model).
+    type: path
   phase:
     description:
       - V(static) climbs layers 1-5, V(runtime) layers 6-9, V(serving) layer 10, V(all) the whole ladder.
@@ -56,7 +75,8 @@ options:
     type: dict
     default: {}
   tolerance:
-    description: C({fail_below, warn_below}) as fractions of the baseline; the host model's tolerance is merged under it.
+    description: C({fail_below, warn_below}) as fractions of the baseline, over the host model's tolerance (the
+      defaults merged with C(rigbook_tolerance)); omitted - the model's alone.
     type: dict
     default: {}
   probe_bytes:
@@ -79,14 +99,18 @@ options:
     description: Runtime phase. A probe result already taken; judged instead of probing again.
     type: dict
   python:
-    description: Runtime phase. Python with PyTorch (a venv with torch, e.g. the SGLang one - the role variable p2p_verify_python) for the bundled collectives benchmark.
+    description:
+      - Runtime phase. Python with PyTorch (a venv with torch, e.g. the SGLang one - the role variable
+        p2p_verify_python) for the bundled collectives benchmark.
+      - Omitted - C(bin/python) of the host model's C(verify.collectives_python) (C(rigbook_verify.collectives_python)),
+        none without it.
     type: path
   nccl_tests_dir:
     description: Runtime phase. Directory holding all_reduce_perf and sendrecv_perf, and all_gather_perf and reduce_scatter_perf when built (preferred over the bundled benchmark).
       When both are there they run whatever O(root) is, with the evidence root in RIGBOOK_EVIDENCE_ROOT and
       NCCL_DEBUG=INFO; the nccl_transport layer then reads that run's log (a lab host runs its built stand-ins).
       Serving phase too, with O(env_file) - the NCCL/RCCL library those tests load (ldd) is the one each engine
-      must have mapped.
+      must have mapped. Omitted - the host model's C(collectives_tests_dir) (the rccl or nccl_tests role's).
     type: path
   collective_bytes:
     description: Runtime phase. Message size of the collectives benchmark.
@@ -98,12 +122,13 @@ options:
     default: 10
   env:
     description: Runtime phase. Extra environment for the benchmark (e.g. NCCL_P2P_LEVEL); not used for the tests of
-      O(nccl_tests_dir) when O(env_file) is given.
+      O(nccl_tests_dir) when O(env_file) is given. Omitted - the environment of the host model's first serve
+      profile (the serving unit's), none without one.
     type: dict
-    default: {}
   env_file:
     description: Runtime and serving phases. The GPU environment file (KEY=VALUE lines, e.g. /etc/rigbook/gpu.env) the tests of
-      O(nccl_tests_dir) run with, alone, as the serving unit does (so what is verified is what serves).
+      O(nccl_tests_dir) run with, alone, as the serving unit does (so what is verified is what serves). Omitted - the
+      host model's C(gpu_env_file).
     type: path
   allow_unknown:
     description: Layers allowed to come out unknown on this run. An unknown verdict of a layer the host model expects
@@ -123,19 +148,6 @@ options:
   unit:
     description: Runtime phase. systemd unit whose journal holds the serving engine's NCCL log.
     type: str
-  serve:
-    description:
-      - Serving phase. The serve profiles to check, one dict each; keys read - C(name) (required), C(unit)
-        (default C(rigbook-serve-NAME.service)), C(bind) (default C(127.0.0.1); C(0.0.0.0) is reached over loopback), C(port)
-        (default 30000), C(served_model_name) (must be listed by C(/v1/models)), C(api_key_file) (its first line is
-        sent as a Bearer token and never returned), C(startup_timeout_s) (default 900),
-        C(tp_size) (1 - no transport between GPUs to check). Other keys are ignored, so C(rigbook_serve) items can
-        be passed as they are.
-      - Under a recorded O(root), C(var/lib/rigbook/commands/serving-NAME.json) holds a serve profile's measured part and
-        is judged instead; with O(serve) empty there, every recorded serve profile is judged.
-    type: list
-    elements: dict
-    default: []
   serving_state:
     description: Serving phase. JSON file keeping the last seen C(NRestarts) per unit, to tell a crash loop.
       Omitted - C(/var/lib/rigbook/serving-state.json).
@@ -157,8 +169,6 @@ options:
     type: path
     default: /var/lib/rigbook/error-counters.json
 extends_documentation_fragment:
-  - rigbook.homelab.evidence_root
-  - rigbook.homelab.evidence_root.host
   - rigbook.homelab.attributes.read_only
 """
 
@@ -173,14 +183,11 @@ EXAMPLES = r"""
     phase: runtime
     host: "{{ rigbook_host }}"
     baseline: {peer_gbs_0_1: 10.29, sendrecv_busbw_gbs: 9.75}
-    python: /opt/sglang/.venv/bin/python
-    env: {NCCL_P2P_LEVEL: PHB}
 
 - name: Check the serve units after the serve role started them
   rigbook.homelab.ladder:
     phase: serving
     host: "{{ rigbook_host }}"
-    serve: "{{ rigbook_host.serve }}"
     baseline: {serve_qwen-27b_ttft_s: 0.654, serve_qwen-27b_decode_tok_s: 44.04}
 
 - name: Only the PCIe link and the DMA window of a recorded tree
@@ -211,7 +218,7 @@ evidence:
   type: dict
 """
 
-from ansible_collections.rigbook.homelab.plugins.module_utils.ansible_glue import run_ladder_module
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder.ansible_module import run_ladder_module
 
 
 def main():

@@ -209,9 +209,9 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.rigbook.homelab.plugins.module_utils import build_lock, patch_set
-from ansible_collections.rigbook.homelab.plugins.module_utils.file_digest import sha256_of
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import builds, files, runner
 
-STAMP = ".rigbook-venv.json"
+MAX_METADATA = 1 << 20  # a dist-info's METADATA: its Name and Version head it
 
 
 def normalize(name):
@@ -227,24 +227,21 @@ def installed(site):
     """{normalized name: (version, commit or None)} of the distributions in SITE, read from their dist-info."""
     out = {}
     for info in glob.glob(os.path.join(site or "/nonexistent", "*.dist-info")):
-        name = version = None
-        try:
-            with open(os.path.join(info, "METADATA"), encoding="utf-8", errors="replace") as handle:
-                for line in handle:
-                    if line.startswith("Name:"):
-                        name = line.split(":", 1)[1].strip()
-                    elif line.startswith("Version:"):
-                        version = line.split(":", 1)[1].strip()
-                    elif not line.strip():
-                        break
-        except OSError:
+        metadata = files.read_text(os.path.join(info, "METADATA"), limit=MAX_METADATA, strip=False)
+        if metadata is None:
             continue
-        commit = None
-        try:
-            with open(os.path.join(info, "direct_url.json")) as handle:
-                commit = (json.load(handle).get("vcs_info") or {}).get("commit_id")
-        except (OSError, ValueError):
-            pass
+        name = version = None
+        for line in metadata.splitlines():
+            if line.startswith("Name:"):
+                name = line.split(":", 1)[1].strip()
+            elif line.startswith("Version:"):
+                version = line.split(":", 1)[1].strip()
+            elif not line.strip():
+                break
+        # no direct_url.json, or an unreadable one: not a VCS install (no commit to match a pin)
+        direct, _error = files.read_json(os.path.join(info, "direct_url.json"))
+        vcs = direct.get("vcs_info") if isinstance(direct, dict) else None
+        commit = vcs.get("commit_id") if isinstance(vcs, dict) else None
         if name:
             out[normalize(name)] = (version, commit)
     return out
@@ -254,30 +251,16 @@ def read_env_files(paths):
     """KEY=value lines of the environment files that exist (comments and blank lines skipped, quotes removed)."""
     env = {}
     for path in paths:
-        try:
-            with open(path) as handle:
-                lines = handle.read().splitlines()
-        except OSError:
-            continue
-        for line in lines:
+        text = files.read_text(path, strip=False)
+        for line in (text or "").splitlines():
             m = re.match(r"^\s*([A-Za-z_][A-Za-z0-9_]*)=(.*)$", line)
             if m:
                 env[m.group(1)] = m.group(2).strip().strip("'\"")
     return env
 
 
-def write_stamp(venv, stamp):
-    with open(os.path.join(venv, STAMP), "w") as handle:
-        json.dump(stamp, handle, indent=2, sort_keys=True)
-        handle.write("\n")
-
-
-def read_stamp(venv):
-    try:
-        with open(os.path.join(venv, STAMP)) as handle:
-            return json.load(handle)
-    except (OSError, ValueError):
-        return None
+def stamp_path(venv):
+    return os.path.join(venv, builds.VENV_STAMP)
 
 
 def mismatches(p, dists):
@@ -301,11 +284,7 @@ def lock_versions(path):
     """{normalized name: version} of the `name==version` lines of a requirements lock (comments, options, hashes and
     other specifiers ignored)."""
     found = {}
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            text = handle.read()
-    except OSError:
-        return found
+    text = files.read_text(path, strip=False) or ""
     for line in text.replace("\\\n", " ").splitlines():
         m = re.match(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*==\s*([^\s;\\]+)", line)
         if m:
@@ -326,11 +305,11 @@ def adopt_gaps(p, dists):
     return gaps
 
 
-def reasons_for(p, venv, wanted, stamp, dists):
+def reasons_for(p, venv, wanted, stamp, dists, stamp_error=None):
     if not os.path.isfile(os.path.join(venv, "bin", "python")):
         return ["no venv at %s" % venv]
     if stamp is None:
-        return ["no stamp in %s" % venv]
+        return [stamp_error or "no stamp in %s" % venv]
     have = dict((k, v) for k, v in stamp.items() if k in wanted)
     if have != wanted:
         return ["the stamp differs in %s" % ", ".join(sorted(k for k in wanted if have.get(k) != wanted[k]))]
@@ -340,12 +319,12 @@ def reasons_for(p, venv, wanted, stamp, dists):
         path = os.path.join(site or venv, rel)
         if not os.path.isfile(path):
             out.append("%s is missing" % path)
-        elif sha256_of(path) != digest:
+        elif files.sha256_of(path) != digest:
             out.append("%s changed since it was patched" % path)
     return out
 
 
-KEPT = ".rigbook-bundled"  # a wheel's own copy of a library, kept beside the link that replaced it
+KEPT = builds.KEPT_SUFFIX  # a wheel's own copy of a library, kept beside the link that replaced it
 
 
 def library_links(site, libraries):
@@ -364,12 +343,8 @@ def link_library(path, target):
         raise RuntimeError("%s: the library to link it to, %s, is not there (the role that builds it runs first)"
                            % (path, target))
     if not os.path.islink(path) and not os.path.lexists(path + KEPT):
-        os.rename(path, path + KEPT)
-    temporary = path + ".rigbook-new"
-    if os.path.lexists(temporary):
-        os.unlink(temporary)
-    os.symlink(target, temporary)
-    os.rename(temporary, path)
+        files.move_atomic(path, path + KEPT)
+    files.link_atomic(target, path)
 
 
 class Venv(object):
@@ -393,9 +368,11 @@ class Venv(object):
         if logged:
             self.note("%s: %s" % (what, " ".join(argv)))
             argv = ["sh", "-c", 'exec "$@" >>"$0" 2>&1', self.log] + argv
-        rc, out, err = self.module.run_command(argv, environ_update=env)
+        result = runner.run(argv, env=env)
         self.progress.append("%s (%.1f s)" % (what, time.time() - started))
-        return rc, out, err
+        if result.rc is None:  # it could not start: the reason is what it said
+            return None, result.stdout, result.error
+        return result.rc, result.stdout, result.stderr
 
     def tail(self, chars=2500):
         try:
@@ -466,7 +443,7 @@ def main():
         module.fail_json(msg=error)
     if p["lock"] and not os.path.isfile(p["lock"]) and not module.check_mode:
         module.fail_json(msg="lock file %s does not exist" % p["lock"])
-    lock_sha = sha256_of(p["lock"]) if p["lock"] and os.path.isfile(p["lock"]) else None
+    lock_sha = files.sha256_of(p["lock"]) if p["lock"] and os.path.isfile(p["lock"]) else None
     wanted = dict(requirements=list(p["requirements"]), lock_sha256=lock_sha, no_deps=p["no_deps"],
                   no_index=p["no_index"], find_links=list(p["find_links"]),
                   patches=["%s -p%d %s" % (os.path.basename(x["path"]), x["strip"], x["sha256"].lower())
@@ -475,10 +452,11 @@ def main():
     venv = p["path"] = p["path"].replace("{patch_set}", set_id).rstrip("/")
     # an install a cut-short run left running finishes first; then its stamp is read
     waited = 0.0 if module.check_mode else build_lock.hold(venv)
-    stamp = old_stamp = read_stamp(venv)
+    stamp, stamp_error = builds.read_stamp(stamp_path(venv))
+    old_stamp = stamp
     site = site_packages(venv)
     dists = installed(site)
-    reasons = reasons_for(p, venv, wanted, stamp, dists)
+    reasons = reasons_for(p, venv, wanted, stamp, dists, stamp_error)
     result = dict(changed=bool(reasons), path=venv, reasons=reasons, patch_set=set_id, patches_applied=[], import_output="",
                   stamp=stamp or {}, lock_waited_s=waited, adopted=False)
     by_hand = p["adopt"] and stamp is None and os.path.isfile(os.path.join(venv, "bin", "python"))
@@ -488,8 +466,9 @@ def main():
         reasons = []
         stamp = dict(wanted, patch_set=set_id, files={}, adopted=True,
                      versions=dict((n, dists.get(normalize(n), (None, None))[0]) for n in p["expect"]))
-        if not module.check_mode:
-            write_stamp(venv, stamp)
+        error = None if module.check_mode else builds.write_stamp(stamp_path(venv), stamp)
+        if error:
+            module.fail_json(msg="%s holds the pin, but rigbook's stamp cannot be written: %s" % (venv, error))
         result["stamp"] = stamp
     elif by_hand:
         result["reasons"] = reasons = ["%s was made by hand: %s; pip installs into it" % (venv, "; ".join(
@@ -520,9 +499,8 @@ def main():
             wrong = mismatches(p, dists)
             if wrong:
                 raise RuntimeError("after pip install into %s: %s" % (venv, "; ".join(wrong)))
-            run = lambda argv: module.run_command(argv, environ_update={"LC_ALL": "C"})  # noqa: E731
             for dry_run in (True, False):
-                names, touched, failure = patch_set.apply(run, p["patches"], site, dry_run)
+                names, touched, failure = patch_set.apply(p["patches"], site, dry_run)
                 if failure:
                     result.update(patch=failure["path"], failing_files=failure["files"])
                     raise RuntimeError("%s. The venv %s was %s." % (patch_set.failure_message(
@@ -535,10 +513,12 @@ def main():
                 if rc != 0:
                     raise RuntimeError("the import check failed in %s (rc %d): %s" % (venv, rc, (err or out)[-1500:]))
                 result["import_output"] = out.strip()
-            stamp = dict(wanted, patch_set=set_id, files=dict((rel, sha256_of(os.path.join(site, rel)))
+            stamp = dict(wanted, patch_set=set_id, files=dict((rel, files.sha256_of(os.path.join(site, rel)))
                                                               for rel in touched),
                          versions=dict((n, dists.get(normalize(n), (None, None))[0]) for n in p["expect"]))
-            write_stamp(venv, stamp)
+            error = builds.write_stamp(stamp_path(venv), stamp)
+            if error:
+                raise RuntimeError(error)
             result["stamp"] = stamp
             v.note("made %s" % venv)
         except (RuntimeError, OSError) as exc:

@@ -92,34 +92,18 @@ import fnmatch
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.rigbook.homelab.plugins.module_utils import apt
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files, packages, runner
 from ansible_collections.rigbook.homelab.plugins.module_utils.parse import rocm as parse_rocm
 
-ENV = {"LC_ALL": "C"}
-COMMANDS_DIR = os.path.join("var", "lib", "rigbook", "commands")
 
-
-def installed_versions(module, names):
-    """{name: version or None} from dpkg-query (module_utils/apt.py, the one reader)."""
-    def run(argv):
-        _rc, out, _err = module.run_command(argv, environ_update=ENV)
-        return _rc, out
-    return apt.installed_versions(run, names)
-
-
-def tool_output(module, root, tool, argv):
-    """(text or None, where): the tool run under /, else its recorded output under ROOT."""
-    if root in ("/", ""):
-        rc, out, err = module.run_command(argv, environ_update=ENV)
-        if rc != 0:
-            return None, "%s exited %d: %s" % (" ".join(argv), rc, (err or out).strip()[-300:])
-        return out, "run"
-    path = os.path.join(root, COMMANDS_DIR, tool + ".txt")
-    try:
-        with open(path) as handle:
-            return handle.read(), os.path.dirname(path)
-    except OSError:
-        return None, "no recorded %s output at %s" % (tool, path)
+def tool_output(root, tool, argv):
+    """(text or None, where): the tool run under /, else its recorded output under ROOT (facts/runner.py's
+    recorded_or_live)."""
+    text, why = runner.recorded_or_live(root, tool, argv)
+    live = files.is_live(root)
+    if text is None:
+        return None, why if live else "no recorded %s output at %s" % (tool, runner.recording_path(root, tool))
+    return text, "run" if live else os.path.dirname(runner.recording_path(root, tool))
 
 
 def main():
@@ -137,7 +121,7 @@ def main():
     p = module.params
     problems = []
     names = list(dict.fromkeys(list(p["packages"]) + list(p["forbid"])))
-    versions = installed_versions(module, names)
+    versions = packages.installed_versions(names)
     for name in p["packages"]:
         if versions[name] is None:
             problems.append("%s is not installed" % name)
@@ -152,8 +136,8 @@ def main():
         tools[tool] = os.path.join(p["rocm_path"], "bin", tool)
         if not os.access(tools[tool], os.X_OK):
             problems.append("%s is missing (not installed under %s)" % (tools[tool], p["rocm_path"]))
-    info_text, source = tool_output(module, p["root"], "rocminfo", [tools["rocminfo"]])
-    smi_text, smi_source = tool_output(module, p["root"], "rocm-smi", [tools["rocm-smi"]])
+    info_text, source = tool_output(p["root"], "rocminfo", [tools["rocminfo"]])
+    smi_text, smi_source = tool_output(p["root"], "rocm-smi", [tools["rocm-smi"]])
     gpus, smi_devices = [], 0
     for text, where, parse, tool in ((info_text, source, parse_rocm.parse_rocminfo, "rocminfo"),
                                      (smi_text, smi_source, parse_rocm.parse_rocm_smi, "rocm-smi")):

@@ -51,7 +51,8 @@ author:
   - rigbook developers
 options:
   profiles:
-    description: rigbook_serve, the serve profiles (meta/host_vars.schema.json).
+    description: The host model's serve profiles (C(rigbook_host.serve) - the C(rigbook_serve) items of
+      meta/host_vars.schema.json with their unit, bind, port and C(startup_timeout_s) filled in, once, by the host model).
     type: list
     elements: dict
     required: true
@@ -115,10 +116,10 @@ extends_documentation_fragment:
 EXAMPLES = r"""
 - name: The serve units
   rigbook.homelab.serve_units:
-    profiles: "{{ rigbook_serve }}"
+    profiles: "{{ rigbook_host.serve }}"
     engine: ["{{ rigbook_sglang_venv }}/bin/python", -m, sglang.launch_server]
-    env_files: [/etc/rigbook/gpu.env]
-    host: {gpu_count: 2, vendor: amd, p2p_expected: true}
+    env_files: ["{{ rigbook_host.gpu_env_file }}"]
+    host: "{{ rigbook_host.box_facts }}"
 """
 
 RETURN = r"""
@@ -158,6 +159,7 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.rigbook.homelab.plugins.module_utils import account as service_account
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import engine_processes
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import api_key, files, runner, systemd
 from ansible_collections.rigbook.homelab.plugins.module_utils.parse import sglang_log
 from ansible_collections.rigbook.homelab.plugins.module_utils.serve import profile as serve_profile
 from ansible_collections.rigbook.homelab.plugins.module_utils.serve import readiness
@@ -171,6 +173,8 @@ OLD_KEY_SUFFIX = ".key.env"
 _PLAIN = re.compile(r"^[A-Za-z0-9_@+=:,./-]+$")
 # The box's RAM, for the hierarchical cache's host pools (serve/profile.py, _hicache_fits_ram).
 MEMINFO = "/proc/meminfo"
+# What one `systemctl show` reads of every unit (facts/systemd.py parses it).
+SHOW_PROPERTIES = ("Id", "ActiveState", "SubState", "UnitFileState", "ExecMainStartTimestamp", "NRestarts", "Result")
 MEM_TOTAL = re.compile(r"^MemTotal:\s+(\d+)\s+kB\s*$", re.M)
 
 
@@ -367,34 +371,16 @@ def unit_text(profile, p, files):
 
 
 def read(path):
+    """The text of the file at PATH as it is (not stripped), or None."""
+    return files.read_text(path, strip=False)
+
+
+def write(module, path, text, mode):
+    """TEXT to PATH with MODE through the one atomic write (never through a link); fails the module when it cannot."""
     try:
-        with open(path) as handle:
-            return handle.read()
-    except OSError:
-        return None
-
-
-def write(path, text, mode):
-    tmp = path + ".rigbook-new"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-    os.chmod(tmp, mode)
-    os.rename(tmp, path)
-
-
-def parse_show(text):
-    """{unit: {property: value}} from `systemctl show UNIT... -p ...` (blocks separated by blank lines, each with Id)."""
-    units, block = {}, {}
-    for line in text.splitlines() + [""]:
-        if not line.strip():
-            if block.get("Id"):
-                units[block["Id"]] = block
-            block = {}
-            continue
-        key, _, value = line.partition("=")
-        block[key] = value
-    return units
+        files.write_atomic(path, text, mode)
+    except OSError as exc:
+        module.fail_json(msg="cannot write %s: %s" % (path, getattr(exc, "strerror", None) or exc))
 
 
 class Units(object):
@@ -403,27 +389,30 @@ class Units(object):
         self.p = module.params
         self.notes = []  # what of the box could not be read for the profile checks: warnings
 
-    def run(self, argv, check=True):
-        rc, out, err = self.module.run_command(argv, environ_update={"LC_ALL": "C", "SYSTEMD_PAGER": ""})
-        if check and rc != 0:
-            self.module.fail_json(msg="%s failed (rc %d): %s" % (" ".join(argv), rc, (err or out).strip()[-1500:]))
-        return rc, out, err
+    def run(self, argv, check=True, timeout=None):
+        """ARGV's runner.Result (facts/runner.py: LC_ALL=C, no pager); with CHECK a failure fails the module."""
+        result = runner.run(argv, timeout=timeout)
+        if check and result.rc != 0:
+            detail = (result.stderr or result.stdout).strip() if result.rc is not None else result.error
+            self.module.fail_json(msg="%s failed (rc %s): %s" % (" ".join(argv), result.rc, detail[-1500:]))
+        return result
 
     def show(self, names):
+        """{unit: {property: value}} of NAMES through one `systemctl show` (facts/systemd.py parses it)."""
         if not names:
             return {}
-        _, out, _ = self.run(["systemctl", "show"] + names + ["-p", "Id,ActiveState,SubState,UnitFileState,"
-                                                                    "ExecMainStartTimestamp,NRestarts,Result"])
-        return parse_show(out)
+        result = self.run(systemd.show_argv(names, SHOW_PROPERTIES), timeout=systemd.TIMEOUT_S)
+        return systemd.by_unit(result.stdout)
 
     def journal(self, unit, lines=30):
-        _, out, err = self.run(["journalctl", "-u", unit, "-n", str(lines), "--no-pager", "-o", "cat"], check=False)
-        return (out or err).strip()
+        result = self.run(["journalctl", "-u", unit, "-n", str(lines), "--no-pager", "-o", "cat"], check=False)
+        return (result.stdout or result.stderr or result.error or "").strip()
 
     def host_facts(self, profiles):
         facts = dict(self.p["host"])
-        _, out, _ = self.run(["systemctl", "get-default"], check=False)
-        facts["default_target"] = out.strip()
+        # not readable (no systemd): "" - the profile checks then go by display-manager.service alone
+        default, _error = systemd.default_target(run=runner.run)
+        facts["default_target"] = default or ""
         facts["display_manager_enabled"] = os.path.lexists(os.path.join(self.p["unit_dir"],
                                                                         "display-manager.service"))
         total = mem_total_bytes(read(MEMINFO))
@@ -455,21 +444,19 @@ def profile_facts(facts, profile):
 
 def key_config(profile, module):
     """(the root-only config file text holding the profile's API key for the engine's --config, the key), the key
-    read from the profile's api_key_file on the host."""
+    read from the profile's api_key_file on the host (facts/api_key.py: its first line), which must be root's alone."""
     path = profile["api_key_file"]
     try:
-        st = os.stat(path)
-        with open(path) as handle:
-            key = handle.read().strip()
-    except (OSError, UnicodeDecodeError) as exc:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
         module.fail_json(msg="serve profile %s: api_key_file %s: %s" % (
             profile["name"], path, getattr(exc, "strerror", None) or exc))
-    if st.st_mode & 0o077:
+    if mode & 0o077:
         module.fail_json(msg="serve profile %s: api_key_file %s is mode %04o; make it 0600 (readable by root only)"
-                         % (profile["name"], path, st.st_mode & 0o777))
-    if not key or "\n" in key:
-        module.fail_json(msg="serve profile %s: api_key_file %s must hold the key alone, on one line"
-                         % (profile["name"], path))
+                         % (profile["name"], path, mode & 0o777))
+    key, error = api_key.read_key(path)
+    if error:
+        module.fail_json(msg="serve profile %s: %s" % (profile["name"], error))
     return serve_profile.api_key_config(key, profile["name"]), key
 
 
@@ -512,10 +499,10 @@ def engines_by_hand(profiles, engine, root="/"):
 
 def _alive(pid):
     """Whether PID runs (a zombie waiting for its parent to reap it has ended)."""
+    stat = files.read_text(files.path("/", "proc", str(pid), "stat"))
     try:
-        with open("/proc/%d/stat" % pid) as handle:
-            return handle.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except (OSError, IndexError):
+        return stat is not None and stat.rsplit(")", 1)[-1].split()[0] != "Z"
+    except IndexError:
         return False
 
 
@@ -662,18 +649,18 @@ def apply(module, u, plan, stale, secrets, result, account, modules):
     if modules and modules["changed"]:
         if not os.path.isdir(p["modules_load_dir"]):
             os.makedirs(p["modules_load_dir"], 0o755)
-        write(modules["file"], modules_text(), 0o644)
+        write(module, modules["file"], modules_text(), 0o644)
     if modules and modules["load"]:
         # before any (re)start: the unit's device allow-list is made from /proc/devices when it starts
-        rc, _, err = u.run(["modprobe", NVIDIA_UVM], check=False)
-        if rc != 0:
+        loaded = u.run(["modprobe", NVIDIA_UVM], check=False)
+        if loaded.rc != 0:
             module.warn("modprobe %s failed (%s): a serve unit started now cannot open /dev/nvidia-uvm"
-                        % (NVIDIA_UVM, (err or "").strip()[-300:]))
+                        % (NVIDIA_UVM, (loaded.stderr or loaded.error or "").strip()[-300:]))
     reload_needed = bool(stale)
     for item in plan:
         for kind in item["changed"]:
             text, mode = item["texts"][kind]
-            write(item["files"][kind], text, mode)
+            write(module, item["files"][kind], text, mode)
             reload_needed = reload_needed or kind == "unit"
         for kind in item["chmod"]:
             os.chown(item["files"][kind], os.geteuid(), os.getegid())

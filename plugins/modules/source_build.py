@@ -202,6 +202,11 @@ identity_id:
     with equal ones can share one build.
   type: str
   returned: always
+archive_glob:
+  description: The file name pattern of this build's group archives (C(<name>-<identity_id>-*.tar.gz), whatever
+    their sha256), also in check mode - what roles/group_build looks for on the controller.
+  type: str
+  returned: always
 export_path:
   description: The archive written into O(export_dir) after a build.
   type: str
@@ -271,9 +276,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.rigbook.homelab.plugins.module_utils import build_lock, patch_set, safe_untar
-from ansible_collections.rigbook.homelab.plugins.module_utils.file_digest import sha256_of
-
-STAMP = ".rigbook-build.json"
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import builds, files, runner
 
 
 class Build(object):
@@ -302,7 +305,7 @@ class Build(object):
                 self.fail("%s: source %s does not exist" % (comp["name"], src))
             if os.path.isfile(src):
                 pin = (comp.get("sha256") or "").lower()
-                got = sha256_of(src)
+                got = files.sha256_of(src)
                 if got != pin:
                     self.fail("refused %s (%s): its sha256 is %s, pinned %s; nothing was built or installed"
                               % (src, comp["name"], got, pin or "(no sha256 given)"), sha256=got)
@@ -342,15 +345,12 @@ class Build(object):
 
     @staticmethod
     def read_stamp(prefix):
-        try:
-            with open(os.path.join(prefix, STAMP)) as handle:
-                return json.load(handle)
-        except (OSError, ValueError):
-            return None
+        """(the build stamp in PREFIX, error): (None, None) without one (facts/builds.py)."""
+        return builds.read_stamp(os.path.join(prefix, builds.BUILD_STAMP))
 
-    def reasons(self, prefix, wanted, stamp):
+    def reasons(self, prefix, wanted, stamp, stamp_error=None):
         if stamp is None:
-            return ["no build stamp in %s" % prefix]
+            return [stamp_error or "no build stamp in %s" % prefix]
         changed = _differs(stamp, wanted)
         if changed is not None:
             return ["the build stamp differs in %s" % ", ".join(changed)]
@@ -359,7 +359,7 @@ class Build(object):
             path = os.path.join(prefix, rel)
             if not os.path.isfile(path):
                 out.append("%s is missing" % path)
-            elif sha256_of(path) != digest:
+            elif files.sha256_of(path) != digest:
                 out.append("%s changed since it was built" % path)
         for rel in self.p["check_files"]:
             if rel not in (stamp.get("files") or {}):
@@ -378,11 +378,14 @@ class Build(object):
         tail."""
         started = time.time()
         self.note("%s: %s%s" % (what, "".join("%s=%s " % kv for kv in sorted((env or {}).items())), " ".join(argv)))
-        rc, out, err = self.module.run_command(["sh", "-c", 'exec "$@" >>"$0" 2>&1', self.log] + argv, cwd=cwd,
-                                               environ_update=dict(env or {}, LC_ALL="C"))
+        result = runner.run(["sh", "-c", 'exec "$@" >>"$0" 2>&1', self.log] + argv, cwd=cwd,
+                            env=dict(env or {}, LC_ALL="C"))
         self.progress.append("%s (%.1f s)" % (what, time.time() - started))
-        if rc != 0:
-            self.fail("%s failed (rc %d); the end of %s:\n%s" % (what, rc, self.log, self.log_tail() or err or out))
+        if result.rc is None:
+            self.fail("%s could not run: %s" % (what, result.error))
+        if result.rc != 0:
+            self.fail("%s failed (rc %d); the end of %s:\n%s" % (what, result.rc, self.log,
+                                                                self.log_tail() or result.stderr or result.stdout))
 
     def note(self, line):
         try:
@@ -455,8 +458,7 @@ class Build(object):
         self.step("install %s" % comp["name"], ["cmake", "--install", build])
 
     def apply_patches(self, comp, top, dry_run):
-        run = lambda argv: self.module.run_command(argv, environ_update={"LC_ALL": "C"})  # noqa: E731
-        names, _, failure = patch_set.apply(run, comp["patches"], top, dry_run)
+        names, _, failure = patch_set.apply(comp["patches"], top, dry_run)
         for name in names:
             self.progress.append("%s %s: %s" % ("checked" if dry_run else "applied", comp["name"], name))
         if failure:
@@ -465,12 +467,26 @@ class Build(object):
                 patch=failure["path"], failing_files=failure["files"], patch_output=failure["text"][-2000:])
         return names
 
-
     # --- one build for a group ------------------------------------------------------------------------------
 
     def export(self, prefix, identity_id, folder):
-        """(path, sha256) of the prefix as a reproducible .tar.gz in FOLDER (files, folders and relative links; the
-        components' links are left out: each host makes its own)."""
+        """(path, sha256) of the prefix as a reproducible .tar.gz in FOLDER (facts/builds.archive_name), written
+        through the one atomic write."""
+        data = self.tarball(prefix)
+        digest = hashlib.sha256(data).hexdigest()
+        try:
+            name = builds.archive_name(self.p["name"], identity_id, digest)
+        except ValueError:
+            self.fail("export_dir: %r cannot name a build archive (letters, digits and ._+, parts joined by -)"
+                      % self.p["name"])
+        if not os.path.isdir(folder):
+            os.makedirs(folder, 0o755)
+        path = files.write_atomic(os.path.join(folder, name), data, mode=0o644)
+        return path, digest
+
+    def tarball(self, prefix):
+        """The prefix as reproducible .tar.gz bytes (files, folders and relative links; the components' links are
+        left out: each host makes its own)."""
         made = set(rel for comp in self.p["components"] for rel in comp["links"])
         raw = io.BytesIO()
         with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
@@ -491,47 +507,41 @@ class Build(object):
         out = io.BytesIO()
         with gzip.GzipFile(fileobj=out, mode="wb", mtime=0, filename="") as gz:
             gz.write(raw.getvalue())
-        data = out.getvalue()
-        digest = hashlib.sha256(data).hexdigest()
-        if not os.path.isdir(folder):
-            os.makedirs(folder, 0o755)
-        path = os.path.join(folder, "%s-%s-%s.tar.gz" % (self.p["name"], identity_id, digest))
-        handle, tmp = tempfile.mkstemp(dir=folder, prefix=".rigbook-export-")
-        with os.fdopen(handle, "wb") as written:
-            written.write(data)
-        os.chmod(tmp, 0o644)
-        self.module.atomic_move(tmp, path)
-        return path, digest
+        return out.getvalue()
 
-    def install(self, prefix, wanted, archive):
+    def install(self, prefix, wanted, archive, identity_id):
         """ARCHIVE (another host's export of this very build) into PREFIX instead of a build: its sha256 is the one
-        its name carries, its stamp is WANTED, every stamped file is as stamped; then this host's links."""
-        named = re.match(r"^.+-([0-9a-f]{64})\.tar\.gz$", os.path.basename(archive))
+        its name carries (facts/builds.parse_archive_name), its stamp is WANTED, every stamped file is as stamped;
+        then this host's links."""
+        named = builds.parse_archive_name(archive)
         if not named:
-            self.fail("install_from %s: not a build archive (NAME-ID-SHA256.tar.gz); nothing was installed" % archive)
-        got = sha256_of(archive)
-        if got != named.group(1):
+            self.fail("install_from %s: not a build archive (%s); nothing was installed"
+                      % (archive, builds.archive_glob(self.p["name"], identity_id)))
+        got = files.sha256_of(archive)
+        if got != named["sha256"]:
             self.fail("refused %s: its sha256 is %s, its name says %s; nothing was installed"
-                      % (archive, got, named.group(1)), sha256=got)
+                      % (archive, got, named["sha256"]), sha256=got)
         parent = os.path.dirname(prefix)
         work = tempfile.mkdtemp(prefix=".rigbook-install-", dir=parent)
         try:
             self.untar(archive, work, "nothing was installed")
-            stamp = self.read_stamp(work)
+            stamp, error = self.read_stamp(work)
+            if error:
+                self.fail("refused %s: %s; nothing was installed" % (archive, error))
             changed = _differs(stamp, wanted)
             if changed is not None:
                 self.fail("refused %s: it is another build (its stamp differs in %s); nothing was installed"
                           % (archive, ", ".join(changed) or "everything"))
             for rel, digest in sorted((stamp.get("files") or {}).items()):
                 path = os.path.join(work, rel)
-                if not os.path.isfile(path) or sha256_of(path) != digest:
+                if not os.path.isfile(path) or files.sha256_of(path) != digest:
                     self.fail("refused %s: %s is not the file its stamp names; nothing was installed" % (archive, rel))
             for comp in self.p["components"]:
                 self.make_links(comp, work)
             os.chmod(work, 0o755)
             if os.path.isdir(prefix):
                 shutil.rmtree(prefix)
-            os.rename(work, prefix)
+            files.move_atomic(work, prefix)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         self.progress.append("installed %s from %s (sha256 %s): nothing built" % (self.p["name"], archive, got[:12]))
@@ -595,8 +605,9 @@ def main():
     identity_id = hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()[:16]
     if not check:  # a build a cut-short run left running finishes first; then its stamp is read
         result_waited = build_lock.hold(prefix, b.note)
-    stamp = old_stamp = b.read_stamp(prefix)
-    reasons = b.reasons(prefix, wanted, stamp)
+    stamp, stamp_error = b.read_stamp(prefix)
+    old_stamp = stamp
+    reasons = b.reasons(prefix, wanted, stamp, stamp_error)
     link_path = os.path.join(p["prefix_root"], p["link"]) if p["link"] else None
     link_target = os.path.basename(prefix)
     link_now = os.readlink(link_path) if link_path and os.path.islink(link_path) else None
@@ -607,7 +618,7 @@ def main():
     result = dict(changed=False, prefix=prefix, patch_set=patches_id, built=bool(reasons), reasons=reasons,
                   lock_waited_s=0.0 if check else result_waited,
                   link_changed=link_changed, patches_checked=[], progress=b.progress, stamp=stamp or {},
-                  identity_id=identity_id)
+                  identity_id=identity_id, archive_glob=builds.archive_glob(p["name"], identity_id))
     if missing:  # check mode only: the tasks before this one did not fetch them
         result.update(changed=True, built=True, link_changed=bool(link_path),
                       msg="not on the host yet (check mode): %s" % ", ".join(missing))
@@ -617,7 +628,7 @@ def main():
         if not check:
             if not os.path.isdir(p["prefix_root"]):
                 os.makedirs(p["prefix_root"], 0o755)
-            result["stamp"] = b.install(prefix, wanted, p["install_from"])
+            result["stamp"] = b.install(prefix, wanted, p["install_from"], identity_id)
     elif reasons:
         if not check:
             for path in (p["build_root"], p["prefix_root"]):
@@ -643,17 +654,18 @@ def main():
                 for comp, top in zip(p["components"], tops):
                     b.apply_patches(comp, top, dry_run=False)
                     b.build_component(comp, top, work, prefix, jobs)
-                files = {}
+                digests = {}
                 for rel in p["check_files"]:
                     path = os.path.join(prefix, rel)
                     if not os.path.isfile(path):
                         module.fail_json(msg="after installing %s %s, %s is missing" % (p["name"], p["version"], path),
                                          progress=b.progress)
-                    files[rel] = sha256_of(path)
-                stamp = dict(wanted, files=files)  # what was built, not when: a rebuild of the same is equal
-                with open(os.path.join(prefix, STAMP), "w") as handle:
-                    json.dump(stamp, handle, indent=2, sort_keys=True)
-                    handle.write("\n")
+                    digests[rel] = files.sha256_of(path)
+                stamp = dict(wanted, files=digests)  # what was built, not when: a rebuild of the same is equal
+                error = builds.write_stamp(os.path.join(prefix, builds.BUILD_STAMP), stamp)
+                if error:
+                    b.fail("built %s %s into %s, but its stamp cannot be written: %s"
+                           % (p["name"], p["version"], prefix, error))
                 result["stamp"] = stamp
                 b.note("built %s %s into %s" % (p["name"], p["version"], prefix))
                 if p["export_dir"]:
@@ -661,11 +673,7 @@ def main():
         finally:
             shutil.rmtree(work, ignore_errors=True)
     if link_changed and not check:
-        tmp_link = link_path + ".rigbook-new"
-        if os.path.lexists(tmp_link):
-            os.unlink(tmp_link)
-        os.symlink(link_target, tmp_link)
-        os.rename(tmp_link, link_path)  # atomic: a reader sees the old build or the new one
+        files.link_atomic(link_target, link_path)  # a reader sees the old build or the new one
     result["changed"] = bool(reasons) or link_changed
     if module._diff and result["changed"]:
         before = "%s -> %s\n" % (link_path, link_now) if link_path else ""

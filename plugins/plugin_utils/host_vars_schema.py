@@ -8,7 +8,7 @@ Controller side only (needs the Python package jsonschema). One copy serves both
 valid and say it the same way:
 - `provision validate` (and every `provision` run): rigbook.validate loads this file from the collection root and
   checks each inventory file's variables, naming the file and group or host;
-- the preflight role's first task (action rigbook.homelab.validate_profile): each host's merged variables, for
+- the preflight role's first task (action rigbook.homelab.host_model): each host's merged variables, for
   users who run ansible-playbook without the CLI.
 
 Every problem is a key path (rigbook_gpu.pcie.width, rigbook_pins.kernel.debs[0].sha256) and a message with the

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import secrets
 import stat
 import sys
 from pathlib import Path
@@ -111,19 +110,35 @@ def link_collection() -> Path:
 
     private_dir(link.parent)
     if not (link.is_symlink() and Path(os.readlink(link)) == root):
-        if link.exists() and not link.is_symlink():
-            link.unlink()
-        # a new link under a unique name, then os.replace: two processes repointing it at once never collide
-        tmp = link.with_name(f".{link.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-        tmp.symlink_to(root, target_is_directory=True)
-        try:
-            os.replace(tmp, link)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        # facts/files.link_atomic (a link under this process's own name, renamed over LINK: two processes repointing
+        # it at once never collide; a file there is replaced, a folder refused), loaded by its path: the package
+        # import needs the link this makes
+        _link_writer().link_atomic(str(root), str(link))
     if str(base) not in sys.path:
         sys.path.insert(0, str(base))
     return base
+
+
+FACTS_PACKAGE = "ansible_collections.rigbook.homelab.plugins.module_utils.facts"
+FACTS_FILES = "plugins/module_utils/facts/files.py"
+
+
+def _link_writer():
+    """The collection's facts/files.py for link_collection: the imported module once the link exists, else loaded
+    by its path (it is standard library only)."""
+    return sys.modules.get(f"{FACTS_PACKAGE}.files") or load_collection_file(FACTS_FILES, "rigbook_facts_files")
+
+
+def facts(name: str):
+    """The collection's facts module NAME (runner, files, ...) on the controller: the commands rigbook runs here
+    and the state files it writes go through the same code the targets run. Imported once, after link_collection."""
+    module = sys.modules.get(f"{FACTS_PACKAGE}.{name}")
+    if module is None:
+        import importlib
+
+        link_collection()
+        module = importlib.import_module(f"{FACTS_PACKAGE}.{name}")
+    return module
 
 
 def load_collection_file(relative: str, name: str):

@@ -31,7 +31,6 @@ from rigbook.display import nested_text
 from rigbook.paths import link_collection
 
 VERSION_KEYS = ("kernel", "nvidia_driver", "rocm", "nccl", "sglang")
-STATUS_ORDER = {"fail": 4, "unknown": 3, "warn": 2, "pass": 1, "skip": 0}
 NO_GROUP = ("all", "ungrouped")
 RUN_LINKS = 20
 
@@ -71,10 +70,27 @@ def lower_is_better(metric: str) -> bool:
 def _ladder_utils():
     """The collection's own comparison code (the judges' thresholds and rules), importable on the controller."""
     link_collection()
-    from ansible_collections.rigbook.homelab.plugins.module_utils.judges import serving_layer
-    from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import baseline_compare, expectations
+    from ansible_collections.rigbook.homelab.plugins.module_utils.judges import (
+        baseline_compare,
+        expectations,
+        serving_layer,
+    )
 
     return expectations, baseline_compare, serving_layer
+
+
+@functools.lru_cache(maxsize=None)
+def _verdict():
+    """The collection's verdict module: the one severity order of the statuses (worst layer of a run)."""
+    link_collection()
+    from ansible_collections.rigbook.homelab.plugins.module_utils.judges import verdict
+
+    return verdict
+
+
+def _rank(verdict: dict) -> int:
+    """How bad VERDICT's status is (judges/verdict.SEVERITY; a missing or odd status ranks as unknown)."""
+    return _verdict().rank(verdict.get("status"))
 
 
 def _tolerance(inv, host: str) -> dict:
@@ -477,7 +493,7 @@ def host_section(host: HostData, data: ReportData) -> str:
                    "</th><th>artifact folder</th></tr></thead><tbody>")
         for run in host.runs[:RUN_LINKS]:
             ladder = run["hosts"][host.name].get("ladder") or []
-            worst = max(ladder, key=lambda v: STATUS_ORDER.get(v.get("status"), 3), default={})
+            worst = max(ladder, key=_rank, default={})
             out.append(f'<tr class="run" data-host="{_e(host.name)}" data-run="{_e(Path(run["dir"]).name)}">'
                        f"<td>{_e(run.get('started', '?'))}</td><td>{_e(Path(str(run.get('playbook', '?'))).name)}"
                        f"</td><td>{_e(run['hosts'][host.name].get('state', '?'))}</td>"
@@ -616,7 +632,7 @@ def render(data: ReportData) -> str:
     summary = []
     for h in data.hosts:
         record, entry = _latest(h)
-        worst = max(entry.get("ladder") or [{}], key=lambda v: STATUS_ORDER.get(v.get("status"), 3))
+        worst = max(entry.get("ladder") or [{}], key=_rank)
         below = [(p["at"], m) for m in host_metrics(h) for p in series(h, m) if p["status"] == "fail"]
         fails = ", ".join(f"{at} {metric}" for at, metric in sorted(below)) or "none"
         summary.append(f"<tr><th>{_e(h.name)}</th><td>{_e(record.get('started', '?')) if record else '-'}</td>"
@@ -656,8 +672,10 @@ def _umask_mode() -> int:
 def write_report(inventory: str, output: str | None = None) -> tuple:
     """Gather, render and write the page; (path, data). OUTPUT: a file in an existing folder (its permissions kept
     when it exists); by default <state>/reports/<inventory>-<UTC time>.html (the folder made, the file 0600). The
-    page goes through a temporary file of unpredictable name in the same folder, then os.replace: a reader never
-    sees half a page, and nothing is left behind when the write fails (a UserError naming the path, exit 2)."""
+    page goes through a temporary file of unpredictable name in the same folder, then os.replace
+    (statefile.write_text_atomic, the collection's facts/files.write_atomic): a reader never sees half a page, a
+    symbolic link at OUTPUT is refused, not written through, and nothing is left behind when the write fails (a
+    UserError naming the path, exit 2)."""
     from rigbook import statefile
     from rigbook.errors import UserError
 

@@ -2,8 +2,9 @@
 
 - `locked(path)`: an exclusive fcntl lock (on `.NAME.lock` beside PATH) around every read-modify-write of PATH; it
   waits for the holder, and the kernel drops it when the holding process dies.
-- `write_json_atomic(path, data)`: a unique temporary file in PATH's folder (tempfile.mkstemp), fsync, os.replace:
-  a reader sees the old file or the new one, never half of one, and two writers never share a temporary name.
+- `write_json_atomic(path, data)`: the collection's one atomic write (facts/files.write_atomic: a unique temporary
+  file in PATH's folder, fsync, os.replace, never through a symbolic link), then an fsync of the folder: a reader
+  sees the old file or the new one, never half of one, and two writers never share a temporary name.
 - `keep_aside(path)`: move a corrupt file to `NAME.corrupt-<UTC time>` (never over an earlier kept copy).
 - `exclusive(path, info)`: a lock that is not waited for (the run lock): `Busy` names the holder from the file.
 """
@@ -15,10 +16,11 @@ import fcntl
 import json
 import os
 import stat
-import tempfile
 import time
 from contextlib import contextmanager, suppress
 from pathlib import Path
+
+from rigbook import paths
 
 # New state files (baselines, history, locks) are the user's alone: a run's figures and lock name its hosts.
 NEW_FILE_MODE = 0o600
@@ -63,19 +65,6 @@ def lock_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.lock")
 
 
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 @contextmanager
 def locked(path):
     """Hold PATH's lock (`.NAME.lock` beside it) for the block: serialises read-modify-writes of PATH between
@@ -92,27 +81,16 @@ def locked(path):
 
 
 def write_text_atomic(path, text: str, new_mode: int = NEW_FILE_MODE) -> None:
-    """Write TEXT to PATH: a unique temporary file in PATH's folder (tempfile.mkstemp: no predictable name), fsync,
-    os.replace, fsync of the folder; the temporary file is removed on any failure. Keeps an existing file's
-    permissions (a new one gets NEW_MODE). The folder must exist; OSError as the system said it."""
+    """Write TEXT to PATH through facts/files.write_atomic: a unique temporary file in PATH's folder (no predictable
+    name), fsync, os.replace, fsync of the folder; the temporary file is removed on any failure, and a PATH that is
+    a symbolic link is refused (never written through). Keeps an existing file's permissions (a new one gets
+    NEW_MODE). The folder must exist; OSError as the system said it."""
     path = Path(path)
     try:
         mode = path.stat().st_mode & 0o7777
     except FileNotFoundError:
         mode = new_mode
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        with suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
+    paths.facts("files").write_atomic(str(path), text, mode=mode, sync_folder=True)
 
 
 def write_json_atomic(path, data, default=None) -> None:
@@ -154,10 +132,10 @@ def keep_aside(path) -> Path:
                 raise
             if target.exists() or target.is_symlink():  # a filesystem without hard links
                 continue
-            os.rename(path, target)
+            paths.facts("files").move_atomic(str(path), str(target))
         else:
             os.unlink(path)
-        _fsync_dir(path.parent)
+        paths.facts("files").fsync_folder(str(path.parent))  # best effort: the file is aside either way
         return target
 
 

@@ -19,7 +19,7 @@ from rigbook import paths
 from rigbook.errors import UserError
 
 PREFIX = "rigbook_"
-# Both inside the collection (paths.collection_root()), shared with the preflight role's validate_profile task.
+# Both inside the collection (paths.collection_root()), shared with the preflight role's host_model task.
 SCHEMA_FILE = "meta/host_vars.schema.json"
 
 
@@ -47,7 +47,7 @@ class InventoryInvalid(UserError):
 
 def _shared():
     """plugins/plugin_utils/host_vars_schema.py of the collection: the schema file and the wording, one copy for the
-    CLI and the preflight role's validate_profile task (which imports it as Ansible does, through the collection
+    CLI and the preflight role's host_model task (which imports it as Ansible does, through the collection
     link)."""
     paths.link_collection()
     from ansible_collections.rigbook.homelab.plugins.plugin_utils import host_vars_schema

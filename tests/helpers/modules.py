@@ -67,9 +67,13 @@ def run_module(module, args: dict, commands=(), *, check_mode=False, diff=False,
     unexpected or out-of-order command fails the test at once, and a row left over fails it afterwards. An answer
     may be a function of the argv returning that triple: a stand-in for a command that writes a file.
     BINS maps a program name to what AnsibleModule.get_bin_path returns (default /usr/bin/NAME; None: missing).
+    Commands run through facts/runner.py's `run` (the one command runner) answer from the same table, as a
+    runner.Result (an answer of rc None: the command could not start); their ENV is recorded in environs. A test
+    that replaced runner.run itself keeps its own.
     exit_json and fail_json raise; anything else the module raises propagates (a traceback is a test failure).
     """
     from ansible.module_utils import basic
+    from ansible_collections.rigbook.homelab.plugins.module_utils.facts import runner
 
     table = [(list(argv), answer) for argv, answer in commands]
     run = ModuleRun(result={}, failed=False)
@@ -82,6 +86,15 @@ def run_module(module, args: dict, commands=(), *, check_mode=False, diff=False,
         want, answer = table.pop(0)
         assert argv == want, f"command {len(run.commands)}: ran {argv}, expected {want}"
         return answer(argv) if callable(answer) else answer
+
+    def runner_run(argv, timeout=None, env=None, clean_env=False, cwd=None, data=None, lines=None):
+        argv = [str(a) for a in argv]
+        rc, out, err = run_command(None, argv, environ_update=env)
+        shown = " ".join(argv)[:300]
+        if rc is None:
+            return runner.Result(argv, None, out, err, f"{shown}: {err or 'could not start'}", False)
+        error = None if rc == 0 else f"{shown} exited {rc}: {(err or out).strip()[-400:]}"
+        return runner.Result(argv, rc, out, err, error, False)
 
     def get_bin_path(self, arg, required=False, opt_dirs=None):
         path = (bins or {}).get(arg, "/usr/bin/" + arg)
@@ -103,6 +116,8 @@ def run_module(module, args: dict, commands=(), *, check_mode=False, diff=False,
         for name, fake in (("run_command", run_command), ("get_bin_path", get_bin_path), ("exit_json", exit_json),
                            ("fail_json", fail_json), ("_log_invocation", lambda self: None)):
             stack.enter_context(mock.patch.object(basic.AnsibleModule, name, fake))
+        if getattr(runner.run, "__module__", None) == runner.__name__:  # not replaced by the test itself
+            stack.enter_context(mock.patch.object(runner, "run", runner_run))
         try:
             module.main()
         except AnsibleExitJson as done:
@@ -116,15 +131,22 @@ def run_module(module, args: dict, commands=(), *, check_mode=False, diff=False,
 
 
 def run_module_real(module, args: dict, *, check_mode=False, diff=False):
-    """MODULE.main() in-process with the real run_command; returns (result, failed, argvs run)."""
+    """MODULE.main() in-process with the real run_command and the real facts/runner.py run; returns (result,
+    failed, argvs run through either)."""
     from ansible.module_utils import basic
+    from ansible_collections.rigbook.homelab.plugins.module_utils.facts import runner
 
     ran = []
     real_run = basic.AnsibleModule.run_command
+    real_runner_run = runner.run
 
     def run_command(self, argv, *a, **kw):
         ran.append(list(argv))
         return real_run(self, argv, *a, **kw)
+
+    def runner_run(argv, *a, **kw):
+        ran.append([str(arg) for arg in argv])
+        return real_runner_run(argv, *a, **kw)
 
     def exit_json(self, **kw):
         raise AnsibleExitJson(kw)
@@ -138,6 +160,7 @@ def run_module_real(module, args: dict, *, check_mode=False, diff=False):
         for name, fake in (("run_command", run_command), ("exit_json", exit_json), ("fail_json", fail_json),
                            ("_log_invocation", lambda self: None)):
             stack.enter_context(mock.patch.object(basic.AnsibleModule, name, fake))
+        stack.enter_context(mock.patch.object(runner, "run", runner_run))
         try:
             module.main()
         except AnsibleExitJson as done:

@@ -79,7 +79,7 @@ def elsewhere(tmp_path):
 def test_the_wheel_carries_the_collection(installed):
     _, wheel = installed
     names = zipfile.ZipFile(wheel).namelist()
-    for needed in ("galaxy.yml", "meta/host_vars.schema.json", "meta/runtime.yml", "plugins/action/validate_profile.py",
+    for needed in ("galaxy.yml", "meta/host_vars.schema.json", "meta/runtime.yml", "plugins/action/host_model.py",
                    "plugins/plugin_utils/host_vars_schema.py", "roles/preflight/tasks/main.yml", "playbooks/site.yml",
                    "inventory/homelab/hosts.yml", "inventory/lab/group_vars/x99_3080.yml", "tests/artifacts/pack.py"):
         assert f"rigbook/collection/{needed}" in names, needed

@@ -6,7 +6,7 @@
 - The kernel: the running release (/proc/sys/kernel/osrelease), the command line's own parameters (/proc/cmdline
   without what every boot has: BOOT_IMAGE, root, ro, quiet, ...), the GRUB default (/etc/default/grub and its
   grub.d drop-ins, the last one read winning, as grub-mkconfig sources them), and the installed kernel packages of
-  the running release (dpkg-query through module_utils/apt.py, the one reader) with where each came from
+  the running release (dpkg-query through facts/packages.py, the one reader) with where each came from
   (`apt-cache policy`: an archive with its release, or only /var/lib/dpkg/status: a local .deb), and for a local
   .deb the file found in the apt cache or DEBS_DIR with its sha256.
 - The running engines: collect/engine_processes.py; each engine's venv packages (dist-info name and version, a VCS,
@@ -17,8 +17,8 @@
   the sha256 of the keyrings they are signed by.
 - The RCCL/NCCL an engine has mapped: the build stamp rigbook's source_build left in its prefix (.rigbook-build.json).
 
-Commands go through RUN(argv) -> (rc, stdout) (the module's run_command on a box, recorded outputs in tests); files
-are read under SYSTEM.
+Commands go through RUN(argv) -> (rc, stdout) (facts/runner.rc_output on a box, recorded outputs in tests); files
+are read under SYSTEM through facts/ (files, kernel, builds).
 """
 
 from __future__ import annotations
@@ -27,22 +27,15 @@ import base64
 import csv
 import difflib
 import glob
-import hashlib
 import json
 import os
 import re
 import zipfile
 
-from ansible_collections.rigbook.homelab.plugins.module_utils import apt
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import engine_processes, static_evidence
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect.manifest import parse_dkms_status
-from ansible_collections.rigbook.homelab.plugins.module_utils.file_digest import sha256_of
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import builds, files, kernel, packages
 
-parse_policy = apt.parse_policy  # the one apt-cache policy reader (module_utils/apt.py)
-
-BOOT_WORDS = frozenset(("ro", "rw", "quiet", "splash", "$vt_handoff", "nosplash"))
-BOOT_KEYS = frozenset(("BOOT_IMAGE", "root", "resume", "initrd", "rootflags", "rootfstype", "cryptdevice",
-                       "rd.luks.uuid", "vt.handoff"))
 KERNEL_PACKAGE = re.compile(r"^linux-(image|headers|modules|modules-extra)-")
 APT_CACHE = "/var/cache/apt/archives"
 DPKG_STATUS = "/var/lib/dpkg/status"
@@ -53,39 +46,21 @@ ROCM_VERSION_FILE = "/opt/rocm/.info/version"
 ROCM_TAGGED = re.compile(r"\.[0-9]{5,6}-")  # a ROCm package version: 7.1.0.70100-38~24.04 (its release tag 70100)
 KEYRING_DIRS = ("/etc/apt/", "/usr/share/keyrings/")
 MAX_KEYRING = 1 << 20
-BUILD_STAMP = ".rigbook-build.json"  # plugins/modules/source_build.py STAMP
-MAX_STAMP = 1 << 20
 CUDA_VENV = "/opt/rigbook/cuda"  # the cuda_toolchain role's default venv (host_model.cuda_toolchain_pin)
 
 
 def _read(system, rel):
-    try:
-        with open(os.path.join(system, rel.lstrip("/")), encoding="utf-8", errors="replace") as handle:
-            return handle.read()
-    except OSError:
-        return None
-
-
-def own_cmdline(text):
-    """The parameters of a kernel command line that are the box's own choice (not what every boot has), up to "--"
-    (the words after it go to init)."""
-    own = []
-    for word in (text or "").split():
-        if word == "--":
-            break  # what follows is the init's own arguments, not the kernel's
-        if word in BOOT_WORDS or word.split("=", 1)[0] in BOOT_KEYS:
-            continue
-        own.append(word)
-    return own
+    """The text of the file REL under SYSTEM (facts/files.read_text, unstripped), or None."""
+    return files.read_text(files.path(system, rel.lstrip("/")), strip=False)
 
 
 def grub_default(system):
     """(GRUB_DEFAULT's value, the file that set it) from /etc/default/grub then /etc/default/grub.d/*.cfg, or
     (None, None)."""
     value, where = None, None
-    files = ["/etc/default/grub"] + sorted("/" + os.path.relpath(p, system) for p in
+    names = ["/etc/default/grub"] + sorted("/" + os.path.relpath(p, system) for p in
                                            glob.glob(os.path.join(system, "etc/default/grub.d/*.cfg")))
-    for rel in files:
+    for rel in names:
         for line in (_read(system, rel) or "").splitlines():
             found = re.match(r"""^\s*GRUB_DEFAULT=(["']?)(.*)\1\s*$""", line)
             if found:
@@ -104,7 +79,7 @@ def find_deb(system, package, version, folders):
     stem = "%s_%s_" % (package, version.replace(":", "%3a"))
     for folder in folders:
         for path in sorted(glob.glob(os.path.join(system, folder.lstrip("/"), stem + "*.deb"))):
-            return {"path": "/" + os.path.relpath(path, system), "sha256": sha256_of(path)}
+            return {"path": "/" + os.path.relpath(path, system), "sha256": files.sha256_of(path)}
     return None
 
 
@@ -115,16 +90,16 @@ def kernel_facts(system, run, debs_dir=None, evidence_root=None):
     running = static_evidence.collect_kernel(evidence_root or system)
     release = (running["release"] or "").strip() or None
     default, default_file = grub_default(system)
-    facts = {"release": release, "cmdline": own_cmdline(" ".join(running["cmdline"] or [])),
+    facts = {"release": release, "cmdline": kernel.own_words(running["cmdline"]),
              "grub_default": default, "grub_default_file": default_file, "packages": []}
-    _rc, out = run(apt.DPKG_QUERY + ["linux-*"])
-    installed = apt.parse_installed(out)
+    _rc, out = run(packages.DPKG_QUERY + ["linux-*"])
+    installed = packages.parse_installed(out)
     mine = sorted(p for p in installed if KERNEL_PACKAGE.match(p) and release and
                   (p.endswith("-" + release) or installed[p] == installed.get("linux-image-" + release)))
     if not mine:
         return facts
-    rc, out = run(apt.POLICY + mine)
-    policy = parse_policy(out if rc == 0 else "")
+    rc, out = run(packages.POLICY + mine)
+    policy = packages.parse_policy(out if rc == 0 else "")
     folders = [APT_CACHE] + ([debs_dir] if debs_dir else [])
     for name in mine:
         sources = (policy.get(name) or {}).get("sources") or []
@@ -203,7 +178,7 @@ def wheel_files(system, folder, packages):
         path = os.path.join(base, name)
         if p is None or os.path.islink(path) or not os.path.isfile(path):
             continue
-        p["wheels"].append({"path": os.path.join(folder, name), "sha256": sha256_of(path)})
+        p["wheels"].append({"path": os.path.join(folder, name), "sha256": files.sha256_of(path)})
     return packages
 
 
@@ -224,22 +199,20 @@ def _inside(site, rel):
 
 
 def _record_digest(path):
-    """sha256 of PATH as a wheel's RECORD writes it: urlsafe base64, no padding."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
+    """sha256 of PATH (facts/files.sha256_of) as a wheel's RECORD writes it: urlsafe base64, no padding."""
+    return base64.urlsafe_b64encode(bytes.fromhex(files.sha256_of(path))).rstrip(b"=").decode()
 
 
 def record_changes(site, dist_info):
     """[{"path", "state"}] of the files DIST_INFO's RECORD lists with a sha256 whose content now differs ("differs"),
     that are gone ("missing") or that cannot be read safely ("outside site-packages", "not a regular file"): the local
     changes of an installed distribution. RECORD paths are relative to SITE."""
+    text = files.read_text(os.path.join(dist_info, "RECORD"), limit=MAX_RECORD, strip=False)
     try:
-        with open(os.path.join(dist_info, "RECORD"), encoding="utf-8", errors="replace", newline="") as handle:
-            rows = list(csv.reader(handle.read(MAX_RECORD).splitlines()))
-    except (OSError, csv.Error):
+        rows = list(csv.reader(text.splitlines())) if text is not None else None
+    except csv.Error:
+        rows = None
+    if rows is None:
         return [{"path": os.path.basename(dist_info) + "/RECORD", "state": "missing"}]
     found = []
     for row in rows:
@@ -345,10 +318,8 @@ def sglang_flags(system, venv):
     for path in sources:
         if os.path.islink(path):
             continue
-        try:
-            with open(path, encoding="utf-8", errors="replace") as handle:
-                text = handle.read(MAX_FLAG_SOURCE)
-        except OSError:
+        text = files.read_text(path, limit=MAX_FLAG_SOURCE, strip=False)
+        if text is None:
             continue
         flags.update(FLAG_LITERAL.findall(text))
         flags.update("--" + name.replace("_", "-") for name in FLAG_FIELD.findall(text))
@@ -381,12 +352,12 @@ def dkms_facts(system, run):
     (/usr/src/MODULE-VERSION) and, when that is a git work tree, its origin and commit."""
     rc, out = run(["dkms", "status"])
     modules = {}
-    for kernel, entries in parse_dkms_status(out if rc == 0 else "").items():
+    for release, entries in parse_dkms_status(out if rc == 0 else "").items():
         for entry in entries:
             ident, _, state = entry.partition(": ")
             module, _, version = ident.partition("/")
             item = modules.setdefault((module, version), {"module": module, "version": version, "kernels": {}})
-            item["kernels"][kernel] = state
+            item["kernels"][release] = state
     found = []
     for (module, version), item in sorted(modules.items()):
         folder = "/usr/src/%s-%s" % (module, version)
@@ -446,10 +417,10 @@ def _deb822_entries(text):
 def apt_sources(system):
     """[{file, types, uris, suites, components, signed_by}] of sources.list, sources.list.d/*.list and *.sources."""
     found = []
-    files = ["/etc/apt/sources.list"] + sorted("/" + os.path.relpath(p, system) for p in
+    names = ["/etc/apt/sources.list"] + sorted("/" + os.path.relpath(p, system) for p in
                                                glob.glob(os.path.join(system, "etc/apt/sources.list.d/*.list"))
                                                + glob.glob(os.path.join(system, "etc/apt/sources.list.d/*.sources")))
-    for rel in files:
+    for rel in names:
         text = _read(system, rel) or ""
         entries = _deb822_entries(text) if rel.endswith(".sources") else [
             e for e in (_list_entry(line) for line in text.splitlines()) if e]
@@ -471,7 +442,7 @@ def keyring_digests(system, sources):
             elif not os.path.isfile(full) or os.path.getsize(full) > MAX_KEYRING:
                 found[path] = "not read: no file of at most %d bytes" % MAX_KEYRING
             else:
-                found[path] = sha256_of(full)
+                found[path] = files.sha256_of(full)
     return found
 
 
@@ -479,53 +450,44 @@ def rocm_facts(system, run):
     """ROCm as the box runs it, or None without ROCm: {version_file, packages {name: version} (versions with a ROCm
     release tag, amdgpu-dkms), manual [names], policy (apt-cache policy rocm-core), sources, keyrings}."""
     version_file = (_read(system, ROCM_VERSION_FILE) or "").strip() or None
-    _rc, out = run(apt.DPKG_QUERY)
-    installed = apt.parse_installed(out)
+    _rc, out = run(packages.DPKG_QUERY)
+    installed = packages.parse_installed(out)
     if version_file is None and "rocm-core" not in installed:
         return None
-    packages = dict((n, v) for n, v in installed.items() if ROCM_TAGGED.search(v) or n == "amdgpu-dkms")
+    rocm = dict((n, v) for n, v in installed.items() if ROCM_TAGGED.search(v) or n == "amdgpu-dkms")
     _rc, manual = run(["apt-mark", "showmanual"])
-    _rc, policy = run(apt.POLICY + ["rocm-core"])
+    _rc, policy = run(packages.POLICY + ["rocm-core"])
     sources = apt_sources(system)
-    return {"version_file": version_file, "packages": packages,
-            "manual": sorted(set(manual.split()) & set(packages)),
-            "policy": (parse_policy(policy).get("rocm-core") or {}).get("sources") or [],
+    return {"version_file": version_file, "packages": rocm,
+            "manual": sorted(set(manual.split()) & set(rocm)),
+            "policy": (packages.parse_policy(policy).get("rocm-core") or {}).get("sources") or [],
             "sources": sources, "keyrings": keyring_digests(system, sources)}
 
 
-VENV_STAMP = ".rigbook-venv.json"
+def _stamp_file(full):
+    """True when FULL is a stamp to read: a regular file (a link is not followed) of at most builds.MAX_STAMP bytes."""
+    return os.path.isfile(full) and not os.path.islink(full) and os.path.getsize(full) <= builds.MAX_STAMP
 
 
 def build_stamp(system, library):
-    """{"path", "stamp"} of rigbook's source_build stamp (BUILD_STAMP) in the prefix holding LIBRARY (a folder up to
-    three levels above it), or None: the stamp is read as JSON, at most MAX_STAMP bytes, a link not followed."""
+    """{"path", "stamp"} of rigbook's source_build stamp (builds.BUILD_STAMP) in the prefix holding LIBRARY (a folder
+    up to three levels above it), or None: the stamp is read by builds.read_stamp (a JSON object, at most MAX_STAMP
+    bytes; None when garbled), a link not followed."""
     folder = os.path.dirname(library)
     for _ in range(3):
-        path = os.path.join(folder, BUILD_STAMP)
-        full = os.path.join(system, path.lstrip("/"))
-        if os.path.isfile(full) and not os.path.islink(full) and os.path.getsize(full) <= MAX_STAMP:
-            try:
-                with open(full, encoding="utf-8") as handle:
-                    data = json.load(handle)
-            except (OSError, ValueError):
-                data = None
-            return {"path": path, "stamp": data if isinstance(data, dict) else None}
+        path = os.path.join(folder, builds.BUILD_STAMP)
+        full = files.path(system, path.lstrip("/"))
+        if _stamp_file(full):
+            return {"path": path, "stamp": builds.read_stamp(full)[0]}
         folder = os.path.dirname(folder)
     return None
 
 
 def venv_stamp(system, venv):
-    """The pinned_venv stamp (VENV_STAMP: what rigbook installed there, its patch set by name and sha256) of a venv
-    rigbook made, or None."""
-    full = os.path.join(system, venv.lstrip("/"), VENV_STAMP)
-    if not os.path.isfile(full) or os.path.islink(full) or os.path.getsize(full) > MAX_STAMP:
-        return None
-    try:
-        with open(full, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    """The pinned_venv stamp (builds.VENV_STAMP: what rigbook installed there, its patch set by name and sha256) of a
+    venv rigbook made, or None (also when garbled)."""
+    full = files.path(system, venv.lstrip("/"), builds.VENV_STAMP)
+    return builds.read_stamp(full)[0] if _stamp_file(full) else None
 
 
 def env_file_values(system, path):

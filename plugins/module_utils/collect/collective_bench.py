@@ -16,12 +16,10 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 
-from ansible_collections.rigbook.homelab.plugins.module_utils.collect import pci, torch_bench
-from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence as evidence
-from ansible_collections.rigbook.homelab.plugins.module_utils.file_digest import sha256_of
+from ansible_collections.rigbook.homelab.plugins.module_utils.collect import torch_bench
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files, libraries, runner
 from ansible_collections.rigbook.homelab.plugins.module_utils.parse import nccl as parse_nccl
 
 NCCL_TESTS = {"all_reduce": "all_reduce_perf", "sendrecv": "sendrecv_perf", "all_gather": "all_gather_perf",
@@ -33,7 +31,7 @@ SAFE_ENV = {"NCCL_NVLS_ENABLE": "0"}
 
 
 def _recorded(root, name):
-    return pci.read_text(evidence.path(root, *evidence.COMMANDS_DIR + (name,)))
+    return files.read_text(files.path(root, *runner.COMMANDS_DIR + (name,)))
 
 
 def _rows_from_nccl_tests(op, text):
@@ -50,17 +48,9 @@ def _rows_from_nccl_tests(op, text):
 
 
 def _run(argv, timeout, env=None):
-    full_env = dict(os.environ)
-    full_env.update(SAFE_ENV)
-    full_env.update(env or {})
-    try:
-        proc = subprocess.run(argv, capture_output=True, timeout=timeout, env=full_env)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return None, "%s: %s" % (argv[0], exc)
-    out = proc.stdout.decode(errors="replace")
-    if proc.returncode != 0:
-        return None, "%s exited %d: %s" % (argv[0], proc.returncode, proc.stderr.decode(errors="replace")[-400:])
-    return out, None
+    """(stdout, None) of ARGV through facts/runner.output with SAFE_ENV and ENV over this process's environment, or
+    (None, why)."""
+    return runner.output(argv, timeout=timeout, env=dict(SAFE_ENV, **(env or {})))
 
 
 def run_torch_bench(python, size, iters, timeout, env=None):
@@ -85,11 +75,9 @@ def run_torch_bench(python, size, iters, timeout, env=None):
 def read_env_file(path):
     """(KEY -> value, error) of a KEY=VALUE environment file (the GPU environment file: comments, blank lines and
     an `export ` prefix allowed, one level of quotes stripped)."""
-    try:
-        with open(path) as handle:
-            text = handle.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        return {}, "cannot read %s: %s" % (path, exc)
+    text = files.read_text(path, strip=False)
+    if text is None:
+        return {}, "cannot read %s: %s" % (path, "no such file" if not os.path.lexists(path) else "unreadable")
     env = {}
     for line in text.splitlines():
         line = line.strip()
@@ -130,7 +118,7 @@ def _built_tests(nccl_tests_dir):
     return _usable({op: os.path.join(nccl_tests_dir, name) for op, name in NCCL_TESTS.items()})
 
 
-LDD_LINE = re.compile(r"^\s*(lib(?:rccl|nccl)\.so[.0-9]*)\s+=>\s+(/\S+)", re.M)
+LDD_LINE = re.compile(r"^\s*(\S+)\s+=>\s+(/\S+)", re.M)  # NAME => PATH (0x...): NCCL/RCCL by facts/libraries
 
 
 def resolved_library(binary, env, run=None):
@@ -140,13 +128,16 @@ def resolved_library(binary, env, run=None):
     text, error = (run or _run)(["ldd", binary], 30, env)
     if error:
         return {"error": error}
-    found = LDD_LINE.search(text or "")
+    found = [m for m in LDD_LINE.finditer(text or "") if libraries.is_collectives(m.group(1))]
     if not found:
         return {"error": "%s loads no libnccl/librccl (ldd)" % binary}
-    path = os.path.realpath(found.group(2))
+    path = os.path.realpath(found[0].group(2))
     if not os.path.isfile(path):
         return {"path": path, "sha256": None, "version": None}
-    return {"path": path, "sha256": sha256_of(path), "version": library_version(path, env)}
+    sha, error = files.digest(path)
+    if error:
+        return {"path": path, "sha256": None, "version": None, "error": error}
+    return {"path": path, "sha256": sha, "version": library_version(path, env)}
 
 
 # ncclGetVersion's code is MAJOR*10000 + MINOR*100 + PATCH (NCCL_VERSION_CODE since 2.9); asked in a process of its
@@ -216,10 +207,12 @@ def collect_collectives(root, python=None, nccl_tests_dir=None, size=256 << 20, 
     built = _built_tests(nccl_tests_dir)
     if built:  # the tests named by nccl_tests_dir run on any root (a lab host runs its built stand-ins)
         return run_tests(built, root, size, iters, gpus, timeout, env, env_file, ab)
-    if not evidence.is_live(root):
-        text = _recorded(root, "collectives.json")
-        if text is not None:
-            data = json.loads(text)
+    if not files.is_live(root):
+        data, error = files.read_json(files.path(root, *runner.COMMANDS_DIR + ("collectives.json",)))
+        if error or (data is not None and not isinstance(data, dict)):
+            return {"available": False, "source": "recorded collectives.json",
+                    "error": error or "recorded collectives.json is not a JSON object"}
+        if data is not None:
             data.setdefault("source", "recorded collectives.json")
             return data
         results = []
@@ -257,7 +250,7 @@ def collect_nccl_log(root, log_text=None, unit=None, python=None, timeout=120, e
     """(text, source) of an NCCL INFO log: given, recorded, the unit's journal, or a short bundled run."""
     if log_text:
         return log_text, "given"
-    if not evidence.is_live(root):
+    if not files.is_live(root):
         text = _recorded(root, "nccl-log.txt")
         return text, ("recorded nccl-log.txt" if text is not None else "no recorded nccl-log.txt under " + root)
     if unit:

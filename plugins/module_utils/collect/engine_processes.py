@@ -10,7 +10,8 @@ the virtual environment it runs from (the folder holding pyvenv.cfg above the in
 systemd unit that started it (/proc/PID/cgroup; None for a process started from a shell), the GPU environment it
 was given (environ: the variables of GPU_ENV_PREFIXES and GPU_ENV_NAMES; a variable whose name looks like a secret
 is never read into the result, only named), and the NCCL/RCCL and GPU runtime libraries it has mapped
-(/proc/PID/maps) with each file's sha256.
+(/proc/PID/maps, read by facts/libraries.py: NCCL/RCCL named there, a library deleted since it was mapped hashed
+through /proc/PID/map_files) with each file's sha256.
 
 Everything is read under ROOT ("/" on a box; a recorded tree in tests), so a process's paths are ROOT + path. Worker
 processes of one engine (the scheduler and detokenizer children carry the same command line) are one engine: the
@@ -22,7 +23,7 @@ from __future__ import annotations
 import os
 import re
 
-from ansible_collections.rigbook.homelab.plugins.module_utils.file_digest import sha256_of
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files, libraries
 from ansible_collections.rigbook.homelab.plugins.module_utils.serve.profile import engine_args, redacted_argv
 
 # RIGBOOK_: rigbook's own (the lab's engine stand-in reads RIGBOOK_EVIDENCE_ROOT, its recorded hardware)
@@ -31,35 +32,23 @@ GPU_ENV_PREFIXES = ("NCCL_", "RCCL_", "HSA_", "HIP_", "ROCR_", "ROCM_", "CUDA_",
 GPU_ENV_NAMES = frozenset(("LD_LIBRARY_PATH", "LD_PRELOAD", "OMP_NUM_THREADS"))
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.I)
 LOGIN_UNIT = re.compile(r"^(ssh|sshd|cron|atd|systemd-logind|(serial-|console-|container-)?getty(@.*)?)\.service$")
-# The collectives library among them (NCCL or RCCL), by file name.
-COLLECTIVES = re.compile(r"^lib(rccl|nccl)\.so")
-LIBRARIES = re.compile(r"/(lib(?:nccl|rccl)\.so[.0-9]*|libcudart\.so[.0-9]*|libamdhip64\.so[.0-9]*|"
-                       r"libcuda\.so[.0-9]*|libhsa-runtime64\.so[.0-9]*)$")
+# The GPU runtime libraries kept beside the collectives one (NCCL or RCCL: facts/libraries.collective_kind).
+RUNTIMES = re.compile(r"/(libcudart\.so[.0-9]*|libamdhip64\.so[.0-9]*|libcuda\.so[.0-9]*|"
+                      r"libhsa-runtime64\.so[.0-9]*)$")
 
 
 def _under(root, path):
-    return os.path.join(root, path.lstrip("/"))
+    return files.path(root, path.lstrip("/"))
 
 
-def _read_bytes(path):
-    try:
-        with open(path, "rb") as handle:
-            return handle.read()
-    except OSError:
-        return None
+def _read(path):
+    """The text of a /proc file (facts/files.read_text, unstripped: NULs kept), or None."""
+    return files.read_text(path, strip=False)
 
 
-def _words(data):
+def _words(text):
     """The NUL-separated words of a /proc cmdline or environ file."""
-    return [w.decode("utf-8", "replace") for w in (data or b"").split(b"\0") if w]
-
-
-def _sha256(path):
-    """file_digest.sha256_of, or None when the file cannot be read (a library deleted since it was mapped)."""
-    try:
-        return sha256_of(path)
-    except OSError:
-        return None
+    return [w for w in (text or "").split("\0") if w]
 
 
 def gpu_environment(words):
@@ -98,36 +87,31 @@ def venv_of(root, interpreter):
     return top if os.path.isfile(_under(root, os.path.join(top, "pyvenv.cfg"))) else None
 
 
-def mapped_libraries(root, maps_text):
-    """[{path, sha256}] of the NCCL/RCCL and GPU runtime libraries in a /proc/PID/maps text, each once, in order."""
-    seen, found = set(), []
-    for line in (maps_text or "").splitlines():
-        fields = line.split(None, 5)
-        path = fields[5].strip() if len(fields) == 6 else ""
-        if path.endswith(" (deleted)"):
-            path = path[: -len(" (deleted)")]
-        if not LIBRARIES.search(path) or path in seen:
-            continue
-        seen.add(path)
-        found.append({"path": path, "sha256": _sha256(_under(root, path))})
+def mapped_libraries(root, pid, maps_text):
+    """[{path, sha256}] of the NCCL/RCCL and GPU runtime libraries in process PID's /proc/PID/maps text MAPS_TEXT,
+    each once, in order (libraries.parse_maps); sha256 None when the file cannot be read (libraries.mapping_digest:
+    a deleted one through its mapping)."""
+    found = []
+    for mapping in libraries.parse_maps(maps_text):
+        if libraries.is_collectives(mapping["path"]) or RUNTIMES.search(mapping["path"]):
+            found.append({"path": mapping["path"], "sha256": libraries.mapping_digest(root, pid, mapping)[0]})
     return found
 
 
-def collectives(libraries):
-    """The NCCL/RCCL entries of LIBRARIES (mapped_libraries)."""
-    return [lib for lib in libraries or [] if COLLECTIVES.match(os.path.basename(lib.get("path") or ""))]
+def collectives(mapped):
+    """The NCCL/RCCL entries of MAPPED (mapped_libraries)."""
+    return [lib for lib in mapped or [] if libraries.is_collectives(lib.get("path"))]
 
 
 def process_libraries(root, pid):
     """mapped_libraries of process PID under ROOT (its /proc/PID/maps), [] when it cannot be read."""
-    maps = (_read_bytes(_under(root, "proc/%s/maps" % pid)) or b"").decode("utf-8", "replace")
-    return mapped_libraries(root, maps)
+    return mapped_libraries(root, pid, libraries.read_maps(root, pid))
 
 
 def _parent(root, pid):
-    status = _read_bytes(_under(root, "proc/%s/status" % pid)) or b""
-    found = re.search(rb"^PPid:\s*(\d+)", status, re.M)
-    return found.group(1).decode() if found else None
+    status = _read(_under(root, "proc/%s/status" % pid)) or ""
+    found = re.search(r"^PPid:\s*(\d+)", status, re.M)
+    return found.group(1) if found else None
 
 
 def engines(root="/", engine=None):
@@ -140,19 +124,19 @@ def engines(root="/", engine=None):
         return []
     argvs = {}
     for pid in pids:
-        argv = _words(_read_bytes(os.path.join(proc, pid, "cmdline")))
+        argv = _words(_read(os.path.join(proc, pid, "cmdline")))
         if engine_args(argv, engine) is not None:
             argvs[pid] = argv
     found = []
     for pid, argv in argvs.items():
         if _parent(root, pid) in argvs:
             continue  # a worker of an engine listed already
-        env, secret = gpu_environment(_words(_read_bytes(os.path.join(proc, pid, "environ"))))
+        env, secret = gpu_environment(_words(_read(os.path.join(proc, pid, "environ"))))
         try:
             exe = os.readlink(os.path.join(proc, pid, "exe"))
         except OSError:
             exe = None
-        cgroup = (_read_bytes(os.path.join(proc, pid, "cgroup")) or b"").decode("utf-8", "replace")
+        cgroup = _read(os.path.join(proc, pid, "cgroup")) or ""
         found.append({
             "pid": int(pid),
             "argv": redacted_argv(argv),

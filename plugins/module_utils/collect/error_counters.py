@@ -8,7 +8,8 @@ snapshot(root, gpus) reads, under the evidence root ("/" live, or a recorded tre
   aer_dev_fatal (their TOTAL_ERR_* lines) and, on root ports only, aer_rootport_total_err_cor / _nonfatal /
   _fatal (cumulative over the hierarchy below the port). A file that is not there reads None (unknown), never 0.
 - the kernel log since boot: live `journalctl -k -b -o short-monotonic --no-pager` (the journal, not the dmesg
-  ring buffer, which wraps); under a recorded tree var/lib/rigbook/commands/kernel-log.txt. No log: None.
+  ring buffer, which wraps); under a recorded tree var/lib/rigbook/commands/kernel-log.txt
+  (facts/runner.recorded_or_live). No log: None.
   Counted by parse/kernel_log.py (Xid lines and numbers, amdgpu resets / ring timeouts, DMAR / AMD-Vi faults,
   AER lines), each category keeping its last lines.
 delta(before, after) is what rose between two snapshots; before None means "since boot" (a first run).
@@ -17,19 +18,17 @@ load_state / store_state keep the last snapshot of a host in STATE_FILE (the lad
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import time
 
-from ansible_collections.rigbook.homelab.plugins.module_utils import host_state
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import pci
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence as recorded
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files, runner
 from ansible_collections.rigbook.homelab.plugins.module_utils.parse import kernel_log
 
 STATE_FILE = "/var/lib/rigbook/error-counters.json"
 KERNEL_LOG_ARGV = ["journalctl", "-k", "-b", "-o", "short-monotonic", "--no-pager"]
-KERNEL_LOG_RECORDING = ("var", "lib", "rigbook", "commands", "kernel-log.txt")
+KERNEL_LOG_RECORDING = "kernel-log"  # var/lib/rigbook/commands/kernel-log.txt under a recorded tree
 KERNEL_LOG_TIMEOUT_S = 60
 # sysfs file -> (TOTAL_ERR_* key, counter name)
 AER_DEV_FILES = (
@@ -64,28 +63,17 @@ def aer_counts(root, bdf):
     base = os.path.join(pci.pci_devices_dir(root), bdf)
     counts = {}
     for name, key, counter in AER_DEV_FILES:
-        counts[counter] = total_of(pci.read_text(os.path.join(base, name)), key)
+        counts[counter] = total_of(files.read_text(os.path.join(base, name)), key)
     for name, counter in AER_ROOTPORT_FILES:
-        text = pci.read_text(os.path.join(base, name))
+        text = files.read_text(os.path.join(base, name))
         if text is not None:
             counts[counter] = recorded.parse_int(text)
     return counts
 
 
-def kernel_log_text(root, run=subprocess.run):
+def kernel_log_text(root):
     """(text or None, source): the journal's kernel messages of this boot live, the recording elsewhere."""
-    if recorded.is_live(root):
-        try:
-            proc = run(KERNEL_LOG_ARGV, capture_output=True, timeout=KERNEL_LOG_TIMEOUT_S)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return None, "%s: %s" % (" ".join(KERNEL_LOG_ARGV), exc)
-        if proc.returncode != 0:
-            detail = proc.stderr.decode(errors="replace")[:200]
-            return None, "%s exited %d: %s" % (" ".join(KERNEL_LOG_ARGV), proc.returncode, detail)
-        return proc.stdout.decode(errors="replace"), " ".join(KERNEL_LOG_ARGV)
-    rel = os.path.join(*KERNEL_LOG_RECORDING)
-    text = pci.read_text(recorded.path(root, rel))
-    return text, ("recorded " + rel if text is not None else "no recording at " + rel)
+    return runner.recorded_or_live(root, KERNEL_LOG_RECORDING, KERNEL_LOG_ARGV, KERNEL_LOG_TIMEOUT_S)
 
 
 def _slots(gpus):
@@ -99,7 +87,7 @@ def _slots(gpus):
     return [(slot, port) for slot, port in out if slot]
 
 
-def snapshot(root, gpus, run=subprocess.run):
+def snapshot(root, gpus):
     """The counters now: {"aer": {bdf: {counter: n}}, "devices": {bdf: what it is}, "log": parse or None,
     "log_source": text, "taken_at": epoch s}. GPUS: pci.list_gpus dicts or BDFs (their parent port is then read
     from sysfs)."""
@@ -111,7 +99,7 @@ def snapshot(root, gpus, run=subprocess.run):
         if port:
             aer[port] = aer_counts(root, port)
             devices[port] = "root port %s of GPU%d" % (port, index)
-    text, source = kernel_log_text(root, run)
+    text, source = kernel_log_text(root)
     return {"aer": aer, "devices": devices, "log": kernel_log.parse(text) if text is not None else None,
             "log_source": source, "taken_at": int(time.time())}
 
@@ -186,21 +174,19 @@ def delta(before, after):
 
 def load_state(path):
     """(the snapshot stored at PATH or None, error text or None)."""
-    text = pci.read_text(path) if path else None
-    if not text:
+    data, error = files.read_json(path) if path else (None, None)
+    if error:
+        return None, "not valid JSON or unreadable (%s); taken as no earlier snapshot" % error
+    if data is None:
         return None, None
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return None, "%s is not valid JSON; taken as no earlier snapshot" % path
     if not isinstance(data, dict) or not isinstance(data.get("aer"), dict):
         return None, "%s holds no snapshot; taken as no earlier snapshot" % path
     return data, None
 
 
 def store_state(path, snap):
-    """Write SNAP to PATH atomically (parents created); the error text, or None."""
-    return host_state.write_json(path, snap)
+    """Write SNAP to PATH atomically (facts/files.write_json: parents created); the error text, or None."""
+    return files.write_json(path, snap)
 
 
 def snapshot_part(ctx, evidence):

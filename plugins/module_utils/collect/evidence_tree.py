@@ -17,6 +17,8 @@ import time
 
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import pci
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence as evidence
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files as facts_files
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import kernel, runner
 from ansible_collections.rigbook.homelab.plugins.module_utils.probe import cuda as cuda_probe
 from ansible_collections.rigbook.homelab.plugins.module_utils.probe import hip as hip_probe
 
@@ -50,7 +52,7 @@ def _write(dest, rel, text):
 
 
 def _copy(root, dest, rel, filter_fn=None):
-    text = pci.read_text(os.path.join(root, rel))
+    text = facts_files.read_text(os.path.join(root, rel))
     if text is None:
         return None
     return _write(dest, rel, filter_fn(text) if filter_fn else text)
@@ -115,7 +117,7 @@ def capture(root, dest, label, probe=True):
             _copy_pci_function(root, dest, bridge["slot"], copied)
     if os.path.isdir(os.path.join(root, "sys", "firmware", "efi")):
         os.makedirs(os.path.join(dest, "sys", "firmware", "efi"))
-    release = pci.read_text(os.path.join(root, "proc", "sys", "kernel", "osrelease"))
+    release = kernel.release(root)
     plain = ["proc/cmdline", "proc/sys/kernel/osrelease", "proc/driver/nvidia/version", "opt/rocm/.info/version",
              "sys/module/nvidia/version", "sys/module/nvidia_uvm/parameters/uvm_disable_hmm",
              "sys/module/amdgpu/version"]  # fmt: skip
@@ -135,23 +137,23 @@ def capture(root, dest, label, probe=True):
     for props in glob.glob(os.path.join(root, "sys", "class", "kfd", "kfd", "topology", "nodes", "*", "properties")):
         files.append(_copy(root, dest, os.path.relpath(props, root)))
     commands = {}
-    recorded = os.path.join(root, *evidence.COMMANDS_DIR)
-    if not evidence.is_live(root) and os.path.isdir(recorded):
+    recorded = facts_files.path(root, *runner.COMMANDS_DIR)
+    if not facts_files.is_live(root) and os.path.isdir(recorded):
         # a recorded tree (lab host, earlier snapshot): keep every recorded output, probes included
         for name in sorted(os.listdir(recorded)):
             if name.endswith((".txt", ".json")):
-                files.append(_copy(root, dest, os.path.join(*evidence.COMMANDS_DIR + (name,)), scrub))
+                files.append(_copy(root, dest, os.path.join(*runner.COMMANDS_DIR + (name,)), scrub))
     elif probe:
         for vendor in sorted({g["vendor"] for g in gpus}):
             data, source = _live_probe(vendor)
             commands[evidence.PROBES[vendor]] = source
-            rel = os.path.join(*evidence.COMMANDS_DIR + (evidence.PROBES[vendor] + ".json",))
+            rel = os.path.join(*runner.COMMANDS_DIR + (evidence.PROBES[vendor] + ".json",))
             files.append(_write(dest, rel, scrub(json.dumps(data, indent=2))))
     for name in sorted(evidence.COMMANDS):
-        text, source = evidence.command_output(root, name)
+        text, source = runner.recorded_or_live(root, name, evidence.COMMANDS[name])
         commands[name] = source
         if text is not None:
-            files.append(_write(dest, os.path.join(*evidence.COMMANDS_DIR + (name + ".txt",)), scrub(text)))
+            files.append(_write(dest, os.path.join(*runner.COMMANDS_DIR + (name + ".txt",)), scrub(text)))
     _write(dest, "CAPTURED", "%s\ncaptured %s by rigbook snapshot from %s\n"
            % (label, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), root))  # fmt: skip
     return {

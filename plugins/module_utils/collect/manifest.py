@@ -10,42 +10,41 @@ equal on two twins; host-unique items (serials, MACs, machine-id, hostname, addr
 marked "unique": true. Hardware facts (the running kernel and its cmdline, sysfs, DMI, nvidia-smi) are read under
 ROOT like the other collectors ("/" on a real box, a recorded tree on a lab host); what the roles installed (boot/,
 dpkg, DKMS, /opt/rigbook, /etc/rigbook, the serve units) and the host's identity are read under SYSTEM, "/" but
-in tests. Commands (dkms status, nvidia-smi -q, ip addr) run live when their root is "/", and are read from
-var/lib/rigbook/commands/<name>.txt under any other root.
+in tests. Commands (dkms status, dpkg-query, nvidia-smi -q, ip addr) run live when their root is "/", and are read
+from var/lib/rigbook/commands/<name>.txt under any other root (facts/runner.recorded_or_live); files are read through
+facts/ (files, kernel, packages, builds).
 """
 
 from __future__ import annotations
 
 import glob
 import hashlib
-import json
 import os
 import re
-import subprocess
 
 from ansible_collections.rigbook.homelab.plugins.module_utils import host_model
-from ansible_collections.rigbook.homelab.plugins.module_utils.collect import pci
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence as evidence
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import builds, files, kernel, packages, runner
 
 SCHEMA = 1
+# name -> argv, run on a live root only (the recording NAME.txt elsewhere); nvidia-smi-q is static_evidence's
 COMMANDS = {
     "dkms-status": ["dkms", "status"],
     "ip-addr": ["ip", "-o", "addr", "show"],
 }
+DPKG_RECORDING = packages.DPKG_QUERY[0]  # dpkg's listing (facts/packages.DPKG_QUERY), recorded as dpkg-query.txt
 # The source builds a role made (rigbook.homelab.source_build): item group -> the stamp of the active prefix. Twins
 # that installed one group build have byte-equal stamps (no time in them) and equal stamped files.
-BUILD_STAMPS = (("rccl", host_model.RCCL_CURRENT.lstrip("/") + "/.rigbook-build.json"),
-                ("nccl_tests", host_model.NCCL_TESTS_CURRENT.lstrip("/") + "/.rigbook-build.json"))
-SGLANG_STAMPS = "opt/rigbook/sglang/*/.rigbook-venv.json"
+BUILD_STAMPS = (("rccl", os.path.join(host_model.RCCL_CURRENT.lstrip("/"), builds.BUILD_STAMP)),
+                ("nccl_tests", os.path.join(host_model.NCCL_TESTS_CURRENT.lstrip("/"), builds.BUILD_STAMP)))
+SGLANG_STAMPS = os.path.join("opt/rigbook/sglang/*", builds.VENV_STAMP)
 ENV_FILES = ("etc/rigbook/gpu.env", "etc/rigbook/cuda.env")
 SERVE_UNITS = "etc/systemd/system/rigbook-serve-*.service"
 SERVE_ENV = "etc/rigbook/serve/*.env"
 DMI_SERIALS = ("board_serial", "product_serial", "chassis_serial", "product_uuid")
 DMI_PINNED = ("bios_version", "bios_date", "board_name", "board_vendor")
-# Kernel parameters naming this host's own disks: host-unique, kept apart from the pinned cmdline.
 # The serve unit's `--host ADDRESS` (ExecStart=): the address is the host's own, the rest of the unit is pinned.
 BIND_ARG = re.compile(r"^ExecStart=.*?\s--host\s+(\S+)", re.M)
-UNIQUE_CMDLINE = ("root", "resume", "cryptdevice", "rd.luks.uuid")
 
 
 def _item(group, value, unique=False):
@@ -62,62 +61,12 @@ def _build_hash(group, build, value, bits=False):
     return item
 
 
-def _under(root, rel):
-    return os.path.join(root or "/", rel)
-
-
-def sha256_of(path):
-    """Hex sha256 of a file, or None when it cannot be read."""
-    digest = hashlib.sha256()
-    try:
-        with open(path, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-    except OSError:
-        return None
-    return digest.hexdigest()
-
-
-def command_text(root, name, timeout=60):
-    """Output of command NAME: run live under "/", read var/lib/rigbook/commands/<name>.txt elsewhere."""
-    if name in evidence.COMMANDS:
-        return evidence.command_output(root, name, timeout)[0]
-    if evidence.is_live(root):
-        try:
-            proc = subprocess.run(COMMANDS[name], capture_output=True, timeout=timeout)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return proc.stdout.decode(errors="replace") if proc.returncode == 0 else None
-    return pci.read_text(_under(root, os.path.join(*evidence.COMMANDS_DIR + (name + ".txt",))))
-
-
-def read_json(path):
-    text = pci.read_text(path)
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        return {"error": "not valid JSON"}
-
-
 # --- kernel and packages ----------------------------------------------------------------------------------------
-
-def parse_dpkg_status(text):
-    """{package: {"version", "held"}} of the installed packages in a dpkg status file."""
-    packages = {}
-    for stanza in re.split(r"\n\s*\n", text or ""):
-        fields = dict(re.findall(r"^([A-Za-z-]+):\s*(.*)$", stanza, re.M))
-        status = fields.get("Status", "").split()
-        if "Package" in fields and status[-1:] == ["installed"]:
-            packages[fields["Package"]] = {"version": fields.get("Version"), "held": status[0] == "hold"}
-    return packages
-
 
 def default_kernel(root):
     """The release /boot/vmlinuz points at (what the boot loader starts by default), or None."""
     try:
-        target = os.readlink(_under(root, "boot/vmlinuz"))
+        target = os.readlink(files.path(root, "boot/vmlinuz"))
     except OSError:
         return None
     name = os.path.basename(target)
@@ -135,20 +84,20 @@ def parse_dkms_status(text):
 
 
 def kernel_items(root, system):
-    kernel = evidence.collect_kernel(root)
-    installed = sorted(os.path.basename(p)[len("vmlinuz-"):] for p in glob.glob(_under(system, "boot/vmlinuz-*")))
-    cmdline = kernel["cmdline"]
-    own_disks = [p for p in cmdline or [] if p.split("=", 1)[0] in UNIQUE_CMDLINE]
+    running = evidence.collect_kernel(root)
+    installed = sorted(os.path.basename(p)[len("vmlinuz-"):] for p in glob.glob(files.path(system, "boot/vmlinuz-*")))
+    cmdline = running["cmdline"]
     items = {
-        "kernel.running": _item("kernel_state", kernel["release"]),
-        "kernel.cmdline": _item("kernel_state", None if cmdline is None else [p for p in cmdline
-                                                                               if p not in own_disks]),
-        "host.cmdline_disks": _item("host", own_disks, unique=True),
-        "kernel.config": _item("kernel_state", kernel["config"]),
+        "kernel.running": _item("kernel_state", running["release"]),
+        # the box owner's own words are pinned; those naming this host's own disks are host-unique
+        "kernel.cmdline": _item("kernel_state", None if cmdline is None else kernel.own_words(cmdline)),
+        "host.cmdline_disks": _item("host", kernel.host_words(cmdline), unique=True),
+        "kernel.config": _item("kernel_state", running["config"]),
         "kernel.default": _item("kernel_state", default_kernel(system)),
         "kernel.installed": _item("kernel_state", installed),
     }
-    for kernel_name, modules in sorted(parse_dkms_status(command_text(system, "dkms-status")).items()):
+    dkms_text, _source = runner.recorded_or_live(system, "dkms-status", COMMANDS["dkms-status"])
+    for kernel_name, modules in sorted(parse_dkms_status(dkms_text).items()):
         items["dkms.%s" % kernel_name] = _item("driver_state", modules)
         built = dkms_modules_sha256(system, kernel_name)
         if built:
@@ -161,18 +110,20 @@ def dkms_modules_sha256(system, kernel_name):
     """The sha256 over the modules DKMS installed for KERNEL_NAME (lib/modules/<kernel>/updates/dkms: each name and
     sha256), or None without any: twins that installed one group build have equal ones, two separate builds of the
     same source and kernel do not (measured on the lab: an adopted box's build by hand and its twin's)."""
-    found = sorted(glob.glob(_under(system, "lib/modules/%s/updates/dkms/*" % kernel_name)))
+    found = sorted(glob.glob(files.path(system, "lib/modules/%s/updates/dkms/*" % kernel_name)))
     if not found:
         return None
     digest = hashlib.sha256()
     for path in found:
-        digest.update(("%s %s\n" % (os.path.basename(path), sha256_of(path))).encode())
+        digest.update(("%s %s\n" % (os.path.basename(path), files.digest(path)[0])).encode())
     return digest.hexdigest()
 
 
 def package_items(root):
-    packages = parse_dpkg_status(pci.read_text(_under(root, "var/lib/dpkg/status")))
-    held = dict((name, p["version"]) for name, p in sorted(packages.items()) if p["held"])
+    """The held packages of dpkg-query's listing (facts/packages; recorded as dpkg-query.txt under a recorded root)."""
+    text, _source = runner.recorded_or_live(root, DPKG_RECORDING, packages.DPKG_QUERY)
+    listing = packages.parse_listing(text)
+    held = dict((name, p["version"]) for name, p in sorted(listing.items()) if p["held"])
     items = {"packages.held": _item("packages", held)}
     kernels = sorted(n for n in held if n.startswith("linux-image-"))
     items["kernel.held"] = _item("kernel_state", kernels)
@@ -195,26 +146,26 @@ def cuda_version(root):
     cuda_toolchain role converged before it wrote a block of gpu.env), else /usr/local/cuda."""
     home = None
     for rel in ENV_FILES:
-        home = home or parse_env_file(pci.read_text(_under(root, rel))).get("CUDA_HOME")
+        home = home or parse_env_file(files.read_text(files.path(root, rel))).get("CUDA_HOME")
     home = home or "/usr/local/cuda"
-    data = read_json(_under(root, os.path.join(home.lstrip("/"), "version.json")))
+    data, _error = files.read_json(files.path(root, os.path.join(home.lstrip("/"), "version.json")))
     return ((data or {}).get("cuda") or {}).get("version") if isinstance(data, dict) else None
 
 
 def driver_items(root, system):
-    release = pci.read_text(_under(root, "proc/sys/kernel/osrelease"))
-    nvidia = pci.read_text(_under(root, "sys/module/nvidia/version"))
+    release = kernel.release(root)
+    nvidia = files.read_text(files.path(root, "sys/module/nvidia/version"))
     items = {
         "driver.nvidia": _item("driver_state", nvidia),
         "driver.nvidia_files": _item("driver_state", evidence.module_files(root, release, "nvidia") or None),
-        "driver.amdgpu": _item("driver_state", pci.read_text(_under(root, "sys/module/amdgpu/version"))),
-        "rocm.version": _item("amd_rocm", pci.read_text(_under(system, "opt/rocm/.info/version"))),
+        "driver.amdgpu": _item("driver_state", files.read_text(files.path(root, "sys/module/amdgpu/version"))),
+        "rocm.version": _item("amd_rocm", files.read_text(files.path(system, "opt/rocm/.info/version"))),
         "cuda.version": _item("cuda_toolchain", cuda_version(system)),
     }
     for rel in ENV_FILES:
         # gpu.env holds every GPU role's block (cuda_toolchain, amd_rocm, rccl); cuda.env only an older converge's
         role = "cuda_toolchain" if rel.endswith("cuda.env") else "gpu_env"
-        items["file.%s" % rel] = _item(role, sha256_of(_under(system, rel)))
+        items["file.%s" % rel] = _item(role, files.digest(files.path(system, rel))[0])
     return items
 
 
@@ -232,13 +183,14 @@ def build_items(root):
     """The version, stamp sha256, patches and stamped files' sha256 of each source build (BUILD_STAMPS) found."""
     items = {}
     for group, rel in BUILD_STAMPS:
-        path = _under(root, rel)
-        stamp = read_json(path)
-        if stamp is None:
+        path = files.path(root, rel)
+        stamp, error = builds.read_stamp(path)
+        if stamp is None and error is None:
             continue
+        stamp = stamp or {}  # a garbled stamp: its digest differs, its contents are unknown
         items.update({
             group + ".version": _item(group, stamp.get("version")),
-            group + ".stamp_sha256": _build_hash(group, group, sha256_of(path)),
+            group + ".stamp_sha256": _build_hash(group, group, files.digest(path)[0]),
             group + ".patches": _item(group, patches_of(stamp)),
             group + ".files": _item(group, stamp.get("files")),
         })
@@ -257,13 +209,13 @@ def dist_packages(venv):
 
 def sglang_items(root):
     items = {}
-    for path in sorted(glob.glob(_under(root, SGLANG_STAMPS))):
+    for path in sorted(glob.glob(files.path(root, SGLANG_STAMPS))):
         venv = os.path.dirname(path)
         name = os.path.basename(venv)
-        stamp = read_json(path) or {}
+        stamp = builds.read_stamp(path)[0] or {}
         items["sglang.%s.versions" % name] = _item("sglang", stamp.get("versions"))
         items["sglang.%s.patches" % name] = _item("sglang", patches_of(stamp))
-        items["sglang.%s.stamp_sha256" % name] = _build_hash("sglang", "sglang.%s" % name, sha256_of(path))
+        items["sglang.%s.stamp_sha256" % name] = _build_hash("sglang", "sglang.%s" % name, files.digest(path)[0])
         items["sglang.%s.packages" % name] = _item("sglang", dist_packages(venv))
     return items
 
@@ -278,17 +230,17 @@ def unit_bind(text):
 
 def serve_items(root):
     items = {}
-    for path in sorted(glob.glob(_under(root, SERVE_UNITS))):
+    for path in sorted(glob.glob(files.path(root, SERVE_UNITS))):
         rel = os.path.relpath(path, root or "/")
-        masked, bind = unit_bind(pci.read_text(path))
+        masked, bind = unit_bind(files.read_text(path))
         digest = hashlib.sha256(masked.encode()).hexdigest() if masked is not None else None
         items["file.%s" % rel] = _item("serve", digest)
         if bind is not None:
             items["bind.%s" % rel] = _item("serve", bind, unique=True)
-    for path in sorted(glob.glob(_under(root, SERVE_ENV))):
+    for path in sorted(glob.glob(files.path(root, SERVE_ENV))):
         rel = os.path.relpath(path, root or "/")
         # A key file holds this host's API key: its hash tells nothing about the twin.
-        items["file.%s" % rel] = _item("serve", sha256_of(path), unique=rel.endswith(".key.env"))
+        items["file.%s" % rel] = _item("serve", files.digest(path)[0], unique=rel.endswith(".key.env"))
     return items
 
 
@@ -314,20 +266,22 @@ def _smi_field(block, label):
 
 def gpu_items(root):
     gpus, _error = evidence.collect_gpus(root)
-    smi = smi_sections(command_text(root, "nvidia-smi-q")) if any(g["vendor"] == "nvidia" for g in gpus) else {}
+    smi = {}
+    if any(g["vendor"] == "nvidia" for g in gpus):
+        smi = smi_sections(runner.recorded_or_live(root, "nvidia-smi-q", evidence.COMMANDS["nvidia-smi-q"])[0])
     items = {"gpu.count": _item("pcie_link", len(gpus))}
     for gpu in gpus:
         slot = gpu["slot"]
-        base = _under(root, os.path.join("sys", "bus", "pci", "devices", slot))
+        base = files.path(root, os.path.join("sys", "bus", "pci", "devices", slot))
         info = smi.get(slot, {})
-        model = info.get("product") or pci.read_text(os.path.join(base, "product_name"))
+        model = info.get("product") or files.read_text(os.path.join(base, "product_name"))
         items["gpu.%s.model" % slot] = _item("firmware", {"ids": "%s:%s" % (gpu["vendor_id"], gpu["device_id"]),
                                                            "subsystem": gpu["subsystem"], "name": model})
         items["gpu.%s.vbios" % slot] = _item("firmware", info.get("vbios")
-                                             or pci.read_text(os.path.join(base, "vbios_version")))
+                                             or files.read_text(os.path.join(base, "vbios_version")))
         items["gpu.%s.link" % slot] = _item("pcie_link", gpu["link"])
         items["gpu.%s.bars" % slot] = _item("dma_window", [b.get("size") for b in gpu["bars"] or []])
-        serial = info.get("serial") or pci.read_text(os.path.join(base, "serial_number"))
+        serial = info.get("serial") or files.read_text(os.path.join(base, "serial_number"))
         if serial and serial not in ("N/A", "[scrubbed]"):
             items["gpu.%s.serial" % slot] = _item("host", serial, unique=True)
     return items
@@ -335,13 +289,13 @@ def gpu_items(root):
 
 def platform_items(root):
     items = {}
-    dmi = _under(root, "sys/class/dmi/id")
+    dmi = files.path(root, "sys/class/dmi/id")
     for name in DMI_PINNED:
-        value = pci.read_text(os.path.join(dmi, name))
+        value = files.read_text(os.path.join(dmi, name))
         if value is not None:
             items["dmi.%s" % name] = _item("firmware", value)
     for name in DMI_SERIALS:
-        value = pci.read_text(os.path.join(dmi, name))
+        value = files.read_text(os.path.join(dmi, name))
         if value is not None:
             items["dmi.%s" % name] = _item("host", value, unique=True)
     return items
@@ -358,16 +312,18 @@ def parse_ip_addr(text):
 
 
 def identity_items(root):
-    hostname = pci.read_text(_under(root, "etc/hostname")) or pci.read_text(_under(root, "proc/sys/kernel/hostname"))
+    hostname = (files.read_text(files.path(root, "etc/hostname"))
+                or files.read_text(files.path(root, "proc/sys/kernel/hostname")))
+    addresses, _source = runner.recorded_or_live(root, "ip-addr", COMMANDS["ip-addr"])
     items = {
         "host.hostname": _item("host", hostname, unique=True),
-        "host.machine_id": _item("host", pci.read_text(_under(root, "etc/machine-id")), unique=True),
-        "host.addresses": _item("host", parse_ip_addr(command_text(root, "ip-addr")), unique=True),
+        "host.machine_id": _item("host", files.read_text(files.path(root, "etc/machine-id")), unique=True),
+        "host.addresses": _item("host", parse_ip_addr(addresses), unique=True),
     }
-    for path in sorted(glob.glob(_under(root, "sys/class/net/*/address"))):
+    for path in sorted(glob.glob(files.path(root, "sys/class/net/*/address"))):
         iface = os.path.basename(os.path.dirname(path))
         if iface != "lo":
-            items["host.mac.%s" % iface] = _item("host", pci.read_text(path), unique=True)
+            items["host.mac.%s" % iface] = _item("host", files.read_text(path), unique=True)
     return items
 
 

@@ -3,10 +3,13 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """PCI evidence from sysfs under an evidence root (standard library only: runs on the target).
 
-The root is "/" on a real machine, or a recorded tree laid out the same way (docs/evidence.md).
+The root is "/" on a real machine, or a recorded tree laid out the same way (docs/evidence.md); its files are read
+through facts/files.py.
 """
 
 import os
+
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files
 
 VENDORS = {"0x10de": "nvidia", "0x1002": "amd", "0x8086": "intel"}
 # PCI base class 0x03 (display): 0x0300 VGA, 0x0302 3D controller, 0x0380 other display.
@@ -14,16 +17,7 @@ DISPLAY_CLASS_PREFIX = "0x03"
 
 
 def sysfs_path(root, *parts):
-    return os.path.join(root or "/", "sys", *parts)
-
-
-def read_text(path):
-    """File content stripped, or None when it does not exist or cannot be read."""
-    try:
-        with open(path) as handle:
-            return handle.read().strip()
-    except (OSError, UnicodeDecodeError):
-        return None
+    return files.path(root, "sys", *parts)
 
 
 def pci_devices_dir(root):
@@ -34,7 +28,7 @@ def device_attrs(root, slot):
     base = os.path.join(pci_devices_dir(root), slot)
     attrs = {}
     for name in ("vendor", "device", "class", "subsystem_vendor", "subsystem_device", "numa_node"):
-        attrs[name] = read_text(os.path.join(base, name))
+        attrs[name] = files.read_text(os.path.join(base, name))
     return attrs
 
 

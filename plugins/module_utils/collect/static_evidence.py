@@ -4,23 +4,22 @@
 """Collect the static P2P-ladder evidence under a root (standard library only, Python 3.8+).
 
 All I/O of the static layers lives here; the judges (ladder_static.py) are pure. The same
-functions read "/" on a real box and a recorded tree (lab host, snapshot, test fixture).
-Commands are only run when the root is "/"; under a recorded root their saved output is read
-from var/lib/rigbook/commands/<name>.txt.
+functions read "/" on a real box and a recorded tree (lab host, snapshot, test fixture), through
+facts/ (files under the root, the kernel). Commands are only run when the root is "/"; under a
+recorded root their saved output is read from var/lib/rigbook/commands/<name>.txt
+(facts/runner.recorded_or_live).
 """
 
 from __future__ import annotations
 
 import glob
-import json
 import os
 import re
-import subprocess
 
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import pci
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files, kernel, runner
 
-COMMANDS_DIR = ("var", "lib", "rigbook", "commands")
-# name -> argv, run on a live root only
+# name -> argv, run on a live root only (runner.recorded_or_live: the recording NAME.txt elsewhere)
 COMMANDS = {
     "nvidia-smi-q": ["nvidia-smi", "-q"],
     "nvidia-smi-topo": ["nvidia-smi", "topo", "-m"],
@@ -39,55 +38,24 @@ GEN_SPEED_GTS = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
 KERNEL_CONFIG_KEYS = ("CONFIG_PCI_P2PDMA", "CONFIG_HSA_AMD_P2P", "CONFIG_DMABUF_MOVE_NOTIFY", "CONFIG_PCI_IOV")
 
 
-def path(root, *parts):
-    return os.path.join(root or "/", *parts)
-
-
-def is_live(root):
-    return os.path.realpath(root or "/") == "/"
-
-
-def command_output(root, name, timeout=60):
-    """(text, source) of a command: run live under "/", read its recorded output elsewhere.
-
-    text is None when the command is missing, failed, or has no recording.
-    """
-    if is_live(root):
-        argv = COMMANDS[name]
-        try:
-            proc = subprocess.run(argv, capture_output=True, timeout=timeout)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return None, "%s: %s" % (" ".join(argv), exc)
-        if proc.returncode != 0:
-            detail = proc.stderr.decode(errors="replace")[:200]
-            return None, "%s exited %d: %s" % (" ".join(argv), proc.returncode, detail)
-        return proc.stdout.decode(errors="replace"), " ".join(argv)
-    rel = os.path.join(*COMMANDS_DIR + (name + ".txt",))
-    text = pci.read_text(path(root, rel))
-    return text, ("recorded " + rel if text is not None else "no recording at " + rel)
-
-
 def probe_output(root, name, live_fn):
     """(evidence dict, source) of a GPU driver probe: call LIVE_FN under "/", read its recording elsewhere.
 
     A probe's output is JSON, recorded as var/lib/rigbook/commands/<name>.json. A missing or
     garbled recording reads as {"available": false, "error": ...}, which the judges call unknown.
     """
-    if is_live(root):
+    if files.is_live(root):
         try:
             return live_fn(), "live " + name
         except Exception as exc:  # the probes never raise; this is the last guard
             return {"available": False, "error": "%s raised %r" % (name, exc)}, "live " + name
-    rel = os.path.join(*COMMANDS_DIR + (name + ".json",))
-    text = pci.read_text(path(root, rel))
-    if text is None:
+    rel = os.path.join(*runner.COMMANDS_DIR + (name + ".json",))
+    data, error = files.read_json(files.path(root, rel))
+    if data is None and error is None:
         return {"available": False, "error": "no recording at " + rel}, "no recording at " + rel
-    try:
-        data = json.loads(text)
-    except ValueError:
-        data = None
     if not isinstance(data, dict):
-        return {"available": False, "error": "garbled recording at " + rel}, "recorded " + rel
+        return {"available": False, "error": "garbled recording at %s (%s)" % (
+            rel, error or "not a JSON object")}, "recorded " + rel
     return data, "recorded " + rel
 
 
@@ -106,7 +74,7 @@ def parse_int(text):
 
 def read_resources(root, slot):
     """BARs from the sysfs resource file: [{index, start, end, size, kind, prefetchable, bits}]."""
-    text = pci.read_text(path(root, "sys", "bus", "pci", "devices", slot, "resource"))
+    text = files.read_text(files.path(root, "sys", "bus", "pci", "devices", slot, "resource"))
     if text is None:
         return None
     bars = []
@@ -134,9 +102,9 @@ def read_resources(root, slot):
 def read_resize(root, slot):
     """Resizable-BAR sizes per BAR from resourceN_resize (bit n = 2^n MiB supported)."""
     out = {}
-    base = path(root, "sys", "bus", "pci", "devices", slot)
+    base = files.path(root, "sys", "bus", "pci", "devices", slot)
     for name in sorted(glob.glob(os.path.join(base, "resource[0-9]_resize"))):
-        mask = parse_int(pci.read_text(name))
+        mask = parse_int(files.read_text(name))
         if mask is None:
             continue
         index = int(os.path.basename(name)[len("resource")])
@@ -145,19 +113,19 @@ def read_resize(root, slot):
 
 
 def read_link(root, slot):
-    base = path(root, "sys", "bus", "pci", "devices", slot)
+    base = files.path(root, "sys", "bus", "pci", "devices", slot)
     return {
-        "current_speed_gts": parse_speed(pci.read_text(os.path.join(base, "current_link_speed"))),
-        "max_speed_gts": parse_speed(pci.read_text(os.path.join(base, "max_link_speed"))),
-        "current_width": parse_int(pci.read_text(os.path.join(base, "current_link_width"))),
-        "max_width": parse_int(pci.read_text(os.path.join(base, "max_link_width"))),
+        "current_speed_gts": parse_speed(files.read_text(os.path.join(base, "current_link_speed"))),
+        "max_speed_gts": parse_speed(files.read_text(os.path.join(base, "max_link_speed"))),
+        "current_width": parse_int(files.read_text(os.path.join(base, "current_link_width"))),
+        "max_width": parse_int(files.read_text(os.path.join(base, "max_link_width"))),
     }
 
 
 def upstream_chain(root, slot):
     """Bridges from the GPU up to the root port, nearest first, with their ids and links."""
     chain = []
-    link = path(root, "sys", "bus", "pci", "devices", slot)
+    link = files.path(root, "sys", "bus", "pci", "devices", slot)
     current = os.path.realpath(link)
     while True:
         parent = os.path.dirname(current)
@@ -202,8 +170,8 @@ def collect_gpus(root):
 def kernel_config(root, release):
     if not release:
         return None, None
-    for candidate in (path(root, "boot", "config-" + release), path(root, "proc", "config")):
-        text = pci.read_text(candidate)
+    for candidate in (files.path(root, "boot", "config-" + release), files.path(root, "proc", "config")):
+        text = files.read_text(candidate)
         if text is not None:
             values = {}
             for line in text.splitlines():
@@ -218,12 +186,11 @@ def kernel_config(root, release):
 
 
 def collect_kernel(root):
-    release = pci.read_text(path(root, "proc", "sys", "kernel", "osrelease"))
-    cmdline = pci.read_text(path(root, "proc", "cmdline"))
+    release = kernel.release(root)
     config, config_path = kernel_config(root, release)
     return {
         "release": release,
-        "cmdline": cmdline.split() if cmdline is not None else None,
+        "cmdline": kernel.cmdline(root),
         "config": config,
         "config_path": config_path,
     }
@@ -233,10 +200,10 @@ def module_files(root, release, name):
     """Installed .ko files of module NAME for RELEASE, relative to lib/modules/<release>."""
     if not release:
         return []
-    base = path(root, "lib", "modules", release)
+    base = files.path(root, "lib", "modules", release)
     found = []
-    for dirpath, _dirs, files in os.walk(base):
-        for file in files:
+    for dirpath, _dirs, names in os.walk(base):
+        for file in names:
             stem = file.split(".ko")[0] if ".ko" in file else None
             if stem is not None and stem.replace("-", "_") == name.replace("-", "_"):
                 found.append(os.path.relpath(os.path.join(dirpath, file), base))
@@ -245,8 +212,8 @@ def module_files(root, release, name):
 
 def modprobe_options(root):
     texts = []
-    for name in sorted(glob.glob(path(root, "etc", "modprobe.d", "*.conf"))):
-        text = pci.read_text(name)
+    for name in sorted(glob.glob(files.path(root, "etc", "modprobe.d", "*.conf"))):
+        text = files.read_text(name)
         if text:
             texts.append(text)
     return "\n".join(texts)
@@ -258,28 +225,30 @@ def uvm_disable_hmm_configured(root):
 
 
 def collect_nvidia(root, release, userspace_too=True):
-    proc_version = pci.read_text(path(root, "proc", "driver", "nvidia", "version"))
-    smi_text, smi_source = command_output(root, "nvidia-smi-version") if userspace_too else (None, "not asked")
+    proc_version = files.read_text(files.path(root, "proc", "driver", "nvidia", "version"))
+    smi_text, smi_source = (runner.recorded_or_live(root, "nvidia-smi-version", COMMANDS["nvidia-smi-version"])
+                            if userspace_too else (None, "not asked"))
     userspace = None
     if smi_text:
         first = smi_text.strip().splitlines()[0].strip() if smi_text.strip() else ""
         userspace = first or None
     if userspace is None and userspace_too:
-        q_text, _ = command_output(root, "nvidia-smi-q")
+        q_text, _ = runner.recorded_or_live(root, "nvidia-smi-q", COMMANDS["nvidia-smi-q"])
         m = re.search(r"^\s*(?:Driver Version|KMD Version)\s*:\s*(\S+)", q_text or "", re.M)
         userspace = m.group(1) if m else None
     m = re.search(r"Kernel Module(?: for \S+)?\s+([0-9.]+)", proc_version or "")
     return {
-        "loaded": os.path.isdir(path(root, "sys", "module", "nvidia")),
-        "module_version": pci.read_text(path(root, "sys", "module", "nvidia", "version")),
+        "loaded": os.path.isdir(files.path(root, "sys", "module", "nvidia")),
+        "module_version": files.read_text(files.path(root, "sys", "module", "nvidia", "version")),
         "proc_version": proc_version,
         "proc_module_version": m.group(1) if m else None,
         "open_kernel_module": ("Open Kernel Module" in proc_version) if proc_version else None,
         "module_files": module_files(root, release, "nvidia"),
         "userspace_version": userspace,
         "userspace_source": smi_source,
-        "uvm_loaded": os.path.isdir(path(root, "sys", "module", "nvidia_uvm")),
-        "uvm_disable_hmm": pci.read_text(path(root, "sys", "module", "nvidia_uvm", "parameters", "uvm_disable_hmm")),
+        "uvm_loaded": os.path.isdir(files.path(root, "sys", "module", "nvidia_uvm")),
+        "uvm_disable_hmm": files.read_text(files.path(root, "sys", "module", "nvidia_uvm", "parameters",
+                                                      "uvm_disable_hmm")),
         "modprobe_uvm_disable_hmm": uvm_disable_hmm_configured(root),
     }
 
@@ -291,8 +260,8 @@ def _property(text, name):
 
 def collect_amd(root):
     nodes = []
-    for node in sorted(glob.glob(path(root, "sys", "class", "kfd", "kfd", "topology", "nodes", "*"))):
-        props = pci.read_text(os.path.join(node, "properties"))
+    for node in sorted(glob.glob(files.path(root, "sys", "class", "kfd", "kfd", "topology", "nodes", "*"))):
+        props = files.read_text(os.path.join(node, "properties"))
         if props is None:
             continue
         nodes.append(
@@ -304,14 +273,14 @@ def collect_amd(root):
             }
         )
     return {
-        "loaded": os.path.isdir(path(root, "sys", "module", "amdgpu")),
-        "rocm_version": pci.read_text(path(root, "opt", "rocm", ".info", "version")),
+        "loaded": os.path.isdir(files.path(root, "sys", "module", "amdgpu")),
+        "rocm_version": files.read_text(files.path(root, "opt", "rocm", ".info", "version")),
         "kfd_nodes": nodes,
     }
 
 
 def collect_cpu(root):
-    text = pci.read_text(path(root, "proc", "cpuinfo")) or ""
+    text = files.read_text(files.path(root, "proc", "cpuinfo")) or ""
     vendor = re.search(r"^vendor_id\s*:\s*(\S+)", text, re.M)
     family = re.search(r"^cpu family\s*:\s*(\d+)", text, re.M)
     model = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
@@ -329,7 +298,7 @@ def collect_cpu(root):
 
 def gpus_part(ctx, evidence):
     gpus, error = collect_gpus(ctx.root)
-    return {"gpus": gpus, "error": error, "uefi": os.path.isdir(path(ctx.root, "sys", "firmware", "efi"))}
+    return {"gpus": gpus, "error": error, "uefi": os.path.isdir(files.path(ctx.root, "sys", "firmware", "efi"))}
 
 
 def kernel_part(ctx, evidence):

@@ -5,9 +5,9 @@
 
 from __future__ import annotations
 
-from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import baseline_compare as baseline_mod
-from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import expectations
-from ansible_collections.rigbook.homelab.plugins.module_utils.ladder.verdict import make
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges import baseline_compare as baseline_mod
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges import expectations
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges.verdict import make, worse
 
 # The ops every collectives run has (nccl-tests/rccl-tests sendrecv_perf, all_reduce_perf; the bundled benchmark), and
 # the ones a run of rccl-tests/nccl-tests adds when the programs are there (all_gather_perf, reduce_scatter_perf; seed
@@ -155,12 +155,10 @@ def judge_collectives(data, ladder_view, baseline_metrics=None, tolerance=None, 
     elif status in ("fail", "warn"):
         remedy = ("Bus bandwidth fell against the baseline over %s: check nccl_transport (SHM fallback after a "
                   "kernel or driver upgrade), then p2p_bandwidth and the PCIe link." % path)
-    order = {"pass": 0, "warn": 1, "unknown": 2, "fail": 3}
     if peer_status in ("warn", "fail"):
         texts.insert(0, peer_text)
         remedy = " ".join(filter(None, [SENDRECV_REMEDY, remedy]))
-        if order[peer_status] > order[status]:
-            status = peer_status
+        status = worse(status, peer_status)
     if missing and status == "pass" and not no_baseline:
         status = "warn"
         texts.append("not measured: %s" % ", ".join(missing))

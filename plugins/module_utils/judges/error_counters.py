@@ -16,10 +16,11 @@ and other Xids since boot say nothing about this run.
 
 from __future__ import annotations
 
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges.verdict import worse
+
 CRITICAL_XIDS = frozenset((48, 56, 57, 58, 62, 63, 64, 65, 68, 69, 73, 74, 79, 80, 81, 92, 119, 120))
 DEFAULT_CORRECTABLE_WARN_ABOVE = 0
 MAX_QUOTED_LINES = 3
-RANK = {"pass": 0, "skip": 0, "unknown": 1, "warn": 2, "fail": 3}
 
 REMEDY_AER = ("PCIe errors on the GPU's link: reseat the GPU and its riser (or take the riser out), check the "
               "slot's power, and train the link one generation lower in the BIOS if the count keeps rising.")
@@ -108,13 +109,13 @@ def judge(delta, correctable_warn_above=DEFAULT_CORRECTABLE_WARN_ABOVE):
 
 
 def worsen(verdict, judged, errors):
-    """VERDICT with JUDGED applied: its status raised to JUDGED's when worse, `why` extended with the problems
-    and notes, the remedies appended, measured["errors"] = ERRORS. A pass judgement leaves VERDICT as it is."""
+    """VERDICT with JUDGED applied: its status raised to JUDGED's when worse (judges/verdict.SEVERITY: never
+    lowered, so a warn leaves an unknown unknown), `why` extended with the problems and notes, the remedies
+    appended, measured["errors"] = ERRORS. A pass judgement leaves VERDICT as it is."""
     if judged["status"] == "pass":
         return verdict
     out = dict(verdict)
-    if RANK[judged["status"]] > RANK.get(out["status"], 0):
-        out["status"] = judged["status"]
+    out["status"] = worse(out.get("status"), judged["status"])
     when = "since boot (no earlier snapshot)" if judged["since_boot"] else "during this layer"
     text = "hardware errors %s: %s" % (when, "; ".join(judged["problems"] + judged["notes"]))
     out["why"] = "%s; %s" % (out["why"], text) if out.get("why") else text

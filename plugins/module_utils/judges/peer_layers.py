@@ -11,9 +11,9 @@ fails whatever the host variables say.
 
 from __future__ import annotations
 
-from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import baseline_compare as baseline_mod
-from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import expectations
-from ansible_collections.rigbook.homelab.plugins.module_utils.ladder.verdict import Findings, make
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges import baseline_compare as baseline_mod
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges import expectations
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges.verdict import Findings, make
 
 # Usable GB/s per lane after line coding (Gen1/2 8b/10b, Gen3-5 128b/130b, Gen6 FLIT 242/256).
 GBS_PER_LANE = {1: 0.25, 2: 0.5, 3: 8 * 128 / 130 / 8, 4: 16 * 128 / 130 / 8, 5: 32 * 128 / 130 / 8,
@@ -84,7 +84,7 @@ def link_gbs(gen, width):
 
 
 def p2p_expected(probe, ladder_view):
-    """The one rule (ladder/expectations.py), counting the devices the probe saw when it ran."""
+    """The one rule (judges/expectations.py), counting the devices the probe saw when it ran."""
     probe = probe or {}
     seen = len(probe["devices"]) if probe.get("available") and probe.get("devices") is not None else None
     return expectations.p2p_expected(ladder_view, seen)

@@ -17,9 +17,10 @@ fails above baseline / fail_below).
 
 from __future__ import annotations
 
-from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import baseline_compare as baseline_mod
-from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import expectations
-from ansible_collections.rigbook.homelab.plugins.module_utils.ladder.verdict import Findings, make
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import libraries
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges import baseline_compare as baseline_mod
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges import expectations
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges.verdict import Findings, make
 
 LAYER = "serving"
 MAX_ERRORS_SHOWN = 3
@@ -209,22 +210,17 @@ ENGINE_LIBRARY_FACT = ("torch's wheel finds its bundled copy through a DT_RPATH,
                        "seed 004's box that is stock RCCL and the SHM fallback while the collectives passed")
 
 
-def _is_collectives(path):
-    name = (path or "").rsplit("/", 1)[-1]
-    return name.startswith(("libnccl.so", "librccl.so"))
-
-
 def _check_library(item, verified, ladder_view, found, measured, expected):
     """The NCCL/RCCL library the engine process has mapped (/proc/PID/maps, with sha256) against VERIFIED, the one
     the collectives tests load; the GPU runtime it mapped and the NCCL version it logged are reported."""
-    libraries = item.get("engine_libraries")
-    if libraries is None:
+    mapped_libraries = item.get("engine_libraries")
+    if mapped_libraries is None:
         return
-    mapped = [lib for lib in libraries if _is_collectives(lib.get("path"))]
+    mapped = [lib for lib in mapped_libraries if libraries.is_collectives(lib.get("path"))]
     measured["collectives_library"] = ", ".join("%s (sha256 %s)" % (lib["path"], (lib.get("sha256") or "?")[:12])
                                                 for lib in mapped) or None
-    measured["gpu_runtime"] = ", ".join(lib["path"] for lib in libraries if not _is_collectives(lib.get("path"))) \
-        or None
+    measured["gpu_runtime"] = ", ".join(lib["path"] for lib in mapped_libraries
+                                        if not libraries.is_collectives(lib.get("path"))) or None
     measured["nccl_version_logged"] = (item.get("log") or {}).get("nccl_version")
     if not _transport_matters(item, ladder_view) or not verified:
         return

@@ -9,8 +9,8 @@ evidence is evidence.collect_static(root); ladder_view is {"gpu": rigbook_gpu, "
 
 from __future__ import annotations
 
-from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import expectations
-from ansible_collections.rigbook.homelab.plugins.module_utils.ladder.verdict import Findings, make
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges import expectations
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges.verdict import Findings, make
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -81,7 +81,7 @@ def _vendor(evidence, ladder_view):
 
 
 def p2p_expected(evidence, ladder_view):
-    """The one rule (ladder/expectations.py), counting the GPUs found in sysfs."""
+    """The one rule (judges/expectations.py), counting the GPUs found in sysfs."""
     return expectations.p2p_expected(ladder_view, len(evidence.get("gpus") or []))
 
 

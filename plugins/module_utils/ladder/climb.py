@@ -7,7 +7,8 @@
 
 from __future__ import annotations
 
-from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import error_watch, expectations, registry
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges import expectations
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import error_watch, registry
 from ansible_collections.rigbook.homelab.plugins.module_utils.probe import defaults as probe_defaults
 
 # The runtime and serving layers' options (the ladder module's argument spec gives them their types) and their
@@ -27,7 +28,8 @@ OPTION_DEFAULTS = {
     "ab": False,
     "log": None,
     "unit": None,
-    "serve": [],
+    "serve": [],  # the host model's serve profiles (normalised once, by host_model.build)
+    "serve_errors": [],  # the host model's: the rigbook_serve items it could not read
     "serving_state": None,
     "error_state": None,  # the error counters' state file (ladder/error_watch.py); None: none kept
     "check_mode": False,
@@ -38,7 +40,7 @@ OPTION_DEFAULTS = {
 
 class Context:
     """What a climb judges against and where it reads: the ladder view ({gpu, p2p, pins} of the host model,
-    host_model.ladder_view), the host's baseline metrics, the tolerance (merged once, ladder/expectations.py),
+    host_model.ladder_view), the host's baseline metrics, the tolerance (merged once, judges/expectations.py),
     the evidence root, and the runtime options (OPTION_DEFAULTS, overridden by OPTIONS)."""
 
     def __init__(self, root="/", ladder_view=None, baseline=None, tolerance=None, options=None):
@@ -64,7 +66,10 @@ def climb(layers, ctx, stop_at_fail=True, evidence=None):
     judged, so a climb that stops early reads and runs nothing for the layers above. EVIDENCE given (a saved
     evidence dict) is judged as it is: nothing is collected. Otherwise the runtime layers are watched for
     hardware errors (AER, Xid, GPU resets, IOMMU faults; ladder/error_watch.py): the layer during which a
-    counter rose gets the fail / warn."""
+    counter rose gets the fail / warn. The "expected layer unknown fails" rule (unknown_expected) judges what the
+    layer itself measured, before that modifier, and the modifier only ever raises a status
+    (judges/verdict.SEVERITY): an expected layer that measured nothing fails unless allowed, whatever the counters
+    did."""
     wanted = set(layer if isinstance(layer, str) else layer.name for layer in layers)
     verdicts = []
     replay = evidence is not None
@@ -81,10 +86,10 @@ def climb(layers, ctx, stop_at_fail=True, evidence=None):
             watch.start(evidence)
         collect(layer.needs, ctx, evidence, collected)
         verdict = layer.judge(evidence, ctx)
-        if watch is not None and layer.phase == registry.RUNTIME:
-            verdict = watch.after(verdict, evidence)
         if not replay:
             verdict = unknown_expected(verdict, ctx)
+        if watch is not None and layer.phase == registry.RUNTIME:
+            verdict = watch.after(verdict, evidence)
         verdicts.append(verdict)
         if stop_at_fail and verdict["status"] == "fail":
             break

@@ -30,9 +30,9 @@ import ctypes
 import hashlib
 import json
 import os
-import subprocess
 import sys
 
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import runner
 from ansible_collections.rigbook.homelab.plugins.module_utils.probe import engine
 
 ProbeError = engine.ProbeError
@@ -207,14 +207,13 @@ HIP_SYMBOLS = {
 
 
 def run_child(argv, env, timeout):
-    """(returncode, stdout, timed_out) of the IPC child."""
-    try:
-        proc = subprocess.run(argv, env=env, capture_output=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
+    """(returncode, stdout, timed_out) of the IPC child, run through facts/runner.run with exactly ENV (clean_env)."""
+    result = runner.run(argv, timeout=timeout, env=env, clean_env=True)
+    if result.timed_out:
         return None, "", True
-    except OSError as exc:
-        return None, json.dumps({"error": "cannot start the IPC child: %s" % exc}), False
-    return proc.returncode, proc.stdout.decode(errors="replace"), False
+    if result.rc is None:
+        return None, json.dumps({"error": "cannot start the IPC child: %s" % result.error}), False
+    return result.rc, result.stdout, False
 
 
 class HipBackend:

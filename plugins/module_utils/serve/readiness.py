@@ -8,26 +8,24 @@ answers 503 until the warm-up generation is done (sgl-project/sglang python/sgla
 launch_server, _wait_and_warmup, health_generate). Ready here means /health_generate answered 200 and then one real
 chat completion returned tokens (a health endpoint alone can answer 200 after the scheduler died:
 sgl-project/sglang#6624).
-The HTTP side is the serving layer's own (collect/serving_evidence.py): the same polling, timeouts and requests.
+The HTTP side is the one the serving layer uses too (serve/engine_api.py): the same polling, timeouts and requests.
 """
 
 from __future__ import annotations
 
-from ansible_collections.rigbook.homelab.plugins.module_utils.collect import serving_evidence as serving
-from ansible_collections.rigbook.homelab.plugins.module_utils.serve import profile as serve_profile
+from ansible_collections.rigbook.homelab.plugins.module_utils.serve import engine_api
 
 CANARY_TOKENS = 8
 RUNNING = ("active", "activating", "reloading")
 
 
 def wait(profile, api_key, unit_state):
-    """Poll until ready or the profile's startup_timeout_s. UNIT_STATE() returns the unit's systemctl properties
-    (ActiveState, Result): a unit that stopped ends the wait at once. Returns {ready, seconds, why}."""
-    item, error = serve_profile.normalize(profile, 0)
-    if error:
-        return dict(ready=False, seconds=0, why=error)
-    endpoint = serving.Endpoint(item["bind"], item["port"], api_key)
-    ready = serving.wait_ready(endpoint, item["startup_timeout_s"],
+    """Poll until ready or the profile's startup_timeout_s. PROFILE is one of the host model's serve profiles
+    (rigbook_host.serve: bind, port, startup_timeout_s, served_model_name filled in by host_model.build). UNIT_STATE()
+    returns the unit's systemctl properties (ActiveState, Result): a unit that stopped ends the wait at once.
+    Returns {ready, seconds, why}."""
+    endpoint = engine_api.Endpoint(profile["bind"], profile["port"], api_key)
+    ready = engine_api.wait_ready(endpoint, profile["startup_timeout_s"],
                                lambda: unit_state().get("ActiveState") in RUNNING)
     if not ready["ready"]:
         state = unit_state()
@@ -37,9 +35,9 @@ def wait(profile, api_key, unit_state):
         else:
             why = "not ready after %.0f s (startup_timeout_s); last answer: %s" % (ready["waited_s"], ready["last"])
         return dict(ready=False, seconds=ready["waited_s"], why=why)
-    model = item["served_model_name"] or profile.get("model_path")
-    status, data, error = serving.http_json(endpoint, "POST", "/v1/chat/completions",
-                                            serving.chat_body(model, CANARY_TOKENS, False))
+    model = profile.get("served_model_name") or profile.get("model_path")
+    status, data, error = engine_api.http_json(endpoint, "POST", "/v1/chat/completions",
+                                               engine_api.chat_body(model, CANARY_TOKENS, False))
     usage = (data or {}).get("usage") if isinstance(data, dict) else None
     tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
     if status != 200 or not tokens:

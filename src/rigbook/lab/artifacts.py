@@ -15,10 +15,8 @@ site.yml finds there, offline:
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -55,7 +53,14 @@ def _on_this_machine(host_path: str) -> Path:
 
 
 def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    """The sha256 of the file PATH (facts/files.sha256_of: OSError when it cannot be read)."""
+    return paths.facts("files").sha256_of(str(path))
+
+
+def _tail(result) -> str:
+    """The last line a failed command (a runner.Result) printed, or why it did not run."""
+    lines = (result.stderr.strip() or result.stdout.strip()).splitlines()[-1:]
+    return lines[0] if lines else (result.error or "no output")
 
 
 def pack_standins(pins: dict) -> None:
@@ -90,12 +95,10 @@ def download_wheels(pins: dict) -> None:
     wheel_dir.mkdir(parents=True, exist_ok=True)
     specs = [f"{name}=={wanted[name]}" for name in missing]
     progress(f"artifacts: downloading {', '.join(specs)} into {wheel_dir} (once per machine) ...")
-    proc = subprocess.run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q",
-                           "--only-binary=:all:", "-d", str(wheel_dir), *specs],
-                          capture_output=True, text=True, timeout=1800)
-    if proc.returncode != 0:
-        tail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or ["no output"]
-        raise LabFailure(f"artifacts: pip download failed: {tail[0]}")
+    result = paths.facts("runner").run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q",
+                                        "--only-binary=:all:", "-d", str(wheel_dir), *specs], timeout=1800)
+    if result.rc != 0:
+        raise LabFailure(f"artifacts: pip download failed: {_tail(result)}")
     progress(f"artifacts: {len(specs)} wheels downloaded")
 
 
@@ -128,12 +131,10 @@ def fetch_kernel_debs(pins: dict) -> None:
         progress(f"artifacts: downloading {spec} through this machine's apt sources (once per machine) ...")
         with tempfile.TemporaryDirectory(dir=target.parent) as work:
             Path(work).chmod(0o755)
-            proc = subprocess.run(["apt-get", "download", "-q", spec], cwd=work, capture_output=True, text=True,
-                                  timeout=1800)
+            result = paths.facts("runner").run(["apt-get", "download", "-q", spec], cwd=work, timeout=1800)
             got = list(Path(work).glob("*.deb"))
-            if proc.returncode != 0 or len(got) != 1:
-                tail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or ["no output"]
-                raise LabFailure(f"artifacts: apt-get download {spec} failed: {tail[0]} (is it still in the "
+            if result.rc != 0 or len(got) != 1:
+                raise LabFailure(f"artifacts: apt-get download {spec} failed: {_tail(result)} (is it still in the "
                                  f"apt sources? {AMD_GROUP} pins it)")
             shutil.move(str(got[0]), target)
     for deb in debs:
@@ -206,12 +207,11 @@ def _locked_wheel(wheel_dir: Path, name: str, version: str, hashes: set, lock_na
     if not wheels:
         wheel_dir.mkdir(parents=True, exist_ok=True)
         progress(f"artifacts: downloading {name}=={version} (no dependencies) into {wheel_dir} (once) ...")
-        proc = subprocess.run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q",
-                               "--no-deps", "--only-binary=:all:", "-d", str(wheel_dir), f"{name}=={version}"],
-                              capture_output=True, text=True, timeout=1800)
-        if proc.returncode != 0:
-            tail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or ["no output"]
-            raise LabFailure(f"artifacts: pip download {name} failed: {tail[0]}")
+        result = paths.facts("runner").run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check",
+                                            "-q", "--no-deps", "--only-binary=:all:", "-d", str(wheel_dir),
+                                            f"{name}=={version}"], timeout=1800)
+        if result.rc != 0:
+            raise LabFailure(f"artifacts: pip download {name} failed: {_tail(result)}")
         wheels = sorted(w for w in wheel_dir.glob("*.whl") if w.name.lower().startswith(stem.lower()))
     for wheel in wheels:
         if _sha256(wheel) not in hashes:

@@ -20,12 +20,12 @@ from the seed's steps, as everywhere in the lab (docs/lab.md).
 from __future__ import annotations
 
 import shlex
-import subprocess
 import time
 
 from rigbook.errors import UserError
 from rigbook.lab import hardware_trees, machine, state
 from rigbook.lab.system import LabFailure, progress
+from rigbook.paths import facts
 
 ARTIFACTS = "/var/cache/rigbook/artifacts"
 KERNEL = "6.1.0-47-amd64"
@@ -132,18 +132,22 @@ exit 1
 
 
 def _as_root(host, script: str, what: str) -> None:
-    proc = subprocess.run(machine.ssh_command(host, "sudo -n sh -c " + shlex.quote(script)), capture_output=True,
-                          text=True, timeout=900)
-    if proc.returncode != 0:
-        raise LabFailure(f"{host.name}: {what} failed (rc {proc.returncode}): "
-                         f"{(proc.stderr or proc.stdout).strip()[-800:]}")
+    result = facts("runner").run(machine.ssh_command(host, "sudo -n sh -c " + shlex.quote(script)), timeout=900)
+    if result.rc is None:
+        raise LabFailure(f"{host.name}: {what} failed: {result.error}")
+    if result.rc != 0:
+        raise LabFailure(f"{host.name}: {what} failed (rc {result.rc}): "
+                         f"{(result.stderr or result.stdout).strip()[-800:]}")
 
 
 def _reboot(host, timeout: float = 180.0) -> None:
     """`systemctl reboot` as the owner would, then wait for the next boot and its sshd."""
     boots = host.dir / "boots"
     count = boots.read_text().strip() if boots.exists() else ""
-    subprocess.run(machine.ssh_command(host, "sudo -n systemctl reboot"), capture_output=True, timeout=60)
+    # its exit status is not looked at: the connection may drop as the host goes down
+    asked = facts("runner").run(machine.ssh_command(host, "sudo -n systemctl reboot"), timeout=60)
+    if asked.rc is None:
+        raise LabFailure(f"{host.name}: asking it to reboot: {asked.error}")
     deadline = time.monotonic() + timeout
     while (boots.read_text().strip() if boots.exists() else "") == count:
         if time.monotonic() > deadline:

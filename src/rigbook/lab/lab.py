@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shlex
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -12,6 +11,7 @@ from rigbook.errors import UserError
 from rigbook.lab import artifacts, faults, hardware_trees, inventory, machine, rootfs, state, system, tracking
 from rigbook.lab.state import Host, Lab
 from rigbook.lab.system import LabFailure, progress
+from rigbook.paths import facts
 
 
 def _count(hosts: list) -> str:
@@ -200,21 +200,24 @@ def _fault_backups(host) -> Path:
 
 def _run_in_host(host, script: str) -> None:
     """A fault's script, as root inside the running host (over its SSH, as Ansible reaches it)."""
-    proc = subprocess.run(machine.ssh_command(host, "sudo -n sh -c " + shlex.quote(script)), capture_output=True,
-                          text=True, timeout=600)
-    if proc.returncode != 0:
-        raise LabFailure(f"{host.name}: the fault's script failed (rc {proc.returncode}): "
-                         f"{(proc.stderr or proc.stdout).strip()[-400:]}")
+    result = facts("runner").run(machine.ssh_command(host, "sudo -n sh -c " + shlex.quote(script)), timeout=600)
+    if result.rc is None:
+        raise LabFailure(f"{host.name}: the fault's script failed: {result.error}")
+    if result.rc != 0:
+        raise LabFailure(f"{host.name}: the fault's script failed (rc {result.rc}): "
+                         f"{(result.stderr or result.stdout).strip()[-400:]}")
 
 
 def _record_booted_kernel(host) -> None:
     """Run the lab's boot hook on the fresh tree, so a healed host still shows the kernel it booted."""
     hook = host.root / "usr/local/sbin/rigbook-lab-boot-kernel"
     if hook.exists():
-        proc = subprocess.run(["chroot", str(host.root), "/usr/local/sbin/rigbook-lab-boot-kernel"],
-                              capture_output=True, text=True, timeout=60)
-        if proc.returncode != 0:
-            progress(f"{host.name}: the boot hook failed on the healed tree: {proc.stderr.strip()[-300:]}")
+        result = facts("runner").run(["chroot", str(host.root), "/usr/local/sbin/rigbook-lab-boot-kernel"],
+                                     timeout=60)
+        if result.rc is None:  # chroot missing, or the hook hung: not a failed hook but a broken heal
+            raise LabFailure(f"{host.name}: the boot hook on the healed tree: {result.error}")
+        if result.rc != 0:
+            progress(f"{host.name}: the boot hook failed on the healed tree: {result.stderr.strip()[-300:]}")
 
 
 def heal(name: str) -> int:

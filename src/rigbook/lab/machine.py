@@ -13,11 +13,11 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import time
 import uuid
 from pathlib import Path
 
+from rigbook import paths
 from rigbook.errors import UserError
 from rigbook.lab import hardware_trees, state
 from rigbook.lab.state import Host
@@ -161,10 +161,10 @@ PasswordAuthentication yes
 
 def _chroot(root: Path, *cmd: str, stdin: str | None = None) -> None:
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C", "HOME": "/root"}
-    proc = subprocess.run(["chroot", str(root), *cmd], input=stdin, capture_output=True, text=True, env=env,
-                          timeout=60)
-    if proc.returncode != 0:
-        raise LabFailure(f"`chroot {root} {' '.join(cmd[:2])}` failed: {(proc.stderr or proc.stdout).strip()[-300:]}")
+    result = paths.facts("runner").run(["chroot", str(root), *cmd], data=stdin, env=env, clean_env=True, timeout=60)
+    if result.rc != 0:
+        why = result.error if result.rc is None else (result.stderr or result.stdout).strip()[-300:]
+        raise LabFailure(f"`chroot {root} {' '.join(cmd[:2])}` failed: {why}")
 
 
 def make_bare(host: Host) -> None:
@@ -310,14 +310,15 @@ def start(host: Host, systemd_host: bool) -> None:
         source.mkdir(parents=True, exist_ok=True)
     seed_apt_cache(host.block)
     host.cgroups = [] if systemd_host else make_cgroups(host)
+    # collections: where the supervisor (python -I, standard library only) imports facts/runner and files from
     spec = {"dir": str(host.dir), "cgroups": host.cgroups, "console": str(host.dir / "console.log"),
-            "nspawn": nspawn_command(host, systemd_host)}
+            "nspawn": nspawn_command(host, systemd_host), "collections": str(paths.link_collection())}
     spec_path = host.dir / "supervisor.json"
     spec_path.write_text(json.dumps(spec, indent=2) + "\n")
-    env = dict(os.environ, PATH=os.environ.get("PATH", "/usr/bin:/bin") + ":/usr/sbin:/sbin")
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin") + ":/usr/sbin:/sbin"}
     with open(host.dir / "supervisor.log", "ab") as log:
-        proc = subprocess.Popen([python(), "-I", str(SUPERVISOR), str(spec_path)], stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=log, start_new_session=True, env=env, close_fds=True)
+        proc = paths.facts("runner").spawn([python(), "-I", str(SUPERVISOR), str(spec_path)], env=env, stdout=log,
+                                           stderr=log, new_session=True)
     host.supervisor_pid = proc.pid
     (host.dir / "supervisor.pid").write_text(f"{proc.pid}\n")
 
@@ -359,7 +360,10 @@ def wait_ready(hosts: list, timeout: float = 120.0) -> None:
                 status = [bare_ready(host)]
             else:
                 cmd = ssh_command(host, "sudo -n true && systemctl is-system-running --wait")
-                result = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+                result = paths.facts("runner").run(cmd, timeout=90)
+                if result.rc is None:  # no ssh, or no answer in 90 s
+                    raise LabFailure(f"{host.name}: {result.error}")
+                # its exit status is not looked at: "degraded" exits 1 and is up all the same
                 status = result.stdout.strip().splitlines()[-1:] or [""]
             if status[0] in ("running", "degraded"):
                 note = "" if status[0] == "running" else " (degraded: `systemctl --failed` inside says which unit)"

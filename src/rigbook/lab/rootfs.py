@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ import yaml
 
 from rigbook.lab import aptsources
 from rigbook.lab.system import LabFailure, progress, remove_tree, run, unmount_under
+from rigbook.paths import facts
 
 RECIPE_FILE = Path(__file__).resolve().parent / "rootfs.yml"
 DEFAULT_CACHE = Path("/var/cache/rigbook/lab-rootfs")
@@ -51,11 +51,11 @@ def load_recipe() -> dict:
 
 
 def architecture() -> str:
-    try:
-        return subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
+    """This machine's Debian architecture (`dpkg --print-architecture`; from uname where dpkg cannot say)."""
+    out, _why = facts("runner").output(["dpkg", "--print-architecture"])
+    if out is None:
         return {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, os.uname().machine)
+    return out.strip()
 
 
 @dataclass
@@ -117,8 +117,9 @@ def _debootstrap(p: Plan, target: Path, log) -> None:
     if keyring and "\n" not in keyring and Path(keyring).is_file():
         cmd.append(f"--keyring={keyring}")
     cmd += [recipe["suite"], str(target), p.mirror.uris[0]]
-    env = dict(os.environ, PATH=os.environ.get("PATH", "") + ":/usr/sbin:/sbin", LC_ALL="C")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    runner = facts("runner")
+    env = {"PATH": os.environ.get("PATH", "") + ":/usr/sbin:/sbin"}  # LC_ALL=C: runner's own
+    proc = runner.spawn(cmd, env=env, stdout=runner.PIPE, stderr=runner.STDOUT, text=True)
     phase, count, tail = None, 0, []
     for line in proc.stdout:
         log.write(line)
@@ -204,7 +205,7 @@ def build(p: Plan) -> Path:
         (work / "recipe.json").write_text(json.dumps(recipe, indent=2) + "\n")
         if p.path.exists():
             remove_tree(p.path)
-        os.rename(work, p.path)
+        facts("files").move_atomic(str(work), str(p.path))
     except BaseException:
         unmount_under(work)
         shutil.rmtree(work, ignore_errors=True)

@@ -146,12 +146,12 @@ def _renamed(host: dict) -> dict:
 
 
 def save(lab: Lab) -> None:
+    """lab.json through the one atomic write (facts/files.write_atomic)."""
     path = state_file()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"hosts": [asdict(h) for h in lab.hosts], "rootfs": lab.rootfs,
-                               "systemd_host": lab.systemd_host}, indent=2) + "\n")
-    os.replace(tmp, path)
+    paths.facts("files").write_atomic(str(path), json.dumps({"hosts": [asdict(h) for h in lab.hosts],
+                                                             "rootfs": lab.rootfs,
+                                                             "systemd_host": lab.systemd_host}, indent=2) + "\n")
 
 
 @contextmanager

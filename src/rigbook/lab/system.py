@@ -1,14 +1,19 @@
-"""This machine: root, the system tools the lab needs (installed through apt), mounts, progress."""
+"""This machine: root, the system tools the lab needs (installed through apt), mounts, progress.
+
+Every command the lab runs goes through the collection's facts/runner (`paths.facts("runner")`): `run` here for
+the ones whose failure ends the lab command, runner.run where a caller judges the result itself, runner.spawn for
+a child that keeps running (the supervisor, nspawn, debootstrap's streamed output).
+"""
 
 from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 from rigbook.errors import Reported, UserError
+from rigbook.paths import facts
 
 # command -> Debian package that provides it
 TOOLS = {
@@ -63,26 +68,29 @@ def ensure_tools() -> None:
             f"(e.g. `apt-get install {' '.join(packages)}`)"
         )
     progress(f"installing {' '.join(packages)} with apt-get (missing: {', '.join(missing)}) ...")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    runner = facts("runner")
+    env = {"DEBIAN_FRONTEND": "noninteractive"}
     cmd = [apt, "install", "-y", "--no-install-recommends", *packages]
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if result.returncode != 0:
+    result = runner.run(cmd, env=env)
+    if result.rc != 0:
         progress("apt-get install failed; refreshing the package lists and trying once more ...")
-        subprocess.run([apt, "update"], env=env, capture_output=True, text=True)
-        result = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if result.returncode != 0 or missing_tools():
-        tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
+        runner.run([apt, "update"], env=env)
+        result = runner.run(cmd, env=env)
+    if result.rc != 0 or missing_tools():
+        tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or [result.error or "no output"]
         raise LabFailure(f"could not install {' '.join(packages)} with apt-get: {tail[0]}")
     progress(f"installed {' '.join(packages)}")
 
 
-def run(cmd: list, **kwargs) -> subprocess.CompletedProcess:
-    """Run CMD (PATH includes sbin); raise LabFailure with its last stderr line when it fails."""
-    env = dict(kwargs.pop("env", None) or os.environ)
-    env["PATH"] = _path()
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True, **kwargs)
-    if result.returncode != 0:
-        last = (result.stderr or result.stdout).strip().splitlines()[-1:] or [f"exit {result.returncode}"]
+def run(cmd: list, env: dict | None = None, timeout: float | None = None):
+    """Run CMD through facts/runner (PATH includes sbin; ENV, when given, is the whole environment, else this
+    process's) and return its runner.Result; raise LabFailure with its last stderr line when it fails, and with
+    why when it cannot start or runs past TIMEOUT."""
+    result = facts("runner").run(cmd, env=dict(env or {}, PATH=_path()), clean_env=bool(env), timeout=timeout)
+    if result.rc is None:
+        raise LabFailure(f"`{' '.join(str(c) for c in cmd[:4])}` failed: {result.error}")
+    if result.rc != 0:
+        last = (result.stderr or result.stdout).strip().splitlines()[-1:] or [f"exit {result.rc}"]
         raise LabFailure(f"`{' '.join(str(c) for c in cmd[:4])}` failed: {last[0]}")
     return result
 
@@ -106,8 +114,9 @@ def mounts_under(path: Path) -> list:
 def unmount_under(path: Path) -> list:
     """Unmount everything at or below PATH; returns what could not be unmounted."""
     stuck = []
+    runner = facts("runner")
     for point in mounts_under(path):
-        if subprocess.run(["umount", point], capture_output=True).returncode != 0:
+        if runner.run(["umount", point]).rc != 0:
             stuck.append(point)
     return [p for p in stuck if p in mounts_under(path)]
 

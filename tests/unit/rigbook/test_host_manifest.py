@@ -1,8 +1,8 @@
 """The host manifest: its collector on recorded x99-3080 trees, the module, `provision diff` and its exit codes.
 
 The hardware comes from src/rigbook/lab/hardware_trees.py (the recorded x99-3080 lab rig). What the roles leave
-on a box (env files, the SGLang venv stamp and dist-info, dpkg status, `dkms status`) and the host identity are
-RECONSTRUCTED here by add_installed_state() / add_identity(), in the formats the roles and tools write.
+on a box (env files, the SGLang venv stamp and dist-info, dpkg-query's listing, `dkms status`) and the host identity
+are RECONSTRUCTED here by add_installed_state() / add_identity(), in the formats the roles and tools write.
 """
 
 from __future__ import annotations
@@ -22,18 +22,13 @@ from rigbook import manifests
 from rigbook.errors import UserError
 from rigbook.lab.hardware_trees import materialize
 
-DPKG_STATUS = """Package: linux-image-7.0.0-31-generic
-Status: hold ok installed
-Version: 7.0.0-31.31
-
-Package: nvidia-dkms-615-open
-Status: install ok installed
-Version: 615.71.09-0ubuntu1
-
-Package: removed-thing
-Status: deinstall ok config-files
-Version: 1.0
-"""
+# CONVERTED from the dpkg status file (var/lib/dpkg/status) this test wrote before the manifest read packages through
+# facts/packages.py: the same three packages (a held kernel image, an installed driver, a removed package whose
+# configuration files are left) as the dpkg-query listing (facts/packages.DPKG_QUERY: name, status, version) a
+# recorded tree keeps as var/lib/rigbook/commands/dpkg-query.txt.
+DPKG_QUERY = ("linux-image-7.0.0-31-generic\thi \t7.0.0-31.31\n"
+              "nvidia-dkms-615-open\tii \t615.71.09-0ubuntu1\n"
+              "removed-thing\trc \t1.0\n")
 DKMS_STATUS = ("nvidia/615.71.09, 7.0.0-31-generic, x86_64: installed\n"
                "nvidia/615.71.09, 6.8.0-40-generic, x86_64: built\n")
 # source_build's stamp of an nccl-tests prefix (its keys as the module writes them; the values reconstructed)
@@ -51,7 +46,7 @@ def write(root: Path, rel: str, text: str) -> None:
 def add_installed_state(root: Path) -> None:
     write(root, "etc/rigbook/cuda.env", "CUDA_HOME=/usr/local/cuda-13.0\n")
     write(root, "usr/local/cuda-13.0/version.json", json.dumps({"cuda": {"version": "13.0.48"}}))
-    write(root, "var/lib/dpkg/status", DPKG_STATUS)
+    write(root, "var/lib/rigbook/commands/dpkg-query.txt", DPKG_QUERY)
     write(root, "var/lib/rigbook/commands/dkms-status.txt", DKMS_STATUS)
     write(root, "opt/rigbook/nccl-tests/current/.rigbook-build.json", json.dumps(NCCL_TESTS_STAMP, sort_keys=True))
     venv = "opt/rigbook/sglang/0.5.18-0f1e"
@@ -324,7 +319,6 @@ def test_parsers_on_their_edges():
         "6.8.0-1": ["amdgpu/6.10.5: installed"]}
     assert collector.parse_ip_addr("1: lo    inet 127.0.0.1/8 scope host lo\n2: eno1    inet 192.0.2.5/24 brd x\n") \
         == ["eno1 192.0.2.5/24"]
-    assert collector.parse_dpkg_status("") == {}
 
 
 @pytest.mark.parametrize("raw,problem", [

@@ -267,6 +267,18 @@ def test_a_failed_write_is_one_clear_error_and_leaves_no_temporary_file(tmp_path
     assert all(Path(name).parent == out and not Path(name).exists() for _, name in made)
 
 
+def test_a_report_file_that_is_a_symbolic_link_is_refused_not_written_through(tmp_path, monkeypatch, capsys):
+    from rigbook.cli import main
+
+    monkeypatch.setenv("RIGBOOK_STATE_DIR", str(tmp_path / "state"))
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    (tmp_path / "r.html").symlink_to(victim)
+    assert main(["report", "-i", "lab", "-o", str(tmp_path / "r.html")]) == 2
+    assert f"error: report: cannot write {tmp_path / 'r.html'}: " in capsys.readouterr().err
+    assert victim.read_text() == "keep" and (tmp_path / "r.html").is_symlink()
+
+
 def test_report_files_written_by_default_are_the_users_alone(tmp_path, monkeypatch):
     monkeypatch.setenv("RIGBOOK_STATE_DIR", str(tmp_path / "state"))
     path, _ = report.write_report("lab")

@@ -74,7 +74,8 @@ def kept_copies(folder: Path, name: str) -> list:
 
 
 def leftovers(folder: Path) -> list:
-    return sorted(p.name for p in folder.rglob("*") if p.name.endswith(".tmp"))
+    """Temporary files an atomic write left (facts/files.write_atomic names them .rigbook-*)."""
+    return sorted(p.name for p in folder.rglob("*") if p.name.startswith(".rigbook-") or p.name.endswith(".tmp"))
 
 
 # --- a corrupt baselines file ---------------------------------------------------------------------------------
@@ -219,6 +220,45 @@ def test_a_failed_atomic_write_leaves_the_old_file_and_no_temporary_file(tmp_pat
         statefile.write_json_atomic(target, {"bad": object()})
     assert json.loads(target.read_text()) == {"good": 1}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]
+
+
+def test_a_state_file_is_written_through_the_one_atomic_write_and_its_folder_synced(tmp_path, monkeypatch):
+    from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files
+
+    synced = []
+    monkeypatch.setattr(files, "fsync_folder", synced.append)
+    statefile.write_json_atomic(tmp_path / "state.json", {"good": 1})
+    assert synced == [str(tmp_path)] and json.loads((tmp_path / "state.json").read_text()) == {"good": 1}
+
+
+def test_a_state_file_that_is_a_symbolic_link_is_refused_not_written_through(tmp_path):
+    victim = tmp_path / "victim.json"
+    victim.write_text('{"keep": 1}')
+    (tmp_path / "state.json").symlink_to(victim)
+    with pytest.raises(OSError, match="symbolic link"):
+        statefile.write_json_atomic(tmp_path / "state.json", {"planted": 1})
+    assert victim.read_text() == '{"keep": 1}' and leftovers(tmp_path) == []
+
+
+def test_the_collection_link_is_made_and_repointed_in_one_rename(state, tmp_path, monkeypatch):
+    from rigbook import paths
+
+    monkeypatch.setattr(sys, "path", list(sys.path))  # link_collection puts this state's collections on it
+    base = paths.link_collection()
+    link = base / "ansible_collections" / "rigbook" / "homelab"
+    assert base == state / "collections" and str(base) in sys.path
+    assert Path(os.readlink(link)) == paths.collection_root()
+    (tmp_path / "elsewhere").mkdir()
+    link.unlink()
+    link.symlink_to(tmp_path / "elsewhere")
+    paths.link_collection()
+    assert Path(os.readlink(link)) == paths.collection_root()
+    link.unlink()
+    link.write_text("not a link")
+    monkeypatch.delitem(sys.modules, f"{paths.FACTS_PACKAGE}.files")  # as in a fresh process: loaded by its path
+    paths.link_collection()
+    assert Path(os.readlink(link)) == paths.collection_root()
+    assert sorted(p.name for p in link.parent.iterdir()) == ["homelab"]  # no temporary link left
 
 
 # --- two runs against one state directory ---------------------------------------------------------------------

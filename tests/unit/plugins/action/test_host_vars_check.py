@@ -1,4 +1,4 @@
-"""The preflight role's first task (action rigbook.homelab.validate_profile): the rigbook_* host variables checked
+"""The preflight role's first task (action rigbook.homelab.host_model): the rigbook_* host variables checked
 against meta/host_vars.schema.json on the controller, with the same verdicts and wording as `provision validate`."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible_collections.rigbook.homelab.plugins.action import validate_profile
+from ansible_collections.rigbook.homelab.plugins.action import host_model as host_model_action
 from ansible_collections.rigbook.homelab.plugins.plugin_utils import host_vars_schema
 
 from rigbook import paths
@@ -90,7 +90,8 @@ def merged_host_vars(inventory: Path) -> dict:
     found = {}
     for host in inv.get_hosts():
         variables = manager.get_vars(host=host, include_hostvars=False)
-        found[host.name] = {k: validate_profile.plain(variables[k]) for k in validate_profile.host_var_names(variables)}
+        found[host.name] = {k: host_model_action.plain(variables[k])
+                            for k in host_model_action.host_var_names(variables)}
     return found
 
 
@@ -108,7 +109,7 @@ def test_shipped_inventories_pass(name):
     assert len(merged) == 2
     for host, host_vars in merged.items():
         assert {"rigbook_gpu", "rigbook_p2p", "rigbook_pins"} <= set(host_vars), host
-        assert validate_profile.check(host_vars) == [], host
+        assert host_model_action.check(host_vars) == [], host
 
 
 @pytest.mark.parametrize("case,rel,key,value,delete,key_path,words", BAD, ids=[c[0] for c in BAD])
@@ -122,7 +123,7 @@ def test_same_verdict_as_provision_validate(tmp_path, case, rel, key, value, del
         validate(inv)
     cli = [f"{p.key_path}: {p.message}" for p in info.value.problems]
     found = [f"{where}: {message}" for host_vars in merged_host_vars(inv).values()
-             for where, message in validate_profile.check(host_vars)]
+             for where, message in host_model_action.check(host_vars)]
     matching = [line for line in found if line.startswith(f"{key_path}: ")]
     assert matching, f"no problem names {key_path}: {found}"
     assert any(words in line for line in matching), matching
@@ -131,8 +132,8 @@ def test_same_verdict_as_provision_validate(tmp_path, case, rel, key, value, del
 
 def test_failure_message_names_host_key_value_and_what_is_allowed():
     host_vars = {"rigbook_gpu": {"vendor": "intel", "count": 2}, "rigbook_gpus": {}}
-    problems = validate_profile.check(host_vars)
-    message = validate_profile.failure_message("rig1", problems)
+    problems = host_model_action.check(host_vars)
+    message = host_model_action.failure_message("rig1", problems)
     assert message.startswith("rig1: the rigbook_* variables are invalid (2 problems, schema ")
     assert 'rigbook_gpu.vendor: bad value "intel": allowed values are "nvidia", "amd"' in message
     assert "rigbook_gpus: unknown variable 'rigbook_gpus'" in message and "did you mean 'rigbook_gpu'?" in message
@@ -141,35 +142,35 @@ def test_failure_message_names_host_key_value_and_what_is_allowed():
 def test_runtime_and_extra_variables_are_not_host_variables():
     variables = {"rigbook_gpu": {}, "rigbook_reboot_required": True, "rigbook_baselines": {}, "rigbook_x": 1,
                  "ansible_host": "h", "rigbook_sglang_venv": "/opt/rigbook/sglang/v0.5.18"}
-    assert validate_profile.host_var_names(variables, skip={"rigbook_x"}) == ["rigbook_gpu"]
+    assert host_model_action.host_var_names(variables, skip={"rigbook_x"}) == ["rigbook_gpu"]
 
 
 def test_plain_drops_ansible_tags():
     class Tagged(str):
         pass
 
-    assert type(validate_profile.plain({"a": [Tagged("x")]})["a"][0]) is str
+    assert type(host_model_action.plain({"a": [Tagged("x")]})["a"][0]) is str
 
 
 def test_missing_jsonschema_is_named(monkeypatch):
     monkeypatch.setattr(host_vars_schema, "_CACHE", {})
     monkeypatch.setitem(sys.modules, "jsonschema", None)
     with pytest.raises(host_vars_schema.SchemaUnavailable, match="needs the Python package jsonschema"):
-        validate_profile.check({"rigbook_gpu": {"vendor": "nvidia"}})
+        host_model_action.check({"rigbook_gpu": {"vendor": "nvidia"}})
 
 
 def test_preflight_runs_it_first():
     tasks = yaml.safe_load((REPO / "roles" / "preflight" / "tasks" / "main.yml").read_text())
     assert tasks[0]["ansible.builtin.import_tasks"] == "host_model.yml"
     model_tasks = yaml.safe_load((REPO / "roles" / "preflight" / "tasks" / "host_model.yml").read_text())
-    assert "rigbook.homelab.validate_profile" in model_tasks[0] and "always" in model_tasks[0]["tags"]
+    assert "rigbook.homelab.host_model" in model_tasks[0] and "always" in model_tasks[0]["tags"]
     assert model_tasks[1]["ansible.builtin.set_fact"] == {"rigbook_host": "{{ preflight_model.host_model }}"}
     assert "always" in model_tasks[1]["tags"]
 
 
 def _play(tmp_path: Path, inventory: Path, *extra):
     play = tmp_path / "play.yml"
-    play.write_text("- hosts: all\n  gather_facts: false\n  tasks:\n    - rigbook.homelab.validate_profile:\n"
+    play.write_text("- hosts: all\n  gather_facts: false\n  tasks:\n    - rigbook.homelab.host_model:\n"
                     "      tags: [always]\n")
     env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(paths.link_collection()), "ANSIBLE_NOCOLOR": "1"}
     return subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), str(play), *extra],

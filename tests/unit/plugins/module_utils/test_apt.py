@@ -1,74 +1,89 @@
-"""module_utils/apt.py's dpkg-query reader, the one that deb_packages, rocm_check and provision adopt use. REAL is
-recorded: `dpkg-query -W -f='${Package}\\t${db:Status-Abbrev}\\t${Version}\\n' bash libc6 nosuch-pkg` on a Debian 12
-machine (rc 1, the unknown name only on stderr); the other states are reconstructed in the same format (dpkg's
-status abbreviations: desired, status, error flag)."""
+"""module_utils/apt.py: apt-get and dpkg runs that wait for a held package lock and finish an interrupted dpkg
+once, every command through facts/runner.py. The messages are apt's own (Debian 12 / Ubuntu 24.04 wording); the
+clock is faked. (What dpkg has installed and what apt could install: facts/test_packages.py.)"""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from ansible_collections.rigbook.homelab.plugins.module_utils import apt
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import runner
 
-REAL = "bash\tii \t5.2.15-2+b8\nlibc6\tii \t2.36-9+deb12u14\n"
-STATES = ("rocm-core\thi \t7.1.0.70100-38~24.04\n"       # held
-          "linux-image-6.1.0-40-amd64\trc \t6.1.153-1\n"  # removed, configuration files left
-          "nvidia-open-kernel-dkms\tun \t\n"               # known, never installed
-          "amdgpu-dkms\tri \t6.16.6.70100-38~24.04\n"      # a removal asked for, still installed
-          "half\tiU \t1.0\n"                               # unpacked, not configured
-          "libc6:i386\tii \t2.36-9+deb12u14\n"             # an architecture suffix
-          "garbage line without tabs\n")
-
-
-def test_installed_states_and_an_architecture_suffix():
-    assert apt.parse_installed(REAL) == {"bash": "5.2.15-2+b8", "libc6": "2.36-9+deb12u14"}
-    assert apt.parse_installed(STATES) == {"rocm-core": "7.1.0.70100-38~24.04", "amdgpu-dkms": "6.16.6.70100-38~24.04",
-                                           "libc6": "2.36-9+deb12u14"}
-    assert apt.parse_installed(None) == {} and apt.parse_installed("") == {}
+INSTALL = ["apt-get", "-y", "install", "dkms"]
+FRONTEND_HELD = ("E: Could not get lock /var/lib/dpkg/lock-frontend. It is held by process 4242 "
+                 "(unattended-upgr)\nE: Unable to acquire the dpkg frontend lock (/var/lib/dpkg/lock-frontend), is "
+                 "another process using it?\n")
+LISTS_HELD = "E: Could not get lock /var/lib/apt/lists/lock. It is held by process 77 (apt-get)\n"
+INTERRUPTED = "E: dpkg was interrupted, you must manually run 'dpkg --configure -a' to correct the problem.\n"
 
 
-def test_installed_versions_runs_one_query_and_names_every_package_asked_for():
-    calls = []
+@pytest.fixture
+def box(monkeypatch):
+    """runner.run answering from a script of (argv, rc, stderr) rows in order; the calls and the sleeps of a fake
+    clock (each sleep advances it) are recorded."""
+    state = {"script": [], "calls": [], "envs": [], "sleeps": [], "now": 1000.0}
 
-    def run(argv):
-        calls.append(argv)
-        return 1, REAL  # dpkg-query exits 1 when a name is unknown and still lists the known ones
+    def run(argv, env=None, **_kwargs):
+        state["calls"].append(list(argv))
+        state["envs"].append(env)
+        want, rc, err = state["script"].pop(0)
+        assert list(argv) == want
+        error = None if rc == 0 else "could not start" if rc is None else f"{argv[0]} exited {rc}"
+        return runner.Result(list(argv), rc, "", err, error, False)
 
-    assert apt.installed_versions(run, ["bash", "nosuch-pkg"]) == {"bash": "5.2.15-2+b8", "nosuch-pkg": None,
-                                                                   "libc6": "2.36-9+deb12u14"}
-    assert calls == [apt.DPKG_QUERY + ["bash", "nosuch-pkg"]]
-    assert apt.installed_versions(run, []) == {} and len(calls) == 1  # nothing asked: nothing run
+    def sleep(seconds):
+        state["sleeps"].append(seconds)
+        state["now"] += seconds
 
-
-# --- apt-cache policy: the one reader of what apt could install (tests/fixtures/ubuntu/SOURCES.md: reconstructed) ---
-
-UBUNTU_POLICY = (Path(__file__).resolve().parents[3] / "fixtures" / "ubuntu"
-                 / "apt-cache-policy-headers.txt").read_text()
-
-
-def test_policy_names_the_candidate_and_none_where_the_archive_dropped_a_kernel():
-    found = apt.parse_policy(UBUNTU_POLICY)
-    assert found["linux-headers-6.8.0-90-generic"] == {
-        "installed": "6.8.0-90.91", "candidate": "6.8.0-90.91",
-        "sources": ["500 http://archive.ubuntu.com/ubuntu noble-updates/main amd64 Packages",
-                    "500 http://security.ubuntu.com/ubuntu noble-security/main amd64 Packages",
-                    "100 /var/lib/dpkg/status"]}
-    assert found["linux-headers-6.8.0-31-generic"] == {"installed": None, "candidate": None, "sources": []}
+    monkeypatch.setattr(runner, "run", run)
+    monkeypatch.setattr(apt, "WAIT", (sleep, lambda: state["now"]))
+    return state
 
 
-def test_candidates_of_known_dropped_and_unknown_names_in_one_run():
-    calls = []
-
-    def run(argv):
-        calls.append(argv)
-        return 0, UBUNTU_POLICY
-
-    names = ["linux-headers-6.8.0-90-generic", "linux-headers-6.8.0-31-generic", "linux-headers-6.8.12-r9700-p2p-dma44"]
-    assert apt.candidates(run, names) == {names[0]: "6.8.0-90.91", names[1]: None, names[2]: None}
-    assert calls == [["apt-cache", "policy"] + names]
-    assert apt.candidates(run, []) == {} and len(calls) == 1
+def test_lock_held_names_the_lock_and_its_holder():
+    assert apt.lock_held(FRONTEND_HELD) == ("/var/lib/dpkg/lock-frontend", "4242 (unattended-upgr)")
+    assert apt.lock_held("E: Unable to lock directory /var/cache/apt/archives/\n") == (
+        "/var/cache/apt/archives/", None)
+    assert apt.lock_held("E: Unable to locate package nosuch\n") is None and apt.lock_held(None) is None
 
 
-def test_a_failed_apt_cache_is_an_error_not_a_missing_candidate():
-    with pytest.raises(RuntimeError, match="apt-cache policy x exited 100"):
-        apt.candidates(lambda argv: (100, ""), ["x"])
+def test_a_held_lock_is_retried_until_it_is_free(box):
+    box["script"] = [(INSTALL, 100, FRONTEND_HELD), (INSTALL, 100, LISTS_HELD), (INSTALL, 0, "")]
+    assert apt.run_apt(INSTALL) == (0, "", "")
+    assert len(box["calls"]) == 3 and box["sleeps"] == [apt.RETRY_EVERY, apt.RETRY_EVERY]
+    assert all(env == apt.ENV for env in box["envs"])  # non-interactive, one language
+
+
+def test_a_lock_held_past_the_timeout_is_given_up_and_named(box):
+    box["script"] = [(INSTALL, 100, FRONTEND_HELD)] * 5
+    rc, out, err = apt.run_apt(INSTALL, lock_timeout=10)
+    assert rc == 100 and sum(box["sleeps"]) == 10 and box["script"] == []
+    assert apt.lock_message("apt-get install", rc, out, err, 10).startswith(
+        "apt-get install: the package lock /var/lib/dpkg/lock-frontend is still held by process 4242 "
+        "(unattended-upgr) after 10 s (lock_timeout)")
+
+
+def test_another_failure_is_not_retried(box):
+    box["script"] = [(INSTALL, 100, "E: Unable to locate package dkms\n")]
+    rc, out, err = apt.run_apt(INSTALL)
+    assert rc == 100 and box["sleeps"] == []
+    assert apt.lock_message("apt-get install", rc, out, err, 300) == (
+        "apt-get install failed (rc 100): E: Unable to locate package dkms")
+
+
+def test_an_interrupted_dpkg_is_finished_once_then_the_run_retried(box):
+    box["script"] = [(INSTALL, 100, INTERRUPTED), (apt.CONFIGURE, 0, ""), (INSTALL, 100, INTERRUPTED)]
+    rc, _out, err = apt.run_apt(INSTALL)
+    assert rc == 100 and err == INTERRUPTED and box["calls"].count(apt.CONFIGURE) == 1  # once, not forever
+
+
+def test_an_interrupted_dpkg_that_cannot_be_finished_says_so(box):
+    box["script"] = [(INSTALL, 100, INTERRUPTED), (apt.CONFIGURE, 1, "dpkg: error processing package dkms\n")]
+    rc, _out, err = apt.run_apt(INSTALL)
+    assert rc == 1 and err.startswith("an interrupted dpkg run could not be finished (dpkg --configure -a): dpkg:")
+
+
+def test_a_command_that_cannot_start_is_no_lock_to_wait_for(box):
+    box["script"] = [(INSTALL, None, "")]
+    rc, out, err = apt.run_apt(INSTALL)
+    assert rc is None and err == "could not start" and box["sleeps"] == []
+    assert apt.lock_message("apt-get install", rc, out, err, 300) == "apt-get install could not run: could not start"

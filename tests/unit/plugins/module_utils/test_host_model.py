@@ -151,7 +151,7 @@ def test_the_layers_a_box_must_measure_and_those_it_may_leave_unknown():
 
 
 def test_p2p_expected_is_one_rule():
-    """Declared wins; undeclared, two or more GPUs expect P2P (ladder/expectations.p2p_expected)."""
+    """Declared wins; undeclared, two or more GPUs expect P2P (judges/expectations.p2p_expected)."""
     assert host_model.build({"rigbook_gpu": {"vendor": "nvidia", "count": 2}})["p2p"]["expected"] is True
     assert host_model.build({"rigbook_gpu": {"vendor": "nvidia", "count": 1}})["p2p"]["expected"] is False
     declared = host_model.build({"rigbook_gpu": {"count": 2}, "rigbook_p2p": {"expected": False}})

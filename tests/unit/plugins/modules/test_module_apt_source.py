@@ -90,3 +90,14 @@ def test_preferences_alone_without_a_repository(etc):
     run = run_module(apt_source, {"name": "rocm", "preferences": PREFS})
     assert run.result["changed"] is True and run.commands == [] and run.result["keyring"] is None
     assert not (etc / "sources_dir").exists()
+
+
+def test_a_changed_key_is_rewritten_and_diffed_by_its_sha256(etc):
+    run_module(apt_source, args(etc), [(UPDATE, ok())])
+    other = ARMORED.replace(b"mDMEtest", b"mDMEnext")
+    (etc / "repo" / "rocm.gpg.key").write_bytes(other)
+    run = run_module(apt_source, args(etc, key_sha256=hashlib.sha256(other).hexdigest()), [(UPDATE, ok())], diff=True)
+    keyring = etc / "keyrings_dir" / "rigbook-rocm.asc"
+    assert run.result["files"] == [str(keyring)] and keyring.read_bytes() == other
+    assert run.result["diff"][0]["before"] == f"(key of sha256 {hashlib.sha256(ARMORED).hexdigest()})\n"
+    assert run.result["diff"][0]["after"] == f"({len(other)} bytes of key)\n"

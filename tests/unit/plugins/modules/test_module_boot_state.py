@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from ansible_collections.rigbook.homelab.plugins.module_utils import display_state
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import runner
 from ansible_collections.rigbook.homelab.plugins.modules import boot_state
 from helpers.modules import fail, ok, run_module
 
@@ -81,6 +82,35 @@ def test_a_server_without_a_display_manager_holds_nothing_though_its_default_is_
 def test_an_unreadable_systemd_fails_instead_of_saying_nothing_holds_the_gpu():
     run = run_module(boot_state, {"display": True}, [(GET_DEFAULT, fail(1, "System has not been booted with systemd"))])
     assert run.failed and "systemctl get-default failed" in run.msg
+
+
+def test_a_failed_show_of_the_display_manager_fails_too():
+    run = run_module(boot_state, {"display": True}, [
+        (GET_DEFAULT, ok("multi-user.target\n")), (SHOW, fail(1, "Failed to connect to bus"))])
+    assert run.failed and run.msg == ("systemctl show display-manager.service failed: " + " ".join(SHOW)
+                                      + " exited 1: Failed to connect to bus")
+
+
+def _answers(*results):
+    """A RUN (facts/runner.run's shape) answering each call with the next (rc, stdout) of RESULTS."""
+    calls, queue = [], list(results)
+
+    def run(argv, timeout=None):
+        calls.append(argv)
+        rc, out = queue.pop(0)
+        return runner.Result(argv, rc, out, "", None if rc == 0 else f"{argv[0]}: cannot start", False)
+    return run, calls
+
+
+def test_the_display_facts_are_read_through_the_one_systemd_reader():
+    gdm = (UBUNTU / "systemctl-show-display-manager-gdm.txt").read_text()
+    run, calls = _answers((0, "graphical.target\n"), (0, gdm))
+    assert display_state.read(run) == ("graphical.target", {"id": "gdm.service", "load_state": "loaded",
+                                                            "active_state": "active", "sub_state": "running"}, None)
+    assert calls == [GET_DEFAULT, SHOW]
+    run, calls = _answers((None, ""))  # no systemctl at all: said, never "nothing holds the GPU"
+    assert display_state.read(run) == (None, None, "systemctl get-default failed: systemctl: cannot start")
+    assert calls == [GET_DEFAULT]
 
 
 @pytest.mark.parametrize("default, active, holds", [

@@ -9,7 +9,7 @@ from unittest import mock
 import pytest
 from ansible_collections.rigbook.homelab.plugins.module_utils import account
 from ansible_collections.rigbook.homelab.plugins.modules import device_groups
-from helpers.modules import ok, run_module
+from helpers.modules import fail, ok, run_module
 
 
 def databases(groups: dict, users=("rigbook",)):
@@ -45,6 +45,15 @@ def test_a_missing_group_is_made_then_the_user_added_to_what_it_lacks():
             (["usermod", "-aG", "render,video", "rigbook"], ok()),
         ])
     assert not run.failed and run.result["changed"] is True
+    assert run.result["done"] == ["group render", "rigbook in render,video"]
+
+
+def test_a_failing_command_is_named_with_what_was_planned():
+    with databases({"video": []}):
+        run = run_module(device_groups, {"user": "rigbook"}, [
+            (["groupadd", "--system", "render"], fail(9, "groupadd: group 'render' already exists\n")),
+        ])
+    assert run.failed and run.msg == "groupadd --system render failed (rc 9): groupadd: group 'render' already exists"
     assert run.result["done"] == ["group render", "rigbook in render,video"]
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import builds
 from ansible_collections.rigbook.homelab.plugins.modules import dkms_module
 from helpers.modules import fail, ok, run_module
 
@@ -85,7 +86,7 @@ def unpacked(host, sha=None):
     """The source already in /usr/src, stamped with the tarball's sha256 (what an earlier run left)."""
     host.dest.mkdir()
     (host.dest / "dkms.conf").write_text(FORK["nvidia-615.71.09/dkms.conf"])
-    (host.dest / dkms_module.STAMP).write_text((sha or host.sha) + "\n")
+    (host.dest / builds.SOURCE_STAMP).write_text((sha or host.sha) + "\n")
 
 
 def stock_module(host, kernel=K, rel="kernel/drivers/video/nvidia.ko") -> Path:
@@ -111,7 +112,6 @@ def test_converged_is_two_read_only_commands_and_no_change(host):
     run = run_module(dkms_module, args(host), [(STATUS, installed(K)), (modinfo(K), ok(DKMS_KO + "\n"))])
     assert not run.failed, run.msg
     assert run.commands == [STATUS, modinfo(K)]
-    assert all(env == {"LC_ALL": "C"} for env in run.environs)
     assert run.result["changed"] is False and run.result["unpacked"] is False
     assert run.result["built"] == [] and run.result["removed"] == [] and run.result["shadowing_removed"] == []
     assert run.result["modinfo"] == {K: {"nvidia": DKMS_KO}}
@@ -142,7 +142,7 @@ def test_fresh_host_unpacks_adds_and_installs(host):
     assert run.result["status"][0]["state"] == "installed"
     assert (host.dest / "dkms.conf").read_text().startswith('PACKAGE_NAME="nvidia"')
     assert (host.dest / "nvidia.c").is_file()
-    assert (host.dest / dkms_module.STAMP).read_text() == host.sha + "\n"
+    assert (host.dest / builds.SOURCE_STAMP).read_text() == host.sha + "\n"
     assert no_leftover_temp_dirs(host)
 
 
@@ -163,7 +163,7 @@ def test_a_source_directory_is_copied(host):
     run = run_module(dkms_module, args(host, src=str(tree), sha256=None), [
         (STATUS, ok()), (ADD, ok()), (install(K), ok()), (modinfo(K), ok(DKMS_KO)), (STATUS, installed(K))])
     assert not run.failed, run.msg
-    assert (host.dest / dkms_module.STAMP).read_text() == "directory\n"
+    assert (host.dest / builds.SOURCE_STAMP).read_text() == "directory\n"
 
 
 def test_other_versions_are_removed_and_a_new_kernel_is_built(host):
@@ -197,7 +197,7 @@ def test_a_new_source_of_the_same_version_replaces_the_build(host):
     ], diff=True)
     assert not run.failed, run.msg
     assert run.result["changed"] is True and run.result["unpacked"] is True and run.result["built"] == [K]
-    assert (host.dest / dkms_module.STAMP).read_text() == host.sha + "\n"
+    assert (host.dest / builds.SOURCE_STAMP).read_text() == host.sha + "\n"
     # the diff starts from the build the call found, not from the tree after the old build was removed
     assert run.result["diff"]["before"] == f"nvidia/615.71.09 {K}: installed\n"
     assert run.result["diff"]["after"] == f"nvidia/615.71.09 {K}: installed\n"
@@ -224,7 +224,7 @@ def test_a_tree_put_there_by_hand_from_the_pinned_source_is_stamped_and_its_buil
     assert run.result["stamped"] is True and run.result["changed"] is True
     assert run.result["built"] == [] and run.result["unpacked"] is False
     assert "holds the pinned source" in run.result["msg"]
-    assert (host.dest / dkms_module.STAMP).exists() is not check_mode
+    assert (host.dest / builds.SOURCE_STAMP).exists() is not check_mode
     assert (host.dest / ".git" / "HEAD").exists() and no_leftover_temp_dirs(host)
 
 
@@ -406,7 +406,7 @@ def test_a_bad_tarball_fails_before_the_old_build_is_touched(host, kind, message
     run = run_module(dkms_module, args(host), [(STATUS, installed(K))])
     assert run.failed and run.msg.startswith(message.format(src=path)), run.msg
     assert run.commands == [STATUS]  # no `dkms remove` of the working build
-    assert (host.dest / dkms_module.STAMP).read_text() == "0" * 64 + "\n"
+    assert (host.dest / builds.SOURCE_STAMP).read_text() == "0" * 64 + "\n"
     assert no_leftover_temp_dirs(host) and not (host.tmp / "evil").exists()
 
 
@@ -466,7 +466,7 @@ def test_check_mode_names_the_identity_of_what_is_due_and_the_headers_symbols_ar
     assert identity(host) != first  # another kernel build: another binary
     unpacked(host)
     run = run_module(dkms_module, args(host), [(STATUS, installed(K)), (modinfo(K), ok(DKMS_KO + "\n"))])
-    assert run.result["identity_id"] == ""  # nothing to build
+    assert run.result["identity_id"] == "" and run.result["archive_glob"] == ""  # nothing to build
 
 
 def test_a_build_is_exported_as_one_binaries_only_tarball_named_by_identity_and_sha256(host):
@@ -480,6 +480,7 @@ def test_a_build_is_exported_as_one_binaries_only_tarball_named_by_identity_and_
     assert not run.failed, run.msg
     path = Path(run.result["export_path"])
     assert path.name == f"nvidia-{wanted}-{run.result['export_sha256']}.tar.gz"
+    assert run.result["archive_glob"] == f"nvidia-{wanted}-*.tar.gz"  # what the group_build role looks for
     assert sha256(path) == run.result["export_sha256"] and [p.name for p in out.iterdir()] == [path.name]
 
 

@@ -99,3 +99,13 @@ def test_wrong_mode_is_fixed_and_absent_removes_the_block(path):
     run = put(path, "rccl", {}, state="absent")
     assert run.result["changed"] is True and "rccl" not in text(path) and "# BEGIN amd_rocm" in text(path)
     assert put(path, "amd_rocm", {}, state="absent").result["changed"] is True and not os.path.exists(path)
+
+
+def test_a_link_in_the_files_place_is_never_written_through(path, tmp_path):
+    elsewhere = tmp_path / "elsewhere.env"
+    elsewhere.write_text("KEEP=1\n")
+    os.makedirs(os.path.dirname(path))
+    os.symlink(elsewhere, path)
+    run = put(path, "amd_rocm", ROCM)
+    assert run.failed and run.msg.startswith(f"could not write {path}: ") and "symbolic link" in run.msg
+    assert elsewhere.read_text() == "KEEP=1\n"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers.modules import ok, run_module
+from helpers.modules import fail, ok, run_module
 
 from rigbook.paths import link_collection
 
@@ -89,6 +89,21 @@ def test_absent_stops_the_timer_and_removes_the_files_and_bad_input_is_refused(t
     assert bad.failed and "interval_s 0: at least 1 second" in bad.msg
     not_a_model = run_module(health_timer, _args(tmp_path, host={"vendor": "amd"}))
     assert not_a_model.failed and "not a host model" in not_a_model.msg
+
+
+def test_a_failed_systemctl_fails_the_run_and_a_link_is_never_written_through(tmp_path):
+    failed = run_module(health_timer, _args(tmp_path), [
+        (IS_ENABLED, ok("disabled\n")), (IS_ACTIVE, ok("inactive\n")), (["systemctl", "daemon-reload"], ok()),
+        (["systemctl", "enable", "rigbook-health.timer"], fail(1, "Access denied"))])
+    assert failed.failed and failed.msg == "systemctl enable rigbook-health.timer exited 1: Access denied"
+    config = tmp_path / "etc/health.json"
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text("{}\n")
+    config.unlink()
+    config.symlink_to(elsewhere)
+    refused = run_module(health_timer, _args(tmp_path), [(IS_ENABLED, ok("enabled\n")), (IS_ACTIVE, ok("active\n"))])
+    assert refused.failed and refused.msg.startswith(f"cannot write {config}: ") and "symbolic link" in refused.msg
+    assert elsewhere.read_text() == "{}\n"
 
 
 def test_without_systemd_as_init_the_files_are_written_and_no_systemctl_runs(tmp_path, booted):

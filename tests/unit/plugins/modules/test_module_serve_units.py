@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 from ansible_collections.rigbook.homelab.plugins.modules import serve_units
-from helpers.modules import ok, run_module
+from helpers.modules import fail, ok, run_module
 
 ENGINE = ["/opt/rigbook/sglang/0.5.23-abc/bin/python", "-m", "sglang.launch_server"]
 
@@ -232,7 +232,11 @@ def converge(tmp_path, prof, key=None):
     return a
 
 
-def key_file(tmp_path, key="s3cr#t: 'x\""):
+# an API key is printable ASCII without spaces (facts/api_key.py); these characters are YAML's own
+KEY = "s3cr#t:'x\"{{"
+
+
+def key_file(tmp_path, key=KEY):
     path = tmp_path / "api.key"
     path.write_text(key + "\n")
     os.chmod(path, 0o600)
@@ -241,7 +245,7 @@ def key_file(tmp_path, key="s3cr#t: 'x\""):
 
 def test_a_converged_host_changes_nothing(tmp_path):
     prof = profile(tmp_path, api_key_file=key_file(tmp_path))
-    run = run_module(serve_units, converge(tmp_path, prof, "s3cr#t: 'x\""), [
+    run = run_module(serve_units, converge(tmp_path, prof, KEY), [
         (["systemctl", "get-default"], ok("multi-user.target\n")), running()])
     assert not run.failed, run.msg
     assert run.result["changed"] is False and run.result["units"]["qwen"]["changed"] == []
@@ -261,7 +265,7 @@ def test_an_env_file_left_world_readable_is_made_root_only_without_a_restart(tmp
 
 def test_the_key_moves_from_the_old_env_file_to_a_credential_and_never_shows(tmp_path):
     """A host converged by the rigbook before: the key in <name>.key.env, the unit's argv expanding it."""
-    key = "s3cr#t: 'x\""
+    key = KEY
     prof = profile(tmp_path, api_key_file=key_file(tmp_path, key))
     a = args(tmp_path, [prof])
     for folder in ("serve", "home"):
@@ -288,6 +292,26 @@ def test_the_key_moves_from_the_old_env_file_to_a_credential_and_never_shows(tmp
     assert (tmp_path / "modules-load.d/rigbook-serve.conf").read_text().splitlines()[-1] == "nvidia-uvm"
 
 
+def test_a_file_of_the_unit_that_is_a_link_is_never_written_through(tmp_path):
+    prof = profile(tmp_path)
+    a = converge(tmp_path, prof)
+    elsewhere = tmp_path / "elsewhere.env"
+    elsewhere.write_text("someone else's\n")
+    (tmp_path / "serve/qwen.env").unlink()
+    (tmp_path / "serve/qwen.env").symlink_to(elsewhere)
+    run = run_module(serve_units, a, [(["systemctl", "get-default"], ok("multi-user.target\n")), running()])
+    assert run.failed and run.msg.startswith(f"cannot write {tmp_path / 'serve/qwen.env'}: ")
+    assert "symbolic link" in run.msg and elsewhere.read_text() == "someone else's\n"
+
+
+def test_a_failed_systemctl_show_fails_the_run_instead_of_guessing_the_units_state(tmp_path):
+    run = run_module(serve_units, args(tmp_path, [profile(tmp_path)]), [
+        (["systemctl", "get-default"], ok("multi-user.target\n")),
+        (SHOW, fail(1, "Failed to connect to bus: No such file or directory"))], check_mode=True)
+    assert run.failed and run.msg == (" ".join(SHOW) + " failed (rc 1): Failed to connect to bus: No such file or "
+                                      "directory")
+
+
 def test_a_profile_that_drops_its_key_loses_the_key_file(tmp_path):
     prof = profile(tmp_path)
     a = converge(tmp_path, prof)
@@ -305,6 +329,16 @@ def test_a_world_readable_key_file_is_refused(tmp_path):
     run = run_module(serve_units, args(tmp_path, [profile(tmp_path, api_key_file=path)]),
                      [(["systemctl", "get-default"], ok("multi-user.target\n"))], check_mode=True)
     assert run.failed and "is mode 0644; make it 0600" in run.msg
+
+
+@pytest.mark.parametrize("key, why", [
+    ("two words", "holds no key of printable characters without spaces (at most 512)"), ("", "is empty")])
+def test_a_key_file_without_a_key_is_refused_and_never_shown(tmp_path, key, why):
+    path = key_file(tmp_path, key)
+    run = run_module(serve_units, args(tmp_path, [profile(tmp_path, api_key_file=path)]),
+                     [(["systemctl", "get-default"], ok("multi-user.target\n"))], check_mode=True)
+    assert run.failed and run.msg == f"serve profile qwen: api_key_file {path} {why}"
+    assert "two words" not in repr(run.result)
 
 
 # --- an engine started by hand, taken over by its unit --------------------------------------------------------

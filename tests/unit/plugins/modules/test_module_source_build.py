@@ -120,6 +120,18 @@ def test_bad_source_sha256_is_refused_before_any_command(tmp_path, tarballs):
     assert not (tmp_path / "opt").exists() and not (tmp_path / "build").exists()
 
 
+def test_the_archive_glob_comes_with_the_check_and_an_archive_of_another_name_is_refused(tmp_path, tarballs):
+    check = run_module(source_build, args(tmp_path, tarballs, patches=False), check_mode=True)
+    identity = check.result["identity_id"]
+    assert not check.failed and check.result["archive_glob"] == f"rccl-{identity}-*.tar.gz"
+    renamed = tmp_path / "rccl-build.tar.gz"
+    renamed.write_bytes(b"not looked at")
+    run = run_module(source_build, args(tmp_path, tarballs, patches=False, install_from=str(renamed)))
+    assert run.failed and run.msg == (f"install_from {renamed}: not a build archive (rccl-{identity}-*.tar.gz); "
+                                      "nothing was installed")
+    assert not (tmp_path / "opt" / "current").exists()
+
+
 def test_bad_patch_sha256_is_refused_naming_the_patch(tmp_path, tarballs):
     a = args(tmp_path, tarballs)
     a["components"][0]["patches"][0]["sha256"] = "1" * 64

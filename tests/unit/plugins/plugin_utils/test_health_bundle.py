@@ -4,10 +4,12 @@ the timer runs it (`python3 rigbook-health.pyz --config FILE`) against a lab rig
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import zipfile
 
+import pytest
 from helpers.cli import REPO
 
 from rigbook.lab import hardware_trees
@@ -30,6 +32,22 @@ def test_the_bundle_is_reproducible_and_named_by_its_sha256(tmp_path):
     names = zipfile.ZipFile(path).namelist()
     assert "__main__.py" in names and f"{health_bundle.PACKAGE}/health.py" in names
     assert "ansible_collections/__init__.py" in names and not [n for n in names if "__pycache__" in n]
+
+
+def test_a_file_of_the_bundles_name_is_used_only_when_its_sha256_is_the_bundles(tmp_path):
+    path = health_bundle.bundle_path(str(MODULE_UTILS), str(tmp_path))
+    good = open(path, "rb").read()
+    with open(path, "wb") as planted:  # cut short, or put there by another user of the temporary directory
+        planted.write(good[:100])
+    assert health_bundle.bundle_path(str(MODULE_UTILS), str(tmp_path)) == path
+    assert open(path, "rb").read() == good and os.stat(path).st_mode & 0o777 == 0o644
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_bytes(good)
+    os.unlink(path)
+    os.symlink(elsewhere, path)  # a link is never written through, even to the right bytes
+    with pytest.raises(OSError, match="symbolic link"):
+        health_bundle.bundle_path(str(MODULE_UTILS), str(tmp_path))
+    assert elsewhere.read_bytes() == good
 
 
 def test_the_bundle_runs_as_the_timer_runs_it(tmp_path):

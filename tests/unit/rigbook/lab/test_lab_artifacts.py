@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import copy
 import hashlib
-from unittest import mock
 
 import pytest
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import runner
 
 from rigbook.lab import artifacts
 from rigbook.lab.system import LabFailure
@@ -46,7 +46,8 @@ def test_wheels_already_there_are_not_downloaded(artifact_dir, capsys, monkeypat
     stale = wheels / "nvidia_nccl_cu13-2.32.6-py3-none-manylinux_2_27_x86_64.whl"
     stale.write_bytes(b"")
     ran = []
-    monkeypatch.setattr(artifacts.subprocess, "run", lambda argv, **kw: ran.append(argv) or mock.Mock(returncode=0))
+    monkeypatch.setattr(runner, "run", lambda argv, **kw: ran.append(argv) or runner.Result(argv, 0, "", "", None,
+                                                                                              False))
     artifacts.download_wheels(PINS)
     assert [argv[-1] for argv in ran] == ["nvidia-nccl-cu13==2.27.7"]  # another version there is not the pinned one
     (wheels / "nvidia_nccl_cu13-2.27.7-py3-none-manylinux2014_x86_64.whl").write_bytes(b"")
@@ -54,7 +55,7 @@ def test_wheels_already_there_are_not_downloaded(artifact_dir, capsys, monkeypat
     def no_download(*args, **kwargs):
         raise AssertionError(f"pip was run: {args}")
 
-    monkeypatch.setattr(artifacts.subprocess, "run", no_download)
+    monkeypatch.setattr(runner, "run", no_download)
     artifacts.download_wheels(PINS)
     assert "wheels present" in capsys.readouterr().out
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import adopt, static_evidence
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import packages
 
 BASH_POLICY = """bash:
   Installed: 5.2.15-2+b8
@@ -72,10 +73,10 @@ def _run(outputs):
 
 
 def test_policy_of_a_version_the_archive_dropped_lists_only_the_dpkg_status():
-    assert adopt.parse_policy(BASH_POLICY) == {"bash": {"installed": "5.2.15-2+b8", "candidate": "5.2.15-2+b13",
+    assert packages.parse_policy(BASH_POLICY) == {"bash": {"installed": "5.2.15-2+b8", "candidate": "5.2.15-2+b13",
                                                         "sources": ["100 /var/lib/dpkg/status"]}}
     assert adopt.origin(["100 /var/lib/dpkg/status"]) == "local"
-    assert adopt.origin(adopt.parse_policy(ARCHIVE_POLICY)["linux-image-6.8.0-31-generic"]["sources"]) == "archive"
+    assert adopt.origin(packages.parse_policy(ARCHIVE_POLICY)["linux-image-6.8.0-31-generic"]["sources"]) == "archive"
 
 
 def test_a_kernel_installed_from_debs_by_hand_is_found_with_its_files_and_hashes(tmp_path):
@@ -137,8 +138,10 @@ def test_venv_packages_name_vcs_editable_and_index_installs(tmp_path):
         {"name": "torch", "version": "2.9.1", "install": "index"}]
 
 
-def test_the_words_after_a_double_dash_belong_to_init_not_the_kernel():
-    assert adopt.own_cmdline("BOOT_IMAGE=/vmlinuz ro iommu=pt -- --firecracker-init --addr x") == ["iommu=pt"]
+def test_the_words_after_a_double_dash_belong_to_init_not_the_kernel(tmp_path):
+    system = _box(tmp_path, debs=False)
+    (system / "proc/cmdline").write_text("BOOT_IMAGE=/vmlinuz ro iommu=pt -- --firecracker-init --addr x\n")
+    assert adopt.kernel_facts(str(system), _run({}))["cmdline"] == ["iommu=pt"]
 
 
 # `dkms status` as DKMS 3 prints it (module/version, kernel, arch: state); reconstructed for seed 000's fork.

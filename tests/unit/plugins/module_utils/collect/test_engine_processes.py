@@ -89,3 +89,23 @@ def test_the_login_service_a_shell_runs_in_is_not_the_engines_unit():
     assert ep.unit_of("0::/system.slice/system-getty.slice/getty@tty1.service\n") is None
     assert ep.unit_of("0::/system.slice/cron.service\n") is None
     assert ep.unit_of("0::/system.slice/sglang-qwen.service\n") == "sglang-qwen.service"
+
+
+def test_a_library_replaced_since_it_was_mapped_is_hashed_through_its_mapping(tmp_path):
+    """maps marks a file deleted (or replaced by a new install) after it was mapped with " (deleted)": its path now
+    names another file, so the mapping itself (/proc/PID/map_files/RANGE) is hashed. A wheel's own NCCL that the
+    pinned venv kept beside its link (NAME.rigbook-bundled) is a collectives library too."""
+    root = tmp_path / "root"
+    bundled = "/opt/v/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2.rigbook-bundled"
+    maps = ("7f0000000000-7f0000100000 r-xp 00000000 08:01 1234 /opt/rccl/lib/librccl.so.1.0 (deleted)\n"
+            f"7f0000200000-7f0000300000 r-xp 00000000 08:01 55 {bundled}\n")
+    _process(root, 4100, ENGINE, maps=maps)
+    (root / "opt/rccl/lib").mkdir(parents=True)
+    (root / "opt/rccl/lib/librccl.so.1.0").write_bytes(b"the rccl installed since")
+    (root / "proc/4100/map_files").mkdir()
+    (root / "proc/4100/map_files/7f0000000000-7f0000100000").write_bytes(b"the rccl the engine runs")
+    mapped = ep.process_libraries(str(root), 4100)
+    assert mapped == [
+        {"path": "/opt/rccl/lib/librccl.so.1.0", "sha256": hashlib.sha256(b"the rccl the engine runs").hexdigest()},
+        {"path": bundled, "sha256": None}]  # mapped, its file not under this root
+    assert ep.collectives(mapped) == mapped

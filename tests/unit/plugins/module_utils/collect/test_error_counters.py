@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import error_counters as collect
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import runner
 from ansible_collections.rigbook.homelab.plugins.module_utils.judges import error_counters as judges
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges import verdict as verdicts
 from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import climb, registry
-from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import verdict as verdicts
 from ansible_collections.rigbook.homelab.plugins.module_utils.parse import kernel_log
 
 from rigbook import parse_cmd
@@ -105,20 +106,19 @@ def test_fault_trees_read_as_their_counters(tmp_path):
 def test_live_kernel_log_runs_journalctl(monkeypatch):
     calls = []
 
-    class Done:
-        returncode, stdout, stderr = 0, _log("xid79_nvsentinel_155").encode(), b""
-
     def run(argv, **kwargs):
         calls.append(argv)
-        return Done()
+        return runner.Result(argv, 0, _log("xid79_nvsentinel_155"), "", None, False)
 
-    text, source = collect.kernel_log_text("/", run=run)
+    monkeypatch.setattr(runner, "run", run)
+    text, source = collect.kernel_log_text("/")
     assert calls == [collect.KERNEL_LOG_ARGV] and "Xid" in text and source.startswith("journalctl -k -b")
 
     def missing(argv, **kwargs):
-        raise FileNotFoundError(2, "No such file or directory")
+        return runner.Result(argv, None, "", "", "journalctl: No such file or directory", False)
 
-    assert collect.kernel_log_text("/", run=missing)[0] is None
+    monkeypatch.setattr(runner, "run", missing)
+    assert collect.kernel_log_text("/") == (None, "journalctl: No such file or directory")
 
 
 # --- delta and state ------------------------------------------------------------------------------------------

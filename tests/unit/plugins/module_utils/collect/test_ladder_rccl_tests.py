@@ -171,7 +171,7 @@ def test_the_library_the_tests_load_is_the_one_the_loader_resolves(tmp_path):
     (tmp_path / "scripts").mkdir()
     script = make_tests_dir(tmp_path / "scripts") / "sendrecv_perf"
     assert collective_bench.resolved_library(str(script), {}) == {
-        "error": "ldd exited 1: \tnot a dynamic executable\n"}
+        "error": f"ldd {script} exited 1: not a dynamic executable"}
 
 
 def test_all_gather_and_reduce_scatter_run_when_built_and_are_not_required(tmp_path, tree):

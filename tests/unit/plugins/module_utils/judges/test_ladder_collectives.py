@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import collective_bench as collectives
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges import baseline_compare as baseline
 from ansible_collections.rigbook.homelab.plugins.module_utils.judges.collective_layers import (
     judge_collectives,
     judge_nccl_transport,
 )
-from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import baseline_compare as baseline
 
 LOGS = Path(__file__).resolve().parents[4] / "fixtures" / "parse" / "nccl-log"
 P2P = {"gpu": {"count": 2}, "p2p": {"expected": True, "nccl_p2p_level": "PHB"}}

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 from ansible_collections.rigbook.homelab.plugins.module_utils import host_model
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import serving_evidence as serving
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import runner
 from ansible_collections.rigbook.homelab.plugins.module_utils.judges.serving_layer import judge_serving, metric_names
 from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import climb, registry
-from ansible_collections.rigbook.homelab.plugins.module_utils.serve import profile as serve_profile
+from ansible_collections.rigbook.homelab.plugins.module_utils.serve import engine_api
 from helpers.modules import local_playbook
 
 from rigbook import baselines, snapshots
@@ -270,13 +271,18 @@ def test_every_profile_is_judged_and_the_worst_wins():
     assert verdict["metrics"][metric_names("fast")[1]] == 70.0
 
 
-def test_no_profile_skips_and_a_bad_option_fails():
+def _serve_errors(*raws):
+    """The host model's serve_errors of rigbook_serve RAWS (the items it could not read)."""
+    return host_model.build({"rigbook_serve": list(raws)})["serve_errors"]
+
+
+def test_no_profile_skips_and_a_profile_the_model_could_not_read_fails():
     assert judge_serving({"profiles": [], "error": None}, P2P)["status"] == "skip"
-    bad = serving.collect_serving("/", [{"name": "Qwen 27B"}])
+    bad = serving.collect_serving("/", [], errors=_serve_errors({"name": "Qwen 27B"}))
     verdict = judge_serving(bad, P2P)
-    assert verdict["status"] == "fail" and "serve[0].name: 'Qwen 27B' is not a profile name" in verdict["why"]
-    assert "serve[0].port: 70000 is not a port number" in serving.collect_serving("/", [{"name": "a", "port": 70000}])[
-        "error"]
+    assert verdict["status"] == "fail" and "rigbook_serve[0].name: 'Qwen 27B' is not a profile name" in verdict["why"]
+    assert "rigbook_serve[0].port: 70000 is not a port number" in serving.collect_serving(
+        "/", [], errors=_serve_errors({"name": "a", "port": 70000}))["error"]
 
 
 def test_baseline_record_picks_up_the_serving_figures():
@@ -384,9 +390,11 @@ def engine_server():
 
 
 def _profile(port, **extra):
-    (profile,), errors = serve_profile.normalize_all([dict({"name": "standin", "unit": None, "port": port,
-                                                            "startup_timeout_s": 10}, **extra)])
-    assert errors == []
+    """A serve profile as the host model holds it (host_model.build normalised it: rigbook_host.serve)."""
+    model = host_model.build({"rigbook_serve": [dict({"name": "standin", "model_path": "/srv/models/standin",
+                                                      "port": port, "startup_timeout_s": 10}, **extra)]})
+    assert model["serve_errors"] == []
+    (profile,) = model["serve"]
     profile["unit"] = None  # no systemd here: the unit parts are covered with a fake runner below
     return profile
 
@@ -431,25 +439,12 @@ def test_without_the_key_the_api_checks_fail(engine_server):
 def test_the_readiness_poll_never_hammers(engine_server):
     """Two 503s: three polls, at least MIN_POLL_GAP_S apart, the gap doubling."""
     engine = Engine(not_ready=2)
-    ready = serving.wait_ready(serving.Endpoint("127.0.0.1", engine_server(engine)), 30)
+    ready = engine_api.wait_ready(engine_api.Endpoint("127.0.0.1", engine_server(engine)), 30)
     polls = [t for t, path, _ in engine.requests if path == "/health_generate"]
     assert ready["ready"] and ready["polls"] == 3 and len(polls) == 3
     slack = 0.05  # the client times the sends; the server sees them after connect and parse
-    assert polls[1] - polls[0] >= serving.MIN_POLL_GAP_S - slack
-    assert polls[2] - polls[1] >= 2 * serving.MIN_POLL_GAP_S - slack
-
-
-def test_not_ready_stops_at_the_timeout():
-    """Nothing listens: connection refused until startup_timeout_s, polled twice in 3 s, then not ready."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]  # bound, not listening: refused
-        start = time.monotonic()
-        ready = serving.wait_ready(serving.Endpoint("127.0.0.1", port), 3)
-    assert not ready["ready"] and ready["polls"] == 2 and ready["last"] == "connection refused"
-    assert time.monotonic() - start < 4.5
+    assert polls[1] - polls[0] >= engine_api.MIN_POLL_GAP_S - slack
+    assert polls[2] - polls[1] >= 2 * engine_api.MIN_POLL_GAP_S - slack
 
 
 def test_a_wildcard_bind_is_reached_over_loopback(engine_server):
@@ -458,11 +453,12 @@ def test_a_wildcard_bind_is_reached_over_loopback(engine_server):
 
 
 def _systemctl(n_restarts, active="active"):
-    """A fake runner: `systemctl show` as systemd 252 prints it with --timestamp=unix."""
+    """A stand-in for facts/runner.run: `systemctl show` as systemd 252 prints it with --timestamp=unix."""
     def run(argv, timeout=None):
-        assert argv[:3] == ["systemctl", "show", "rigbook-serve-standin.service"]
-        return (f"LoadState=loaded\nActiveState={active}\nSubState=running\nNRestarts={n_restarts}\n"
-                "ExecMainStartTimestamp=@1764700000\nMainPID=4242\n"), None
+        assert argv[:3] == ["systemctl", "show", "rigbook-serve-standin.service"] and "--timestamp=unix" in argv
+        return runner.Result(argv, 0, "Id=rigbook-serve-standin.service\nLoadState=loaded\n"
+                             f"ActiveState={active}\nSubState=running\nNRestarts={n_restarts}\n"
+                             "ExecMainStartTimestamp=@1764700000\nMainPID=4242\n", "", None, False)
     return run
 
 
@@ -527,10 +523,32 @@ def test_a_stopped_unit_is_not_polled(engine_server, tmp_path):
     assert engine.requests == [] and item["ready"]["error"] == "not polled: the unit is failed"
 
 
-def test_parse_show_and_restart_counter_reset(tmp_path):
-    state = serving.parse_show("ActiveState=active\nSubState=running\nNRestarts=1\n"
-                               "ExecMainStartTimestamp=Wed 2025-12-03 10:00:00 UTC\nMainPID=7\n")
-    assert state["n_restarts"] == 1 and state["started_epoch"] is None and state["main_pid"] == 7
+def test_unit_status_keeps_its_shape_and_falls_back_for_an_old_systemd():
+    """systemd before 248 has no --timestamp: the second `systemctl show` prints the time as text (no epoch)."""
+    calls = []
+
+    def run(argv, timeout=None):
+        calls.append(argv)
+        if "--timestamp=unix" in argv:
+            return runner.Result(argv, 1, "", "Unknown option", "systemctl exited 1: Unknown option", False)
+        return runner.Result(argv, 0, "Id=u.service\nLoadState=loaded\nActiveState=active\nSubState=running\n"
+                             "NRestarts=1\nExecMainStartTimestamp=Wed 2025-12-03 10:00:00 UTC\nMainPID=7\n", "",
+                             None, False)
+
+    state = serving.unit_status("u.service", run)
+    assert len(calls) == 2 and state == {
+        "id": "u.service", "load_state": "loaded", "active_state": "active", "sub_state": "running",
+        "n_restarts": 1, "main_pid": 7, "started_at": "Wed 2025-12-03 10:00:00 UTC", "started_epoch": None,
+        "available": True, "error": None}
+
+    def missing(argv, timeout=None):
+        return runner.Result(argv, None, "", "", "systemctl: No such file or directory", False)
+
+    assert serving.unit_status("u.service", missing) == {"available": False,
+                                                         "error": "systemctl: No such file or directory"}
+
+
+def test_restart_counter_reset(tmp_path):
     path = str(tmp_path / "state.json")
     assert serving.restarts_seen(path, "u", 4) == (None, None)
     assert serving.restarts_seen(path, "u", 1) == (0, None)  # a manual start reset the counter: counts from 0
@@ -540,14 +558,25 @@ def test_parse_show_and_restart_counter_reset(tmp_path):
 
 
 def test_the_journal_is_bounded_to_its_head_and_tail(monkeypatch):
+    """read_journal through facts/runner.run's LINES: a journal of 1000 lines (a stand-in for journalctl) is read
+    as its first and last lines, counted whole."""
     monkeypatch.setattr(serving, "JOURNAL_HEAD_LINES", 5)
     monkeypatch.setattr(serving, "JOURNAL_TAIL_LINES", 3)
-    text, total, error = serving._bounded_output(
-        [sys.executable, "-c", "for i in range(1000): print('line', i)"], 30, 5, 3)
+    real, seen = runner.run, []
+
+    def journalctl(argv, **kwargs):
+        seen.append((argv, kwargs["lines"]))
+        return real([sys.executable, "-c", "for i in range(1000): print('line', i)"], **kwargs)
+
+    monkeypatch.setattr(runner, "run", journalctl)
+    text, info = serving.read_journal("u.service", 1764700000.5)
     lines = text.splitlines()
-    assert error is None and total == 1000 and len(lines) == 9
+    assert seen == [(["journalctl", "-u", "u.service", "--since=@1764700000", "-o", "cat", "--no-pager"], (5, 3))]
+    assert info["error"] is None and info["lines"] == 1000 and info["truncated"] and len(lines) == 9
     assert lines[:2] == ["line 0", "line 1"] and lines[5] == "[... 992 lines skipped ...]" and lines[-1] == "line 999"
-    assert serving._bounded_output(["/nonexistent/journalctl"], 5, 5, 3)[2].startswith("/nonexistent/journalctl:")
+    monkeypatch.setattr(runner, "run", lambda argv, **kwargs: real(["/nonexistent/journalctl"], **kwargs))
+    text, info = serving.read_journal("u.service")
+    assert text is None and info["lines"] == 0 and info["error"].startswith("/nonexistent/journalctl:")
 
 
 # ------------------------------------------------------------------ a recorded tree
@@ -596,19 +625,21 @@ def test_replay_shows_the_serving_layer(tmp_path, capsys, fixtures):
 
 
 def test_the_ladder_module_runs_the_serving_phase(tmp_path):
-    """phase: serving with a serve option (rigbook_serve items as they are) on a recorded tree; a bad option
-    fails the task with its key path, no traceback."""
+    """phase: serving on a recorded tree, the serve profiles read from the host model (rigbook_host.serve); a
+    rigbook_serve item the model could not read fails the task with its key path, no traceback."""
 
     tree = tmp_path / "tree"
     _record(tree, seed_004_item())
     serve = [{"name": "qwen", "model_path": "/srv/models/q", "served_model_name": "qwen3.8-27b", "port": 30000}]
     ladder = "rigbook.homelab.ladder"
     tasks = [
-        {ladder: {"phase": "serving", "root": str(tree), "serve": serve,
-                  "host": host_model.build({"rigbook_gpu": P2P["gpu"], "rigbook_p2p": P2P["p2p"]}),
+        {ladder: {"phase": "serving", "root": str(tree),
+                  "host": host_model.build({"rigbook_gpu": P2P["gpu"], "rigbook_p2p": P2P["p2p"],
+                                            "rigbook_serve": serve}),
                   "baseline": SEED_004_BASELINE}, "register": "served"},
         {"debug": {"msg": "SERVED {{ served.ladder[0].status }} {{ served.ladder[0].metrics['" + DECODE + "'] }}"}},
-        {ladder: {"phase": "serving", "root": str(tree), "serve": [{"name": "q", "port": "x"}]},
+        {ladder: {"phase": "serving", "root": str(tree),
+                  "host": host_model.build({"rigbook_serve": [{"name": "q", "port": "x"}]})},
          "register": "bad", "ignore_errors": True},
         {"debug": {"msg": "BAD {{ bad.msg }}"}},
     ]
@@ -616,7 +647,7 @@ def test_the_ladder_module_runs_the_serving_phase(tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "SERVED pass 44.04" in out
-    assert "BAD serving: fail: serve[0].port: 'x' is not a port number" in out
+    assert "BAD serving: fail: rigbook_serve[0].port: 'x' is not a port number" in out
     assert "Traceback" not in out
 
 

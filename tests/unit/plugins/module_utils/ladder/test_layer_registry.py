@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible_collections.rigbook.homelab.plugins.module_utils import ansible_glue
-from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence
-from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import climb, registry
-from ansible_collections.rigbook.homelab.plugins.module_utils.ladder.verdict import make
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges.verdict import make
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import ansible_module, climb, registry
 
 from rigbook import snapshots
 from rigbook.lab import faults
@@ -87,7 +86,7 @@ DUMMY_FILE = ("var", "lib", "rigbook", "commands", "dummy-gauge.txt")
 
 def _dummy_part(ctx, evidence):
     """The dummy layer's collector: a number recorded in the tree (None when missing)."""
-    text = static_evidence.pci.read_text(static_evidence.path(ctx.root, *DUMMY_FILE))
+    text = files.read_text(files.path(ctx.root, *DUMMY_FILE))
     return {"dummy": {"gauge": float(text) if text else None}}
 
 
@@ -135,7 +134,7 @@ def test_a_dummy_layer_is_selected_by_its_name_and_tags(dummy):
         def fail_json(self, **kwargs):
             raise AssertionError(kwargs)
 
-    assert [layer.name for layer in ansible_glue.selected_layers(Module())] == ["pcie_link", "dummy_gauge"]
+    assert [layer.name for layer in ansible_module.selected_layers(Module())] == ["pcie_link", "dummy_gauge"]
 
 
 def test_a_dummy_layer_is_accepted_by_the_lab_fault_table(dummy):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible_collections.rigbook.homelab.plugins.action import validate_profile
+from ansible_collections.rigbook.homelab.plugins.action import host_model as host_model_action
 from ansible_collections.rigbook.homelab.plugins.module_utils.serve import profile as serve
 
 from rigbook import paths
@@ -525,10 +525,10 @@ def test_action_findings_match_the_cli():
     merged = {**yaml.safe_load((REPO / "inventory" / "homelab" / G3080).read_text())}
     merged["rigbook_serve"][0]["tp_size"] = 3
     merged["rigbook_serve"][0]["bind"] = "0.0.0.0"
-    problems, warnings = validate_profile.findings(merged)
+    problems, warnings = host_model_action.findings(merged)
     assert [where for where, _ in problems] == ["rigbook_serve[0].tp_size", "rigbook_serve[0].bind"]
     assert warnings == []
-    assert validate_profile.check(merged) == problems
+    assert host_model_action.check(merged) == problems
 
 
 def test_action_task_fails_on_errors_and_shows_warnings(tmp_path):
@@ -536,7 +536,7 @@ def test_action_task_fails_on_errors_and_shows_warnings(tmp_path):
     _set_serve(inv, G3080, _field("tp_size", 4))
     _set_serve(inv, G9700, _field("bind", "0.0.0.0"))
     play = tmp_path / "play.yml"
-    play.write_text("- hosts: all\n  gather_facts: false\n  tasks:\n    - rigbook.homelab.validate_profile:\n")
+    play.write_text("- hosts: all\n  gather_facts: false\n  tasks:\n    - rigbook.homelab.host_model:\n")
     env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(paths.link_collection()), "ANSIBLE_NOCOLOR": "1"}
     proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inv), str(play), "--check"],
                           capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)

@@ -1,14 +1,16 @@
 # -*- coding: utf-8 -*-
 # Copyright: rigbook developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Action rigbook.homelab.validate_profile: check the host's rigbook_* variables against meta/host_vars.schema.json.
+"""Action rigbook.homelab.host_model: the host model of the host (plugins/module_utils/host_model.py), computed once
+after its rigbook_* variables are checked against meta/host_vars.schema.json.
 
-The preflight role's first task, for users who run ansible-playbook without the `provision` CLI (which checks
-every inventory file before any run). Runs on the controller only: no connection, no remote module, the same in
-check mode. Fails with each problem's key path, the bad value and what is allowed, worded as `provision validate`
-words it (both use plugins/plugin_utils/host_vars_schema.py). Needs the Python package jsonschema on the controller.
-The serve profiles (rigbook_serve) are checked for their traps with what the inventory says about the box, as
-`provision` does: their errors fail the task, their warnings are shown as Ansible warnings and do not.
+The preflight role's first task; for users who run ansible-playbook without the `provision` CLI (which checks every
+inventory file before any run) it is also the schema check. Runs on the controller only: no connection, no remote
+module, the same in check mode. Fails with each problem's key path, the bad value and what is allowed, worded as
+`provision validate` words it (both use plugins/plugin_utils/host_vars_schema.py). Needs the Python package
+jsonschema on the controller. The serve profiles (rigbook_serve) are checked for their traps with what the inventory
+says about the box, as `provision` does: their errors fail the task, their warnings are shown as Ansible warnings
+and do not.
 
 It also computes the host model (plugins/module_utils/host_model.py) and returns it as `host_model`, with
 `host_model.readiness` holding, per role, the inputs that role needs and the inventory lacks: the preflight role

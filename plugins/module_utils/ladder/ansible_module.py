@@ -1,12 +1,15 @@
 # -*- coding: utf-8 -*-
 # Copyright: rigbook developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The Ansible side of the ladder module: argument spec, layer selection, climb, exit. The only file under
-module_utils that imports AnsibleModule; everything it calls is plain Python (collect, judge, climb).
+"""The body of the ladder module (plugins/modules/ladder.py): argument spec, layer selection, climb, exit. The only
+file under module_utils that imports AnsibleModule; everything it calls is plain Python (collect, judge, climb).
 
 One module run climbs a phase (or the whole ladder): one interpreter start on the host for several layers. The
-task fails at the first failing layer with its measured and expected values and remedy; warn and unknown
-verdicts are reported as warnings. Read-only: check mode runs the same.
+task passes the host model (`host`) and what is its own (phase, layers, baseline, ...); where the evidence is read,
+the tolerance, the GPU environment file, the collectives tests and their Python, the benchmark's environment and the
+serve profiles are the model's (model_options), an option given only overriding one. The task fails at the first
+failing layer with its measured and expected values and remedy; warn and unknown verdicts are reported as warnings.
+Read-only: check mode runs the same.
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ ARGUMENT_SPEC = dict(
     phase=dict(type="str", choices=list(registry.PHASES) + [ALL_PHASES], default=ALL_PHASES),
     layers=dict(type="list", elements="str"),
     run_tags=dict(type="list", elements="str", default=[]),
-    root=dict(type="path", default="/"),
     host=dict(type="dict", default={}),
+    # Overrides of what the host model decides (model_options); omitted, the model's.
+    root=dict(type="path"),
     baseline=dict(type="dict", default={}),
     tolerance=dict(type="dict", default={}),
     probe_bytes=dict(type="int", default=OPTION_DEFAULTS["probe_bytes"]),
@@ -39,12 +43,11 @@ ARGUMENT_SPEC = dict(
     nccl_tests_dir=dict(type="path"),
     collective_bytes=dict(type="int", default=OPTION_DEFAULTS["collective_bytes"]),
     iters=dict(type="int", default=OPTION_DEFAULTS["iters"]),
-    env=dict(type="dict", default={}),
+    env=dict(type="dict"),
     env_file=dict(type="path"),
     ab=dict(type="bool", default=False),
     log=dict(type="str"),
     unit=dict(type="str"),
-    serve=dict(type="list", elements="dict", default=[]),
     serving_state=dict(type="path"),  # None: collect/serving_evidence.STATE_FILE
     error_state=dict(type="path", default="/var/lib/rigbook/error-counters.json"),  # collect/error_counters.STATE_FILE
     allow_unknown=dict(type="list", elements="str", default=[]),
@@ -66,10 +69,32 @@ def selected_layers(module):
     return [layer for phase in phases for layer in registry.select(phase, params["layers"])[0]]
 
 
+def model_options(model):
+    """What the climb reads of the host model MODEL (rigbook_host) besides its ladder view: the evidence root, the
+    collectives tests and the Python of the bundled benchmark, the GPU environment file, the benchmark's environment
+    (the first serve profile's: the serving unit's) and the serve profiles (normalised once, by host_model.build)."""
+    model = model if isinstance(model, dict) else {}
+    serve = model.get("serve") or []
+    python = (model.get("verify") or {}).get("collectives_python")
+    return {
+        "root": model.get("evidence_root") or "/",
+        "python": python.rstrip("/") + "/bin/python" if python else None,
+        "nccl_tests_dir": model.get("collectives_tests_dir") or None,
+        "env_file": model.get("gpu_env_file") or None,
+        "env": dict(serve[0].get("env") or {}) if serve else {},
+        "serve": serve,
+        "serve_errors": model.get("serve_errors") or [],
+    }
+
+
 def context_of(params, check_mode=False):
-    options = dict((name, params.get(name)) for name in OPTION_DEFAULTS)
+    """The climb's Context: the host model's ladder view and options (model_options), each option the task gives
+    overriding the model's."""
+    options = model_options(params["host"])
+    root = options.pop("root")
+    options.update((name, params[name]) for name in OPTION_DEFAULTS if params.get(name) is not None)
     options["check_mode"] = check_mode
-    return Context(params["root"], host_model.ladder_view(params["host"]), params.get("baseline"),
+    return Context(params.get("root") or root, host_model.ladder_view(params["host"]), params.get("baseline"),
                    params.get("tolerance"), options)
 
 

@@ -4,12 +4,13 @@
 """Compare a measured figure with its recorded baseline (pure; standard library only).
 
 Thresholds are data (aznhc/nccl-tests style): below fail_below x baseline is a fail, below
-warn_below x baseline a warning (ladder/expectations.py: one merge, defaults 0.8 and 0.95).
+warn_below x baseline a warning (judges/expectations.py: one merge, defaults 0.8 and 0.95).
 """
 
 from __future__ import annotations
 
-from ansible_collections.rigbook.homelab.plugins.module_utils.ladder.expectations import tolerance as merged_tolerance
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges.expectations import tolerance as merged_tolerance
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges.verdict import worse
 
 
 def compare(name, measured, baseline, tolerance=None):
@@ -35,13 +36,11 @@ def compare(name, measured, baseline, tolerance=None):
 
 def compare_all(metrics, baseline_metrics, tolerance=None):
     """Compare every metric that has a baseline; returns (worst status, [texts], {name: ratio})."""
-    order = {"fail": 4, "unknown": 3, "warn": 2, "pass": 1, "skip": 0}
     worst, texts, ratios = "skip", [], {}
     for name in sorted(metrics):
         status, text = compare(name, metrics[name], (baseline_metrics or {}).get(name), tolerance)
         texts.append(text)
         if status in ("pass", "warn", "fail") and baseline_metrics.get(name):
             ratios[name] = round(float(metrics[name]) / float(baseline_metrics[name]), 3)
-        if order[status] > order[worst]:
-            worst = status
+        worst = worse(worst, status)
     return worst, texts, ratios

@@ -1,11 +1,37 @@
 # -*- coding: utf-8 -*-
 # Copyright: rigbook developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The verdict every ladder layer returns (standard library only). The layers themselves: ladder/registry.py."""
+"""The verdict every ladder layer returns, and the one severity order of its statuses (standard library only).
+The layers themselves: ladder/registry.py."""
 
 from __future__ import annotations
 
 STATUSES = ("pass", "warn", "fail", "skip", "unknown")
+# The one severity order of the statuses, least severe first: every place that ranks statuses (the error-counter
+# modifier, the baseline comparison, the collectives' sendrecv check, the report's worst layer) ranks with this.
+# unknown is above warn: what was not measured is no milder than a warning, so a warn modifier (a correctable AER
+# burst) never turns an unknown into a warn that would hide it from the "expected layer unknown fails" rule.
+SEVERITY = ("skip", "pass", "warn", "unknown", "fail")
+
+
+def rank(status):
+    """STATUS's place in SEVERITY (higher is worse); a status it does not know ranks as unknown."""
+    return SEVERITY.index(status) if status in SEVERITY else SEVERITY.index("unknown")
+
+
+def worse(a, b):
+    """The worse of statuses A and B (A on a tie)."""
+    return b if rank(b) > rank(a) else a
+
+
+def worst(statuses, default="skip"):
+    """The worst of STATUSES; DEFAULT when there are none."""
+    out = default
+    for status in statuses:
+        out = worse(out, status)
+    return out
+
+
 def make(layer, status, measured=None, expected=None, why="", remedy="", metrics=None):
     """A verdict dict. METRICS ({name: number}) are the figures a baseline records and compares."""
     if status not in STATUSES:

@@ -5,10 +5,14 @@
 
 DOCUMENTATION = r"""
 ---
-module: validate_profile
-short_description: Check the host's rigbook_* variables against the collection's JSON Schema
+module: host_model
+short_description: Compute the host model (rigbook_host) after checking the host's rigbook_* variables
 description:
-  - Checks the host's merged C(rigbook_*) variables (C(rigbook_gpu), C(rigbook_p2p), C(rigbook_pins), C(rigbook_serve),
+  - Computes the host model (plugins/module_utils/host_model.py) - what the host is, every default decided once - and
+    returns it as RV(host_model), with C(readiness) per role; the preflight role sets it as the fact C(rigbook_host),
+    which every role, module and judge reads. Fails, before any role has changed anything, when a role this run
+    applies (its C(--tags) and C(--skip-tags) considered, and O(roles)) lacks an input.
+  - First checks the host's merged C(rigbook_*) variables (C(rigbook_gpu), C(rigbook_p2p), C(rigbook_pins), C(rigbook_serve),
     C(rigbook_tolerance), C(rigbook_evidence_root)) against C(meta/host_vars.schema.json), the same file and wording as
     C(provision validate).
   - Fails naming each key path, the bad value and what is allowed. Unknown C(rigbook_*) names are errors.
@@ -18,7 +22,11 @@ description:
 version_added: "1.0.0"
 author:
   - rigbook developers
-options: {}
+options:
+  roles:
+    description: The roles of the play whose inputs are checked; omitted - every role site.yml applies to the host.
+    type: list
+    elements: str
 attributes:
   action:
     support: full
@@ -32,8 +40,13 @@ attributes:
 """
 
 EXAMPLES = r"""
-- name: Check the rigbook_* variables before touching the host
-  rigbook.homelab.validate_profile:
+- name: Check the rigbook_* variables and compute the host model before touching the host
+  rigbook.homelab.host_model:
+  register: preflight_model
+
+- name: Set the host model
+  ansible.builtin.set_fact:
+    rigbook_host: "{{ preflight_model.host_model }}"
 """
 
 RETURN = r"""
@@ -47,4 +60,8 @@ problems:
   returned: when the variables could be read
   type: list
   elements: dict
+host_model:
+  description: The host model, with C(readiness) ({role - [need]}).
+  returned: when the variables are valid and every role of this run has its inputs
+  type: dict
 """

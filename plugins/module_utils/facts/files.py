@@ -1,0 +1,178 @@
+# -*- coding: utf-8 -*-
+# Copyright: rigbook developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The evidence root, bounded file reads, the sha256 of a file and the one atomic write (standard library only).
+
+The evidence root is "/" on a real box, or a recorded tree laid out the same way (lab host, snapshot, test
+fixture: docs/evidence.md). Every reader takes paths under it from `path`.
+
+sha256: `sha256_of(PATH)` hashes the file PATH names now (links followed) and raises OSError when it cannot be
+read (missing, a folder, no permission) - a caller never gets a digest of nothing. `digest(PATH)` is the same as
+(hex, None) or (None, why) for callers that report rather than fail. A path that /proc printed with " (deleted)"
+names a file that is gone: the name may now hold another file, so `digest` refuses it (facts/libraries.py reads
+such a mapping through /proc/PID/map_files instead).
+
+The atomic write: `write_atomic(PATH, DATA)` writes a temporary file in PATH's folder (created exclusively, so no
+link is followed) and renames it over PATH, so a reader sees the old file or the new one, never a part; a PATH that
+is a symbolic link is refused, never written through. With sync_folder=True the folder is synced after the rename
+too (`fsync_folder`), so the new name itself survives a power cut (the controller's shared state files).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import tempfile
+
+CHUNK = 1 << 20
+MAX_TEXT = 16 << 20  # a text fact (sysfs attribute, /proc file, config, stamp) longer than this is not read whole
+DELETED = " (deleted)"
+
+
+def path(root, *parts):
+    """PARTS joined under the evidence ROOT ("/" when empty)."""
+    return os.path.join(root or "/", *parts)
+
+
+def is_live(root):
+    """True when ROOT is the running system's "/", not a recorded tree."""
+    return os.path.realpath(root or "/") == "/"
+
+
+def read_text(file_path, limit=MAX_TEXT, strip=True):
+    """The file's text (UTF-8, undecodable bytes replaced; at most LIMIT characters), stripped unless STRIP is
+    False; None when it does not exist or cannot be read."""
+    try:
+        with open(file_path, "rb") as handle:
+            data = handle.read(limit)
+    except OSError:
+        return None
+    text = data.decode("utf-8", "replace")
+    return text.strip() if strip else text
+
+
+def read_json(file_path, limit=MAX_TEXT):
+    """(data, error) of a JSON file: (None, None) when it does not exist; (None, why) when unreadable or garbled;
+    a file over LIMIT bytes is refused."""
+    try:
+        with open(file_path, "rb") as handle:
+            data = handle.read(limit + 1)
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, "cannot read %s: %s" % (file_path, exc.strerror or exc)
+    if len(data) > limit:
+        return None, "%s is larger than %d bytes" % (file_path, limit)
+    try:
+        return json.loads(data.decode("utf-8")), None
+    except ValueError as exc:
+        return None, "%s is not JSON: %s" % (file_path, exc)
+
+
+def sha256_of(file_path):
+    """The sha256 (hex) of the file FILE_PATH names (links followed), read in 1 MiB chunks. Raises OSError when it
+    cannot be read: a missing, unreadable or non-regular file has no digest."""
+    digest = hashlib.sha256()
+    with open(file_path, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise OSError("not a regular file: %s" % file_path)
+        for chunk in iter(lambda: handle.read(CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def digest(file_path):
+    """(sha256, None), or (None, why) when FILE_PATH cannot be read or is a deleted file /proc named."""
+    if file_path.endswith(DELETED):
+        return None, "%s was deleted; its name may now hold another file" % file_path[: -len(DELETED)]
+    try:
+        return sha256_of(file_path), None
+    except OSError as exc:
+        return None, "cannot read %s: %s" % (file_path, getattr(exc, "strerror", None) or exc)
+
+
+def fsync_folder(folder):
+    """fsync FOLDER, so a rename or link made in it survives a power cut; None, or why it could not be synced (a
+    file system that cannot sync a folder: what was renamed there is in place all the same)."""
+    try:
+        handle = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        return "cannot open %s: %s" % (folder, exc.strerror or exc)
+    try:
+        os.fsync(handle)
+    except OSError as exc:
+        return "cannot sync %s: %s" % (folder, exc.strerror or exc)
+    finally:
+        os.close(handle)
+    return None
+
+
+def write_atomic(file_path, data, mode=0o644, make_parents=False, sync_folder=False):
+    """Write DATA (bytes, or text as UTF-8) to FILE_PATH atomically with MODE. Raises OSError; a FILE_PATH that is a
+    symbolic link is refused (never written through). SYNC_FOLDER: fsync the folder after the rename too
+    (fsync_folder; a folder that cannot be synced is no error: the file is written, the rename done)."""
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    folder = os.path.dirname(file_path) or "."
+    if make_parents and not os.path.isdir(folder):
+        os.makedirs(folder)
+    if os.path.islink(file_path):
+        raise OSError("%s is a symbolic link; rigbook does not write through links" % file_path)
+    handle, tmp = tempfile.mkstemp(dir=folder, prefix=".rigbook-")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, file_path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    if sync_folder:
+        fsync_folder(folder)
+    return file_path
+
+
+def write_json(file_path, data, mode=0o644, make_parents=True):
+    """DATA as indented, sorted JSON through write_atomic; the error text, or None."""
+    try:
+        write_atomic(file_path, json.dumps(data, indent=2, sort_keys=True) + "\n", mode, make_parents)
+    except (OSError, TypeError, ValueError) as exc:
+        return "cannot write %s: %s" % (file_path, getattr(exc, "strerror", None) or exc)
+    return None
+
+
+def link_atomic(target, link_path):
+    """Make LINK_PATH a symbolic link to TARGET atomically (a link beside it, renamed over it); raises OSError. A
+    folder at LINK_PATH is refused."""
+    if os.path.isdir(link_path) and not os.path.islink(link_path):
+        raise OSError("%s is a folder; it is not replaced by a link" % link_path)
+    tmp = "%s.rigbook-%d" % (link_path, os.getpid())
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    os.symlink(target, tmp)
+    try:
+        os.replace(tmp, link_path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return link_path
+
+
+def move_atomic(source, dest):
+    """Put the finished file or folder SOURCE (made beside DEST, on its file system: a download verified before it
+    is kept, an archive a tool wrote, a folder unpacked and checked) at DEST in one rename, so a reader sees the old
+    DEST or the new one, never a part. Raises OSError; a DEST that is a symbolic link is refused (rigbook does not
+    replace what a link names), a folder at DEST must be empty."""
+    if os.path.islink(dest):
+        raise OSError("%s is a symbolic link; rigbook does not write through links" % dest)
+    os.replace(source, dest)
+    return dest

@@ -1,0 +1,39 @@
+"""`provision adopt HOST -i INV`: a box that was set up by hand, written down as the pins and serve profiles that
+reproduce it (issue 22, first part).
+
+One module a job:
+- command.py: the command: the host is read by playbooks/adopt.yml (module adopt_facts: read-only, changes
+  nothing); what it stored is mapped, written (host_vars/HOST.yml of the inventory, group_vars/GROUP/adopted.yml with
+  --group, or -o FILE, with the lock and patch beside them: all or none) and checked as `provision validate` does.
+- mapping.py: what was read -> rigbook_* variables (`variables_of`, `adopt_of`), each value with where it was read.
+  The pins' inverse is plugins/module_utils/host_pins.PINS, the one table of pins (beside the forward that
+  host_model.build uses); here the serve profiles and the files beside the pins. What could not be pinned is listed
+  with the reason, never guessed.
+- emit.py: the YAML (`render`): every value with a comment saying where it was read, then what was not pinned; it
+  reads back as exactly the adopted values.
+
+Read so far: the kernel (release, source: distro or debs with each .deb's sha256, the command line's own
+parameters), each running SGLang engine's command line as a serve profile (flags the schema does not know in
+extra_args, named; an API key on the command line never copied) and its GPU environment, the SGLang version of its
+venv, the NVIDIA driver as DKMS built it, the CUDA toolchain wheels (the role's default venv, else the engine's),
+the engine's venv as a requirements lock written beside the pins (hashes of the wheels found in --wheels-dir) and
+sglang's local changes as a patch, ROCm (release, packages, apt repository and keyring sha256, amdgpu-dkms, HSA_*
+environment), and the mapped RCCL from rigbook's build stamp. What cannot be pinned is listed with the reason.
+"""
+
+from __future__ import annotations
+
+from rigbook.adopt.command import (
+    FACTS_DIR,
+    PLAYBOOK,
+    _group_of,
+    adopt_command,
+    group_file_to_folder,
+    output_path,
+    write_together,
+)
+from rigbook.adopt.emit import render
+from rigbook.adopt.mapping import adopt_of, lock_of, variables_of
+
+__all__ = ["FACTS_DIR", "PLAYBOOK", "_group_of", "adopt_command", "adopt_of", "group_file_to_folder", "lock_of",
+           "output_path", "render", "variables_of", "write_together"]

@@ -1,0 +1,133 @@
+"""facts/files.py: the evidence root, bounded reads, the sha256 of a file and the one atomic write."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files
+
+
+def test_path_joins_under_the_root_and_only_slash_is_live(tmp_path):
+    assert files.path("", "proc", "cmdline") == "/proc/cmdline"
+    assert files.path(str(tmp_path), "sys") == str(tmp_path / "sys")
+    assert files.is_live("/") and files.is_live(None)
+    assert not files.is_live(str(tmp_path))
+
+
+def test_read_text_strips_bounds_and_says_none_for_what_cannot_be_read(tmp_path):
+    (tmp_path / "a").write_bytes(b"  0x10de\n")
+    (tmp_path / "big").write_bytes(b"x" * 100)
+    (tmp_path / "bad").write_bytes(b"\xff\xfe")
+    assert files.read_text(str(tmp_path / "a")) == "0x10de"
+    assert files.read_text(str(tmp_path / "a"), strip=False) == "  0x10de\n"
+    assert files.read_text(str(tmp_path / "big"), limit=10) == "x" * 10
+    assert files.read_text(str(tmp_path / "bad")) == "\ufffd\ufffd"
+    assert files.read_text(str(tmp_path / "missing")) is None
+    assert files.read_text(str(tmp_path)) is None  # a folder
+
+
+def test_read_json_tells_missing_from_garbled_and_too_large(tmp_path):
+    (tmp_path / "ok.json").write_text('{"a": 1}')
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "big.json").write_text('"' + "x" * 100 + '"')
+    assert files.read_json(str(tmp_path / "ok.json")) == ({"a": 1}, None)
+    assert files.read_json(str(tmp_path / "missing.json")) == (None, None)
+    data, error = files.read_json(str(tmp_path / "bad.json"))
+    assert data is None and "not JSON" in error
+    data, error = files.read_json(str(tmp_path / "big.json"), limit=50)
+    assert data is None and "larger than 50 bytes" in error
+
+
+def test_sha256_of_hashes_the_file_and_raises_for_what_has_no_digest(tmp_path):
+    payload = os.urandom(3 << 20)  # more than one chunk
+    (tmp_path / "lib.so").write_bytes(payload)
+    os.symlink("lib.so", tmp_path / "link.so")
+    assert files.sha256_of(str(tmp_path / "lib.so")) == hashlib.sha256(payload).hexdigest()
+    assert files.sha256_of(str(tmp_path / "link.so")) == hashlib.sha256(payload).hexdigest()  # links followed
+    with pytest.raises(OSError):
+        files.sha256_of(str(tmp_path / "missing"))
+    with pytest.raises(OSError):
+        files.sha256_of(str(tmp_path))  # a folder has no digest
+
+
+def test_digest_refuses_a_deleted_mapping_and_names_the_unreadable(tmp_path):
+    (tmp_path / "libnccl.so.2").write_bytes(b"new file under the old name")
+    sha, why = files.digest(str(tmp_path / "libnccl.so.2") + " (deleted)")
+    assert sha is None and "was deleted" in why
+    sha, why = files.digest(str(tmp_path / "missing"))
+    assert sha is None and "cannot read" in why
+    assert files.digest(str(tmp_path / "libnccl.so.2"))[0] == hashlib.sha256(b"new file under the old name").hexdigest()
+
+
+def test_write_atomic_replaces_the_file_whole_with_its_mode(tmp_path):
+    target = tmp_path / "state.json"
+    target.write_text("old")
+    files.write_atomic(str(target), "new", mode=0o600)
+    assert target.read_text() == "new"
+    assert (target.stat().st_mode & 0o777) == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]  # no temporary file left
+
+
+def test_write_atomic_never_writes_through_a_link(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    os.symlink(victim, tmp_path / "state.json")
+    with pytest.raises(OSError, match="symbolic link"):
+        files.write_atomic(str(tmp_path / "state.json"), "planted")
+    assert victim.read_text() == "keep"
+
+
+def test_write_atomic_leaves_nothing_behind_when_it_fails(tmp_path, monkeypatch):
+    def refuse(src, dst):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(files.os, "replace", refuse)
+    with pytest.raises(OSError):
+        files.write_atomic(str(tmp_path / "x"), b"data")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sync_folder_syncs_the_folder_after_the_rename_and_a_folder_that_cannot_is_named(tmp_path, monkeypatch):
+    synced = []
+    monkeypatch.setattr(files, "fsync_folder", synced.append)
+    files.write_atomic(str(tmp_path / "a.json"), "{}")
+    assert synced == []
+    files.write_atomic(str(tmp_path / "a.json"), "{}", sync_folder=True)
+    assert synced == [str(tmp_path)] and (tmp_path / "a.json").read_text() == "{}"
+    monkeypatch.undo()
+    assert files.fsync_folder(str(tmp_path)) is None
+    assert "cannot open" in files.fsync_folder(str(tmp_path / "missing"))
+
+
+def test_write_json_makes_parents_and_returns_the_error_text(tmp_path):
+    assert files.write_json(str(tmp_path / "a" / "b.json"), {"b": 2, "a": 1}) is None
+    assert (tmp_path / "a" / "b.json").read_text() == '{\n  "a": 1,\n  "b": 2\n}\n'
+    (tmp_path / "file").write_text("")
+    assert "cannot write" in files.write_json(str(tmp_path / "file" / "x.json"), {})
+
+
+def test_link_atomic_repoints_a_link_and_refuses_a_folder(tmp_path):
+    (tmp_path / "v1").mkdir()
+    (tmp_path / "v2").mkdir()
+    files.link_atomic("v1", str(tmp_path / "current"))
+    files.link_atomic("v2", str(tmp_path / "current"))
+    assert os.readlink(tmp_path / "current") == "v2"
+    with pytest.raises(OSError, match="folder"):
+        files.link_atomic("v2", str(tmp_path / "v1"))
+
+
+def test_move_atomic_puts_a_finished_file_or_folder_in_place_and_refuses_a_link(tmp_path):
+    (tmp_path / ".download-1").write_bytes(b"verified")
+    (tmp_path / "artifact.tar.gz").write_bytes(b"old")
+    assert files.move_atomic(str(tmp_path / ".download-1"), str(tmp_path / "artifact.tar.gz")).endswith("tar.gz")
+    assert (tmp_path / "artifact.tar.gz").read_bytes() == b"verified" and not (tmp_path / ".download-1").exists()
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "lib.so").write_text("built")
+    files.move_atomic(str(tmp_path / "work"), str(tmp_path / "prefix"))
+    assert (tmp_path / "prefix" / "lib.so").read_text() == "built"
+    (tmp_path / "new").write_text("planted")
+    os.symlink(tmp_path / "artifact.tar.gz", tmp_path / "link")
+    with pytest.raises(OSError, match="symbolic link"):
+        files.move_atomic(str(tmp_path / "new"), str(tmp_path / "link"))
+    assert (tmp_path / "artifact.tar.gz").read_bytes() == b"verified" and (tmp_path / "new").exists()

@@ -263,22 +263,21 @@ def engine_libraries(vendor, pins):
 
 
 def verify_settings(raw, gpus, serving):
-    """How the ladder runs on the host (rigbook_verify): the layers it must measure (on a box whose rigbook_gpu
-    names its GPUs' vendor: every layer of the registry, serving only with serve profiles; an unknown one fails the
-    play), those allowed to stay unknown, and the venv with PyTorch for the bundled collectives benchmark."""
-    from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import registry
-
+    """How the ladder runs on the host (rigbook_verify): what it must measure (`measure`: on a box whose rigbook_gpu
+    names its GPUs' vendor every layer, the serving layer only with serve profiles - the ladder's registry turns this
+    into layer names, ladder/registry.expected_layers; an unknown one fails the play), the layers allowed to stay
+    unknown, and the venv with PyTorch for the bundled collectives benchmark."""
     raw = _dict(raw)
     return {
-        "expected_layers": [name for name in registry.names() if gpus and (serving or name != registry.SERVING)],
+        "measure": {"layers": bool(gpus), "serving": bool(gpus and serving)},
         "allow_unknown": [str(name) for name in _list(raw.get("allow_unknown"))],
         "collectives_python": _str(raw.get("collectives_python")),
     }
 
 
 def ladder_view(model):
-    """What the ladder's judges read of the model: {gpu, p2p, pins, tolerance}. p2p carries `expected` only when
-    the inventory declared it: undeclared, the judges apply the one rule (judges/expectations.p2p_expected) to the
+    """What the ladder's judges read of the model: {gpu, p2p, pins, tolerance, measure, allow_unknown}. p2p carries
+    `expected` only when the inventory declared it: undeclared, the judges apply the one rule (judges/expectations.p2p_expected) to the
     GPUs they saw."""
     if not isinstance(model, dict) or "pins" not in model:
         return {}
@@ -288,7 +287,7 @@ def ladder_view(model):
     pins = {name: pin for name, pin in model["pins"].items() if pin.get("pinned")}
     verify = model.get("verify") or {}
     return {"gpu": model["gpu"], "p2p": p2p, "pins": pins, "tolerance": model["tolerance"],
-            "expected_layers": verify.get("expected_layers") or [], "allow_unknown": verify.get("allow_unknown") or []}
+            "measure": verify.get("measure") or {}, "allow_unknown": verify.get("allow_unknown") or []}
 
 
 def box_facts(model):

@@ -28,7 +28,7 @@ options:
     type: path
     default: /usr/local/lib/rigbook-health.pyz
   host:
-    description: The host model (rigbook_host); the health run's config is made from it (module_utils/health.py
+    description: The host model (rigbook_host); the health run's config is made from it (module_utils/ladder/health.py
       config_of) and written as JSON to O(config_path).
     type: dict
     required: true
@@ -90,8 +90,8 @@ import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.rigbook.homelab.plugins.module_utils import health
 from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files, runner
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import health
 
 NAME = "rigbook-health"
 # sd_booted(3): systemd is the init system when this folder exists (a container without it has none)

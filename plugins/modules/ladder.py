@@ -132,7 +132,7 @@ options:
     type: path
   allow_unknown:
     description: Layers allowed to come out unknown on this run. An unknown verdict of a layer the host model expects
-      this box to measure (O(host) C(expected_layers)) fails the task unless this option or the host model's
+      this box to measure (the host model's C(verify.measure)) fails the task unless this option or the host model's
       C(rigbook_verify.allow_unknown) names it; an allowed one stays unknown and says so.
     type: list
     elements: str

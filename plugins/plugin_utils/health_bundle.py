@@ -4,7 +4,7 @@
 """rigbook-health.pyz: the collection's module_utils as one zip Python runs (controller side, standard library).
 
 The health role copies it to the box and its timer runs `python3 rigbook-health.pyz --config FILE`
-(module_utils/health.py). Built byte for byte reproducibly from the files (fixed times and modes, sorted names),
+(module_utils/ladder/health.py). Built byte for byte reproducibly from the files (fixed times and modes, sorted names),
 so a box whose copy is current sees no change, and its name carries the sha256 of its bytes. The file is written
 and checked through module_utils/facts/files.py (the one atomic write, the one sha256 of a file).
 """
@@ -19,9 +19,9 @@ import zipfile
 
 from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files
 
-MAIN = ("# rigbook-health: P2P health between runs (module_utils/health.py)\n"
+MAIN = ("# rigbook-health: P2P health between runs (module_utils/ladder/health.py)\n"
         "import sys\n\n"
-        "from ansible_collections.rigbook.homelab.plugins.module_utils import health\n\n"
+        "from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import health\n\n"
         "sys.exit(health.main())\n")
 PACKAGE = "ansible_collections/rigbook/homelab/plugins/module_utils"
 

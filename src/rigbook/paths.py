@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 import stat
 import sys
@@ -71,6 +73,7 @@ def state_dir() -> Path:
 
 
 def _guard_state_dir(path: Path) -> None:
+    # deferred: import cycle: rigbook.statefile imports rigbook.paths at its top
     from rigbook import statefile
 
     try:
@@ -106,6 +109,7 @@ def link_collection() -> Path:
     root = collection_root()
     base = state_dir() / "collections"
     link = base / "ansible_collections" / COLLECTION_NAMESPACE / COLLECTION_NAME
+    # deferred: import cycle: rigbook.statefile imports rigbook.paths at its top
     from rigbook.statefile import private_dir
 
     private_dir(link.parent)
@@ -134,8 +138,6 @@ def facts(name: str):
     and the state files it writes go through the same code the targets run. Imported once, after link_collection."""
     module = sys.modules.get(f"{FACTS_PACKAGE}.{name}")
     if module is None:
-        import importlib
-
         link_collection()
         module = importlib.import_module(f"{FACTS_PACKAGE}.{name}")
     return module
@@ -144,8 +146,6 @@ def facts(name: str):
 def load_collection_file(relative: str, name: str):
     """The Python file RELATIVE of the collection root, loaded as module NAME by path (no collection link, no
     sys.path change); UserError when the collection lacks it."""
-    import importlib.util
-
     location = collection_root() / relative
     if not location.is_file():
         raise UserError(f"the collection has no {relative} ({location}): reinstall rigbook, or use its checkout")

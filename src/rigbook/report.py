@@ -26,9 +26,15 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote
 
+from rigbook import baselines, manifests, runs, statefile
+from rigbook.baselines import versions_of
 from rigbook.display import nested_text
-from rigbook.paths import link_collection
+from rigbook.errors import UserError
+from rigbook.paths import link_collection, state_dir
+from rigbook.run import last_roll, resolve_inventory
+from rigbook.validate import host_model_of, validate
 
 VERSION_KEYS = ("kernel", "nvidia_driver", "rocm", "nccl", "sglang")
 NO_GROUP = ("all", "ungrouped")
@@ -99,16 +105,12 @@ def _tolerance(inv, host: str) -> dict:
     expectations = _ladder_utils()[0]
     if inv is None or host not in inv.hosts:
         return expectations.tolerance()
-    from rigbook.validate import host_model_of
-
     return host_model_of(inv, host)["tolerance"]
 
 
 def _run_records(notes: list) -> list:
     """Every saved run record, newest first (by start time, then folder name); a bad one is left out and named in
     NOTES."""
-    from rigbook import runs
-
     found, bad = runs.read_records()
     notes += [f"{exc}: left out" for exc in bad]
     return sorted(found, key=lambda r: (str(r.get("started") or ""), Path(r["dir"]).name), reverse=True)
@@ -162,11 +164,6 @@ def _groups(inv, hosts: list) -> list:
 
 def gather(inventory: str) -> ReportData:
     """Everything the page shows, read from the state directory for the hosts of INVENTORY (a name or a path)."""
-    from rigbook import baselines, manifests
-    from rigbook.errors import UserError
-    from rigbook.run import resolve_inventory
-    from rigbook.validate import validate
-
     path = resolve_inventory(inventory)
     inv = validate(path)
     names = list(inv.hosts)
@@ -175,8 +172,6 @@ def gather(inventory: str) -> ReportData:
                       generated=time.strftime("%Y-%m-%d %H:%M:%S %Z"), hosts=[], groups=_groups(inv, names),
                       manifest_run=str(manifest_run) if manifest_run else None)
     records = _run_records(data.notes)
-    from rigbook.run import last_roll
-
     data.last_roll = last_roll(str(path))
     members = group_members(inv)
     for name in names:
@@ -256,8 +251,6 @@ def _e(value) -> str:
 
 
 def _file_url(path: str) -> str:
-    from urllib.parse import quote
-
     return "file://" + quote(str(Path(path).resolve()))
 
 
@@ -417,8 +410,6 @@ def _latest(host: HostData) -> tuple:
 def _versions(host: HostData) -> dict:
     record, entry = _latest(host)
     if entry.get("ladder"):
-        from rigbook.baselines import versions_of
-
         found = versions_of(entry["ladder"])
         if found:
             return found
@@ -656,8 +647,6 @@ def render(data: ReportData) -> str:
 
 
 def default_output(inventory_name: str) -> Path:
-    from rigbook.paths import state_dir
-
     stamp = time.strftime("%Y%m%d-%H%M%SZ", time.gmtime())
     return state_dir() / "reports" / f"{inventory_name}-{stamp}.html"
 
@@ -676,9 +665,6 @@ def write_report(inventory: str, output: str | None = None) -> tuple:
     (statefile.write_text_atomic, the collection's facts/files.write_atomic): a reader never sees half a page, a
     symbolic link at OUTPUT is refused, not written through, and nothing is left behind when the write fails (a
     UserError naming the path, exit 2)."""
-    from rigbook import statefile
-    from rigbook.errors import UserError
-
     if output:
         path = Path(output)
         if path.is_dir():

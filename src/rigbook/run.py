@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shlex
@@ -12,8 +13,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rigbook import paths
+from ansible import __version__ as ansible_version
+
+from rigbook import baselines, junit, paths, runs, statefile
+from rigbook.baselines import check_group, inventory_order
 from rigbook.errors import StateBusy, UserError
+from rigbook.procs import terminate_tree
+from rigbook.tracker import Tracker
+from rigbook.validate import run_roles, validate
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130  # 4: errors.StateBusy
 RUN_LOCK = "run.lock"
@@ -57,6 +64,7 @@ def resolve_inventory(name: str) -> Path:
     if given.exists():
         return given.resolve()
     if name == "lab":
+        # deferred: rigbook.lab.inventory costs ~11 ms at start-up (benchmarks/cli_speed.py); only `-i lab` needs it
         from rigbook.lab.inventory import running_inventory
 
         running = running_inventory()
@@ -80,8 +88,6 @@ def mitogen_strategy() -> tuple:
     RIGBOOK_MITOGEN=off turns it off. ansible-core 2.19 deprecated third-party strategy plugins: mitogen's own
     release check (ansible_mitogen.loaders.assert_supported_release) decides whether this ansible-core is supported.
     """
-    import importlib.util
-
     if os.environ.get("RIGBOOK_MITOGEN", "").strip().lower() in MITOGEN_OFF:
         return None, "mitogen: off (RIGBOOK_MITOGEN)"
     try:
@@ -90,15 +96,15 @@ def mitogen_strategy() -> tuple:
         spec = None
     if spec is None or not spec.submodule_search_locations:
         return None, None
-    from ansible import __version__ as ansible_version
-
     try:
+        # deferred: importlib.metadata costs ~18 ms at start-up (benchmarks/cli_speed.py); only mitogen's version
         from importlib.metadata import version
 
         mitogen_version = version("mitogen")
     except Exception:  # noqa: BLE001 - a source checkout without metadata
         mitogen_version = "unknown version"
     try:
+        # deferred: ansible_mitogen is optional (the `fast` extra): a failure to import it is caught below
         from ansible_mitogen import loaders
 
         loaders.assert_supported_release()
@@ -161,8 +167,6 @@ def _cmdline(opts: RunOptions) -> str:
 
 def run_playbook(opts: RunOptions) -> int:
     """Validate, run, report. Returns the process exit code."""
-    from rigbook.validate import run_roles, validate
-
     playbook = resolve_playbook(opts.playbook)
     inventory = resolve_inventory(opts.inventory)
     # Before any host is contacted: the variables (the -e ones too, by the same schema), and every input the
@@ -170,8 +174,6 @@ def run_playbook(opts: RunOptions) -> int:
     inv = validate(inventory, roles=run_roles(playbook, opts.tags, opts.skip_tags), extra_vars=opts.extra_vars,
                    limit=opts.limit)
     if opts.baseline_mode == "record":
-        from rigbook.baselines import check_group
-
         check_group(inv, opts.baseline_group)
     with state_lock():  # held for the run's whole life; released on every way out (Ctrl-C included)
         return _run_locked(opts, playbook, inventory, inv)
@@ -239,8 +241,6 @@ def _busy_message(state: Path, holder: dict) -> str:
 def state_lock():
     """The state directory's run lock (<state>/run.lock, fcntl) for the block; StateBusy (exit 4) naming the
     other run when one holds it. Playbook runs take it; read-only commands never do."""
-    from rigbook import statefile
-
     state = paths.state_dir()
     info = {"pid": os.getpid(), "command": _command_line(),
             "since": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "started": time.time()}
@@ -255,17 +255,16 @@ def _run_locked(opts: RunOptions, playbook: Path, inventory: Path, inv) -> int:
     """run_playbook's part that holds the run lock: baselines, the run folder, ansible, the report."""
     given = judged = None
     if opts.baseline_mode in ("compare", "record"):
-        from rigbook import baselines
-
         baselines.preflight(sorted(inv.hosts), inv)  # a corrupt file: kept aside, exit 2 before any host
         if opts.baseline_mode == "compare":
             given = baselines.extra_vars(sorted(inv.hosts), inv)
             judged = baselines.judged_by(sorted(inv.hosts), given)
 
+    # deferred: ansible_runner costs ~31 ms at start-up (benchmarks/cli_speed.py); `provision validate` needs none
     import ansible_runner
 
-    from rigbook import display, junit, runs, statefile
-    from rigbook.tracker import Tracker
+    # deferred: rigbook.display (rich) costs ~26 ms at start-up (benchmarks/cli_speed.py); validate needs none
+    from rigbook import display
 
     tracker = Tracker()
     progress_stream = sys.stderr if opts.json else sys.stdout
@@ -302,8 +301,6 @@ def _run_locked(opts: RunOptions, playbook: Path, inventory: Path, inv) -> int:
         if interrupted["flag"] and not interrupted.get("stopped"):
             # ansible-playbook's own children (module processes, ssh) outlive a kill of the
             # playbook process alone: stop the whole tree we started.
-            from rigbook.procs import terminate_tree
-
             interrupted["stopped"] = True
             terminate_tree(os.getpid())
         return interrupted["flag"]
@@ -361,16 +358,12 @@ def _run_locked(opts: RunOptions, playbook: Path, inventory: Path, inv) -> int:
     hosts = tracker.summary()
     _update_baselines(opts, hosts, run_dir, code, inv)
     if judged is not None:
-        from rigbook import baselines
-
         baselines.annotate(hosts, judged)
     record.update(exit_code=code, duration_s=round(duration, 2), hosts=hosts, status=runner.status, rc=runner.rc)
     runs.save_record(run_dir, record)
 
     display.print_summary(tracker, console, run_dir)
     if judged is not None:
-        from rigbook import baselines
-
         baselines.print_judged({h: judged.get(h, "none") for h in hosts}, progress_stream)
     if opts.junit:
         junit.write(Path(opts.junit), f"rigbook {playbook.name}", hosts, duration)
@@ -414,9 +407,6 @@ def run_rolling(opts: RunOptions, spec: str) -> int:
     """site.yml in batches (rolling_batches, in inventory order): each batch is one whole run (its reboots, the
     ladder and the serving layer after them), and the next starts only when it passed; the first batch that fails
     stops the roll, the hosts after it untouched. The summary says which batch stopped and why."""
-    from rigbook.baselines import inventory_order
-    from rigbook.validate import run_roles, validate
-
     if opts.limit and any(c in opts.limit for c in "*?!&~[]"):
         raise UserError(f"--rolling with --limit {opts.limit!r}: name hosts or groups (no patterns), so the batches "
                         "are known before the first one starts")
@@ -463,8 +453,6 @@ BUILDS_DIR = "builds"
 def save_roll(record: dict) -> Path:
     """A rolling run's record (batches, where it stopped and why, what was not reached) under the state directory's
     rolls/, named by its end time: `provision report` shows the last one."""
-    from rigbook import statefile
-
     ended = time.time()
     record = dict(record, ended=time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ended)))
     path = paths.state_dir() / ROLLS_DIR / (time.strftime("%Y%m%d-%H%M%S", time.localtime(ended))
@@ -503,8 +491,6 @@ def _update_baselines(opts: RunOptions, hosts: dict, run_dir: Path, code: int, i
     that measured figures)."""
     if opts.baseline_mode == "off" or code == EXIT_INTERRUPTED:
         return
-    from rigbook import baselines
-
     groups_done = {}
     for host in baselines.inventory_order(inv, hosts):
         entry = hosts[host]

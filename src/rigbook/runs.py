@@ -10,15 +10,13 @@ from pathlib import Path
 
 from rigbook.errors import UserError
 from rigbook.paths import runs_dir
-from rigbook.statefile import read_json
+from rigbook.statefile import private_dir, read_json, write_json_atomic
 
 RECORD = "run.json"
 
 
 def new_run_dir(playbook: Path) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    from rigbook.statefile import private_dir
-
     path = private_dir(runs_dir()) / f"{stamp}-{playbook.stem}-{secrets.token_hex(3)}"
     path.mkdir(mode=0o700)  # a run's artifacts hold its events and variables: the user's alone
     os.chmod(path, 0o700)
@@ -27,8 +25,6 @@ def new_run_dir(playbook: Path) -> Path:
 
 def save_record(run_dir: Path, record: dict) -> None:
     """Write RUN_DIR/run.json atomically: a run killed while writing it leaves the previous record, not half of one."""
-    from rigbook.statefile import write_json_atomic
-
     write_json_atomic(run_dir / RECORD, record, default=str)
 
 

@@ -11,12 +11,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from rigbook import display
 from rigbook.errors import UserError
 from rigbook.paths import link_collection
 
 
 def _module_utils():
     link_collection()
+    # deferred: ansible_collections.rigbook.homelab is importable only after link_collection() (above)
     from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence
 
     return static_evidence
@@ -24,6 +26,7 @@ def _module_utils():
 
 def _safe_untar():
     link_collection()
+    # deferred: ansible_collections.rigbook.homelab is importable only after link_collection() (above)
     from ansible_collections.rigbook.homelab.plugins.module_utils import safe_untar
 
     return safe_untar
@@ -38,6 +41,7 @@ def judge_tree(tree: str, ladder_view: dict, baseline_metrics: dict | None = Non
     """Every layer of the registry on a recorded tree, with the same collectors, judges and climb as a live run
     (no stop at the first fail: a replay shows the whole ladder). LADDER_VIEW: the host's ladder_view_of."""
     link_collection()
+    # deferred: ansible_collections.rigbook.homelab is importable only after link_collection() (above)
     from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import registry
     from ansible_collections.rigbook.homelab.plugins.module_utils.ladder.climb import Context, climb
 
@@ -53,9 +57,11 @@ OLD_LADDER_VIEW_FILE = "profile.json"
 def ladder_view_of(inv, host: str) -> dict:
     """What the ladder's judges read of HOST: its host model's ladder view, {gpu, p2p, pins, tolerance}
     (host_model.ladder_view)."""
+    # deferred: rigbook.validate costs ~19 ms at start-up (benchmarks/cli_speed.py); verify --replay needs none
     from rigbook.validate import host_model_of
 
     link_collection()
+    # deferred: ansible_collections.rigbook.homelab is importable only after link_collection() (above)
     from ansible_collections.rigbook.homelab.plugins.module_utils import host_model
 
     return host_model.ladder_view(host_model_of(inv, host))
@@ -63,6 +69,7 @@ def ladder_view_of(inv, host: str) -> dict:
 
 def snapshot(opts, output: str | None) -> int:
     """Run playbooks/snapshot.yml, then bundle tree + evidence.json + ladder_view.json per host."""
+    # deferred: rigbook.run, rigbook.validate cost ~32 ms at start-up (benchmarks/cli_speed.py); replay needs neither
     from rigbook.run import resolve_inventory, run_playbook
     from rigbook.validate import validate
 
@@ -158,8 +165,6 @@ def _check_host_dir(base: Path, host_dir: Path, shown: str) -> None:
 
 def replay(path: str, as_json: bool) -> int:
     """Judge saved evidence with the live judges; no host is contacted."""
-    from rigbook import display
-
     source = Path(path)
     if not source.exists():
         raise UserError(f"--replay {path}: no such file or directory")

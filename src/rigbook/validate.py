@@ -14,6 +14,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from rigbook import inventory as inventory_mod
 from rigbook import paths
 from rigbook.errors import UserError
@@ -50,6 +52,7 @@ def _shared():
     CLI and the preflight role's host_model task (which imports it as Ansible does, through the collection
     link)."""
     paths.link_collection()
+    # deferred: ansible_collections.rigbook.homelab is importable only after link_collection() (above)
     from ansible_collections.rigbook.homelab.plugins.plugin_utils import host_vars_schema
 
     return host_vars_schema
@@ -57,6 +60,7 @@ def _shared():
 
 def _host_model():
     paths.link_collection()
+    # deferred: ansible_collections.rigbook.homelab is importable only after link_collection() (above)
     from ansible_collections.rigbook.homelab.plugins.module_utils import host_model
 
     return host_model
@@ -71,8 +75,6 @@ def host_model_of(inv, host: str) -> dict:
 def playbook_roles(playbook: Path) -> list:
     """The collection's roles PLAYBOOK applies (rigbook.homelab.NAME or NAME), in order. UserError when the file
     is no playbook."""
-    import yaml
-
     try:
         plays = yaml.safe_load(Path(playbook).read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:

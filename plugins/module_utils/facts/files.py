@@ -109,10 +109,8 @@ def fsync_folder(folder):
     return None
 
 
-def write_atomic(file_path, data, mode=0o644, make_parents=False, sync_folder=False):
-    """Write DATA (bytes, or text as UTF-8) to FILE_PATH atomically with MODE. Raises OSError; a FILE_PATH that is a
-    symbolic link is refused (never written through). SYNC_FOLDER: fsync the folder after the rename too
-    (fsync_folder; a folder that cannot be synced is no error: the file is written, the rename done)."""
+def _stage(file_path, data, mode, make_parents):
+    """A temporary file beside FILE_PATH holding DATA with MODE, synced; its path. A link at FILE_PATH is refused."""
     if isinstance(data, str):
         data = data.encode("utf-8")
     folder = os.path.dirname(file_path) or "."
@@ -127,16 +125,43 @@ def write_atomic(file_path, data, mode=0o644, make_parents=False, sync_folder=Fa
             out.flush()
             os.fsync(out.fileno())
         os.chmod(tmp, mode)
-        os.replace(tmp, file_path)
     except BaseException:
+        _discard([tmp])
+        raise
+    return tmp
+
+
+def _discard(paths):
+    for tmp in paths:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+
+
+def write_atomic(file_path, data, mode=0o644, make_parents=False, sync_folder=False):
+    """Write DATA (bytes, or text as UTF-8) to FILE_PATH atomically with MODE. Raises OSError; a FILE_PATH that is a
+    symbolic link is refused (never written through). SYNC_FOLDER: fsync the folder after the rename too
+    (fsync_folder; a folder that cannot be synced is no error: the file is written, the rename done)."""
+    write_many([(file_path, data)], mode, make_parents, sync_folder)
+    return file_path
+
+
+def write_many(items, mode=0o644, make_parents=False, sync_folder=False):
+    """Write every (path, data) of ITEMS or none: each is staged beside its target first (write_atomic's rules),
+    then all are renamed into place; a failure before the renames leaves no target changed. Raises OSError."""
+    staged = []
+    try:
+        for file_path, data in items:
+            staged.append((_stage(file_path, data, mode, make_parents), file_path))
+        for tmp, file_path in staged:
+            os.replace(tmp, file_path)
+    except BaseException:
+        _discard([tmp for tmp, _ in staged])
         raise
     if sync_folder:
-        fsync_folder(folder)
-    return file_path
+        for folder in sorted(set(os.path.dirname(file_path) or "." for _, file_path in staged)):
+            fsync_folder(folder)
 
 
 def write_json(file_path, data, mode=0o644, make_parents=True):

@@ -70,9 +70,10 @@ def show_argv(units, properties, unix_timestamps=False):
             + (["--timestamp=unix"] if unix_timestamps else []))
 
 
-def show(units, properties, run=runner.run, timeout=TIMEOUT_S):
+def show(units, properties, run=None, timeout=TIMEOUT_S):
     """({Id: typed unit_state plus the raw block as "props"}, error) of UNITS through one `systemctl show`
     (with --timestamp=unix where systemd knows it). Properties must include Id; nothing is run without units."""
+    run = run or runner.run
     units = list(units)
     if not units:
         return {}, None
@@ -92,8 +93,9 @@ def show(units, properties, run=runner.run, timeout=TIMEOUT_S):
     return found, None
 
 
-def default_target(run=runner.run, timeout=TIMEOUT_S):
+def default_target(run=None, timeout=TIMEOUT_S):
     """(the default target, error) from `systemctl get-default`."""
+    run = run or runner.run
     result = run(GET_DEFAULT, timeout=timeout)
     if result.rc != 0:
         return None, result.error

@@ -97,10 +97,10 @@ def climb(layers, ctx, stop_at_fail=True, evidence=None):
 
 
 def unknown_expected(verdict, ctx):
-    """An unknown verdict of a layer the host model expects this box to measure (ladder_view expected_layers) fails,
+    """An unknown verdict of a layer the host model expects this box to measure (registry.expected_layers) fails,
     unless allowed (the host model's rigbook_verify.allow_unknown, or the run's allow_unknown option): then it stays
     unknown and says it was allowed, so the summary shows it."""
-    if verdict["status"] != "unknown" or verdict["layer"] not in (ctx.ladder_view.get("expected_layers") or ()):
+    if verdict["status"] != "unknown" or verdict["layer"] not in registry.expected_layers(ctx.ladder_view):
         return verdict
     if verdict["layer"] in (ctx.ladder_view.get("allow_unknown") or ()):
         return dict(verdict, why=verdict["why"] + " (allowed unknown: rigbook_verify.allow_unknown)",

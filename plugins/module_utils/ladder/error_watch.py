@@ -16,7 +16,7 @@ the layer during which a counter rose gets the fail / warn of judges/error_count
 The threshold of correctable AER rises that warn is tolerance["aer_correctable_warn_above"] (default 0).
 
 One pass of the counters (load the "before" -> delta -> judge -> store) is sequence(): the climb runs it after each
-runtime layer, the health timer (module_utils/health.py) once per run.
+runtime layer, the health timer (module_utils/ladder/health.py) once per run.
 """
 
 from __future__ import annotations

@@ -148,6 +148,15 @@ def names(phase=None):
     return [layer.name for layer in LAYERS if phase is None or layer.phase == phase]
 
 
+def expected_layers(view):
+    """The layers a box must measure, from the ladder view's `measure` (host_model.verify_settings): every layer
+    when its GPUs are declared, the serving layer only with serve profiles; none otherwise."""
+    measure = (view or {}).get("measure") or {}
+    if not measure.get("layers"):
+        return []
+    return [layer.name for layer in LAYERS if layer.phase != SERVING or measure.get("serving")]
+
+
 def get(name):
     for layer in LAYERS:
         if layer.name == name:

@@ -10,6 +10,7 @@ import json
 from rigbook.adopt.emit import render
 from rigbook.adopt.mapping import adopt_of
 from rigbook.errors import UserError
+from rigbook.paths import facts
 
 PLAYBOOK = "adopt.yml"
 FACTS_DIR = "adopted"
@@ -80,29 +81,9 @@ def _already_set(inv, group: str, keys) -> list:
 
 
 def write_together(files: dict) -> None:
-    """Write every {path: text} of FILES or none: each to a temporary file in its folder first (the folders made),
-    then all renamed into place; a failure before the renames leaves no file changed."""
-    import os
-    import tempfile
-
-    temps = []
-    try:
-        for path, text in files.items():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-            temps.append((tmp, path))
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(text)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.chmod(tmp, 0o644)
-    except BaseException:
-        for tmp, _ in temps:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        raise
-    for tmp, path in temps:
-        os.replace(tmp, path)
+    """Write every {path: text} of FILES or none (the folders made): facts/files.write_many stages each beside its
+    target, then renames them all into place; a failure before the renames leaves no file changed."""
+    facts("files").write_many([(str(path), text) for path, text in files.items()], mode=0o644, make_parents=True)
 
 
 def adopt_command(host: str, inventory: str, output: str | None = None, group: bool = False, force: bool = False,

@@ -7,6 +7,11 @@ import os
 import sys
 
 from rigbook.errors import UserError, guarded
+from rigbook.lab import lab
+from rigbook.lab.faults import fault_names
+from rigbook.lab.handmade import handmade
+from rigbook.lab.hardware_trees import rig_names
+from rigbook.lab.state import MAX_ADDRESS_BLOCK
 
 USAGE_EXAMPLES = """\
 examples:
@@ -39,8 +44,6 @@ class _DeprecatedRigAlias(argparse.Action):
 
 
 def _block(text: str) -> int:
-    from rigbook.lab.state import MAX_ADDRESS_BLOCK
-
     if not text.isdigit() or int(text) > MAX_ADDRESS_BLOCK:
         raise argparse.ArgumentTypeError(f"not a whole number from 0 to {MAX_ADDRESS_BLOCK}: {text!r}")
     return int(text)
@@ -58,9 +61,6 @@ def default_block() -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    from rigbook.lab.faults import fault_names
-    from rigbook.lab.hardware_trees import rig_names
-
     p = _Parser(prog="provision lab", description="Local simulated rigs: systemd-nspawn containers over SSH "
                 "on 127.0.0.0/8 with recorded GPU hardware trees.", epilog=USAGE_EXAMPLES,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -93,8 +93,6 @@ def parser() -> argparse.ArgumentParser:
 
 
 def run(argv: list) -> int:
-    from rigbook.lab import lab
-
     args = parser().parse_args(argv)
     if args.command == "up":
         block = default_block() if args.address_block is None else args.address_block
@@ -108,8 +106,6 @@ def run(argv: list) -> int:
     if args.command == "heal":
         return lab.heal(args.host)
     if args.command == "handmade":
-        from rigbook.lab.handmade import handmade
-
         return handmade(args.host)
     parser().print_help()
     return 2

@@ -96,6 +96,7 @@ _NEEDS = {"set": {"content"}, "replace": {"pattern", "with"}, "remove": set(), "
 def layer_names() -> list:
     """The ladder's layers in order, from the collection's layer registry (a fault names the layer it fails)."""
     link_collection()
+    # deferred: ansible_collections.rigbook.homelab is importable only after link_collection() (above)
     from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import registry
 
     return registry.names()

@@ -22,6 +22,9 @@ from __future__ import annotations
 import shlex
 import time
 
+import yaml
+
+from rigbook import paths
 from rigbook.errors import UserError
 from rigbook.lab import hardware_trees, machine, state
 from rigbook.lab.system import LabFailure, progress
@@ -56,10 +59,6 @@ def engine_script(bind: str, port: int = ENGINE_PORT, flags=ENGINE_FLAGS, env=No
 def seed_fork() -> tuple:
     """(repository, branch) of the driver fork seed 000 built, as inventory/homelab pins it: the git work tree made
     here names it as its origin (nothing is fetched from it)."""
-    import yaml
-
-    from rigbook import paths
-
     pin = yaml.safe_load((paths.collection_root() / SEED_PINS).read_text())["rigbook_pins"]["nvidia_driver"]
     return pin["fork_repo"], pin["branch"]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -171,8 +172,6 @@ def make_bare(host: Host) -> None:
     """A host as a fresh Debian install leaves it: no rigbook user, key or sudoers drop-in (the rootfs has them:
     removed from this host's root only), an `admin` account in group sudo with a generated password (kept in
     host.admin_password_file, 0600) and password logins in sshd. Its host key is not put in known_hosts."""
-    import secrets
-
     root = host.root
     if any(line.startswith(f"{state.USER}:") for line in (root / "etc/passwd").read_text().splitlines()):
         _chroot(root, "userdel", "--remove", state.USER)
@@ -189,6 +188,7 @@ def make_bare(host: Host) -> None:
 def bare_ready(host: Host) -> str:
     """`systemctl is-system-running --wait` on a bare host, logged in as admin with its password (paramiko; the
     host key checked against the one the lab generated): its answer, or '' when not reachable yet."""
+    # deferred: paramiko costs ~70 ms at start-up (benchmarks/cli_speed.py); only `lab up --bare` needs it
     import paramiko
 
     client = paramiko.SSHClient()

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rigbook import paths
+from rigbook import paths, statefile
 from rigbook.errors import UserError
 from rigbook.lab import hardware_trees
 
@@ -157,8 +157,6 @@ def save(lab: Lab) -> None:
 @contextmanager
 def locked():
     """One lab command at a time per state directory (statefile.exclusive, the run lock's mechanism)."""
-    from rigbook import statefile
-
     try:
         with statefile.exclusive(lab_dir() / ".lock", {"pid": os.getpid()}):
             yield

@@ -23,6 +23,7 @@ def _facts(collections):
     """facts/runner and facts/files of the collection linked under COLLECTIONS (paths.link_collection)."""
     if collections not in sys.path:
         sys.path.insert(0, collections)
+    # deferred: ansible_collections.rigbook.homelab is importable only once COLLECTIONS is on sys.path (above)
     from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files, runner
 
     return runner, files

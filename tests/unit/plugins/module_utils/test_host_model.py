@@ -138,14 +138,14 @@ def test_the_layers_a_box_must_measure_and_those_it_may_leave_unknown():
     variables = _vars(LAB, "x99_3080")
     variables["rigbook_verify"] = {"allow_unknown": ["collectives"]}
     nvidia = host_model.build(variables)
-    assert nvidia["verify"] == {"expected_layers": registry.names(), "allow_unknown": ["collectives"],
+    assert nvidia["verify"] == {"measure": {"layers": True, "serving": True}, "allow_unknown": ["collectives"],
                                 "collectives_python": ""}
     view = host_model.ladder_view(nvidia)
-    assert view["expected_layers"] == registry.names() and view["allow_unknown"] == ["collectives"]
+    assert registry.expected_layers(view) == registry.names() and view["allow_unknown"] == ["collectives"]
     assert host_model.build(_vars(LAB, "x99_3080"))["verify"]["allow_unknown"] == []  # the lab measures every layer
     bare = host_model.build({"rigbook_gpu": {"vendor": "amd", "count": 2}})
-    assert bare["verify"]["expected_layers"] == registry.names()[:-1]  # no serve profile: no serving layer
-    assert host_model.build({})["verify"]["expected_layers"] == []  # no GPUs declared: nothing to expect
+    assert registry.expected_layers(host_model.ladder_view(bare)) == registry.names()[:-1]  # no serve profile
+    assert registry.expected_layers(host_model.ladder_view(host_model.build({}))) == []  # no GPUs declared
     schema = json.loads((REPO / "meta/host_vars.schema.json").read_text())
     assert schema["properties"]["rigbook_verify"]["properties"]["allow_unknown"]["items"]["enum"] == registry.names()
 

@@ -30,7 +30,7 @@ def test_the_bundle_is_reproducible_and_named_by_its_sha256(tmp_path):
     path = health_bundle.bundle_path(str(MODULE_UTILS), str(tmp_path / "a"))
     assert health_bundle.bundle_path(str(MODULE_UTILS), str(tmp_path / "a")) == path  # found, not rewritten
     names = zipfile.ZipFile(path).namelist()
-    assert "__main__.py" in names and f"{health_bundle.PACKAGE}/health.py" in names
+    assert "__main__.py" in names and f"{health_bundle.PACKAGE}/ladder/health.py" in names
     assert "ansible_collections/__init__.py" in names and not [n for n in names if "__pycache__" in n]
 
 

@@ -131,3 +131,14 @@ def test_move_atomic_puts_a_finished_file_or_folder_in_place_and_refuses_a_link(
     with pytest.raises(OSError, match="symbolic link"):
         files.move_atomic(str(tmp_path / "new"), str(tmp_path / "link"))
     assert (tmp_path / "artifact.tar.gz").read_bytes() == b"verified" and (tmp_path / "new").exists()
+
+
+def test_write_many_changes_no_target_when_one_cannot_be_staged(tmp_path):
+    (tmp_path / "a.yml").write_text("old a")
+    os.symlink(tmp_path / "a.yml", tmp_path / "b.yml")  # the second target is a link: refused
+    with pytest.raises(OSError, match="symbolic link"):
+        files.write_many([(str(tmp_path / "new.yml"), "new"), (str(tmp_path / "b.yml"), "planted")])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.yml", "b.yml"]  # nothing staged is left, nothing new
+    assert (tmp_path / "a.yml").read_text() == "old a"
+    files.write_many([(str(tmp_path / "x" / "one.yml"), "1"), (str(tmp_path / "two.yml"), b"2")], make_parents=True)
+    assert (tmp_path / "x" / "one.yml").read_text() == "1" and (tmp_path / "two.yml").read_text() == "2"

@@ -45,7 +45,7 @@ def _climb(monkeypatch, base, modifier, allow):
     monkeypatch.setattr(registry.get(LAYER), "judge",
                         lambda evidence, ctx: verdict.make(LAYER, base, {"n": 1}, None, "judged " + base))
     view, options = ALLOW[allow]
-    ctx = climb.Context("/", dict(view, expected_layers=[LAYER]), options=options)
+    ctx = climb.Context("/", dict(view, measure={"layers": True}), options=options)
     out, _ = climb.climb([LAYER], ctx)
     assert len(out) == 1
     return out[0]

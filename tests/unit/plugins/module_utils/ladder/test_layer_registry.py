@@ -163,7 +163,7 @@ def test_a_dummy_layer_is_replayed_from_a_recorded_tree(dummy, tmp_path, capsys,
 
 def test_an_unknown_layer_the_box_should_measure_fails_unless_allowed(dummy, tmp_path):
     tree = str(_tree(tmp_path, ""))  # no gauge recorded: the judge says unknown
-    view = {"gpu": {"vendor": "nvidia", "count": 1}, "expected_layers": ["dummy_gauge"], "allow_unknown": []}
+    view = {"gpu": {"vendor": "nvidia", "count": 1}, "measure": {"layers": True}, "allow_unknown": []}
 
     def judged(view, **options):
         verdicts, _ = climb.climb(["dummy_gauge", "collectives"], climb.Context(tree, view, options=options))
@@ -179,5 +179,5 @@ def test_an_unknown_layer_the_box_should_measure_fails_unless_allowed(dummy, tmp
     assert by_inventory["why"].endswith("(allowed unknown: rigbook_verify.allow_unknown)")
     by_run = judged(view, allow_unknown=["dummy_gauge"])[0]
     assert by_run["status"] == "unknown" and by_run["why"].endswith("(allowed unknown: --allow-unknown)")
-    not_expected = judged(dict(view, expected_layers=["collectives"]))[0]
+    not_expected = judged(dict(view, measure={"layers": False}))[0]  # no GPUs declared: nothing is expected
     assert not_expected["status"] == "unknown" and "allowed_unknown" not in not_expected

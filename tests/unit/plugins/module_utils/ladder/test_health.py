@@ -1,4 +1,4 @@
-"""module_utils/health.py: one health run over a lab rig's recorded tree (the same climb the ladder runs, static
+"""module_utils/ladder/health.py: one health run over a lab rig's recorded tree (the same climb the ladder runs, static
 layers only), its node_exporter textfile and journal lines, the error counters against the last run's snapshot, and
 the entry point's bad input. Recorded hardware trees only (src/rigbook/lab/rigs); no GPU, nothing live."""
 
@@ -14,7 +14,7 @@ from rigbook.snapshots import judge_tree, ladder_view_of
 from rigbook.validate import validate
 
 link_collection()
-from ansible_collections.rigbook.homelab.plugins.module_utils import health  # noqa: E402
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import health  # noqa: E402
 
 INV = validate("inventory/lab")
 

@@ -277,8 +277,8 @@ def verify_settings(raw, gpus, serving):
 
 def ladder_view(model):
     """What the ladder's judges read of the model: {gpu, p2p, pins, tolerance, measure, allow_unknown}. p2p carries
-    `expected` only when the inventory declared it: undeclared, the judges apply the one rule (judges/expectations.p2p_expected) to the
-    GPUs they saw."""
+    `expected` only when the inventory declared it: undeclared, the judges apply the one rule
+    (judges/expectations.p2p_expected) to the GPUs they saw."""
     if not isinstance(model, dict) or "pins" not in model:
         return {}
     p2p = {"reason": model["p2p"]["reason"], "nccl_p2p_level": model["p2p"]["nccl_p2p_level"]}

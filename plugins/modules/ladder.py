@@ -154,17 +154,17 @@ options:
     type: path
   error_state:
     description:
-      - Runtime phase. JSON file keeping the last snapshot of the hardware error counters (not written in check
+      - Runtime phase. JSON file keeping the last reading of the hardware error counters (not written in check
         mode). Around the runtime layers the module reads, per GPU and its root port, the sysfs AER totals
         (C(aer_dev_correctable), C(aer_dev_nonfatal), C(aer_dev_fatal), C(aer_rootport_total_err_*)) and counts
         the kernel log's (C(journalctl -k -b -o short-monotonic)) NVIDIA Xid, amdgpu GPU reset / ring timeout
         and DMAR / AMD-Vi fault lines. The runtime layer during which a counter rose fails (new nonfatal or fatal
         AER, a critical Xid, a GPU reset, an IOMMU fault) or warns (new correctable AER above
         C(tolerance.aer_correctable_warn_above), default 0; any other Xid), with the counter and the log line.
-      - Live (O(root) V(/)) - each runtime layer is judged on what rose while it ran (a snapshot just before the
+      - Live (O(root) V(/)) - each runtime layer is judged on what rose while it ran (a reading just before the
         first runtime layer, then one after each).
       - Recorded O(root) - the tree cannot change during a run, so the first runtime layer is judged against
-        the snapshot the last run stored here; on the first run (no file) only counts since boot of the fail
+        the reading the last run stored here; on the first run (no file) only counts since boot of the fail
         class are judged (those counters reset at boot). A kernel log that cannot be read is unknown, never 0.
     type: path
     default: /var/lib/rigbook/error-counters.json

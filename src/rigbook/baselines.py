@@ -376,8 +376,11 @@ def _show_groups(console) -> bool:
 def show(hosts, stream, last: int = 8) -> int:
     """Print the baselines with their history; read-only (a corrupt file is named, not moved). Exit 2 when a file
     was corrupt, else 0."""
+    # deferred: rich and rigbook.display cost ~25 ms at start-up (benchmarks/cli_speed.py); `provision validate`
+    # imports this module (through rigbook.run) and needs neither
     from rich.table import Table
 
+    # deferred: as rich.table above
     from rigbook.display import make_console
 
     console = make_console(stream)

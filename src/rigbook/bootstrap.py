@@ -32,7 +32,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import paramiko
+from fabric import Config, Connection
+
 from rigbook.errors import Reported, UserError
+from rigbook.run import ansible_env, resolve_inventory
 
 PASSWORD_ENV = "RIGBOOK_BOOTSTRAP_PASSWORD"
 CONNECT_TIMEOUT = 10  # seconds: an unreachable host fails fast
@@ -83,8 +87,6 @@ def known_hosts_name(address: str, port: int) -> str:
 
 def load_known_hosts(path: Path):
     """paramiko.HostKeys of PATH (hashed and `[host]:port` entries included); empty when the file is missing."""
-    import paramiko
-
     keys = paramiko.HostKeys()
     if path.is_file():
         try:
@@ -142,8 +144,6 @@ def _refuse_unknown_message(target, key, hostname: str) -> str:
 
 def host_key_policy(target, accept_new: bool = False, expected: str | None = None, out=None):
     """A paramiko RejectPolicy that records an unknown key only when it is accepted explicitly."""
-    import paramiko
-
     class Policy(paramiko.RejectPolicy):
         def missing_host_key(self, client, hostname, key):
             fp = fingerprint(key)
@@ -181,8 +181,6 @@ class Target:
 
 def _ansible_env() -> None:
     """What the inventory's templates read (RIGBOOK_STATE_DIR as `provision` exports it), set before Ansible loads."""
-    from rigbook.run import ansible_env
-
     env = ansible_env(mitogen=False)  # what a playbook run of this inventory gets
     os.environ["RIGBOOK_STATE_DIR"] = env["RIGBOOK_STATE_DIR"]
     os.environ.setdefault("ANSIBLE_INVENTORY_IGNORE", env["ANSIBLE_INVENTORY_IGNORE"])
@@ -196,11 +194,11 @@ _PLUGINS_READY = False
 def load_target(inventory: str, name: str) -> Target:
     """HOST's connection settings from INVENTORY, templated by Ansible itself (InventoryManager, VariableManager,
     Templar), so `{{ lab_ssh_dir }}` and its lookups resolve as they do for a playbook run."""
-    from rigbook.run import resolve_inventory
-
     path = resolve_inventory(inventory)
     _ansible_env()
     with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        # deferred: Ansible reads its ANSIBLE_* settings when imported: after _ansible_env() sets them, and under
+        # this redirect, which keeps its import-time warnings off the terminal
         from ansible.inventory.manager import InventoryManager
         from ansible.parsing.dataloader import DataLoader
         from ansible.plugins.loader import init_plugin_loader
@@ -285,9 +283,6 @@ def connect(target: Target, user: str, *, password: str | None = None, key_file:
             policy=None, timeout: int = CONNECT_TIMEOUT):
     """An open fabric Connection to TARGET as USER: the inventory's known_hosts loaded, unknown keys handled by
     POLICY (default: refused), a changed key refused; every failure a one-line Reported error."""
-    import paramiko
-    from fabric import Config, Connection
-
     connect_kwargs = {"look_for_keys": False, "allow_agent": False, "banner_timeout": timeout,
                       "auth_timeout": timeout}
     if key_file:

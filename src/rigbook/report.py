@@ -76,6 +76,7 @@ def lower_is_better(metric: str) -> bool:
 def _ladder_utils():
     """The collection's own comparison code (the judges' thresholds and rules), importable on the controller."""
     link_collection()
+    # deferred: ansible_collections.rigbook.homelab is importable only after link_collection() (above)
     from ansible_collections.rigbook.homelab.plugins.module_utils.judges import (
         baseline_compare,
         expectations,
@@ -89,6 +90,7 @@ def _ladder_utils():
 def _verdict():
     """The collection's verdict module: the one severity order of the statuses (worst layer of a run)."""
     link_collection()
+    # deferred: ansible_collections.rigbook.homelab is importable only after link_collection() (above)
     from ansible_collections.rigbook.homelab.plugins.module_utils.judges import verdict
 
     return verdict
@@ -575,6 +577,7 @@ def _manifest_table(hosts: list, data: ReportData) -> str:
 def fleet_layers() -> list:
     """The fleet table's columns: every layer of the ladder's registry, in ladder order."""
     _ladder_utils()  # links the collection
+    # deferred: ansible_collections.rigbook.homelab is importable only after link_collection() (_ladder_utils)
     from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import registry
 
     return registry.names()

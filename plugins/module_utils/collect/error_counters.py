@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Hardware error counters around the runtime layers (all I/O; standard library only, Python 3.8+).
 
-snapshot(root, gpus) reads, under the evidence root ("/" live, or a recorded tree laid out the same way):
+read_counters(root, gpus) reads, under the evidence root ("/" live, or a recorded tree laid out the same way):
 - per GPU BDF and its parent (root) port, the AER totals of sysfs aer_dev_correctable / aer_dev_nonfatal /
   aer_dev_fatal (their TOTAL_ERR_* lines) and, on root ports only, aer_rootport_total_err_cor / _nonfatal /
   _fatal (cumulative over the hierarchy below the port). A file that is not there reads None (unknown), never 0.
@@ -12,8 +12,8 @@ snapshot(root, gpus) reads, under the evidence root ("/" live, or a recorded tre
   (facts/runner.recorded_or_live). No log: None.
   Counted by parse/kernel_log.py (Xid lines and numbers, amdgpu resets / ring timeouts, DMAR / AMD-Vi faults,
   AER lines), each category keeping its last lines.
-delta(before, after) is what rose between two snapshots; before None means "since boot" (a first run).
-load_state / store_state keep the last snapshot of a host in STATE_FILE (the ladder's error_state option).
+delta(before, after) is what rose between two readings; before None means "since boot" (a first run).
+load_state / store_state keep a host's last reading in STATE_FILE (the ladder's error_state option).
 """
 
 from __future__ import annotations
@@ -87,8 +87,8 @@ def _slots(gpus):
     return [(slot, port) for slot, port in out if slot]
 
 
-def snapshot(root, gpus):
-    """The counters now: {"aer": {bdf: {counter: n}}, "devices": {bdf: what it is}, "log": parse or None,
+def read_counters(root, gpus):
+    """A reading of the counters now: {"aer": {bdf: {counter: n}}, "devices": {bdf: what it is}, "log": parse or None,
     "log_source": text, "taken_at": epoch s}. GPUS: pci.list_gpus dicts or BDFs (their parent port is then read
     from sysfs)."""
     aer, devices = {}, {}
@@ -148,7 +148,7 @@ def _log_delta(before, after):
 
 
 def delta(before, after):
-    """What rose from BEFORE to AFTER (snapshots): {"aer": {bdf: {counter: rise}}, "log": {category: ...},
+    """What rose from BEFORE to AFTER (readings): {"aer": {bdf: {counter: rise}}, "log": {category: ...},
     "devices", "since_boot": BEFORE is None, "unknown": [what could not be read]}. BEFORE None: every count
     of AFTER is taken as risen since boot."""
     before = before or {}
@@ -173,25 +173,25 @@ def delta(before, after):
 
 
 def load_state(path):
-    """(the snapshot stored at PATH or None, error text or None)."""
+    """(the reading stored at PATH or None, error text or None)."""
     data, error = files.read_json(path) if path else (None, None)
     if error:
-        return None, "not valid JSON or unreadable (%s); taken as no earlier snapshot" % error
+        return None, "not valid JSON or unreadable (%s); taken as no earlier reading" % error
     if data is None:
         return None, None
     if not isinstance(data, dict) or not isinstance(data.get("aer"), dict):
-        return None, "%s holds no snapshot; taken as no earlier snapshot" % path
+        return None, "%s holds no reading; taken as no earlier reading" % path
     return data, None
 
 
-def store_state(path, snap):
-    """Write SNAP to PATH atomically (facts/files.write_json: parents created); the error text, or None."""
-    return files.write_json(path, snap)
+def store_state(path, reading):
+    """Write READING to PATH atomically (facts/files.write_json: parents created); the error text, or None."""
+    return files.write_json(path, reading)
 
 
-def snapshot_part(ctx, evidence):
-    """The climb's snapshot (ladder/error_watch.py): the GPUs the static part found, else listed from sysfs."""
+def reading_part(ctx, evidence):
+    """The climb's reading (ladder/error_watch.py): the GPUs the static part found, else listed from sysfs."""
     gpus = evidence.get("gpus")
     if not isinstance(gpus, list) or not gpus:
         gpus, _ = pci.list_gpus(ctx.root)
-    return snapshot(ctx.root, gpus)
+    return read_counters(ctx.root, gpus)

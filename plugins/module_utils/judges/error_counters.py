@@ -10,7 +10,7 @@ customTests/azure_gpu_xid.nhc for the critical Xid list, Meta GCM's check-syslog
   any amdgpu GPU reset / ring timeout, any IOMMU (DMAR / AMD-Vi) fault;
 - warn: new correctable AER above the threshold (default 0: any new one warns; "a rising count is a link
   degrading"), any other new Xid.
-A delta "since boot" (no earlier snapshot: a first run) is judged on the fail class only; correctable counts
+A delta "since boot" (no earlier reading: a first run) is judged on the fail class only; correctable counts
 and other Xids since boot say nothing about this run.
 """
 
@@ -116,7 +116,7 @@ def worsen(verdict, judged, errors):
         return verdict
     out = dict(verdict)
     out["status"] = worse(out.get("status"), judged["status"])
-    when = "since boot (no earlier snapshot)" if judged["since_boot"] else "during this layer"
+    when = "since boot (no earlier reading)" if judged["since_boot"] else "during this layer"
     text = "hardware errors %s: %s" % (when, "; ".join(judged["problems"] + judged["notes"]))
     out["why"] = "%s; %s" % (out["why"], text) if out.get("why") else text
     out["remedy"] = " ".join([r for r in [out.get("remedy")] if r] + judged["remedies"])

@@ -8,7 +8,7 @@ health_main.py) and a systemd timer that runs it with the config the role wrote 
 
 - the static layers of the ladder (firmware, pcie_link, dma_window, kernel_state, driver_state: sysfs, procfs and
   commands; nothing touches the GPUs);
-- the hardware error counters (AER, Xid, GPU resets, IOMMU faults) against the snapshot the last run stored;
+- the hardware error counters (AER, Xid, GPU resets, IOMMU faults) against the last run's reading;
 - with serve profiles, the serving layer without its figures: the unit, one readiness poll, the served model and
   the engine's own transport line from its journal (a box that fell back to SHM shows here). It never runs the
   peer probe, the bandwidth or the collectives tests, and never sends the engine a request beyond /health and
@@ -53,7 +53,7 @@ def layers_of(config):
 
 def check(config, climb=None, take=None, now=None):
     """{"host", "time", "duration_s", "layers": [verdict], "error_counters": {...}} of one health run. CLIMB (the
-    ladder's climb) and TAKE (the error counters' snapshot) are replaceable for tests; NOW a clock."""
+    ladder's climb) and TAKE (a reading of the error counters) are replaceable for tests; NOW a clock."""
     clock = now or time.time
     started = clock()
     state_dir = config.get("state_dir") or STATE_DIR
@@ -68,9 +68,9 @@ def check(config, climb=None, take=None, now=None):
 
 
 def error_counters(ctx, evidence, state_path, take=None):
-    """{"status", "why", "aer", "since_boot"} of what the error counters did since the last run's snapshot (stored
-    at STATE_PATH; the first run judges the fail class counted since boot), and the new snapshot stored: the
-    ladder's own sequence (ladder/error_watch.sequence) on the ladder's snapshot (registry.ERROR_COUNTERS)."""
+    """{"status", "why", "aer", "since_boot"} of what the error counters did since the last run's reading (stored
+    at STATE_PATH; the first run judges the fail class counted since boot), and the new reading stored: the
+    ladder's own sequence (ladder/error_watch.sequence) on the ladder's reading (registry.ERROR_COUNTERS)."""
     now = (take or registry.ERROR_COUNTERS)(ctx, evidence)
     out = error_watch.sequence(ctx, now, state_path, load=True, store=True)
     judged, delta = out["judged"], out["delta"]

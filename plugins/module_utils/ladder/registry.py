@@ -98,14 +98,14 @@ def _serving_part(ctx, evidence):
 
 
 def _error_counters(ctx, evidence):
-    """The hardware error counters (collect/error_counters.py) the climb snapshots around the runtime layers
+    """The hardware error counters (collect/error_counters.py) the climb reads around the runtime layers
     (ladder/error_watch.py), loaded on first use like the runtime collectors."""
     from ansible_collections.rigbook.homelab.plugins.module_utils.collect import error_counters
 
-    return error_counters.snapshot_part(ctx, evidence)
+    return error_counters.reading_part(ctx, evidence)
 
 
-# (ctx, evidence) -> snapshot of the error counters, taken before the first runtime layer and after each one.
+# (ctx, evidence) -> a reading of the error counters, taken before the first runtime layer and after each one.
 ERROR_COUNTERS = _error_counters
 
 # The collectors, one per evidence part: (ctx, evidence so far) -> {key: value} merged into the evidence.

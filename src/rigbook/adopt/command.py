@@ -6,11 +6,16 @@ them, all or none, then check the inventory with them (the readiness check site.
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
+from rigbook import runs, statefile
 from rigbook.adopt.emit import render
 from rigbook.adopt.mapping import adopt_of
 from rigbook.errors import UserError
-from rigbook.paths import facts
+from rigbook.paths import facts, name_file
+from rigbook.run import RunOptions, resolve_inventory, resolve_playbook, run_playbook
+from rigbook.validate import InventoryInvalid, run_roles, validate
 
 PLAYBOOK = "adopt.yml"
 FACTS_DIR = "adopted"
@@ -18,10 +23,6 @@ FACTS_DIR = "adopted"
 
 def output_path(inventory_dir, host: str, group: str | None, given: str | None):
     """Where adopt writes: -o FILE, else the inventory's host_vars/HOST.yml (group_vars/GROUP.yml with --group)."""
-    from pathlib import Path
-
-    from rigbook.paths import name_file
-
     if given:
         out = Path(given)
         inv = Path(inventory_dir)
@@ -39,8 +40,6 @@ def output_path(inventory_dir, host: str, group: str | None, given: str | None):
 
 def _group_file(folder, group: str):
     """The group's own vars file (group_vars/GROUP.yml or .yaml), or None."""
-    from rigbook.paths import name_file
-
     found = [folder / name_file(group, suffix) for suffix in (".yml", ".yaml")]
     return next((p for p in found if p.is_file()), None)
 
@@ -91,13 +90,6 @@ def adopt_command(host: str, inventory: str, output: str | None = None, group: b
     """`provision adopt HOST -i INV`: read HOST (adopt.yml, read-only), write its pins and serve profiles, then
     check the inventory with them. Exit 0 written and valid, 1 written but the check names problems, 2 bad input
     (nothing written), 3 the host could not be reached (nothing written)."""
-    import sys
-    from pathlib import Path
-
-    from rigbook import runs, statefile
-    from rigbook.run import RunOptions, resolve_inventory, resolve_playbook, run_playbook
-    from rigbook.validate import InventoryInvalid, run_roles, validate
-
     stream = stream or sys.stdout
     path = resolve_inventory(inventory)
     inv = validate(path)

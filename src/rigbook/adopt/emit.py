@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import re
 
+import yaml
+
 from rigbook.errors import UserError
 
 PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -71,8 +73,6 @@ def render(host: str, variables: dict, comments: dict, unpinned: list, notes: li
         out.append("# Not pinned (adopt could not read or decide these; the roles keep their defaults):")
         out += [f"# - {comment(text)}" for text in unpinned]
     text = "\n".join(out) + "\n"
-    import yaml
-
     if yaml.safe_load(text) != variables:  # the file must say exactly what was read
         raise UserError("adopt: the written YAML does not read back as the adopted values (a bug: please report)")
     return text

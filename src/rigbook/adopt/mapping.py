@@ -8,9 +8,13 @@ line and GPU environment), and the files written beside the pins (the SGLang ven
 
 from __future__ import annotations
 
+import hashlib
 import re
+from pathlib import Path
+from urllib.parse import quote
 
 from rigbook.adopt.emit import comment
+from rigbook.paths import collection_root, name_file
 
 NOT_READ_YET = ()
 UNIT_NAME = re.compile(r"[^a-z0-9-]+")
@@ -23,6 +27,7 @@ VENV_TOOLS = frozenset(("pip", "setuptools", "wheel", "distribute"))
 
 def _host_pins():
     """plugins/module_utils/host_pins (imported when used: the collection is on the import path by then)."""
+    # deferred: ansible_collections.rigbook.homelab is importable only once link_collection() ran (validate runs it)
     from ansible_collections.rigbook.homelab.plugins.module_utils import host_pins
 
     return host_pins
@@ -95,11 +100,6 @@ def _sglang_extras(engine: dict, pin: dict, host: str, inventory_dir, wheels_dir
                    notes: list) -> dict:
     """The lock and the local patch of the engine's sglang beside the pins: {path relative to INVENTORY_DIR: text}
     to write, PIN given lock and patches."""
-    from pathlib import Path
-    from urllib.parse import quote
-
-    from rigbook.paths import name_file
-
     files = {}
     version = pin["version"]
     stem = f"{name_file(host, '')}-sglang-{quote(version, safe='')}"
@@ -134,8 +134,6 @@ def _sglang_extras(engine: dict, pin: dict, host: str, inventory_dir, wheels_dir
                             "of the venv's stamp: not pinned (a twin gets the named patches only); make that change "
                             "a patch of its own and add it")
     elif local.get("patch"):
-        import hashlib
-
         patch = f"patches/{stem}-local.patch"
         files[patch] = local["patch"]
         # An absolute path: the sglang role copies a patch's path with ansible.builtin.copy, which looks a relative
@@ -155,10 +153,6 @@ def _sglang_extras(engine: dict, pin: dict, host: str, inventory_dir, wheels_dir
 def _named_patch_files(patches: list):
     """The files (relative to site-packages) that PATCHES change, when every one is a patch by name of the sglang
     role's files/patches/ with the sha256 given; else None (not rigbook's patch set: the local diff decides)."""
-    import hashlib
-
-    from rigbook.paths import collection_root
-
     if not patches or any("name" not in patch for patch in patches):
         return None
     files = set()
@@ -198,6 +192,7 @@ def _flags_sglang_lacks(engine: dict, profile: dict, index: int) -> list:
 def _serve_profiles(facts: dict, comments: dict, unpinned: list, notes: list) -> list:
     """rigbook_serve: one profile of each running engine's command line (serve/profile.profile_from_argv) and GPU
     environment, with where it was read; an API key or a secret-looking variable never copied."""
+    # deferred: ansible_collections.rigbook.homelab is importable only once link_collection() ran (validate runs it)
     from ansible_collections.rigbook.homelab.plugins.module_utils.serve.profile import profile_from_argv
 
     profiles, taken = [], set()

@@ -22,7 +22,7 @@ HOSTS = {"x99-r9700": "lab-r9700", "x99-3080": "lab-3080"}
 PINNED_KERNEL = {rig: validate("inventory/lab").host_vars(host)["rigbook_pins"]["kernel"]["release"]
                  for rig, host in (("x99-3080", "lab-3080"), ("x99-r9700", "lab-r9700"))}
 NEEDS_BASELINE = {"busbw-half", "p2p-bandwidth-half"}
-# Faults that warn, not fail, at their layer, and only against the snapshot of an earlier run (error counters:
+# Faults that warn, not fail, at their layer, and only against the reading of an earlier run (error counters:
 # a correctable AER rise needs a "before"; the lab keeps it in the host's error-counters state file).
 WARN_ONLY = {name for name in faults.fault_names() if faults.get_fault(name).get("status") == "warn"}
 # The X99 TF box already has these (BAR1 256 MiB, SHM path, no collective figures published).

@@ -1,5 +1,5 @@
 """Hardware error counters around the runtime layers: the kernel-log parser (real fixtures), the sysfs collector
-on recorded trees, delta, the judge, and the climb wiring with a fake snapshot sequence."""
+on recorded trees, delta, the judge, and the climb wiring with a fake sequence of readings."""
 
 from __future__ import annotations
 
@@ -75,31 +75,31 @@ def _tree(tmp_path, rig, fault=None):
 
 
 def test_healthy_tree_reads_zero_counters_and_an_empty_log(tmp_path):
-    snap = collect.snapshot(_tree(tmp_path, "x99-r9700"), [GPU0, R9700_GPU1])
-    assert sorted(snap["aer"]) == [PORT0, PORT1, GPU0, R9700_GPU1]  # the root ports, past the cards' switches
-    assert snap["aer"][GPU0] == {"correctable": 0, "nonfatal": 0, "fatal": 0}  # no rootport_* on an endpoint
-    assert snap["aer"][PORT1]["rootport_fatal"] == 0
-    assert snap["devices"][PORT1] == "root port 0000:00:03.0 of GPU1"
-    assert snap["log"]["lines_read"] == 3 and snap["log"]["xid"]["count"] == 0
-    assert snap["log_source"] == "recorded var/lib/rigbook/commands/kernel-log.txt"
+    reading = collect.read_counters(_tree(tmp_path, "x99-r9700"), [GPU0, R9700_GPU1])
+    assert sorted(reading["aer"]) == [PORT0, PORT1, GPU0, R9700_GPU1]  # the root ports, past the cards' switches
+    assert reading["aer"][GPU0] == {"correctable": 0, "nonfatal": 0, "fatal": 0}  # no rootport_* on an endpoint
+    assert reading["aer"][PORT1]["rootport_fatal"] == 0
+    assert reading["devices"][PORT1] == "root port 0000:00:03.0 of GPU1"
+    assert reading["log"]["lines_read"] == 3 and reading["log"]["xid"]["count"] == 0
+    assert reading["log_source"] == "recorded var/lib/rigbook/commands/kernel-log.txt"
 
 
 def test_missing_files_are_unknown_never_zero(tmp_path):
     tree = Path(_tree(tmp_path, "x99-3080"))
     (tree / "var/lib/rigbook/commands/kernel-log.txt").unlink()
     (tree / "sys/bus/pci/devices" / GPU0 / "aer_dev_fatal").unlink()
-    snap = collect.snapshot(str(tree), [GPU0])
-    assert snap["log"] is None and snap["aer"][GPU0]["fatal"] is None
-    delta = collect.delta(None, snap)
+    reading = collect.read_counters(str(tree), [GPU0])
+    assert reading["log"] is None and reading["aer"][GPU0]["fatal"] is None
+    delta = collect.delta(None, reading)
     assert "kernel log: no recording at var/lib/rigbook/commands/kernel-log.txt" in delta["unknown"]
     assert "0000:03:00.0: no fatal counter" in delta["unknown"]
     assert judges.judge(delta)["status"] == "pass"
 
 
 def test_fault_trees_read_as_their_counters(tmp_path):
-    burst = collect.snapshot(_tree(tmp_path, "x99-3080", "aer-correctable-burst"), [GPU0, GPU1])["aer"]
+    burst = collect.read_counters(_tree(tmp_path, "x99-3080", "aer-correctable-burst"), [GPU0, GPU1])["aer"]
     assert burst[GPU0]["correctable"] == 250 and burst[PORT0]["rootport_correctable"] == 250
-    fatal = collect.snapshot(_tree(tmp_path, "x99-r9700", "aer-fatal"), [GPU0, R9700_GPU1])
+    fatal = collect.read_counters(_tree(tmp_path, "x99-r9700", "aer-fatal"), [GPU0, R9700_GPU1])
     assert fatal["aer"][PORT1]["fatal"] == 1 and fatal["log"]["aer_fatal"]["count"] == 1
 
 
@@ -123,14 +123,14 @@ def test_live_kernel_log_runs_journalctl(monkeypatch):
 
 # --- delta and state ------------------------------------------------------------------------------------------
 
-def _snap(aer=None, log_text="", source="test"):
+def _reading(aer=None, log_text="", source="test"):
     return {"aer": aer or {}, "devices": {}, "log": kernel_log.parse(log_text) if log_text is not None else None,
             "log_source": source}
 
 
 def test_delta_counts_rises_and_new_lines():
-    before = _snap({GPU0: {"correctable": 3, "fatal": 0}}, "NVRM: Xid (PCI:0000:03:00): 13, old\n")
-    after = _snap({GPU0: {"correctable": 10, "fatal": 0}},
+    before = _reading({GPU0: {"correctable": 3, "fatal": 0}}, "NVRM: Xid (PCI:0000:03:00): 13, old\n")
+    after = _reading({GPU0: {"correctable": 10, "fatal": 0}},
                   "NVRM: Xid (PCI:0000:03:00): 13, old\nNVRM: Xid (PCI:0000:03:00): 79, new\n")
     delta = collect.delta(before, after)
     assert delta["aer"] == {GPU0: {"correctable": 7}} and not delta["since_boot"]
@@ -138,14 +138,14 @@ def test_delta_counts_rises_and_new_lines():
 
 
 def test_a_counter_that_dropped_was_reset_by_a_reboot():
-    delta = collect.delta(_snap({GPU0: {"correctable": 50}}), _snap({GPU0: {"correctable": 4}}))
+    delta = collect.delta(_reading({GPU0: {"correctable": 50}}), _reading({GPU0: {"correctable": 4}}))
     assert delta["aer"] == {GPU0: {"correctable": 4}}
 
 
 def test_state_round_trip_and_garbage(tmp_path):
     path = str(tmp_path / "sub" / "error-counters.json")
     assert collect.load_state(path) == (None, None)
-    assert collect.store_state(path, _snap({GPU0: {"fatal": 0}})) is None
+    assert collect.store_state(path, _reading({GPU0: {"fatal": 0}})) is None
     assert collect.load_state(path)[0]["aer"] == {GPU0: {"fatal": 0}}
     Path(path).write_text("{not json")
     state, error = collect.load_state(path)
@@ -155,8 +155,8 @@ def test_state_round_trip_and_garbage(tmp_path):
 # --- judge ----------------------------------------------------------------------------------------------------
 
 def _delta(aer=None, log_text=None, since_boot=False):
-    after = _snap(aer, log_text or "")
-    return collect.delta(None if since_boot else _snap(), after)
+    after = _reading(aer, log_text or "")
+    return collect.delta(None if since_boot else _reading(), after)
 
 
 def test_correctable_warns_with_a_threshold():
@@ -210,16 +210,16 @@ def test_worsen_keeps_a_worse_status_and_extends_why():
 
 # --- climb wiring ---------------------------------------------------------------------------------------------
 
-class FakeSnapshots:
-    """Snapshots handed out in order (the last one repeats)."""
+class FakeReadings:
+    """Readings handed out in order (the last one repeats)."""
 
-    def __init__(self, *snaps):
-        self.snaps = list(snaps)
+    def __init__(self, *readings):
+        self.readings = list(readings)
         self.taken = 0
 
     def __call__(self, ctx, evidence):
         self.taken += 1
-        return self.snaps[min(self.taken, len(self.snaps)) - 1]
+        return self.readings[min(self.taken, len(self.readings)) - 1]
 
 
 def _runtime_ctx(root, **options):
@@ -242,29 +242,29 @@ def fake_layers(monkeypatch):
 
 
 def test_live_the_layer_during_which_a_counter_rose_gets_the_fail(monkeypatch, fake_layers):
-    clean = _snap({GPU0: {"fatal": 0}})
-    risen = _snap({GPU0: {"fatal": 1}}, "pcieport 0000:00:02.0: AER: Uncorrected (Fatal) error received: x\n")
+    clean = _reading({GPU0: {"fatal": 0}})
+    risen = _reading({GPU0: {"fatal": 1}}, "pcieport 0000:00:02.0: AER: Uncorrected (Fatal) error received: x\n")
     # before, after peer_access, after p2p_bandwidth, after collectives
-    fake = FakeSnapshots(clean, clean, clean, risen)
+    fake = FakeReadings(clean, clean, clean, risen)
     monkeypatch.setattr(registry, "ERROR_COUNTERS", fake)
     out, _ = climb.climb(registry.of_phase(registry.RUNTIME), _runtime_ctx("/"))
     assert [v["status"] for v in out] == ["pass", "pass", "fail"]  # stopped at collectives
     assert fake.taken == 4 and "fatal AER +1" in out[2]["why"] and "AER: Uncorrected (Fatal)" in out[2]["why"]
-    assert out[2]["measured"]["errors"]["before"] == "the snapshot after the layer below"
+    assert out[2]["measured"]["errors"]["before"] == "the reading after the layer below"
 
 
-def test_a_static_climb_and_a_saved_evidence_replay_take_no_snapshot(monkeypatch, fake_layers):
-    fake = FakeSnapshots(_snap())
+def test_a_static_climb_and_a_saved_evidence_replay_take_no_reading(monkeypatch, fake_layers):
+    fake = FakeReadings(_reading())
     monkeypatch.setattr(registry, "ERROR_COUNTERS", fake)
     climb.climb(["pcie_link"], _runtime_ctx("/nonexistent"))
     climb.climb(registry.of_phase(registry.RUNTIME), _runtime_ctx("/"), evidence={"root": "/"})
     assert fake.taken == 0
 
 
-def test_recorded_tree_judges_against_the_stored_snapshot_and_stores(tmp_path, monkeypatch, fake_layers):
+def test_recorded_tree_judges_against_the_stored_reading_and_stores(tmp_path, monkeypatch, fake_layers):
     state = tmp_path / "error-counters.json"
-    collect.store_state(str(state), _snap({GPU0: {"correctable": 0}}))
-    monkeypatch.setattr(registry, "ERROR_COUNTERS", FakeSnapshots(_snap({GPU0: {"correctable": 9}})))
+    collect.store_state(str(state), _reading({GPU0: {"correctable": 0}}))
+    monkeypatch.setattr(registry, "ERROR_COUNTERS", FakeReadings(_reading({GPU0: {"correctable": 9}})))
     out, _ = climb.climb(registry.of_phase(registry.RUNTIME), _runtime_ctx(str(tmp_path), error_state=str(state)))
     assert [v["status"] for v in out] == ["warn", "pass", "pass", "pass"]  # seen at the first runtime layer
     assert json.loads(state.read_text())["aer"] == {GPU0: {"correctable": 9}}
@@ -272,7 +272,7 @@ def test_recorded_tree_judges_against_the_stored_snapshot_and_stores(tmp_path, m
 
 def test_check_mode_and_no_state_option_write_nothing(tmp_path, monkeypatch, fake_layers):
     state = tmp_path / "error-counters.json"
-    monkeypatch.setattr(registry, "ERROR_COUNTERS", FakeSnapshots(_snap({GPU0: {"correctable": 9}})))
+    monkeypatch.setattr(registry, "ERROR_COUNTERS", FakeReadings(_reading({GPU0: {"correctable": 9}})))
     ctx = _runtime_ctx(str(tmp_path), error_state=str(state), check_mode=True)
     out, _ = climb.climb(registry.of_phase(registry.RUNTIME), ctx)
     assert not state.exists() and [v["status"] for v in out] == ["pass"] * 4  # first run: correctable not judged

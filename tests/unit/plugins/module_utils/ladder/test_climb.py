@@ -17,17 +17,19 @@ GPU = "0000:03:00.0"
 LAYER = "peer_access"
 
 
-def _snap(aer, log=True):
+def _reading(aer, log=True):
     return {"aer": {GPU: aer}, "devices": {}, "log": {} if log else None, "log_source": "test"}
 
 
-# modifier -> (snapshot before the layer, snapshot after it, the status the counters alone give)
+# modifier -> (reading before the layer, reading after it, the status the counters alone give)
 MODIFIERS = {
-    "none": (_snap({"correctable": 0, "nonfatal": 0}), _snap({"correctable": 0, "nonfatal": 0}), "pass"),
-    "correctable_rise": (_snap({"correctable": 0, "nonfatal": 0}), _snap({"correctable": 7, "nonfatal": 0}), "warn"),
-    "uncorrectable_rise": (_snap({"correctable": 0, "nonfatal": 0}), _snap({"correctable": 0, "nonfatal": 1}), "fail"),
-    "unreadable": (_snap({"correctable": None, "nonfatal": None}, log=False),
-                   _snap({"correctable": None, "nonfatal": None}, log=False), "pass"),
+    "none": (_reading({"correctable": 0, "nonfatal": 0}), _reading({"correctable": 0, "nonfatal": 0}), "pass"),
+    "correctable_rise": (_reading({"correctable": 0, "nonfatal": 0}),
+                         _reading({"correctable": 7, "nonfatal": 0}), "warn"),
+    "uncorrectable_rise": (_reading({"correctable": 0, "nonfatal": 0}),
+                           _reading({"correctable": 0, "nonfatal": 1}), "fail"),
+    "unreadable": (_reading({"correctable": None, "nonfatal": None}, log=False),
+                   _reading({"correctable": None, "nonfatal": None}, log=False), "pass"),
 }
 ALLOW = {
     "none": ({}, {}),
@@ -37,10 +39,10 @@ ALLOW = {
 
 
 def _climb(monkeypatch, base, modifier, allow):
-    """One live climb of the expected runtime layer LAYER judged BASE, with MODIFIER's snapshots around it."""
+    """One live climb of the expected runtime layer LAYER judged BASE, with MODIFIER's readings around it."""
     before, after, _ = MODIFIERS[modifier]
-    snaps = iter([before, after])
-    monkeypatch.setattr(registry, "ERROR_COUNTERS", lambda ctx, evidence: next(snaps))
+    readings = iter([before, after])
+    monkeypatch.setattr(registry, "ERROR_COUNTERS", lambda ctx, evidence: next(readings))
     monkeypatch.setitem(registry.PARTS, "probe", lambda ctx, evidence: {"probe": {}})
     monkeypatch.setattr(registry.get(LAYER), "judge",
                         lambda evidence, ctx: verdict.make(LAYER, base, {"n": 1}, None, "judged " + base))

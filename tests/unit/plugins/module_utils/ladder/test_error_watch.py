@@ -11,29 +11,29 @@ from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import clim
 GPU = "0000:03:00.0"
 
 
-def _snap(aer):
+def _reading(aer):
     return {"aer": {GPU: aer}, "devices": {}, "log": {}, "log_source": "test"}
 
 
 def test_loads_the_stored_before_judges_the_rise_and_stores_now(tmp_path):
     state = str(tmp_path / "error-counters.json")
-    collect.store_state(state, _snap({"correctable": 1}))
+    collect.store_state(state, _reading({"correctable": 1}))
     ctx = climb.Context(str(tmp_path), {"tolerance": {error_watch.THRESHOLD_KEY: 2}})
-    out = error_watch.sequence(ctx, _snap({"correctable": 4}), state, store=True)
+    out = error_watch.sequence(ctx, _reading({"correctable": 4}), state, store=True)
     assert out["before"]["aer"] == {GPU: {"correctable": 1}} and out["delta"]["aer"] == {GPU: {"correctable": 3}}
     assert out["judged"]["status"] == "warn" and out["load_error"] is None and out["store_error"] is None
     assert json.loads((tmp_path / "error-counters.json").read_text())["aer"] == {GPU: {"correctable": 4}}
     # at the threshold: accepted
-    assert error_watch.sequence(ctx, _snap({"correctable": 6}), state)["judged"]["status"] == "pass"
+    assert error_watch.sequence(ctx, _reading({"correctable": 6}), state)["judged"]["status"] == "pass"
 
 
 def test_a_given_before_is_not_loaded_and_nothing_is_stored_unless_asked(tmp_path):
     state = tmp_path / "error-counters.json"
     state.write_text("{not json")
     ctx = climb.Context(str(tmp_path))
-    out = error_watch.sequence(ctx, _snap({"nonfatal": 1}), str(state), before=_snap({"nonfatal": 0}), load=False)
+    out = error_watch.sequence(ctx, _reading({"nonfatal": 1}), str(state), before=_reading({"nonfatal": 0}), load=False)
     assert out["judged"]["status"] == "fail" and not out["delta"]["since_boot"] and out["load_error"] is None
     assert state.read_text() == "{not json"
-    out = error_watch.sequence(ctx, _snap({"nonfatal": 1}), str(state))
+    out = error_watch.sequence(ctx, _reading({"nonfatal": 1}), str(state))
     assert out["before"] is None and out["delta"]["since_boot"] and "not valid JSON" in out["load_error"]
     assert out["judged"]["status"] == "fail"  # since boot: the fail class still counts

@@ -1,5 +1,5 @@
 """module_utils/ladder/health.py: one health run over a lab rig's recorded tree (the same climb the ladder runs, static
-layers only), its node_exporter textfile and journal lines, the error counters against the last run's snapshot, and
+layers only), its node_exporter textfile and journal lines, the error counters against the last run's reading, and
 the entry point's bad input. Recorded hardware trees only (src/rigbook/lab/rigs); no GPU, nothing live."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def test_a_run_judges_the_static_layers_as_the_ladder_does_and_writes_them_as_me
     assert all(line.startswith(("# HELP ", "# TYPE ", "rigbook_")) for line in text.splitlines())
     lines = health.journal_lines(result)
     assert lines[0].startswith("firmware: ") and lines[-1] == "error_counters: pass: no error rose"
-    # the snapshot this run took is the next run's "before"
+    # the reading this run took is the next run's "before"
     assert json.loads((tmp_path / "state" / health.ERROR_COUNTERS_STATE).read_text())
 
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 import json
 import re
 
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges import static_layers
+
 NCCL_WHEEL = re.compile(r"^nvidia-nccl-cu([0-9]+)$")
 CCCL_WHEEL = "nvidia-cuda-cccl"
 CUDA_VENV = "/opt/rigbook/cuda"  # the cuda_toolchain role's default venv
@@ -345,8 +347,6 @@ def read_kernel(facts, reading):
 def _p2pdma_bridges(facts):
     """What to say when the GPUs sit on different root ports behind a host bridge the upstream kernel does not allow
     for P2PDMA (the static layer's rule): whether this box's kernel was patched to allow it is not readable."""
-    from ansible_collections.rigbook.homelab.plugins.module_utils.judges import static_layers
-
     bridges = static_layers.p2pdma_host_bridges({"gpus": facts.get("gpus"), "cpu": facts.get("cpu")})
     if not isinstance(bridges, list):
         return []

@@ -77,6 +77,7 @@ def end_anchored(pattern):
 
 def _pattern_keyword(validator_, pattern, instance, schema):
     """JSON Schema's pattern, with `$` the end of the text as the schema means it (end_anchored)."""
+    # deferred: jsonschema is optional here (validator() says how to install it) and costs ~55 ms to import
     from jsonschema.exceptions import ValidationError
 
     if validator_.is_type(instance, "string") and not re.search(end_anchored(pattern), instance):
@@ -87,6 +88,7 @@ def validator(path=None):
     key = ("validator", path or SCHEMA_FILE)
     if key not in _CACHE:
         try:
+            # deferred: jsonschema is optional (its absence is SchemaUnavailable, said below); ~55 ms to import
             import jsonschema
             from jsonschema import validators
         except ImportError:

@@ -380,7 +380,6 @@ def show(hosts, stream, last: int = 8) -> int:
     # imports this module (through rigbook.run) and needs neither
     from rich.table import Table
 
-    # deferred: as rich.table above
     from rigbook.display import make_console
 
     console = make_console(stream)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+
+from rigbook.errors import UserError, guarded
 
 SUBCOMMANDS = {
     "validate": "check an inventory's rigbook_* variables, name every input site.yml still needs (no host contacted)",
@@ -48,15 +51,14 @@ def _add_allow_unknown(parser: argparse.ArgumentParser) -> None:
 def _allow_unknown_vars(values: list) -> list:
     """-e items that carry --allow-unknown's layers to the p2p_verify role; UserError (exit 2) for a name that is no
     layer of the ladder."""
-    import json
-
-    from rigbook.errors import UserError
-    from rigbook.paths import link_collection
-
     names = [name.strip() for value in values for name in value.split(",") if name.strip()]
     if not names:
         return []
+    # deferred: rigbook.paths costs ~5 ms at start-up (benchmarks/cli_speed.py); --help needs none
+    from rigbook.paths import link_collection
+
     link_collection()
+    # deferred: ansible_collections.rigbook.homelab is importable only after link_collection() (above)
     from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import registry
 
     wrong = [name for name in names if name not in registry.names()]
@@ -176,10 +178,12 @@ def _manifest_args(p: argparse.ArgumentParser, name: str) -> None:
 
 
 def _manifest_or_diff(name: str, args) -> int:
+    # deferred: rigbook.manifests costs ~15 ms at start-up (benchmarks/cli_speed.py); --help needs none
     from rigbook import manifests
 
     if name == "diff":
         return manifests.diff_command(args.a, args.b, args.json, sys.stdout, inventory=args.inventory)
+    # deferred: rigbook.run costs ~65 ms at start-up (benchmarks/cli_speed.py); diff and --help need none
     from rigbook.run import RunOptions
 
     opts = RunOptions(playbook=manifests.PLAYBOOK, inventory=args.inventory, limit=args.limit, json=args.json,
@@ -190,8 +194,8 @@ def _manifest_or_diff(name: str, args) -> int:
 def _print_box_paths(path, roles) -> None:
     """What must already be on each box (models, wheel directories): no controller can see it; the preflight role
     looks for it before any role changes the box. Printed on stderr, before the verdict."""
+    # deferred: rigbook.inventory, rigbook.validate cost ~33 ms at start-up (benchmarks/cli_speed.py); --help needs none
     from rigbook import inventory
-    from rigbook.errors import UserError
     from rigbook.validate import host_model_of
 
     try:
@@ -208,6 +212,7 @@ def _print_box_paths(path, roles) -> None:
 
 
 def _validate(args) -> int:
+    # deferred: rigbook.run, rigbook.validate cost ~65 ms at start-up (benchmarks/cli_speed.py); --help needs none
     from rigbook.run import resolve_inventory, resolve_playbook
     from rigbook.validate import run_roles, validate
 
@@ -221,16 +226,16 @@ def _validate(args) -> int:
 
 
 def _baseline(args) -> int:
-    from rigbook.errors import UserError
-
     if args.action == "show":
         if args.group:
             raise UserError("provision baseline show: --group is for record (show lists group baselines too)")
+        # deferred: rigbook.baselines costs ~10 ms at start-up (benchmarks/cli_speed.py); --help needs none
         from rigbook.baselines import show
 
         return show(args.hosts, sys.stdout)
     if not args.inventory:
         raise UserError("provision baseline record: -i INVENTORY is required")
+    # deferred: rigbook.run costs ~65 ms at start-up (benchmarks/cli_speed.py); baseline show and --help need none
     from rigbook.run import RunOptions, run_playbook
 
     return run_playbook(
@@ -241,17 +246,18 @@ def _baseline(args) -> int:
 
 
 def _verify_or_snapshot(name: str, args) -> int:
-    from rigbook.errors import UserError
-    from rigbook.run import RunOptions, run_playbook
-
     if name == "verify" and args.replay:
         if args.inventory:
             raise UserError("--replay judges saved evidence: give it no -i")
+        # deferred: rigbook.snapshots costs ~50 ms at start-up (benchmarks/cli_speed.py); only verify, snapshot need it
         from rigbook.snapshots import replay
 
         return replay(args.replay, args.json)
     if not args.inventory:
         raise UserError(f"provision {name}: -i INVENTORY is required (or --replay PATH)")
+    # deferred: rigbook.run costs ~65 ms at start-up (benchmarks/cli_speed.py); --help and --replay need none
+    from rigbook.run import RunOptions, run_playbook
+
     opts = RunOptions(
         playbook="verify.yml" if name == "verify" else "snapshot.yml",
         inventory=args.inventory,
@@ -265,6 +271,7 @@ def _verify_or_snapshot(name: str, args) -> int:
     )
     if name == "verify":
         return run_playbook(opts)
+    # deferred: rigbook.snapshots costs ~50 ms at start-up (benchmarks/cli_speed.py); only verify, snapshot need it
     from rigbook.snapshots import snapshot
 
     return snapshot(opts, args.output)
@@ -273,9 +280,9 @@ def _verify_or_snapshot(name: str, args) -> int:
 def _check_playbook_word(word: str) -> None:
     """A first word that is no command must name a playbook (a .yml file, or one of the collection's): otherwise it
     is a mistyped command, said as such (not "-i is required")."""
+    # deferred: pathlib and rigbook.run cost ~65 ms at start-up (benchmarks/cli_speed.py); --help needs neither
     from pathlib import Path
 
-    from rigbook.errors import UserError
     from rigbook.run import resolve_playbook
 
     if word.endswith((".yml", ".yaml")) or Path(word).exists():
@@ -290,12 +297,14 @@ def _check_playbook_word(word: str) -> None:
 
 def _dispatch(argv: list) -> int:
     if argv and argv[0] == "report":  # one HTML page of an inventory, from the saved state (rigbook/report.py)
+        # deferred: rigbook.report costs ~110 ms at start-up (benchmarks/cli_speed.py); only report needs it
         from rigbook.report import main as report_main
 
         return report_main(argv[1:])
     if argv and argv[0] in SUBCOMMANDS:
         name, rest = argv[0], argv[1:]
         if name == "lab":
+            # deferred: rigbook.lab.cli costs ~110 ms at start-up (benchmarks/cli_speed.py); only lab needs it
             from rigbook.lab.cli import main as lab_main
 
             return lab_main(rest)
@@ -303,16 +312,19 @@ def _dispatch(argv: list) -> int:
         if name == "validate":
             return _validate(args)
         if name == "runs":
+            # deferred: rigbook.runs costs ~13 ms at start-up (benchmarks/cli_speed.py); --help needs none
             from rigbook.runs import print_recent
 
             return print_recent(args.count, sys.stdout)
         if name == "parse":
+            # deferred: rigbook.parse_cmd costs ~9 ms at start-up (benchmarks/cli_speed.py); --help needs none
             from rigbook.parse_cmd import main as parse_main
 
             return parse_main(args.kind, args.file)
         if name == "baseline":
             return _baseline(args)
         if name == "bootstrap":
+            # deferred: rigbook.bootstrap costs ~150 ms at start-up (benchmarks/cli_speed.py); only bootstrap needs it
             from rigbook.bootstrap import bootstrap
 
             return bootstrap(args.host, args.inventory, user=args.user, identity=args.identity, pubkey=args.pubkey,
@@ -320,6 +332,7 @@ def _dispatch(argv: list) -> int:
         if name in ("manifest", "diff"):
             return _manifest_or_diff(name, args)
         if name == "adopt":
+            # deferred: rigbook.adopt costs ~70 ms at start-up (benchmarks/cli_speed.py); only adopt needs it
             from rigbook.adopt import adopt_command
 
             return adopt_command(args.host, args.inventory, output=args.output, group=args.group, force=args.force,
@@ -328,6 +341,7 @@ def _dispatch(argv: list) -> int:
     if argv and not argv[0].startswith("-"):
         _check_playbook_word(argv[0])
     args = _playbook_parser().parse_args(argv)
+    # deferred: rigbook.run costs ~65 ms at start-up (benchmarks/cli_speed.py); --help, runs, parse need none
     from rigbook.run import RunOptions, run_playbook, run_rolling
 
     run = (lambda o: run_rolling(o, args.rolling)) if args.rolling is not None else run_playbook
@@ -350,8 +364,6 @@ def _dispatch(argv: list) -> int:
 
 
 def main(argv: list | None = None) -> int:
-    from rigbook.errors import guarded
-
     return guarded(_dispatch, sys.argv[1:] if argv is None else list(argv))
 
 

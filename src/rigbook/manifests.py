@@ -175,7 +175,7 @@ def diff_command(a: str, b: str, as_json: bool, stream, inventory: str | None = 
         label_a, manifest_a = resolve_side(a, run_dir)
         label_b, manifest_b = resolve_side(b, run_dir)
     else:
-        # deferred: rigbook.run, rigbook.validate cost ~45 ms at start-up (benchmarks/cli_speed.py); diff A B needs none
+        # deferred: rigbook.run, rigbook.validate cost ~47 ms at start-up (benchmarks/cli_speed.py); diff A B needs none
         from rigbook.run import resolve_inventory
         from rigbook.validate import validate
 
@@ -194,7 +194,7 @@ def diff_command(a: str, b: str, as_json: bool, stream, inventory: str | None = 
 
 def manifest_command(opts, stream) -> int:
     """`provision manifest -i INV`: run manifest.yml and say where each host's manifest went."""
-    # deferred: rigbook.run costs ~45 ms at start-up (benchmarks/cli_speed.py); `provision diff A B` needs none
+    # deferred: rigbook.run costs ~47 ms at start-up (benchmarks/cli_speed.py); `provision diff A B` needs none
     from rigbook.run import run_playbook
 
     base = runs.runs_dir()

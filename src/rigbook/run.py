@@ -18,6 +18,7 @@ from ansible import __version__ as ansible_version
 from rigbook import baselines, junit, paths, runs, statefile
 from rigbook.baselines import check_group, inventory_order
 from rigbook.errors import StateBusy, UserError
+from rigbook.lab.inventory import running_inventory
 from rigbook.procs import terminate_tree
 from rigbook.tracker import Tracker
 from rigbook.validate import run_roles, validate
@@ -64,9 +65,6 @@ def resolve_inventory(name: str) -> Path:
     if given.exists():
         return given.resolve()
     if name == "lab":
-        # deferred: rigbook.lab.inventory costs ~11 ms at start-up (benchmarks/cli_speed.py); only `-i lab` needs it
-        from rigbook.lab.inventory import running_inventory
-
         running = running_inventory()
         if running is not None:
             return running
@@ -260,10 +258,10 @@ def _run_locked(opts: RunOptions, playbook: Path, inventory: Path, inv) -> int:
             given = baselines.extra_vars(sorted(inv.hosts), inv)
             judged = baselines.judged_by(sorted(inv.hosts), given)
 
-    # deferred: ansible_runner costs ~31 ms at start-up (benchmarks/cli_speed.py); `provision validate` needs none
+    # deferred: ansible_runner costs ~30 ms at start-up (benchmarks/cli_speed.py); `provision validate` needs none
     import ansible_runner
 
-    # deferred: rigbook.display (rich) costs ~26 ms at start-up (benchmarks/cli_speed.py); validate needs none
+    # deferred: rigbook.display (rich) costs ~23 ms at start-up (benchmarks/cli_speed.py); validate needs none
     from rigbook import display
 
     tracker = Tracker()

@@ -69,7 +69,7 @@ def ladder_view_of(inv, host: str) -> dict:
 
 def snapshot(opts, output: str | None) -> int:
     """Run playbooks/snapshot.yml, then bundle tree + evidence.json + ladder_view.json per host."""
-    # deferred: rigbook.run, rigbook.validate cost ~32 ms at start-up (benchmarks/cli_speed.py); replay needs neither
+    # deferred: rigbook.run, rigbook.validate cost ~42 ms at start-up (benchmarks/cli_speed.py); replay needs neither
     from rigbook.run import resolve_inventory, run_playbook
     from rigbook.validate import validate
 

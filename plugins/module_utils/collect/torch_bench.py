@@ -13,6 +13,7 @@ plus the NCCL INFO log written by the ranks.
 
 from __future__ import annotations
 
+import argparse
 import glob
 import json
 import os
@@ -36,6 +37,7 @@ def _free_port():
 
 
 def _rank_main(rank, world, port, size, iters, out_dir):  # pragma: no cover - needs GPUs
+    # deferred: torch is optional (only the serving venv's Python has it) and this file is imported without it
     import torch
     import torch.distributed as dist
 
@@ -108,14 +110,13 @@ def merge(rank_results):
 
 
 def main(argv=None):  # pragma: no cover - needs GPUs
-    import argparse
-
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--size", type=int, default=256 << 20)
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--world", type=int, default=0, help="ranks (default: every visible GPU, at most 2)")
     args = parser.parse_args(argv)
     try:
+        # deferred: torch is optional (only the serving venv's Python has it): its absence is reported below
         import torch
         import torch.multiprocessing as mp
     except ImportError as exc:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import re
 
-from ansible_collections.rigbook.homelab.plugins.module_utils.facts import builds, files, text
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files, text
 
 KINDS = (("nccl", "libnccl.so"), ("rccl", "librccl.so"))
 DELETED = files.DELETED
@@ -25,11 +25,7 @@ RANGE = re.compile(r"^[0-9a-f]+-[0-9a-f]+$")
 
 def collective_kind(file_path):
     """"nccl" or "rccl" when FILE_PATH names an NCCL or RCCL library (a kept bundled copy too), else None."""
-    name = os.path.basename(file_path or "")
-    if name.endswith(DELETED):
-        name = name[: -len(DELETED)]
-    if name.endswith(builds.KEPT_SUFFIX):
-        name = name[: -len(builds.KEPT_SUFFIX)]
+    name = os.path.basename(file_path or "")  # a versioned (.so.2), kept (.rigbook-bundled) or deleted name too
     for kind, prefix in KINDS:
         if name.startswith(prefix):
             return kind

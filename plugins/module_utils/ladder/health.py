@@ -38,6 +38,7 @@ SERVING_STATE = "serving-state.json"
 def config_of(model, name, state_dir=STATE_DIR):
     """The health run's config for the host NAME of host model MODEL (host_model.build): what the timer reads. The
     serve profiles go without their environment (it may hold tokens; a health run starts no engine)."""
+    # deferred: host_model costs ~18 ms to import; the timer's runs (on the box, each interval) never call this
     from ansible_collections.rigbook.homelab.plugins.module_utils import host_model
 
     serve = [dict((k, v) for k, v in profile.items() if k != "env") for profile in model["serve"]]

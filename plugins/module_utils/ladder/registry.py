@@ -18,7 +18,7 @@ arguments; the small adapters below say what each one reads.
 
 from __future__ import annotations
 
-from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence
+from ansible_collections.rigbook.homelab.plugins.module_utils.collect import error_counters, static_evidence
 from ansible_collections.rigbook.homelab.plugins.module_utils.judges import (
     collective_layers,
     peer_layers,
@@ -83,6 +83,7 @@ def _runtime(name):
     """A runtime collector of collect/runtime_evidence.py, loaded on first use: a static climb's module run
     never imports the probe or the benchmark code. (A plain import statement, so that Ansible ships the file.)"""
     def collect(ctx, evidence):
+        # deferred: runtime_evidence (the ctypes probe, the benchmarks) costs ~21 ms to import; static climbs need none
         from ansible_collections.rigbook.homelab.plugins.module_utils.collect import runtime_evidence
 
         return getattr(runtime_evidence, name)(ctx, evidence)
@@ -92,6 +93,7 @@ def _runtime(name):
 
 def _serving_part(ctx, evidence):
     """The serving collector (collect/serving_evidence.py), loaded on first use like the runtime ones."""
+    # deferred: serving_evidence costs ~38 ms to import (with the collectives code); only the serving layer needs it
     from ansible_collections.rigbook.homelab.plugins.module_utils.collect import serving_evidence
 
     return serving_evidence.serving_part(ctx, evidence)
@@ -99,9 +101,7 @@ def _serving_part(ctx, evidence):
 
 def _error_counters(ctx, evidence):
     """The hardware error counters (collect/error_counters.py) the climb reads around the runtime layers
-    (ladder/error_watch.py), loaded on first use like the runtime collectors."""
-    from ansible_collections.rigbook.homelab.plugins.module_utils.collect import error_counters
-
+    (ladder/error_watch.py)."""
     return error_counters.reading_part(ctx, evidence)
 
 

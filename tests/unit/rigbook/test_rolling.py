@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from rigbook import run, validate
+from rigbook import run
 from rigbook.cli import main
 from rigbook.errors import UserError
 
@@ -57,8 +57,8 @@ def fake_runs(monkeypatch, tmp_path):
         return code
 
     monkeypatch.setattr(run, "run_playbook", run_playbook)
-    monkeypatch.setattr(validate, "validate", lambda *a, **k: FakeInventory())
-    monkeypatch.setattr(validate, "run_roles", lambda *a, **k: None)
+    monkeypatch.setattr(run, "validate", lambda *a, **k: FakeInventory())  # as rigbook.run imported them
+    monkeypatch.setattr(run, "run_roles", lambda *a, **k: None)
     return ran
 
 

@@ -36,6 +36,9 @@ from ansible_collections.rigbook.homelab.plugins.module_utils.host_pins import (
     CUDA_ALIGNED,
     DISTRO_KERNEL,
     apt_regex,
+    as_dict,
+    as_list,
+    as_str,
     cuda_toolchain_pin,
     kernel_pin,
     nccl_tests_pin,
@@ -102,18 +105,6 @@ HEX40 = re.compile(r"^[0-9a-f]{40}$")
 COMMIT = re.compile(r"^[0-9a-f]{7,40}$")
 
 
-def _dict(value):
-    return dict(value) if isinstance(value, dict) else {}
-
-
-def _list(value):
-    return list(value) if isinstance(value, list) else []
-
-
-def _str(value):
-    return value if isinstance(value, str) else ("" if value is None else str(value))
-
-
 def _int(value):
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
@@ -128,7 +119,7 @@ MODEL_FACTS = OS_FACTS + ("python",)
 
 def python_of(facts):
     """"MAJOR.MINOR" of the Python the roles make venvs with (Ansible's python fact), or "" without facts."""
-    version = _dict(_dict(_dict(facts).get("python")).get("version"))
+    version = as_dict(as_dict(as_dict(facts).get("python")).get("version"))
     major, minor = version.get("major"), version.get("minor")
     return "%s.%s" % (major, minor) if isinstance(major, int) and isinstance(minor, int) else ""
 
@@ -137,10 +128,10 @@ def os_of(facts):
     """The one OS decision: {"id" ("ubuntu", "debian", another lowercased name, or "" unknown), "version",
     "codename"} from the host's Ansible facts (distribution, distribution_version, distribution_release: what Ansible
     reads from /etc/os-release). No facts: unknown."""
-    facts = _dict(facts)
-    return {"id": _str(facts.get("distribution")).strip().lower(),
-            "version": _str(facts.get("distribution_version")),
-            "codename": _str(facts.get("distribution_release"))}
+    facts = as_dict(facts)
+    return {"id": as_str(facts.get("distribution")).strip().lower(),
+            "version": as_str(facts.get("distribution_version")),
+            "codename": as_str(facts.get("distribution_release"))}
 
 
 def _artifacts(vendor, pins):
@@ -180,18 +171,18 @@ def _roles(vendor, pins, serve, health_on=False):
 def build(variables, facts=None):
     """The host model of one host's merged rigbook_* variables (a dict; see the module docstring) and, where they
     were gathered, its Ansible FACTS (the OS decision)."""
-    variables = _dict(variables)
+    variables = as_dict(variables)
     host_os = os_of(facts)
     python = python_of(facts)
-    gpu = _dict(variables.get("rigbook_gpu"))
-    declared_p2p = _dict(variables.get("rigbook_p2p"))
-    raw_pins = _dict(variables.get("rigbook_pins"))
-    vendor = _str(gpu.get("vendor"))
+    gpu = as_dict(variables.get("rigbook_gpu"))
+    declared_p2p = as_dict(variables.get("rigbook_p2p"))
+    raw_pins = as_dict(variables.get("rigbook_pins"))
+    vendor = as_str(gpu.get("vendor"))
     p2p = {
         "expected": expectations.p2p_expected({"gpu": gpu, "p2p": declared_p2p}),
         "declared": "expected" in declared_p2p,
-        "reason": " ".join(_str(declared_p2p.get("reason")).split()),
-        "nccl_p2p_level": _str(declared_p2p.get("nccl_p2p_level")),
+        "reason": " ".join(as_str(declared_p2p.get("reason")).split()),
+        "nccl_p2p_level": as_str(declared_p2p.get("nccl_p2p_level")),
     }
     pins = host_pins.forward_pins(raw_pins, host_os["id"], python, p2p)  # every pin of host_pins.PINS, defaulted
     serve, serve_errors = serve_profile.normalize_all(variables.get("rigbook_serve"))
@@ -201,17 +192,17 @@ def build(variables, facts=None):
         "vendor": vendor,
         "gpu": {
             "vendor": vendor,
-            "model": _str(gpu.get("model")),
+            "model": as_str(gpu.get("model")),
             "count": _int(gpu.get("count")),
             "vram_gib": gpu.get("vram_gib"),
-            "pcie": _dict(gpu.get("pcie")),
-            "per_gpu": _list(gpu.get("per_gpu")),
+            "pcie": as_dict(gpu.get("pcie")),
+            "per_gpu": as_list(gpu.get("per_gpu")),
         },
         "p2p": p2p,
         "os": host_os,
         "gpu_env_file": GPU_ENV_FILE,
-        "evidence_root": _str(variables.get("rigbook_evidence_root")) or EVIDENCE_ROOT,
-        "tolerance": expectations.tolerance(None, _dict(variables.get("rigbook_tolerance"))),
+        "evidence_root": as_str(variables.get("rigbook_evidence_root")) or EVIDENCE_ROOT,
+        "tolerance": expectations.tolerance(None, as_dict(variables.get("rigbook_tolerance"))),
         "pins": pins,
         "artifacts": _artifacts(vendor, pins),
         "serve": serve,
@@ -235,9 +226,9 @@ def build(variables, facts=None):
 def health_settings(raw, gpus):
     """The health timer (rigbook_health): on by default on a box whose rigbook_gpu names its vendor; its interval and
     where node_exporter's textfile collector reads its metrics (docs/health.md)."""
-    raw = _dict(raw)
+    raw = as_dict(raw)
     interval = raw.get("interval_s")
-    folder = _str(raw.get("textfile_dir")) or TEXTFILE_DIR
+    folder = as_str(raw.get("textfile_dir")) or TEXTFILE_DIR
     return {
         "enabled": gpus and raw.get("enabled", True) is not False,
         "interval_s": interval if isinstance(interval, int) and not isinstance(interval, bool) and interval > 0
@@ -267,11 +258,11 @@ def verify_settings(raw, gpus, serving):
     names its GPUs' vendor every layer, the serving layer only with serve profiles - the ladder's registry turns this
     into layer names, ladder/registry.expected_layers; an unknown one fails the play), the layers allowed to stay
     unknown, and the venv with PyTorch for the bundled collectives benchmark."""
-    raw = _dict(raw)
+    raw = as_dict(raw)
     return {
         "measure": {"layers": bool(gpus), "serving": bool(gpus and serving)},
-        "allow_unknown": [str(name) for name in _list(raw.get("allow_unknown"))],
-        "collectives_python": _str(raw.get("collectives_python")),
+        "allow_unknown": [str(name) for name in as_list(raw.get("allow_unknown"))],
+        "collectives_python": as_str(raw.get("collectives_python")),
     }
 
 
@@ -426,7 +417,7 @@ def _rocm_needs(model):
                            "set only one of repo or debs: the role installs from one of them",
                            "remove debs, or remove repo"))
     if pin["debs"] and not pin["repo"]:
-        files = [os.path.basename(_str(d.get("path") or d.get("url"))) for d in pin["debs"] if isinstance(d, dict)]
+        files = [os.path.basename(as_str(d.get("path") or d.get("url"))) for d in pin["debs"] if isinstance(d, dict)]
         lacking = [n for n in pin["build_packages"] if not any(f.startswith(n + "_") for f in files)]
         if lacking:
             needs.append(_need("amd_rocm", "rigbook_pins.rocm.build_packages",
@@ -486,7 +477,7 @@ def _rccl_needs(model):
                            "refs/tags/rocm-%s`), subdir: projects/rccl}, or a release tarball {url or path, sha256}"
                            % (model["pins"]["rocm"]["version"] or "VERSION")))
     tests = pin["tests_source"]
-    if not tests.get("sha256") and not HEX40.match(_str(tests.get("commit"))):
+    if not tests.get("sha256") and not HEX40.match(as_str(tests.get("commit"))):
         needs.append(_need("rccl", "rigbook_pins.rccl.tests.source",
                            "the collectives layer runs rccl-tests built against the patched RCCL",
                            "{repo: https://github.com/ROCm/rccl-tests, commit: `git ls-remote "
@@ -537,7 +528,7 @@ def _sglang_needs(model, inventory_dir, exists):
     if pin["repo"] and not COMMIT.match(pin["commit"]):
         needs.append(_need("sglang", "rigbook_pins.sglang.repo.commit",
                            "the fork is installed at a pinned commit (a branch moves: it is not a pin)",
-                           "`git ls-remote %s refs/heads/BRANCH`" % (_str(pin["repo"].get("url")) or "URL")))
+                           "`git ls-remote %s refs/heads/BRANCH`" % (as_str(pin["repo"].get("url")) or "URL")))
     if pin["lock"] and inventory_dir is not None:
         path = pin["lock"] if os.path.isabs(pin["lock"]) else os.path.join(inventory_dir, pin["lock"])
         if not exists(path):
@@ -559,7 +550,7 @@ def _patch_needs(model, inventory_dir, exists):
     needs = []
     for role in ("rccl", "sglang"):
         for index, patch in enumerate(model["pins"][role]["patches"]):
-            path = _str(_dict(patch).get("path"))
+            path = as_str(as_dict(patch).get("path"))
             if not path or inventory_dir is None:
                 continue
             full = path if os.path.isabs(path) else os.path.join(inventory_dir, path)
@@ -636,7 +627,7 @@ def box_paths(model):
     for index, profile in enumerate(model["serve"]):
         found.append((profile["model_path"], "rigbook_serve[%d].model_path" % index,
                       "the serve unit loads this model directory"))
-        draft = _dict(profile.get("speculative")).get("draft_model_path")
+        draft = as_dict(profile.get("speculative")).get("draft_model_path")
         if draft:
             found.append((draft, "rigbook_serve[%d].speculative.draft_model_path" % index,
                           "the engine loads this draft model"))

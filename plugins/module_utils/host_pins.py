@@ -53,39 +53,42 @@ NVIDIA_STOCK_UBUNTU = ("linux-modules-nvidia-*", "linux-objects-nvidia-*", "linu
 ROCM_DKMS_PACKAGE = "amdgpu-dkms"
 
 
-def _dict(value):
+def as_dict(value):
+    """An inventory value as a dict; anything of another type reads as absent (the host model's rule)."""
     return dict(value) if isinstance(value, dict) else {}
 
 
-def _list(value):
+def as_list(value):
+    """An inventory value as a list; anything of another type reads as absent."""
     return list(value) if isinstance(value, list) else []
 
 
-def _str(value):
+def as_str(value):
+    """An inventory value as text: "" for None, str() of a number."""
     return value if isinstance(value, str) else ("" if value is None else str(value))
 
 
 # --- forward: the pins of the host model, defaulted ---------------------------------------------------------------
 
 def kernel_pin(pins):
-    raw = _dict(pins.get("kernel"))
-    release = _str(raw.get("release"))
-    debs = _list(raw.get("debs"))
+    raw = as_dict(pins.get("kernel"))
+    release = as_str(raw.get("release"))
+    debs = as_list(raw.get("debs"))
     # One decision: declared; else .debs when any are listed or the release is no distribution kernel.
     source = raw.get("source") or ("debs" if debs or (release and not DISTRO_KERNEL.match(release)) else "distro")
     return {
         "pinned": bool(raw),
         "release": release,
         "source": source,
-        "packages": _list(raw.get("packages")) or (["linux-image-" + release, "linux-headers-" + release]
+        "packages": as_list(raw.get("packages")) or (["linux-image-" + release, "linux-headers-" + release]
                                                    if release else []),
         "debs": debs,
-        "cmdline": _list(raw.get("cmdline")),
+        "cmdline": as_list(raw.get("cmdline")),
         "keep_previous": raw.get("keep_previous", True) is not False,
         # unattended-upgrades leaves every package of the pinned release alone (its .debs' too: linux-*-RELEASE).
         "unattended_blacklist": unattended_blacklist(list(dict.fromkeys(
-            (["linux-*-" + release] if release else []) + _list(raw.get("packages"))))),
-        "p2pdma_allow": _list(raw.get("p2pdma_allow")),
+            (["linux-*-" + release] if release else []) + as_list(raw.get("packages"))))),
+        "p2pdma_allow": as_list(raw.get("p2pdma_allow")),
     }
 
 
@@ -106,19 +109,19 @@ def unattended_blacklist(names):
 
 
 def nvidia_driver_pin(pins, kernel, os_id=""):
-    raw = _dict(pins.get("nvidia_driver"))
-    version = _str(raw.get("version"))
+    raw = as_dict(pins.get("nvidia_driver"))
+    version = as_str(raw.get("version"))
     major = version.split(".")[0] if version else ""
     return {
         "pinned": bool(raw),
         "version": version,
-        "source": _dict(raw.get("source")),
-        "fork_repo": _str(raw.get("fork_repo")),
-        "branch": _str(raw.get("branch")),
-        "commit": _str(raw.get("commit")),
-        "userspace_version": _str(raw.get("userspace_version")) or version,
-        "userspace_installer": _dict(raw.get("userspace_installer")),
-        "userspace_flags": _list(raw.get("userspace_flags")) or ["--no-kernel-modules"],
+        "source": as_dict(raw.get("source")),
+        "fork_repo": as_str(raw.get("fork_repo")),
+        "branch": as_str(raw.get("branch")),
+        "commit": as_str(raw.get("commit")),
+        "userspace_version": as_str(raw.get("userspace_version")) or version,
+        "userspace_installer": as_dict(raw.get("userspace_installer")),
+        "userspace_flags": as_list(raw.get("userspace_flags")) or ["--no-kernel-modules"],
         # HMM with iommu=pt breaks NCCL's SHM transport: off whenever the command line pins iommu=pt.
         "uvm_disable_hmm": raw.get("uvm_disable_hmm", True) is not False and "iommu=pt" in kernel["cmdline"],
         "stock_packages": nvidia_stock_packages(os_id, major),
@@ -129,12 +132,12 @@ def nvidia_driver_pin(pins, kernel, os_id=""):
 def cuda_toolchain_pin(pins, python=""):
     """The CUDA toolchain venv's pins; with PYTHON ("3.12", from the facts) where its CUDA home and, when an NCCL
     wheel is pinned among its versions, its NCCL are."""
-    raw = _dict(pins.get("cuda_toolchain"))
-    version = _str(raw.get("version"))
-    packages = _list(raw.get("packages")) or list(CUDA_ALIGNED)
+    raw = as_dict(pins.get("cuda_toolchain"))
+    version = as_str(raw.get("version"))
+    packages = as_list(raw.get("packages")) or list(CUDA_ALIGNED)
     wanted = {name: version for name in packages + ["nvidia-cuda-runtime"]}
-    wanted.update({str(k): _str(v) for k, v in _dict(raw.get("versions")).items()})
-    venv = _str(raw.get("venv")) or CUDA_VENV
+    wanted.update({str(k): as_str(v) for k, v in as_dict(raw.get("versions")).items()})
+    venv = as_str(raw.get("venv")) or CUDA_VENV
     site = "%s/lib/python%s/site-packages" % (venv, python) if python else ""
     nccl = [name for name in sorted(wanted) if NCCL_WHEEL.match(name)]
     return {
@@ -143,7 +146,7 @@ def cuda_toolchain_pin(pins, python=""):
         "packages": packages,
         "wanted": wanted,
         "venv": venv,
-        "wheel_dir": _str(raw.get("wheel_dir")),
+        "wheel_dir": as_str(raw.get("wheel_dir")),
         # nvcc.profile and nccl-tests' CUDA_HOME: the wheels' nvidia/cuMAJOR tree ("" without the python fact)
         "home": "%s/nvidia/cu%s" % (site, version.split(".")[0]) if site and version else "",
         "nccl": {"package": nccl[0], "version": wanted[nccl[0]],
@@ -152,16 +155,16 @@ def cuda_toolchain_pin(pins, python=""):
 
 
 def nccl_tests_pin(pins):
-    raw = _dict(pins.get("nccl_tests"))
-    source = _dict(raw.get("source"))
+    raw = as_dict(pins.get("nccl_tests"))
+    source = as_dict(raw.get("source"))
     return {
         "pinned": bool(raw),
-        "version": _str(raw.get("version")),
+        "version": as_str(raw.get("version")),
         "source": source,
-        "repo": _str(source.get("repo")),
-        "commit": _str(source.get("commit")),
+        "repo": as_str(source.get("repo")),
+        "commit": as_str(source.get("commit")),
         # nvcc's -gencode list: the GPUs' compute capability (86 for the RTX 3080); empty: nccl-tests' own list
-        "cuda_archs": [_str(a) for a in _list(raw.get("cuda_archs"))],
+        "cuda_archs": [as_str(a) for a in as_list(raw.get("cuda_archs"))],
     }
 
 
@@ -179,23 +182,23 @@ def apt_regex(glob):
 
 
 def rocm_pin(pins, p2p):
-    raw = _dict(pins.get("rocm"))
-    version = _str(raw.get("version"))
-    glob = _str(raw.get("version_glob")) or ("*.%s-*" % rocm_tag(version) if rocm_tag(version) else "")
+    raw = as_dict(pins.get("rocm"))
+    version = as_str(raw.get("version"))
+    glob = as_str(raw.get("version_glob")) or ("*.%s-*" % rocm_tag(version) if rocm_tag(version) else "")
     env = {"HSA_ENABLE_IPC_MODE_LEGACY": "0"}
-    env.update({str(k): _str(v) for k, v in _dict(raw.get("hsa_env")).items()})
+    env.update({str(k): as_str(v) for k, v in as_dict(raw.get("hsa_env")).items()})
     if p2p["nccl_p2p_level"]:
         env["NCCL_P2P_LEVEL"] = p2p["nccl_p2p_level"]
-    packages = _list(raw.get("packages")) or list(ROCM_PACKAGES)
-    build_packages = _list(raw["build_packages"]) if "build_packages" in raw else list(ROCM_BUILD_PACKAGES)
+    packages = as_list(raw.get("packages")) or list(ROCM_PACKAGES)
+    build_packages = as_list(raw["build_packages"]) if "build_packages" in raw else list(ROCM_BUILD_PACKAGES)
     return {
         "pinned": bool(raw),
         "version": version,
         "version_glob": glob,
         # apt matches a glob only as a prefix (a trailing *): the preferences pin is an anchored regex instead.
         "apt_version_pin": "/^%s$/" % apt_regex(glob) if glob else "",
-        "repo": _dict(raw.get("repo")),
-        "debs": _list(raw.get("debs")),
+        "repo": as_dict(raw.get("repo")),
+        "debs": as_list(raw.get("debs")),
         "packages": packages,
         # installed, pinned and held with the runtime by the amd_rocm role: the rccl role's build uses them
         "build_packages": build_packages,
@@ -210,35 +213,36 @@ def rocm_pin(pins, p2p):
 
 
 def rccl_pin(pins):
-    raw = _dict(pins.get("rccl"))
-    source = _dict(raw.get("source"))
-    repo = _str(source.get("repo"))
-    tests = _dict(_dict(raw.get("tests")).get("source"))
+    raw = as_dict(pins.get("rccl"))
+    source = as_dict(raw.get("source"))
+    repo = as_str(source.get("repo"))
+    tests = as_dict(as_dict(raw.get("tests")).get("source"))
     return {
         "pinned": bool(raw),
-        "version": _str(raw.get("version")),
+        "version": as_str(raw.get("version")),
         "source": source,
         "repo": repo,
-        "commit": _str(source.get("commit")),
+        "commit": as_str(source.get("commit")),
         # RCCL lives in ROCm/rocm-systems under projects/rccl; a ROCm/rccl tree or tarball has it at the top.
-        "subdir": _str(source["subdir"]) if "subdir" in source else ("projects/rccl" if "rocm-systems" in repo else ""),
-        "patches": _list(raw.get("patches")),
-        "gpu_targets": _list(raw.get("gpu_targets")),
+        "subdir": (as_str(source["subdir"]) if "subdir" in source
+                   else ("projects/rccl" if "rocm-systems" in repo else "")),
+        "patches": as_list(raw.get("patches")),
+        "gpu_targets": as_list(raw.get("gpu_targets")),
         "tests_source": tests,
     }
 
 
 def sglang_pin(pins):
-    raw = _dict(pins.get("sglang"))
-    version = _str(raw.get("version"))
-    repo = _dict(raw.get("repo"))
-    commit = _str(repo.get("commit"))
+    raw = as_dict(pins.get("sglang"))
+    version = as_str(raw.get("version"))
+    repo = as_dict(raw.get("repo"))
+    commit = as_str(repo.get("commit"))
     if version:
         pin_name, requirement = version, "sglang==" + version
     elif repo:
         pin_name = "commit-" + commit[:12]
-        requirement = "sglang @ git+%s@%s#subdirectory=%s" % (_str(repo.get("url")), commit,
-                                                              _str(repo.get("subdirectory")) or "python")
+        requirement = "sglang @ git+%s@%s#subdirectory=%s" % (as_str(repo.get("url")), commit,
+                                                              as_str(repo.get("subdirectory")) or "python")
     else:
         pin_name, requirement = "", ""
     return {
@@ -248,10 +252,10 @@ def sglang_pin(pins):
         "commit": commit,
         "pin_name": pin_name,
         "requirement": requirement,
-        "venv": _str(raw.get("venv")),
-        "lock": _str(raw.get("lock")),
-        "wheel_dir": _str(raw.get("wheel_dir")),
-        "patches": _list(raw.get("patches")),
+        "venv": as_str(raw.get("venv")),
+        "lock": as_str(raw.get("lock")),
+        "wheel_dir": as_str(raw.get("wheel_dir")),
+        "patches": as_list(raw.get("patches")),
         "no_deps": raw.get("no_deps") is True,
         "import_check": raw.get("import_check", True) is not False,
     }
@@ -791,7 +795,7 @@ BY_NAME = {pin.name: pin for pin in PINS}
 def forward_pins(raw_pins, os_id="", python="", p2p=None):
     """{name: pin of the host model} of every pin of PINS, in order, from the inventory's rigbook_pins RAW_PINS (a
     dict), the OS decision's id, the venvs' Python ("3.12") and the model's p2p (its nccl_p2p_level)."""
-    raw_pins = _dict(raw_pins)
+    raw_pins = as_dict(raw_pins)
     ctx = {"pins": {}, "os_id": os_id, "python": python, "p2p": p2p or {"nccl_p2p_level": ""}}
     for pin in PINS:
         ctx["pins"][pin.name] = pin.forward(raw_pins, ctx)

@@ -131,12 +131,7 @@ exit 1
 
 
 def _as_root(host, script: str, what: str) -> None:
-    result = facts("runner").run(machine.ssh_command(host, "sudo -n sh -c " + shlex.quote(script)), timeout=900)
-    if result.rc is None:
-        raise LabFailure(f"{host.name}: {what} failed: {result.error}")
-    if result.rc != 0:
-        raise LabFailure(f"{host.name}: {what} failed (rc {result.rc}): "
-                         f"{(result.stderr or result.stdout).strip()[-800:]}")
+    machine.run_as_root(host, script, what, timeout=900)
 
 
 def _reboot(host, timeout: float = 180.0) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 import shutil
 import time
 from pathlib import Path
@@ -200,12 +199,7 @@ def _fault_backups(host) -> Path:
 
 def _run_in_host(host, script: str) -> None:
     """A fault's script, as root inside the running host (over its SSH, as Ansible reaches it)."""
-    result = facts("runner").run(machine.ssh_command(host, "sudo -n sh -c " + shlex.quote(script)), timeout=600)
-    if result.rc is None:
-        raise LabFailure(f"{host.name}: the fault's script failed: {result.error}")
-    if result.rc != 0:
-        raise LabFailure(f"{host.name}: the fault's script failed (rc {result.rc}): "
-                         f"{(result.stderr or result.stdout).strip()[-400:]}")
+    machine.run_as_root(host, script, "the fault's script", timeout=600, detail=400)
 
 
 def _record_booted_kernel(host) -> None:

@@ -11,6 +11,7 @@ import base64
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -321,6 +322,17 @@ def start(host: Host, systemd_host: bool) -> None:
                                            stderr=log, new_session=True)
     host.supervisor_pid = proc.pid
     (host.dir / "supervisor.pid").write_text(f"{proc.pid}\n")
+
+
+def run_as_root(host: Host, script: str, what: str, timeout: float, detail: int = 800) -> None:
+    """SCRIPT as root inside the running HOST, over its SSH as Ansible reaches it; LabFailure naming WHAT (and the
+    last DETAIL characters it printed) when it fails, hangs past TIMEOUT or cannot be sent."""
+    result = paths.facts("runner").run(ssh_command(host, "sudo -n sh -c " + shlex.quote(script)), timeout=timeout)
+    if result.rc is None:
+        raise LabFailure(f"{host.name}: {what} failed: {result.error}")
+    if result.rc != 0:
+        raise LabFailure(f"{host.name}: {what} failed (rc {result.rc}): "
+                         f"{(result.stderr or result.stdout).strip()[-detail:]}")
 
 
 def ssh_command(host: Host, *remote: str) -> list:

@@ -37,12 +37,13 @@ def _step(item) -> int | None:
 
 # Lab groups: scripts/test runs each group's lab tests in a pytest process of its own, side by side, each with its
 # own state directory and address block (RIGBOOK_TEST_LAB_GROUP, RIGBOOK_LAB_ADDRESS_BLOCK), so no two tests ever
-# touch one lab at once. A test asking for `no_lab` or `four_hosts` brings up labs of its own ("own"); the files of
-# CONVERGED start from a converged session lab of their own; the NVIDIA role tests converge lab-3080 on a lab of
-# their own ("nvidia"); every other lab test (the lab's own checks, the AMD role tests, the faults of a run on the
+# touch one lab at once. A test asking for `no_lab` or `four_hosts` brings up labs of its own ("own"); the adopt tests
+# (`adopted_pair`) bring up their own pair in a process of their own ("adopt": the longest module, beside "own"); the
+# files of CONVERGED start from a converged session lab of their own; the NVIDIA role tests converge lab-3080 on a lab
+# of their own ("nvidia"); every other lab test (the lab's own checks, the AMD role tests, the faults of a run on the
 # AMD host) shares the session's lab in block 0 ("amd"). Without RIGBOOK_TEST_LAB_GROUP every lab test runs, on one
 # lab, in step order.
-LAB_GROUPS = ("amd", "nvidia", "converged", "own")
+LAB_GROUPS = ("amd", "nvidia", "converged", "own", "adopt")
 CONVERGED = {"test_serving_lab.py", "test_ladder_lab.py", "test_rccl_lab.py", "test_output_lab.py",
              "test_adopt_converged_lab.py"}
 NVIDIA = {"test_roles_nvidia.py"}
@@ -52,7 +53,10 @@ def lab_group(item) -> str | None:
     """The lab group of ITEM (None: it uses no lab)."""
     if _step(item) is None:
         return None
-    if {"no_lab", "four_hosts", "adopted_pair"} & set(getattr(item, "fixturenames", ())):
+    names = set(getattr(item, "fixturenames", ()))
+    if "adopted_pair" in names:
+        return "adopt"
+    if {"no_lab", "four_hosts"} & names:
         return "own"
     if item.path.name in CONVERGED:
         return "converged"

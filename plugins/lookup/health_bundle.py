@@ -8,8 +8,12 @@ name: health_bundle
 short_description: The path of rigbook-health.pyz, the health timer's program, built on the controller
 description:
   - Builds the collection's module_utils into one zip Python runs (C(python3 rigbook-health.pyz --config FILE)),
-    byte for byte reproducibly, into the controller's temporary directory, named by its sha256; returns its path.
-    The health role copies it to the box.
+    byte for byte reproducibly, named by its sha256, into C(health-bundle/) of the rigbook state directory
+    (C(RIGBOOK_STATE_DIR), else C($XDG_STATE_HOME/rigbook), else C(~/.local/state/rigbook)); returns its path. The
+    health role copies it to every box, where root's timer runs it.
+  - The folder is made 0700; one that is a link, another user's or writable by group or others is refused (a lookup
+    error saying why), as is such a state directory. A file at the bundle's name is returned only once its sha256 is
+    the bundle's; a link there is removed, never followed. Nothing is built in the temporary directory.
 version_added: "1.0.0"
 author:
   - rigbook developers
@@ -25,7 +29,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 _raw:
-  description: The path of the built rigbook-health.pyz on the controller.
+  description: The path of the built rigbook-health.pyz on the controller (its sha256 checked to be the bundle's).
   type: list
   elements: path
 """
@@ -42,5 +46,7 @@ class LookupModule(LookupBase):
         module_utils = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils")
         try:
             return [health_bundle.bundle_path(module_utils)]
-        except OSError as exc:  # the temporary directory refused the file (a link or another user's file there)
+        except health_bundle.FolderRefused as exc:
+            raise AnsibleLookupError("rigbook-health.pyz not built: %s" % exc) from exc
+        except OSError as exc:
             raise AnsibleLookupError("cannot write rigbook-health.pyz: %s" % exc) from exc

@@ -20,6 +20,9 @@ description:
     sizes.
   - Host-unique items (serials, MAC addresses, machine-id, hostname, addresses, the root disk's id on the kernel
     command line, the API key file's hash) are collected too and marked C(unique), so a diff lists them apart.
+  - The labels (C(group), C(unique), C(build), C(bits)) are this box's own account of its items; C(provision diff)
+    and C(provision report) never read them, they decide each item's from its name (rigbook's manifests.label_of),
+    so a box cannot excuse a drifted item by calling it host-unique or a build's bits.
   - Hardware facts are read under O(root) like the ladder's collectors; installed state and identity under O(system).
   - Read-only; supports check mode.
 version_added: "1.0.0"

@@ -23,10 +23,11 @@ description:
     and DevicePolicy=closed with only the vendor's GPU nodes allowed (NVIDIA C(char-nvidia*), AMD C(char-kfd),
     C(char-drm)); what stays out and why (PrivateDevices hides the GPUs, MemoryDenyWriteExecute breaks the JIT,
     ...) is written in the unit.
-  - With an API key file, a root-only C(<config_dir>/<name>.key.yaml) (mode 0600, one YAML mapping of C(api-key) to the key) that the unit
-    hands to the engine as a systemd credential (C(LoadCredential=api-key.yaml:...)); the engine reads it with
-    C(--config %d/api-key.yaml) (SGLang merges a --config YAML file's keys as flags, in-process). So the key is never
-    in the unit, any process's argv or environment, the task result or the diff. The key file of the older scheme
+  - With an API key file or an admin API key file, a root-only C(<config_dir>/<name>.key.yaml) (mode 0600, one YAML
+    mapping of C(api-key) and C(admin-api-key) to the keys) that the unit hands to the engine as a systemd credential
+    (C(LoadCredential=api-key.yaml:...)); the engine reads it with C(--config %d/api-key.yaml) (SGLang merges a
+    --config YAML file's keys as flags, in-process). So no key is ever in the unit, any process's argv or
+    environment, the task result or the diff. The key file of the older scheme
     (C(<name>.key.env), expanded into the argv) is removed, as is the key file of a profile that dropped its key.
     SGLang 0.5.23 logs its resolved arguments, the key included, at start; the sglang role's
     C(api-key-out-of-logs.patch) redacts it there; the failure message's journal lines are redacted here.
@@ -41,6 +42,10 @@ description:
   - After a (re)start it waits for readiness, as SGLang has no sd_notify - C(/health_generate) polled until 200 (at
     most one request per 2 s, the unit's state checked in between), then one real chat completion - within the
     profile's C(startup_timeout_s); on a timeout or a unit that failed it fails with the unit's last journal lines.
+  - The API key goes with those requests only when the socket listening on the profile's address is held by
+    processes of the unit's own control group (its C(ControlGroup); C(/proc/net/tcp), C(/proc/PID/fd),
+    C(/proc/PID/cgroup)): a local user who bound the port while the engine loaded gets no request, and the task
+    fails with "a process outside UNIT listens on ADDRESS - the API key was not sent".
   - An engine started by hand (a box set up by hand, then adopted) that serves a profile's port and runs under no
     unit of rigbook's (read in C(/proc), a process of C(-m sglang.launch_server) or O(engine) and its C(--port)) is
     stopped (SIGTERM to its process group, SIGKILL after O(stop_timeout_s)) just before that profile's unit starts, so the
@@ -174,7 +179,8 @@ _PLAIN = re.compile(r"^[A-Za-z0-9_@+=:,./-]+$")
 # The box's RAM, for the hierarchical cache's host pools (serve/profile.py, _hicache_fits_ram).
 MEMINFO = "/proc/meminfo"
 # What one `systemctl show` reads of every unit (facts/systemd.py parses it).
-SHOW_PROPERTIES = ("Id", "ActiveState", "SubState", "UnitFileState", "ExecMainStartTimestamp", "NRestarts", "Result")
+SHOW_PROPERTIES = ("Id", "ActiveState", "SubState", "UnitFileState", "ExecMainStartTimestamp", "NRestarts", "Result",
+                   "ControlGroup")
 MEM_TOTAL = re.compile(r"^MemTotal:\s+(\d+)\s+kB\s*$", re.M)
 
 
@@ -442,22 +448,32 @@ def profile_facts(facts, profile):
     return out
 
 
-def key_config(profile, module):
-    """(the root-only config file text holding the profile's API key for the engine's --config, the key), the key
-    read from the profile's api_key_file on the host (facts/api_key.py: its first line), which must be root's alone."""
-    path = profile["api_key_file"]
+def read_secret(profile, field, module):
+    """The key in the file the profile's FIELD (api_key_file, admin_api_key_file) names on the host (facts/api_key.py:
+    its first line), which must be root's alone; None when the profile names none."""
+    path = profile.get(field)
+    if not path:
+        return None
     try:
         mode = os.stat(path).st_mode
     except OSError as exc:
-        module.fail_json(msg="serve profile %s: api_key_file %s: %s" % (
-            profile["name"], path, getattr(exc, "strerror", None) or exc))
+        module.fail_json(msg="serve profile %s: %s %s: %s" % (
+            profile["name"], field, path, getattr(exc, "strerror", None) or exc))
     if mode & 0o077:
-        module.fail_json(msg="serve profile %s: api_key_file %s is mode %04o; make it 0600 (readable by root only)"
-                         % (profile["name"], path, mode & 0o777))
+        module.fail_json(msg="serve profile %s: %s %s is mode %04o; make it 0600 (readable by root only)"
+                         % (profile["name"], field, path, mode & 0o777))
     key, error = api_key.read_key(path)
     if error:
-        module.fail_json(msg="serve profile %s: %s" % (profile["name"], error))
-    return serve_profile.api_key_config(key, profile["name"]), key
+        module.fail_json(msg="serve profile %s: %s" % (profile["name"], error.replace("api_key_file", field, 1)))
+    return key
+
+
+def key_config(profile, module):
+    """(the root-only config file text holding the profile's API key and admin API key for the engine's --config, the
+    API key, the admin API key): each read from its file on the host (read_secret)."""
+    key = read_secret(profile, "api_key_file", module)
+    admin = read_secret(profile, "admin_api_key_file", module)
+    return serve_profile.api_key_config(key, profile["name"], admin), key, admin
 
 
 def file_state(path, text, mode):
@@ -571,9 +587,11 @@ def main():
                     files={"unit": os.path.join(p["unit_dir"], unit_name(profile)), "env": base + ".env"})
         # the profile's env is root's alone too: systemd reads EnvironmentFile= as root
         texts = {"env": (env_text(profile), 0o600)}
-        if profile.get("api_key_file"):
+        item["secrets"] = []
+        if serve_profile.has_secret(profile):
             item["files"]["key"] = base + KEY_SUFFIX
-            text, item["key"] = key_config(profile, module)
+            text, item["key"], admin = key_config(profile, module)
+            item["secrets"] = [k for k in (item["key"], admin) if k]
             texts["key"] = (text, 0o600)
         texts["unit"] = (unit_text(profile, p, item["files"]), 0o644)
         item["texts"] = texts
@@ -587,7 +605,7 @@ def main():
         item["remove"] = [path for path in [base + OLD_KEY_SUFFIX] + ([] if "key" in item["files"] else
                                                                        [base + KEY_SUFFIX]) if os.path.lexists(path)]
         plan.append(item)
-    secrets = [item["key"] for item in plan if item["key"]]
+    secrets = [key for item in plan for key in item["secrets"]]
 
     modules = None
     if (p["host"] or {}).get("vendor") == "nvidia":
@@ -692,7 +710,9 @@ def apply(module, u, plan, stale, secrets, result, account, modules):
         u.run(["systemctl", "restart", item["unit"]])
     for item in restarts if p["wait"] else []:
         unit = item["unit"]
-        outcome = readiness.wait(item["profile"], item["key"], lambda unit=unit: u.show([unit]).get(unit, {}))
+        # the key goes only to a listener of this unit's control group (serve/engine_api.key_verdict)
+        outcome = readiness.wait(dict(item["profile"], unit=unit), item["key"],
+                                 lambda unit=unit: u.show([unit]).get(unit, {}))
         entry = result["units"][item["profile"]["name"]]
         if not outcome["ready"]:
             # the engine's own start-up line holds the key unless SGLang is patched (roles/sglang): redacted here

@@ -3,10 +3,18 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """rigbook-health.pyz: the collection's module_utils as one zip Python runs (controller side, standard library).
 
-The health role copies it to the box and its timer runs `python3 rigbook-health.pyz --config FILE`
+The health role copies it to every box and root's timer runs `python3 rigbook-health.pyz --config FILE`
 (module_utils/ladder/health.py). Built byte for byte reproducibly from the files (fixed times and modes, sorted names),
 so a box whose copy is current sees no change, and its name carries the sha256 of its bytes. The file is written
 and checked through module_utils/facts/files.py (the one atomic write, the one sha256 of a file).
+
+Where it is built: a folder of the controller user's own, FOLDER under the rigbook state directory (the CLI's rule,
+src/rigbook/paths.state_dir: RIGBOOK_STATE_DIR, else $XDG_STATE_HOME/rigbook, else ~/.local/state/rigbook; read here
+from the environment the same way, as plugin code cannot import the CLI's package). Never the temporary directory:
+a name there is anyone's to take, and what lies at it would run as root on every box. The folder is made 0700; one
+that is a link, is not the effective user's or that group or others may write is refused, as is a state directory
+that group or others may write. A file at the bundle's name is used only when its sha256 is the bundle's (checked
+before it is returned); a link there is removed, never followed.
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import tempfile
+import stat
 import zipfile
 
 from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files
@@ -24,6 +32,13 @@ MAIN = ("# rigbook-health: P2P health between runs (module_utils/ladder/health.p
         "from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import health\n\n"
         "sys.exit(health.main())\n")
 PACKAGE = "ansible_collections/rigbook/homelab/plugins/module_utils"
+FOLDER = "health-bundle"  # under the state directory
+NAME = "rigbook-health-%s.pyz"  # the sha256's first 16 hex digits
+PRIVATE_DIR_MODE = 0o700
+
+
+class FolderRefused(OSError):
+    """The folder the bundle would be built in is not the controller user's alone."""
 
 
 def bundle_bytes(module_utils_dir):
@@ -53,16 +68,78 @@ def bundle_bytes(module_utils_dir):
     return out.getvalue()
 
 
+def state_dir(environ=None):
+    """The rigbook state directory by the CLI's rule (src/rigbook/paths.state_dir): RIGBOOK_STATE_DIR (~ expanded),
+    else $XDG_STATE_HOME/rigbook, else ~/.local/state/rigbook. ENVIRON: os.environ by default."""
+    env = os.environ if environ is None else environ
+    override = env.get("RIGBOOK_STATE_DIR")
+    if override:
+        return os.path.expanduser(override)
+    return os.path.join(env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state"),
+                        "rigbook")
+
+
+def _make_dirs(path):
+    """PATH and each missing folder above it made 0700 (as the CLI makes the state directory)."""
+    parent = os.path.dirname(path)
+    if parent and parent != path and not os.path.isdir(parent):
+        _make_dirs(parent)
+    try:
+        os.mkdir(path, PRIVATE_DIR_MODE)
+    except FileExistsError:
+        pass
+
+
+def _refuse_shared(path, info, what):
+    mode = stat.S_IMODE(info.st_mode)
+    if info.st_uid != os.geteuid():
+        raise FolderRefused("%s %s is owned by uid %d, not by this user (uid %d): rigbook-health.pyz runs as root on "
+                            "every box, so it is built only in a folder of your own; set RIGBOOK_STATE_DIR to one"
+                            % (what, path, info.st_uid, os.geteuid()))
+    if mode & 0o022:
+        raise FolderRefused("%s %s is writable by group or others (mode %04o): rigbook-health.pyz runs as root on "
+                            "every box, so it is built only in a folder of your own; take those permissions off "
+                            "(chmod go-w) or set RIGBOOK_STATE_DIR to another folder" % (what, path, mode))
+
+
+def private_folder(path, parent_is="the folder above it"):
+    """PATH made a folder of the effective user's alone (0700; its parent, PARENT_IS in messages, made 0700 when
+    missing) and returned. Raises FolderRefused when PATH is a link or no folder, or it or its parent is another
+    user's or writable by group or others (nothing is changed then), OSError when it cannot be made."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        _make_dirs(parent)
+    _refuse_shared(parent, os.stat(parent), parent_is)  # a link there is the owner's own choice
+    try:
+        os.mkdir(path, PRIVATE_DIR_MODE)
+    except FileExistsError:
+        pass
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode):
+        raise FolderRefused("%s is a symbolic link: rigbook-health.pyz is built only in a folder of your own, never "
+                            "where a link leads; remove the link" % path)
+    if not stat.S_ISDIR(info.st_mode):
+        raise FolderRefused("%s is not a folder; remove it (rigbook makes it, 0700)" % path)
+    _refuse_shared(path, info, "the folder")
+    return path
+
+
 def bundle_path(module_utils_dir, folder=None):
-    """A file holding bundle_bytes, named by its sha256 (written atomically into FOLDER: the temporary directory by
-    default). A file of that name is used only when its sha256 is the bundle's: one cut short, or put there by
-    someone else (the temporary directory is everyone's), is replaced; raises OSError when it cannot be (a link
-    there is never written through)."""
+    """A file holding bundle_bytes, named by its sha256, in FOLDER (default: FOLDER under the state directory), made
+    and checked by private_folder. A file of that name is used only when its sha256 is the bundle's: one cut short
+    or of other content is replaced, a link there is removed (never followed); the sha256 is checked again before
+    the path is returned. Raises OSError (FolderRefused for a folder that is not the user's alone)."""
     data = bundle_bytes(module_utils_dir)
     digest = hashlib.sha256(data).hexdigest()  # of the bytes in hand: no file to hash yet
-    folder = folder or tempfile.gettempdir()
-    path = os.path.join(folder, "rigbook-health-%s.pyz" % digest[:16])
-    there = None if os.path.islink(path) else files.digest(path)[0]
+    folder = (private_folder(folder) if folder else
+              private_folder(os.path.join(state_dir(), FOLDER), "the state directory"))
+    path = os.path.join(folder, NAME % digest[:16])
+    if os.path.islink(path):
+        os.unlink(path)
+    if files.digest(path)[0] != digest:
+        files.write_atomic(path, data, 0o600)
+    there, why = files.digest(path)
     if there != digest:
-        files.write_atomic(path, data, 0o644)
+        raise OSError("%s does not hold rigbook-health.pyz after it was written (%s)" % (path, why or "sha256 %s"
+                                                                                         % there))
     return path

@@ -18,19 +18,35 @@ JSON, not the expected shape) is never overwritten: the run that finds it keeps 
 NAME.json.corrupt-<UTC time> (an earlier kept copy is never replaced), names it, and stops with exit 2 before any
 host is contacted (preflight), so no host is judged against "none" without a word; the next run finds no file and
 goes on without that baseline. `provision baseline show` only names a corrupt file (exit 2), it moves nothing.
+
+Figures are data, never code: a figure is a finite number (an int or a float, not a bool, NaN or an infinity) under a
+name of FIGURE_NAME (figures_of decides it, for every figure recorded and every figure read). Anything else a
+ladder result or a baselines file holds in a figure's place is left out, with a warning naming it, so no string a
+box or a hand-edited file put there reaches the next run, where `-e @baselines.json` hands the baseline to Ansible,
+which would template it. extra_vars hands Ansible only such figures and strings each matched whole by a strict
+pattern (the time, the "host NAME" / "group NAME" label).
 """
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from pathlib import Path
 
 from rigbook import statefile
 from rigbook.errors import UserError
-from rigbook.paths import name_file, name_of_file, state_dir
+from rigbook.paths import facts, name_file, name_of_file, state_dir
 
 HISTORY_LIMIT = 200
+# A figure's name: what the judges name their metrics (peer_gbs_0_1, serve_PROFILE_ttft_s: a serve profile's name
+# may hold "-"), nothing that can start a template ({{ {% {#), a quote or a control character.
+FIGURE_NAME = re.compile(r"[a-z0-9_-]{1,64}\Z")
+# The strings extra_vars hands Ansible: the recording time (time.strftime below) and the label of the baseline.
+RECORDED_AT = re.compile(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}\Z")
+PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,254}\Z")
+LABEL = re.compile(r"(?:host|group) [A-Za-z0-9][A-Za-z0-9_.:-]{0,254}\Z")
+_warned: set = set()  # (where, name) already said in this process: a file read several times is named once
 
 
 def _dir() -> Path:
@@ -80,9 +96,64 @@ def _problem(data) -> str | None:
     return None
 
 
+def _is_figure(value) -> bool:
+    """An int or a float (never text, a bool or None) that is finite (facts/text.finite: NaN, infinities and an int
+    too large for a float are not)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and facts("text").finite(value) is not None
+
+
+def _why_not(name, value) -> str:
+    if not isinstance(name, str) or not FIGURE_NAME.match(name):
+        return "its name is not 1-64 of a-z 0-9 _ -"
+    return f"not a finite number but {type(value).__name__}" if not _is_figure(value) else ""
+
+
+def _warn_dropped(where: str, name, why: str, once: bool) -> None:
+    """One warning line on stderr for a figure left out (ONCE: only the first time in this process), terminal-safe."""
+    if once and (where, str(name)) in _warned:
+        return
+    _warned.add((where, str(name)))
+    # deferred: rigbook.display (rich) costs ~25 ms at start-up (benchmarks/cli_speed.py); `provision validate`
+    # imports this module and only a figure left out needs it
+    from rigbook.display import terminal_safe
+
+    print(terminal_safe(f"warning: {where}: figure {str(name)[:80]!r} left out ({why}): a figure is a finite number "
+                        "under a name of a-z 0-9 _ -"), file=sys.stderr)
+
+
+def figures_of(metrics, where: str, once: bool = True) -> dict:
+    """The figures of METRICS (a mapping): each finite number under a FIGURE_NAME name; anything else left out with
+    a warning naming WHERE it was read and the figure (ONCE: a file read several times by one command is named
+    once). None (a figure not measured) is left out without a word."""
+    kept = {}
+    for name, value in (metrics.items() if isinstance(metrics, dict) else ()):
+        if value is None:
+            continue
+        why = _why_not(name, value)
+        if why:
+            _warn_dropped(where, name, why, once)
+        else:
+            kept[name] = value
+    return kept
+
+
+def _clean(data: dict, path: Path) -> dict:
+    """DATA (a sound file's) with only figures in its recorded baseline's and its history's metrics."""
+    where = f"baselines file {path}"
+    data = dict(data)
+    recorded = data.get("recorded")
+    if isinstance(recorded, dict) and "metrics" in recorded:
+        data["recorded"] = {**recorded, "metrics": figures_of(recorded["metrics"], where)}
+    if "history" in data:
+        data["history"] = [{**entry, "metrics": figures_of(entry["metrics"], where)} if "metrics" in entry else entry
+                           for entry in data["history"]]
+    return data
+
+
 def _read(path: Path) -> tuple:
-    """(data, None) for a sound file, (None, None) for a missing one, (None, problem) for a corrupt one. Touches
-    nothing: `provision baseline show` uses it as it is."""
+    """(data, None) for a sound file, (None, None) for a missing one, (None, problem) for a corrupt one; a sound
+    file's data holds only figures (figures_of: anything else left out and named on stderr). Touches nothing:
+    `provision baseline show` uses it as it is."""
     try:
         data, problem = statefile.read_json(path)
     except FileNotFoundError:
@@ -90,7 +161,7 @@ def _read(path: Path) -> tuple:
     except OSError as exc:
         raise UserError(f"baselines file {path}: cannot read: {exc.strerror}") from None
     problem = problem or _problem(data)
-    return (None, problem) if problem else (data, None)
+    return (None, problem) if problem else (_clean(data, path), None)
 
 
 def _load_held(path: Path, empty: dict) -> dict:
@@ -145,12 +216,13 @@ def preflight(hosts, inv=None) -> None:
         raise CorruptBaseline(found)
 
 
-def metrics_of(ladder: list) -> dict:
+def metrics_of(ladder: list, host: str = "") -> dict:
+    """The figures a run's LADDER (HOST's, from the ladder module's results) measured: figures_of each layer's
+    metrics, so what a box put in a figure's place is left out (and named), never recorded."""
     metrics = {}
     for verdict in ladder:
-        for name, value in (verdict.get("metrics") or {}).items():
-            if value is not None:
-                metrics[name] = value
+        where = f"{host or 'a host'}'s {verdict.get('layer')!s:.64} layer"
+        metrics.update(figures_of(verdict.get("metrics"), where, once=False))
     return metrics
 
 
@@ -241,12 +313,27 @@ def resolve(host: str, inv=None, notes=None) -> tuple:
 
 def extra_vars(hosts, inv=None) -> dict:
     """{"rigbook_baselines": {host: {"metrics", "at", "source"}}} for the hosts that a baseline judges (their own,
-    or their group's when INV, the inventory, is given); source says which ("host NAME" / "group NAME")."""
+    or their group's when INV, the inventory, is given); source says which ("host NAME" / "group NAME").
+
+    This is handed to the run as `-e @baselines.json`, and Ansible templates the strings of extra variables: so it
+    holds figures only (figures_of), "at" only when it is a time (RECORDED_AT, else None), and a host only when its
+    name and its label are plain (PLAIN_NAME, LABEL; else it is left out, named on stderr, and judged by none)."""
     found = {}
     for host in hosts:
         label, recorded = resolve(host, inv)
-        if recorded:
-            found[host] = {"metrics": recorded["metrics"], "at": recorded.get("at"), "source": label}
+        if not recorded:
+            continue
+        if not (isinstance(host, str) and PLAIN_NAME.match(host) and LABEL.match(label)):
+            # deferred: rigbook.display (rich) costs ~25 ms at start-up (benchmarks/cli_speed.py); only this needs it
+            from rigbook.display import terminal_safe
+
+            print(terminal_safe(f"warning: {host!r}: its baseline ({label}) is not handed to the run: a host or group "
+                                "name of other characters than A-Z a-z 0-9 _ . : - is never given to Ansible"),
+                  file=sys.stderr)
+            continue
+        at = recorded.get("at")
+        found[host] = {"metrics": figures_of(recorded.get("metrics"), f"the baseline of {host}"),
+                       "at": at if isinstance(at, str) and RECORDED_AT.match(at) else None, "source": label}
     return {"rigbook_baselines": found}
 
 
@@ -270,8 +357,11 @@ def annotate(summary: dict, judged: dict) -> None:
 def print_judged(judged: dict, stream) -> None:
     """One line per run: which baseline judged each host."""
     if judged:
-        print("baselines: " + "; ".join(f"{host} judged by {label}" for host, label in sorted(judged.items())),
-              file=stream)
+        # deferred: rigbook.display (rich) costs ~25 ms at start-up (benchmarks/cli_speed.py); validate needs none
+        from rigbook.display import terminal_safe
+
+        print(terminal_safe("baselines: " + "; ".join(f"{host} judged by {label}"
+                                                      for host, label in sorted(judged.items()))), file=stream)
 
 
 def record_groups(host: str, inv, recorded: dict, only: str, done: dict) -> str:
@@ -304,7 +394,7 @@ def check_group(inv, name: str | None) -> None:
 
 
 def record(host: str, ladder: list, run_dir: str) -> dict | None:
-    metrics = metrics_of(ladder)
+    metrics = metrics_of(ladder, host)
     if not metrics:
         return None
     recorded = {"at": time.strftime("%Y-%m-%d %H:%M:%S"), "metrics": metrics, "versions": versions_of(ladder),
@@ -317,7 +407,7 @@ def record(host: str, ladder: list, run_dir: str) -> dict | None:
 def append_history(host: str, ladder: list, statuses: dict, run_dir: str | None = None) -> bool:
     """Append a run's figures to HOST's history (with RUN_DIR, its artifact folder, when given: the report links
     each charted point to its run)."""
-    metrics = metrics_of(ladder)
+    metrics = metrics_of(ladder, host)
     if not metrics:
         return False
     entry = {"at": time.strftime("%Y-%m-%d %H:%M:%S"), "metrics": metrics, "versions": versions_of(ladder),
@@ -352,13 +442,17 @@ def groups_with_data() -> list:
 
 
 def _say_corrupt(path: Path, problem: str) -> None:
-    print(f"error: baselines file {path} is corrupt ({problem}); left as it is here: the next run that reads it "
-          f"keeps it aside as {path.name}.corrupt-<UTC time> and stops once before contacting any host",
-          file=sys.stderr)
+    # deferred: rigbook.display (rich) costs ~25 ms at start-up (benchmarks/cli_speed.py); validate needs none
+    from rigbook.display import terminal_safe
+
+    print(terminal_safe(f"error: baselines file {path} is corrupt ({problem}); left as it is here: the next run that "
+                        f"reads it keeps it aside as {path.name}.corrupt-<UTC time> and stops once before contacting "
+                        "any host"), file=sys.stderr)
 
 
-def _show_groups(console) -> bool:
-    """Print each group baseline; False when one is corrupt (named on stderr, left in place)."""
+def _show_groups(console, safe) -> bool:
+    """Print each group baseline (each line through SAFE, display.terminal_safe); False when one is corrupt (named on
+    stderr, left in place)."""
     sound = True
     for group in groups_with_data():
         data, problem = _read(_group_file(group))
@@ -368,8 +462,8 @@ def _show_groups(console) -> bool:
             continue
         recorded = (data or {}).get("recorded") or {}
         figures = ", ".join(f"{k} {v}" for k, v in sorted((recorded.get("metrics") or {}).items()))
-        console.print(f"group {group}: baseline of {recorded.get('at')} from host {recorded.get('from_host')} "
-                      f"({figures or 'no figures'})")
+        console.print(safe(f"group {group}: baseline of {recorded.get('at')} from host {recorded.get('from_host')} "
+                           f"({figures or 'no figures'})"))
     return sound
 
 
@@ -380,15 +474,16 @@ def show(hosts, stream, last: int = 8) -> int:
     # imports this module (through rigbook.run) and needs neither
     from rich.table import Table
 
-    from rigbook.display import make_console
+    from rigbook.display import make_console, terminal_safe
 
     console = make_console(stream)
-    sound = _show_groups(console) if not hosts else True
+    sound = _show_groups(console, terminal_safe) if not hosts else True
     hosts = list(hosts) or hosts_with_data()
     if not hosts and groups_with_data():
         return 0 if sound else 2
     if not hosts:
-        console.print(f"no baselines yet under {_dir()} (record one with `provision baseline record -i INV`)")
+        console.print(terminal_safe(f"no baselines yet under {_dir()} "
+                                    "(record one with `provision baseline record -i INV`)"))
         return 0
     for host in hosts:
         data, problem = _read(_file(host))
@@ -398,10 +493,11 @@ def show(hosts, stream, last: int = 8) -> int:
             continue
         recorded = (data or {}).get("recorded")
         if not recorded:
-            console.print(f"{host}: no baseline recorded")
+            console.print(terminal_safe(f"{host}: no baseline recorded"))
             continue
         versions = ", ".join(f"{k} {v}" for k, v in (recorded.get("versions") or {}).items()) or "versions unknown"
-        table = Table(title=f"{host}: baseline of {recorded.get('at')} ({versions})", title_justify="left")
+        title = terminal_safe(f"{host}: baseline of {recorded.get('at')} ({versions})")
+        table = Table(title=title, title_justify="left")
         table.add_column("metric")
         table.add_column("baseline", justify="right")
         table.add_column(f"last {last} runs (oldest first)")

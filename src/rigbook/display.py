@@ -13,6 +13,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from rigbook.terminal import terminal_safe
 from rigbook.tracker import Tracker
 
 STATE_STYLE = {
@@ -80,7 +81,8 @@ def time_in_task(r) -> str:
 
 def still_lines(running: list, every: float) -> list:
     """The plain progress lines of hosts in a task for at least EVERY seconds (running: tracker.running())."""
-    return [f"  ... {r.host}: still in '{r.task}' after {time_in_task(r)}" for r in running if r.elapsed >= every]
+    return [terminal_safe(f"  ... {r.host}: still in '{r.task}' after {time_in_task(r)}")
+            for r in running if r.elapsed >= every]
 
 
 class Ticker:
@@ -144,7 +146,7 @@ class PlainProgress:
             return
         else:
             out = f"    {kind}: {host}: {text}"
-        self.write(out)
+        self.write(terminal_safe(out, newlines=True))
 
     def __enter__(self):
         if self.ticker:
@@ -176,14 +178,14 @@ class LiveProgress:
         with self.tracker.lock:
             rows = [(h.name, h.state, h.task, h.tasks_done, dict(h.counts))
                     for _, h in sorted(self.tracker.hosts.items())]
-            play = Text(f"play: {self.tracker.play}   task: {self.tracker.task}", style="dim")
+            play = Text(terminal_safe(f"play: {self.tracker.play}   task: {self.tracker.task}"), style="dim")
         for name, state, task, done, counts in rows:
             now = times.get(name)
             when = time_in_task(now) if now else ""
             table.add_row(
-                name,
+                Text(terminal_safe(name)),
                 Text(state, style=STATE_STYLE.get(state, "")),
-                Text(task[:60]),
+                Text(terminal_safe(task[:60])),
                 Text(when, style="cyan"),
                 str(done),
                 *(str(counts[k]) for k in ("ok", "changed", "failed")),
@@ -193,7 +195,8 @@ class LiveProgress:
     def on_line(self, line) -> None:
         kind, host, text = line
         if kind in ("failed", "unreachable"):
-            self.live.console.print(Text(f"{kind}: {host}: {text}", style=STATE_STYLE.get(kind, "")))
+            self.live.console.print(Text(terminal_safe(f"{kind}: {host}: {text}", newlines=True),
+                                         style=STATE_STYLE.get(kind, "")))
         # the table itself is redrawn by rich's refresh thread (8 a second), from the tracker as it is then
 
     def __enter__(self):
@@ -220,7 +223,7 @@ def print_summary(tracker: Tracker, console: Console, run_dir) -> None:
     for name in sorted(tracker.hosts):
         h = tracker.hosts[name]
         table.add_row(
-            name,
+            Text(terminal_safe(name)),
             Text(h.state, style=STATE_STYLE.get(h.state, "")),
             *(str(h.counts[k]) for k in ("ok", "changed", "failed", "unreachable", "skipped")),
         )
@@ -231,16 +234,18 @@ def print_summary(tracker: Tracker, console: Console, run_dir) -> None:
             print_ladder(console, name, h.ladder)
         for failure in h.failures:
             what = "UNREACHABLE" if failure.get("unreachable") else "FAILED"
-            console.print(Text(f"{name}: {what} at task '{failure['task']}': {failure['msg']}", style="red"))
+            console.print(Text(terminal_safe(f"{name}: {what} at task '{failure['task']}': {failure['msg']}",
+                                             newlines=True), style="red"))
         if h.reboot_requested:
-            console.print(f"{name}: a reboot is needed")
+            console.print(Text(terminal_safe(f"{name}: a reboot is needed")))
         if h.interrupted_in:
-            console.print(Text(f"{name}: INTERRUPTED in task '{h.interrupted_in}': run the same command again; "
-                               "each role checks the host first and finishes what was cut short", style="red"))
+            console.print(Text(terminal_safe(f"{name}: INTERRUPTED in task '{h.interrupted_in}': run the same "
+                                             "command again; each role checks the host first and finishes what "
+                                             "was cut short"), style="red"))
     for error in tracker.errors:
-        console.print(Text(error, style="red"))
+        console.print(Text(terminal_safe(error, newlines=True), style="red"))
     if run_dir:
-        console.print(f"run artifacts: {run_dir}")
+        console.print(Text(terminal_safe(f"run artifacts: {run_dir}")))
 
 
 def print_ladder(console: Console, host: str, ladder: list) -> None:
@@ -249,27 +254,28 @@ def print_ladder(console: Console, host: str, ladder: list) -> None:
     if not console.is_terminal:
         _print_ladder_blocks(console, host, ladder)
         return
-    table = Table(box=box.SIMPLE, title=f"P2P ladder: {host}", title_justify="left")
+    table = Table(box=box.SIMPLE, title=Text(terminal_safe(f"P2P ladder: {host}")), title_justify="left")
     for column in ("layer", "status", "measured", "expected"):
         table.add_column(column, overflow="fold")
     for verdict in ladder:
         status = str(verdict.get("status", "unknown"))
         table.add_row(
-            Text(str(verdict.get("layer"))),
-            Text(status, style=VERDICT_STYLE.get(status, "")),
-            Text(_text(verdict.get("measured"))),
-            Text(_text(verdict.get("expected"))),
+            Text(terminal_safe(verdict.get("layer"))),
+            Text(terminal_safe(status), style=VERDICT_STYLE.get(status, "")),
+            Text(terminal_safe(_text(verdict.get("measured")))),
+            Text(terminal_safe(_text(verdict.get("expected")))),
         )
     console.print(table)
     for verdict in ladder:
         if verdict.get("status") in ("fail", "warn", "unknown") and (verdict.get("why") or verdict.get("remedy")):
-            console.print(Text(f"  {verdict['layer']}: {verdict.get('why', '')}"))
+            console.print(Text(terminal_safe(f"  {verdict['layer']}: {verdict.get('why', '')}")))
             if verdict.get("remedy"):
-                console.print(Text(f"    what to do: {verdict['remedy']}"))
+                console.print(Text(terminal_safe(f"    what to do: {verdict['remedy']}")))
 
 
 def ladder_blocks(host: str, ladder: list) -> list:
-    """The plain-text ladder, one block per layer: lines of full text, nothing shortened."""
+    """The plain-text ladder, one block per layer: lines of full text, nothing shortened (each made terminal_safe:
+    one line each, whatever a box put in a value)."""
     lines = [f"P2P ladder: {host}"]
     for verdict in ladder:
         lines.append(f"  {verdict.get('layer')}: {verdict.get('status', 'unknown')}")
@@ -280,7 +286,7 @@ def ladder_blocks(host: str, ladder: list) -> list:
                 value = {k: v for k, v in value.items() if v is not None} or None
             if value not in (None, "", {}, []):
                 lines.append(f"    {label}: {_text(value)}")
-    return lines
+    return [terminal_safe(line) for line in lines]
 
 
 def _print_ladder_blocks(console: Console, host: str, ladder: list) -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import sys
 
+from rigbook.terminal import terminal_safe
+
 
 class Reported(Exception):
     """An error printed on one line without a traceback; the process exits with exit_code."""
@@ -31,7 +33,7 @@ def guarded(command, argv: list) -> int:
     try:
         return command(argv)
     except Reported as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(terminal_safe(f"error: {exc}", newlines=True), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -7,6 +7,7 @@ sources and loses that, so this module keeps each source separately.
 
 from __future__ import annotations
 
+import copy
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -99,7 +100,8 @@ class Inventory:
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key written twice in one mapping (YAML takes the last one silently)."""
+    """SafeLoader that refuses a key written twice in one mapping (YAML takes the last one silently) and reads
+    Ansible's `!unsafe` tag (_unsafe)."""
 
 
 def _mapping_without_duplicates(loader, node, deep=False):
@@ -117,7 +119,17 @@ def _mapping_without_duplicates(loader, node, deep=False):
     return loader.construct_mapping(node, deep=deep)
 
 
+def _unsafe(loader, node):
+    """Ansible's `!unsafe` (a value Ansible never templates: what `provision adopt` writes of what a box said), read
+    as ansible-core reads it: the node resolved as if it had no tag (`!unsafe "text"` is the string; `!unsafe "12"`
+    is the number 12 there, as ansible-core 2.19 reads it), so validation sees the value Ansible sees."""
+    untagged = copy.copy(node)
+    untagged.tag = loader.resolve(type(node), node.value, (True, False))
+    return loader.construct_object(untagged, deep=True)
+
+
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
+_UniqueKeyLoader.add_constructor("!unsafe", _unsafe)
 # A file this large is no inventory; a bound on aliases keeps an alias bomb from running for minutes.
 MAX_YAML_BYTES = 4 << 20
 MAX_YAML_ALIASES = 1000

@@ -6,22 +6,73 @@ manifest run, or a saved manifest file), grouped by ladder layer / role, with ho
 when a pinned item differs and 0 when only host-unique items do. `provision diff -i INV A B`: A and B are hosts of
 the inventory INV (validated as every command validates it), each compared by its newest manifest stored by a
 `provision manifest` run of that inventory (the run's run.json names it), or saved manifest files. Every value is
-printed whole, never shortened.
+printed whole, never shortened, and terminal-safe (display.terminal_safe).
+
+What an item is (its group, host-unique or pinned, a build's hash, a build's own bits) is decided here from the
+item's name (label_of, ITEM_RULES), never taken from the manifest: a box labels its own items, so a twin that called
+a drifted file "host-unique" or "a build's bits" would otherwise make `provision diff` read clean.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
 from rigbook import runs
 from rigbook.errors import UserError
 from rigbook.statefile import read_json
+from rigbook.terminal import terminal_safe
 
 MANIFEST_DIR = "manifests"
 PLAYBOOK = "manifest.yml"
 EXIT_SAME, EXIT_PINNED_DIFFER = 0, 1
+
+# (item name pattern, its group, host-unique, a build's hash, only a build's bits): the first whose pattern matches
+# the whole name decides; the items collect/manifest.py makes (its docstring lists them). A named group "build" is
+# the build the hash belongs to. Any other name is pinned, in group "other": what the controller does not know is
+# held equal, never excused.
+ITEM_RULES = (
+    (r"host\..+", "host", True, False, False),
+    (r"bind\..+", "serve", True, False, False),
+    (r"file\.etc/rigbook/serve/[^/]+\.key\.env", "serve", True, False, False),
+    (r"file\.etc/rigbook/serve/[^/]+\.env", "serve", False, False, False),
+    (r"file\.etc/systemd/system/rigbook-serve-[^/]+\.service", "serve", False, False, False),
+    (r"file\.etc/rigbook/gpu\.env", "gpu_env", False, False, False),
+    (r"file\.etc/rigbook/cuda\.env", "cuda_toolchain", False, False, False),
+    (r"dmi\.(?:board_serial|product_serial|chassis_serial|product_uuid)", "host", True, False, False),
+    (r"dmi\.(?:bios_version|bios_date|board_name|board_vendor)", "firmware", False, False, False),
+    (r"gpu\.count", "pcie_link", False, False, False),
+    (r"gpu\.[0-9a-f:.]+\.serial", "host", True, False, False),
+    (r"gpu\.[0-9a-f:.]+\.(?:model|vbios)", "firmware", False, False, False),
+    (r"gpu\.[0-9a-f:.]+\.link", "pcie_link", False, False, False),
+    (r"gpu\.[0-9a-f:.]+\.bars", "dma_window", False, False, False),
+    (r"kernel\.(?:running|cmdline|config|default|installed|held)", "kernel_state", False, False, False),
+    (r"(?P<build>dkms\..+)\.modules_sha256", "driver_state", False, True, True),
+    (r"dkms\..+", "driver_state", False, False, False),
+    (r"packages\.held", "packages", False, False, False),
+    (r"driver\.(?:nvidia|nvidia_files|amdgpu)", "driver_state", False, False, False),
+    (r"rocm\.version", "amd_rocm", False, False, False),
+    (r"cuda\.version", "cuda_toolchain", False, False, False),
+    (r"(?P<build>rccl)\.stamp_sha256", "rccl", False, True, False),
+    (r"rccl\.(?:version|patches|files)", "rccl", False, False, False),
+    (r"(?P<build>nccl_tests)\.stamp_sha256", "nccl_tests", False, True, False),
+    (r"nccl_tests\.(?:version|patches|files)", "nccl_tests", False, False, False),
+    (r"(?P<build>sglang\.[^/]+)\.stamp_sha256", "sglang", False, True, False),
+    (r"sglang\.[^/]+\.(?:versions|patches|packages)", "sglang", False, False, False),
+)
+_RULES = tuple((re.compile(pattern), group, unique, build, bits) for pattern, group, unique, build, bits in ITEM_RULES)
+
+
+def label_of(key: str) -> dict:
+    """{"group", "unique", "build", "bits"} of the manifest item named KEY, by ITEM_RULES (build: the name of the
+    build a hash belongs to, or None; bits: only the bits built on the box, never a pinned difference)."""
+    for pattern, group, unique, build, bits in _RULES:
+        found = pattern.fullmatch(key)
+        if found:
+            return {"group": group, "unique": unique, "build": found.group("build") if build else None, "bits": bits}
+    return {"group": "other", "unique": False, "build": None, "bits": False}
 
 
 def manifest_runs() -> list:
@@ -48,10 +99,14 @@ def _run_inventory(run_dir: Path, warn) -> Path | None:
     return Path(given).resolve() if given else None
 
 
+def _warn(line: str) -> None:
+    print(terminal_safe(line), file=sys.stderr)
+
+
 def latest_of_inventory(inventory: Path, warn=None) -> dict:
     """{host: its newest stored manifest file} over the manifest runs made with INVENTORY; a run whose record is bad
     is named through WARN (default: a line on stderr) and left out."""
-    warn = warn or (lambda line: print(line, file=sys.stderr))
+    warn = warn or _warn
     want, found = Path(inventory).resolve(), {}
     for run_dir in manifest_runs():
         if _run_inventory(run_dir, warn) != want:
@@ -71,9 +126,7 @@ def _manifest_problem(data) -> str | None:
     for key, item in items.items():
         if not isinstance(item, dict):
             return f"item {key!r} is not an object but {type(item).__name__}"
-        if item.get("group") is not None and not isinstance(item["group"], str):
-            return f"item {key!r}: group is not a string but {type(item['group']).__name__}"
-    return None
+    return None  # an item's labels (group, unique, build, bits) are never read: label_of decides them
 
 
 def read_manifest(path: Path) -> dict:
@@ -121,26 +174,26 @@ def resolve_inventory_side(spec: str, inv, stored: dict, given: str) -> tuple:
 
 def diff(a: dict, b: dict) -> dict:
     """{"pinned": {group: [{item, a, b}]}, "unique": [{item, group, a, b}], "same": N, "builds": [{build, a, b,
-    equal}]} of two manifests; builds: each build's hash on either side (equal: one group build)."""
+    equal}]} of two manifests; builds: each build's hash on either side (equal: one group build). What each item is
+    comes from label_of (its name), never from the labels the manifests carry."""
     items_a, items_b = a.get("items") or {}, b.get("items") or {}
     pinned, unique, same, builds = {}, [], 0, []
     for key in sorted(set(items_a) | set(items_b)):
         left, right = items_a.get(key) or {}, items_b.get(key) or {}
-        build = left.get("build") or right.get("build")  # a build's hash (collect/manifest.py's _build_hash)
-        if build:
-            builds.append({"build": str(build), "a": left.get("value"), "b": right.get("value"),
+        kind = label_of(key)
+        if kind["build"]:
+            builds.append({"build": kind["build"], "a": left.get("value"), "b": right.get("value"),
                            "equal": left.get("value") is not None and left.get("value") == right.get("value")})
         if key in items_a and key in items_b and left.get("value") == right.get("value"):
             same += 1
             continue
-        if left.get("bits") or right.get("bits"):
+        if kind["bits"]:
             continue  # a build's own bits: in builds below, never a pinned difference
-        group = left.get("group") or right.get("group") or "other"
         row = {"item": key, "a": left.get("value"), "b": right.get("value")}
-        if left.get("unique") or right.get("unique"):
-            unique.append({**row, "group": group})
+        if kind["unique"]:
+            unique.append({**row, "group": kind["group"]})
         else:
-            pinned.setdefault(group, []).append(row)
+            pinned.setdefault(kind["group"], []).append(row)
     return {"pinned": pinned, "unique": unique, "same": same, "builds": builds}
 
 
@@ -150,22 +203,29 @@ def _show(value) -> str:
 
 
 def print_diff(result: dict, label_a: str, label_b: str, stream) -> None:
+    """The difference for a person: one line per fact, each terminal_safe (an item's name or value from a box never
+    moves the cursor, erases a line or writes the clipboard)."""
+    def say(line: str) -> None:
+        print(terminal_safe(line), file=stream)
+
     pinned = result["pinned"]
     count = sum(len(rows) for rows in pinned.values())
     verdict = f"{count} pinned item(s) differ" if count else "no pinned item differs"
-    print(f"{label_a} vs {label_b}: {verdict}; {result['same']} item(s) equal", file=stream)
+    say(f"{label_a} vs {label_b}: {verdict}; {result['same']} item(s) equal")
     for build in result.get("builds") or []:
         said = (f"equal, sha256 {build['a']}" if build["equal"]
                 else f"{_show(build['a'])} / {_show(build['b'])}")
-        print(f"build {build['build']}: {said}", file=stream)
+        say(f"build {build['build']}: {said}")
     for group in sorted(pinned):
-        print(f"[{group}]", file=stream)
+        say(f"[{group}]")
         for row in pinned[group]:
-            print(f"  {row['item']}\n    {label_a}: {_show(row['a'])}\n    {label_b}: {_show(row['b'])}", file=stream)
+            say(f"  {row['item']}")
+            say(f"    {label_a}: {_show(row['a'])}")
+            say(f"    {label_b}: {_show(row['b'])}")
     if result["unique"]:
-        print(f"host-unique ({len(result['unique'])} item(s), expected to differ):", file=stream)
+        say(f"host-unique ({len(result['unique'])} item(s), expected to differ):")
         for row in result["unique"]:
-            print(f"  {row['item']}: {_show(row['a'])} / {_show(row['b'])}", file=stream)
+            say(f"  {row['item']}: {_show(row['a'])} / {_show(row['b'])}")
 
 
 def diff_command(a: str, b: str, as_json: bool, stream, inventory: str | None = None) -> int:
@@ -204,7 +264,7 @@ def manifest_command(opts, stream) -> int:
     made = sorted(p for p in after - before if (p / MANIFEST_DIR).is_dir())
     if made:
         stored = sorted(p.stem for p in (made[-1] / MANIFEST_DIR).glob("*.json"))
-        print(f"manifests of {', '.join(stored) or 'no host'}: {made[-1] / MANIFEST_DIR}", file=stream)
+        print(terminal_safe(f"manifests of {', '.join(stored) or 'no host'}: {made[-1] / MANIFEST_DIR}"), file=stream)
     else:
         print("no manifest was stored (see the run's errors above)", file=stream)
     return code

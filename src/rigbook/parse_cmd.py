@@ -3,7 +3,8 @@
 The parsers live in the collection (plugins/module_utils/parse/*.py) so the targets run the
 same code (output formats: docs/parse-formats.md); this module only picks one, streams the input to it (line by
 line: a file of any size is never held whole) and prints the result, or says on stderr that the input holds nothing
-of KIND (exit 2).
+of KIND (exit 2). It reads at most MAX_INPUT characters and MAX_LINES lines: more (a paste of days of logs, or
+/dev/zero, which never ends) is refused with exit 2 and nothing printed.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ _PARSERS = {
 # A line longer than this reaches the parser in pieces of this size (no tool prints such a line; a file of one
 # endless line still never sits in memory whole).
 MAX_LINE = 1 << 20
+# What one parse reads at most: 64 MiB of text (a character is at least a byte) or a million lines. No tool output
+# parse reads comes near it; an endless input (/dev/zero, a FIFO) ends here instead of never.
+MAX_INPUT = 64 << 20
+MAX_LINES = 1_000_000
 
 # A kernel log line: dmesg's `[  12.345678]` or `[Fri Aug 30 11:43:09 2024]` (--ctime), journald's `host kernel: `.
 _KERNEL_LINE_RE = re.compile(r"^\s*\[\s*\d+\.\d+\]|^\s*\[[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}\]"
@@ -82,13 +87,20 @@ def recognised(kind: str, result: dict, kernel_lines: int = 0) -> bool:
     return (kind == "kernel-log" and kernel_lines > 0) or _RECOGNISED[kind](result)
 
 
-def _lines(handle, counter: dict):
+def _lines(handle, counter: dict, where: str = "the input"):
     """HANDLE's lines, one at a time (at most MAX_LINE characters each); COUNTER["kernel"] counts those with a kernel
-    log's prefix."""
+    log's prefix. UserError (exit 2) naming WHERE past MAX_INPUT characters or MAX_LINES lines."""
+    read = lines = 0
     while True:
         line = handle.readline(MAX_LINE)
         if not line:
             return
+        read += len(line)
+        lines += 1
+        if read > MAX_INPUT or lines > MAX_LINES:
+            raise UserError(f"{where}: more than {MAX_INPUT >> 20} MiB or {MAX_LINES:,} lines: parse reads at most "
+                            "that much (an endless input such as /dev/zero never ends); give it the part that "
+                            "matters, e.g. `tail -n 100000 FILE | provision parse KIND -`; nothing printed")
         if _KERNEL_LINE_RE.match(line):
             counter["kernel"] += 1
         yield line
@@ -121,13 +133,13 @@ def main(kind: str, file: str) -> int:
     if parser is None:
         raise UserError("unknown parse kind {!r}; known kinds: {}".format(kind, ", ".join(KINDS)))
     counter = {"kernel": 0}
+    where = "stdin" if file == "-" else file
     with open_input(file) as handle:
         try:
-            result = parser(_lines(handle, counter))
+            result = parser(_lines(handle, counter, where))
         except OSError as exc:  # a read error part way (EIO, a file that is a folder)
             raise UserError(f"cannot read {file}: {exc.strerror or exc}") from None
     if not recognised(kind, result, counter["kernel"]):
-        where = "stdin" if file == "-" else file
         raise UserError(f"{where}: the {kind} parser found nothing it reads in it (not {kind} output, or a part "
                         f"with none of its lines: docs/parse-formats.md says what each kind reads); nothing printed")
     sys.stdout.write(json.dumps(result, indent=2) + "\n")

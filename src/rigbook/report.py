@@ -21,7 +21,6 @@ import argparse
 import functools
 import html
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ from urllib.parse import quote
 
 from rigbook import baselines, manifests, runs, statefile
 from rigbook.baselines import versions_of
-from rigbook.display import nested_text
+from rigbook.display import nested_text, terminal_safe
 from rigbook.errors import UserError
 from rigbook.paths import link_collection, state_dir
 from rigbook.run import last_roll, resolve_inventory
@@ -560,10 +559,10 @@ def _manifest_table(hosts: list, data: ReportData) -> str:
         if len(set(values)) == 1:
             same += 1
             continue
-        host_unique = any(i.get("unique") for i in items)
+        kind = manifests.label_of(key)  # the controller's rule, never the label a box sent
+        host_unique = kind["unique"]
         unique += host_unique
-        group = next((i.get("group") for i in items if i.get("group")), "other")
-        label = f"{key} [{group}]" + (" (host-unique, expected to differ)" if host_unique else "")
+        label = f"{key} [{kind['group']}]" + (" (host-unique, expected to differ)" if host_unique else "")
         cells = "".join(f'<td class="{"" if host_unique else "differs"}">{_e(v)}</td>' for v in values)
         rows.append(f'<tr class="manifest{"" if host_unique else " differs"}" data-item="{_e(key)}">'
                     f"<th>{_e(label)}</th>{cells}</tr>")
@@ -654,16 +653,11 @@ def default_output(inventory_name: str) -> Path:
     return state_dir() / "reports" / f"{inventory_name}-{stamp}.html"
 
 
-def _umask_mode() -> int:
-    """The mode open() would give a new file (0666 less the umask): a page written where the user asked for it."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
 def write_report(inventory: str, output: str | None = None) -> tuple:
-    """Gather, render and write the page; (path, data). OUTPUT: a file in an existing folder (its permissions kept
-    when it exists); by default <state>/reports/<inventory>-<UTC time>.html (the folder made, the file 0600). The
+    """Gather, render and write the page; (path, data). OUTPUT: a file in an existing folder (a new one 0600, the
+    user's alone like every state file: the page names the hosts, their versions and the run folders; an existing
+    one keeps the permissions its owner gave it); by default <state>/reports/<inventory>-<UTC time>.html (the folder
+    made, the file 0600). The
     page goes through a temporary file of unpredictable name in the same folder, then os.replace
     (statefile.write_text_atomic, the collection's facts/files.write_atomic): a reader never sees half a page, a
     symbolic link at OUTPUT is refused, not written through, and nothing is left behind when the write fails (a
@@ -676,15 +670,13 @@ def write_report(inventory: str, output: str | None = None) -> tuple:
         if not path.parent.is_dir():
             what = "is not a folder" if path.parent.exists() else "does not exist"
             raise UserError(f"report -o {output}: {path.parent} {what}")
-        new_mode = _umask_mode()
     data = gather(inventory)
     if not output:
         path = default_output(data.inventory)
         statefile.private_dir(path.parent)
-        new_mode = statefile.NEW_FILE_MODE
     page = render(data)
     try:
-        statefile.write_text_atomic(path, page, new_mode)
+        statefile.write_text_atomic(path, page, statefile.NEW_FILE_MODE)
     except OSError as exc:
         raise UserError(f"report: cannot write {path}: {exc.strerror or exc}") from None
     return path, data
@@ -707,9 +699,9 @@ def main(argv: list) -> int:
     started = time.monotonic()
     path, data = write_report(args.inventory, args.output)
     for note in data.notes:  # each is on the page too
-        print(f"warning: {note}", file=sys.stderr)
+        print(terminal_safe(f"warning: {note}"), file=sys.stderr)
     figures = sum(len(series(h, m)) for h in data.hosts for m in host_metrics(h))
-    print(f"report of {data.inventory} ({len(data.hosts)} host(s), {figures} charted point(s), "
-          f"{path.stat().st_size // 1024} KiB, {time.monotonic() - started:.2f} s): {path}",
+    print(terminal_safe(f"report of {data.inventory} ({len(data.hosts)} host(s), {figures} charted point(s), "
+                        f"{path.stat().st_size // 1024} KiB, {time.monotonic() - started:.2f} s): {path}"),
           file=sys.stdout)
     return 0

@@ -11,6 +11,7 @@ from pathlib import Path
 from rigbook.errors import UserError
 from rigbook.paths import runs_dir
 from rigbook.statefile import private_dir, read_json, write_json_atomic
+from rigbook.terminal import terminal_safe
 
 RECORD = "run.json"
 
@@ -145,9 +146,11 @@ def recent(limit: int = 20, warn=None) -> list:
 
 
 def print_recent(limit: int, stream) -> int:
-    records = recent(limit, warn=lambda line: print(line, file=sys.stderr))
+    """`provision runs`: the LIMIT newest runs, each line terminal_safe (a run record is a state file: a host name or
+    path in it never moves the cursor or writes the clipboard)."""
+    records = recent(limit, warn=lambda line: print(terminal_safe(line), file=sys.stderr))
     if not records:
-        print(f"no runs yet under {runs_dir()}", file=stream)
+        print(terminal_safe(f"no runs yet under {runs_dir()}"), file=stream)
         return 0
     for r in records:
         hosts = r.get("hosts") or {}
@@ -156,9 +159,7 @@ def print_recent(limit: int, stream) -> int:
         status = code if code == "bad record" else {0: "ok", 1: "failed", 2: "bad input", 3: "unreachable",
                                                     4: "busy", 130: "interrupted"}.get(code, "unfinished")
         extra = f"  failed: {', '.join(failed)}" if failed else ""
-        print(
-            f"{r.get('started', '?')}  {status:<11} {r.get('playbook', '?')} -i {r.get('inventory', '?')}"
-            f"  hosts={len(hosts)}{extra}\n    {r['dir']}",
-            file=stream,
-        )
+        print(terminal_safe(f"{r.get('started', '?')}  {status:<11} {r.get('playbook', '?')} -i "
+                            f"{r.get('inventory', '?')}  hosts={len(hosts)}{extra}"), file=stream)
+        print(terminal_safe(f"    {r['dir']}"), file=stream)
     return 0

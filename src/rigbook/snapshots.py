@@ -100,7 +100,8 @@ def snapshot(opts, output: str | None) -> int:
         with tarfile.open(out, "w:gz") as tar:
             for host in hosts:
                 tar.add(bundle / host, arcname=host)
-        print(f"snapshot of {', '.join(hosts)}: {out}", file=sys.stderr if opts.json else sys.stdout)
+        print(display.terminal_safe(f"snapshot of {', '.join(hosts)}: {out}"),
+              file=sys.stderr if opts.json else sys.stdout)
         return code
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -195,5 +196,6 @@ def replay(path: str, as_json: bool) -> int:
         console = display.make_console(sys.stdout)
         for host, entry in hosts.items():
             display.print_ladder(console, host, entry["ladder"])
-        console.print(f"replayed {len(hosts)} host(s) from {source}: {'FAILED' if failed else 'ok'}")
+        console.print(display.terminal_safe(f"replayed {len(hosts)} host(s) from {source}: "
+                                            f"{'FAILED' if failed else 'ok'}"))
     return code

@@ -1,15 +1,22 @@
 """Validate every host's rigbook_* variables against their schema (meta/host_vars.schema.json), before any host is
 contacted.
 
+First the names: every host and group name must be one Ansible's host patterns read as itself (--limit, the rolling
+batches, `baseline record --group`): letters, digits, `.`, `_` and `-`, not starting with `.` or `-`, and no host
+named like a group (`all` included). A canary named `x,all` would otherwise be the pattern "x and every host".
+
 Then, per host, the checks that need its merged view: combinations of keys, and the serve profiles' traps
 (rigbook_serve, judged with the box's GPU count, vendor and rigbook_p2p.expected). A host in groups that say
 different GPU vendors (rigbook_gpu.vendor in their group variables, neither group the other's parent), or listed in
-the other vendor's gpu_vendor_<vendor> play group of site.yml, is an error naming the host and the groups. Errors
-stop the command (exit 2, naming file, host and key path); warnings are printed on stderr and do not stop it.
+the other vendor's gpu_vendor_<vendor> play group of site.yml, is an error naming the host and the groups. A serve
+profile with a key on a host whose SGLang pin lacks the patch that keeps keys out of the engine's log is an error too
+(serve/profile.key_log_problems). Errors stop the command (exit 2, naming file, host and key path); warnings are
+printed on stderr and do not stop it.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +30,23 @@ from rigbook.errors import UserError
 PREFIX = "rigbook_"
 # Both inside the collection (paths.collection_root()), shared with the preflight role's host_model task.
 SCHEMA_FILE = "meta/host_vars.schema.json"
+# The sglang role's patch that keeps the keys out of SGLang's log (serve/profile.KEY_LOG_PATCH is its file name).
+PATCHES_DIR = "roles/sglang/files/patches"
+# A host or group name Ansible's host patterns read as itself (ansible.inventory.manager: split_host_pattern splits
+# on `,`, on `:` and whitespace; `[` starts a subscript; `*`, `?` and `[` make a wildcard; a leading `~` a regular
+# expression, `!` an exclusion, `&` an intersection, `@` a file of names; and a leading `-` is an option to argv).
+PATTERN_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
+PATTERN_MEANING = (
+    (",", "a list of patterns (x,all is x and every host)"),
+    (":", "a list of patterns (x:all is x and every host)"),
+    ("[", "a subscript or range of a group"),
+    ("]", "a subscript or range of a group"),
+    ("*", "a wildcard"),
+    ("?", "a wildcard"),
+)
+LEADING_MEANING = {"!": "an exclusion", "&": "an intersection", "~": "a regular expression",
+                   "@": "a file of host names", "-": "an option to ansible-playbook",
+                   ".": "a hidden file's name (rigbook names files after hosts and groups)"}
 
 
 @dataclass(frozen=True)
@@ -106,6 +130,64 @@ def schema_file() -> Path:
 
 def schema() -> dict:
     return _shared().load_schema(str(schema_file()))
+
+
+def _pattern_meaning(name: str) -> str:
+    """What Ansible's host patterns make of NAME, for a name PATTERN_NAME refuses."""
+    if name[:1] in LEADING_MEANING:
+        return f"a leading {name[0]!r} makes it {LEADING_MEANING[name[0]]}"
+    for char, meaning in PATTERN_MEANING:
+        if char in name:
+            return f"{char!r} makes it {meaning}"
+    if any(c.isspace() for c in name):
+        return "whitespace separates patterns"
+    bad = next((c for c in name if not re.match(r"[A-Za-z0-9_.-]", c)), name[:1])
+    return f"{bad!r} is not among the characters rigbook lets into a host pattern"
+
+
+def _name_problems(inv) -> list:
+    """Host and group names Ansible's host patterns would misread (PATTERN_NAME), and hosts named like a group: each
+    name reaches --limit (the rolling batches join host names with `,`), where it must select itself only."""
+    problems = []
+    groups = inv.all_groups()
+    allowed = "use letters, digits, '.', '_' and '-', not starting with '.' or '-'"
+    for kind, names in (("host", sorted(inv.hosts)), ("group", sorted(groups))):
+        for name in names:
+            if not PATTERN_NAME.match(name):
+                problems.append(Problem(inv.path, f"{kind} {name}", f"{kind} name",
+                                        f"{name!r} cannot be a {kind} name: Ansible reads names as host patterns "
+                                        f"(--limit, the rolling batches) and {_pattern_meaning(name)}; {allowed}"
+                                        + ("; put an address in ansible_host" if kind == "host" else "")))
+            elif kind == "host" and name in groups | {"all", "ungrouped"}:
+                problems.append(Problem(inv.path, f"host {name}", "host name",
+                                        f"{name!r} is also a group name: --limit {name} would select that group's "
+                                        "hosts, not this host alone; rename the host"))
+    return problems
+
+
+def _key_log_problems(inv, host: str) -> list:
+    """A serve profile with api_key_file or admin_api_key_file on a host whose SGLang pin does not apply the patch
+    that keeps the keys out of the engine's log (serve/profile.key_log_problems; the profile's
+    key_may_reach_journal: true accepts it)."""
+    if not inv.host_vars(host).get("rigbook_serve"):
+        return []
+    model = host_model_of(inv, host)
+    # deferred: importable only after link_collection() (host_model_of made it)
+    from ansible_collections.rigbook.homelab.plugins.module_utils.serve import profile as serve_profile
+
+    patch = paths.collection_root() / PATCHES_DIR / serve_profile.KEY_LOG_PATCH
+    found = serve_profile.key_log_problems(model["serve"], model["pins"].get("sglang"), _sha256(patch))
+    file = _file_of(inv, host, "rigbook_serve")
+    return [Problem(file, f"host {host}", key_path, message) for key_path, message in found]
+
+
+def _sha256(path: Path):
+    paths.link_collection()
+    # deferred: ansible_collections.rigbook.homelab is importable only after link_collection() (above)
+    from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files
+
+    found, _why = files.digest(str(path))
+    return found
 
 
 def _source_problems(source) -> list:
@@ -224,7 +306,7 @@ def check(inventory_path: Path, roles=None, extra_vars=(), limit=None) -> tuple:
     the roles' inputs are needed on the hosts it selects only (Inventory.limited).
     Raises UserError when the inventory or an -e item cannot be read."""
     inv = inventory_mod.load(inventory_path, extra_vars)
-    problems, warnings = [], []
+    problems, warnings = _name_problems(inv), []
     for source in inv.sources + ([inv.extra_vars] if inv.extra_vars else []):
         problems.extend(_source_problems(source))
     for host in sorted(inv.hosts):
@@ -235,6 +317,7 @@ def check(inventory_path: Path, roles=None, extra_vars=(), limit=None) -> tuple:
             problems.extend(_play_group_problems(inv, host))
             serve_errors, serve_warnings = _serve_findings(inv, host)
             problems.extend(serve_errors)
+            problems.extend(_key_log_problems(inv, host))
             warnings.extend(serve_warnings)
     if not problems and roles is not None:
         for host in inv.limited(limit):

@@ -19,11 +19,11 @@ import re
 import shutil
 
 import pytest
-import yaml
 from helpers.cli import REPO, provision
 from helpers.lab_host import LAB_MARKS
 
 from rigbook import inventory
+from rigbook.adopt import emit
 from rigbook.lab import state
 from rigbook.paths import link_collection
 
@@ -51,7 +51,7 @@ def _owners_inventory(tmp_path):
 def _adopt(host, inv, out):
     proc = provision("adopt", host, "-i", inv, "-o", out, *ADOPT_FLAGS, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc.stdout, yaml.safe_load(out.read_text())
+    return proc.stdout, emit.load(out.read_text())
 
 
 def _requirements(path):

@@ -28,6 +28,7 @@ import yaml
 from helpers.cli import REPO, changed_tasks, provision, tree_listing
 from helpers.lab_host import LAB_MARKS, LabHost
 
+from rigbook.adopt import emit
 from rigbook.lab import handmade
 
 pytestmark = LAB_MARKS
@@ -107,7 +108,7 @@ def test_adopt_reads_a_box_set_up_by_hand_and_changes_nothing_on_it(adopted_pair
 
     written = _adopted(inv)
     text = written.read_text()
-    data = yaml.safe_load(text)
+    data = emit.load(text)
     pins = data["rigbook_pins"]
     assert pins["kernel"] == {"release": handmade.KERNEL, "source": "distro",
                               "packages": [f"linux-image-{handmade.KERNEL}", f"linux-headers-{handmade.KERNEL}"],
@@ -187,7 +188,7 @@ def test_a_twin_from_the_adopted_pins_diffs_clean_and_is_held_to_the_group_basel
     inv = _inventory(adopted_pair)
     twin = LabHost(TWIN)
     # the twin's serve address is its own (host-unique): the adopted profile with the twin's bind
-    profiles = yaml.safe_load(_adopted(inv).read_text())["rigbook_serve"]
+    profiles = emit.load(_adopted(inv).read_text())["rigbook_serve"]
     hosts = yaml.safe_load((inv / "hosts.yml").read_text())
     hosts["all"]["children"]["lab"]["children"][GROUP]["hosts"][TWIN]["rigbook_serve"] = [
         {**p, "bind": twin.host.address} for p in profiles]

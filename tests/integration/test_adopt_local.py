@@ -6,8 +6,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import yaml
 from helpers.cli import REPO, provision
+
+from rigbook.adopt import emit
 
 
 def test_adopt_this_machine_writes_what_it_runs_and_never_overwrites_without_force(tmp_path):
@@ -18,7 +19,7 @@ def test_adopt_this_machine_writes_what_it_runs_and_never_overwrites_without_for
     proc = provision("adopt", "localhost", "-i", inv, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     written = inv / "host_vars/localhost.yml"
-    data = yaml.safe_load(written.read_text())
+    data = emit.load(written.read_text())
     release = Path("/proc/sys/kernel/osrelease").read_text().strip()
     assert data["rigbook_pins"]["kernel"]["release"] == release
     assert "# /proc/sys/kernel/osrelease (the running kernel)" in written.read_text()
@@ -28,4 +29,4 @@ def test_adopt_this_machine_writes_what_it_runs_and_never_overwrites_without_for
     written.write_text("# edited by hand\n")
     forced = provision("adopt", "localhost", "-i", inv, "--force", env=env, timeout=300)
     assert forced.returncode == 0, forced.stderr[-3000:]
-    assert yaml.safe_load(written.read_text()) == data
+    assert emit.load(written.read_text()) == data

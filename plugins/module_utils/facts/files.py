@@ -118,13 +118,14 @@ def _stage(file_path, data, mode, make_parents):
         os.makedirs(folder)
     if os.path.islink(file_path):
         raise OSError("%s is a symbolic link; rigbook does not write through links" % file_path)
+    # mkstemp opens O_CREAT|O_EXCL|O_NOFOLLOW: a link planted at a name it tries is skipped, never followed
     handle, tmp = tempfile.mkstemp(dir=folder, prefix=".rigbook-")
     try:
         with os.fdopen(handle, "wb") as out:
+            os.fchmod(out.fileno(), mode)  # the file opened, not whatever the name holds by now
             out.write(data)
             out.flush()
             os.fsync(out.fileno())
-        os.chmod(tmp, mode)
     except BaseException:
         _discard([tmp])
         raise

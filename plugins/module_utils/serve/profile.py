@@ -6,7 +6,8 @@
 Pure; standard library only; no imports from the collection, so the controller can load this file by path.
 
 - engine_argv(profile, engine): the engine's argv in SGLang's flag spelling, deterministic (a unit file built
-  from it is stable), never with the API key (api_key_args: the engine reads it from a file, api_key_config).
+  from it is stable), never with the API key or the admin API key (api_key_args: the engine reads them from one
+  file, api_key_config).
 - check(profile, host, index) / check_all(profiles, host): (errors, warnings), lists of "key path: why". HOST is
   what is known about the box: gpu_count, vendor, p2p_expected (inventory: rigbook_gpu, rigbook_p2p), and, only
   on the box itself, default_target, display_manager_enabled, mem_total_bytes (MemTotal of /proc/meminfo),
@@ -14,6 +15,8 @@ Pure; standard library only; no imports from the collection, so the controller c
   known, and its checks are skipped.
 - extra_value(profile, flag): the value the engine reads for an extra_args flag (the one reading of a flag that no
   profile field owns).
+- key_log_problems(profiles, sglang_pin): the profiles whose keys SGLang would write to the journal at every start,
+  as the host's SGLang pin lacks KEY_LOG_PATCH (refused unless the profile sets key_may_reach_journal: true).
 
 The profile is assumed to have passed meta/host_vars.schema.json; a value of the wrong type is skipped, never a
 traceback.
@@ -65,8 +68,17 @@ HOST_RESERVE_BYTES = 10 * 1024 ** 3
 # The API key reaches the engine as a file, never as a word of its argv or its environment: the serve role writes a
 # root-only YAML file holding it, the unit hands that file to the engine as a systemd credential (LoadCredential=,
 # under this name in the unit's credentials directory, %d) and the engine reads it with `--config FILE.yaml`
-# (SGLang's prepare_server_args merges the mapping's keys as flags, the command line winning).
+# (SGLang's prepare_server_args merges the mapping's keys as flags, the command line winning). The admin API key
+# (--admin-api-key, SGLang's admin endpoints) goes the same way, in the same file (SGLang takes one --config).
 API_KEY_CREDENTIAL = "api-key.yaml"
+# The profile fields naming a root-only file that holds a secret, and the engine flag each stands for.
+SECRET_FILES = (("api_key_file", "--api-key"), ("admin_api_key_file", "--admin-api-key"))
+SECRET_FIELDS = frozenset(field for field, _ in SECRET_FILES)
+# SGLang logs its resolved arguments at every start, the keys included, to the journal (root and the adm group read
+# it). The sglang role's patch (roles/sglang/files/patches/, made for 0.5.23) keeps them out; a profile with a key on
+# a host whose SGLang pin does not apply it is refused, unless the profile accepts the journal with this field.
+KEY_LOG_PATCH = "api-key-out-of-logs.patch"
+KEY_MAY_REACH_JOURNAL = "key_may_reach_journal"
 CONFIG_FLAG = "--config"
 DISABLE_CUSTOM_ALL_REDUCE = "--disable-custom-all-reduce"
 # Algorithms that draft with a separate model; NEXTN (a model's own MTP head) and NGRAM need none.
@@ -106,8 +118,8 @@ def _owned_flags():
         DISABLE_CUSTOM_ALL_REDUCE: "custom_all_reduce",
         "--host": "bind",
         "--port": "port",
-        "--api-key": "api_key_file",
     })
+    owned.update(dict((flag, field) for field, flag in SECRET_FILES))
     return owned
 
 
@@ -134,7 +146,7 @@ def _flag_pairs(values, table):
 def engine_argv(profile, engine):
     """ENGINE (the command prefix, e.g. [venv/bin/python, -m, sglang.launch_server]) + the profile's flags: the
     fields in FIELD_FLAGS order, the speculative ones, --disable-custom-all-reduce when custom_all_reduce is false,
-    --host and --port (defaults 127.0.0.1, 30000), then extra_args as given. Never the API key (api_key_args).
+    --host and --port (defaults 127.0.0.1, 30000), then extra_args as given. Never a key (api_key_args).
 
     Raises ValueError naming the problem for a profile without model_path or an engine that is not a list of str."""
     if not isinstance(profile, dict) or not isinstance(profile.get("model_path"), str) or not profile["model_path"]:
@@ -152,22 +164,29 @@ def engine_argv(profile, engine):
     return argv
 
 
+def has_secret(profile):
+    """Whether the profile names a key file (api_key_file or admin_api_key_file)."""
+    return isinstance(profile, dict) and any(profile.get(field) for field, _ in SECRET_FILES)
+
+
 def api_key_args(profile):
-    """["--config", "%d/api-key.yaml"] when the profile has api_key_file, else []: %d is systemd's specifier for the
-    unit's credentials directory, where LoadCredential= puts the root-only key file (api_key_config), so the key
-    is never in the unit, the argv or the engine's environment."""
-    if isinstance(profile, dict) and profile.get("api_key_file"):
+    """["--config", "%d/api-key.yaml"] when the profile has api_key_file or admin_api_key_file, else []: %d is
+    systemd's specifier for the unit's credentials directory, where LoadCredential= puts the root-only key file
+    (api_key_config), so no key is ever in the unit, the argv or the engine's environment."""
+    if has_secret(profile):
         return [CONFIG_FLAG, "%d/" + API_KEY_CREDENTIAL]
     return []
 
 
-def api_key_config(key, name=None):
-    """The text of the key's config file for the engine's --config: one YAML mapping, `api-key: "KEY"` (SGLang
-    turns each key into the flag --KEY, so the flag's spelling, not the field's; the value JSON-quoted, which YAML
-    reads as the same string whatever it looks like: digits, true, a leading `*` or `#`)."""
+def api_key_config(key, name=None, admin_key=None):
+    """The text of the keys' config file for the engine's --config: one YAML mapping, `api-key: "KEY"` and/or
+    `admin-api-key: "ADMIN_KEY"` (SGLang turns each key into the flag --KEY, so the flag's spelling, not the field's;
+    each value JSON-quoted, which YAML reads as the same string whatever it looks like: digits, true, a leading `*`
+    or `#`)."""
     head = "# Managed by rigbook (serve role)%s: the engine's API key, handed to it by systemd (LoadCredential=).\n" % (
         "" if name is None else ", serve profile %s" % name)
-    return head + "api-key: %s\n" % json.dumps(str(key))
+    lines = [("api-key", key), ("admin-api-key", admin_key)]
+    return head + "".join("%s: %s\n" % (flag, json.dumps(str(value))) for flag, value in lines if value)
 
 
 def port_of(profile):
@@ -183,7 +202,8 @@ def normalize(raw, index=0, where="rigbook_serve"):
     """(profile, error): one rigbook_serve item with every default filled in - the one reading of a serve profile.
 
     The profile keeps every key it was given and gets: unit (its systemd unit), bind, port, startup_timeout_s,
-    api_key_file (None without one), served_model_name (None), tp_size (None when unset), env ({}). ERROR names the
+    api_key_file and admin_api_key_file (None without one), served_model_name (None), tp_size (None when unset), env
+    ({}). ERROR names the
     key path that cannot be read (a name that is no unit name, a port or timeout that is no number); the profile is
     None then."""
     at = "%s[%d]" % (where, index)
@@ -211,6 +231,7 @@ def normalize(raw, index=0, where="rigbook_serve"):
         "port": port,
         "startup_timeout_s": timeout,
         "api_key_file": raw.get("api_key_file") or None,
+        "admin_api_key_file": raw.get("admin_api_key_file") or None,
         "served_model_name": raw.get("served_model_name") or None,
         "tp_size": size,
         "env": dict(raw.get("env") or {}) if isinstance(raw.get("env"), dict) else {},
@@ -522,7 +543,8 @@ def engine_args(argv, engine=None):
 
 
 def redacted_argv(argv):
-    """ARGV with the value of every API key flag (any spelling the engine reads as one) replaced by ********."""
+    """ARGV with the value of every key flag (--api-key, --admin-api-key, any spelling the engine reads as one)
+    replaced by ********."""
     out, hide = [], False
     for word in argv or []:
         if hide and not word.startswith("--"):
@@ -531,7 +553,7 @@ def redacted_argv(argv):
             continue
         hide = False
         given, eq, _value = word.partition("=")
-        if given.startswith("--") and owned_flag(given)[1] == "api_key_file":
+        if given.startswith("--") and owned_flag(given)[1] in SECRET_FIELDS:
             if eq:
                 out.append(given + "=********")
                 continue
@@ -565,9 +587,10 @@ def profile_from_argv(args, name):
                 j += 1
         if field == "custom_all_reduce":
             profile["custom_all_reduce"] = False
-        elif field == "api_key_file":
-            notes.append("%s: the API key is on the engine's command line (every user of the box can read it in "
-                         "/proc); it was not copied: put it in a root-only file and set api_key_file" % given)
+        elif field in SECRET_FIELDS:
+            notes.append("%s: the %s is on the engine's command line (every user of the box can read it in "
+                         "/proc); it was not copied: put it in a root-only file and set %s"
+                         % (given, _secret_name(field), field))
         elif field is not None and len(values) == 1:
             target = speculative if field.startswith("speculative.") else profile
             target[field.split(".", 1)[-1]] = _typed(field, values[0])
@@ -583,6 +606,10 @@ def profile_from_argv(args, name):
     return profile, notes
 
 
+def _secret_name(field):
+    return "admin API key" if field == "admin_api_key_file" else "API key"
+
+
 def _extra_args_not_owned(profile, host, where):
     problems = []
     for index, given in _extra_flags(profile):
@@ -591,18 +618,19 @@ def _extra_args_not_owned(profile, host, where):
             continue
         if flag != given:
             flag = "%s (the engine reads it as %s: its argument parser takes unique prefixes)" % (given, flag)
-        if field == "api_key_file":
-            why = ("never put the API key on the command line (ps and the journal show it): set api_key_file to a "
-                   "root-only file holding it")
+        if field in SECRET_FIELDS:
+            why = ("never put the %s on the command line (ps, /proc and the unit file show it): set %s to a "
+                   "root-only file holding it" % (_secret_name(field), field))
         else:
             why = "the profile field %s sets it; set %s instead of the flag" % (field, field)
         problems.append(("error", "%s.extra_args[%d]" % (where, index), "%s: %s" % (flag, why)))
-    if profile.get("api_key_file"):
+    if has_secret(profile):
         for index, arg in enumerate(profile.get("extra_args") or []):
             if arg == CONFIG_FLAG:
                 problems.append(("error", "%s.extra_args[%d]" % (where, index),
-                                 "%s: with api_key_file the engine reads its API key through its one %s file (SGLang "
-                                 "takes only one); put those options in extra_args instead" % (arg, CONFIG_FLAG)))
+                                 "%s: with api_key_file or admin_api_key_file the engine reads its keys through its "
+                                 "one %s file (SGLang takes only one); put those options in extra_args instead"
+                                 % (arg, CONFIG_FLAG)))
     return problems
 
 
@@ -615,7 +643,8 @@ def _not_a_number(profile, host, where):
 def _control_characters(profile, host, where):
     """A newline or other control character in a value that reaches the unit file would write extra lines into it
     ([Service], ExecStartPre=+...): refused on the box too, whatever the controller checked."""
-    values = [(key, profile.get(key)) for key in ("model_path", "served_model_name", "api_key_file", "bind")]
+    values = [(key, profile.get(key)) for key in ("model_path", "served_model_name", "api_key_file",
+                                                   "admin_api_key_file", "bind")]
     speculative = profile.get("speculative")
     if isinstance(speculative, dict):
         values.append(("speculative.draft_model_path", speculative.get("draft_model_path")))
@@ -705,6 +734,40 @@ def _clashes(profiles, key, value_of, what):
         findings.append(("error", "rigbook_serve[%d].%s" % (index, key),
                          "%s is also rigbook_serve[%d]'s %s%s: %s" % (_text(value), other, key, owner, what)))
     return findings
+
+
+def _applies_key_log_patch(sglang_pin):
+    patches = (sglang_pin or {}).get("patches") if isinstance(sglang_pin, dict) else None
+    for patch in patches if isinstance(patches, list) else []:
+        if isinstance(patch, dict) and KEY_LOG_PATCH in (patch.get("name"), str(patch.get("path") or "")
+                                                         .rsplit("/", 1)[-1]):
+            return True
+    return False
+
+
+def key_log_problems(profiles, sglang_pin, patch_sha256=None):
+    """[(key path, why)] for each profile of PROFILES (rigbook_serve, in order) with api_key_file or
+    admin_api_key_file on a host whose SGLang pin (rigbook_pins.sglang; its patches) does not apply KEY_LOG_PATCH
+    (by name, or a path of that file name), unless the profile sets key_may_reach_journal: true. PATCH_SHA256: the
+    patch file's sha256, written into the entry the message asks for."""
+    if _applies_key_log_patch(sglang_pin):
+        return []
+    entry = "{name: %s, sha256: %s}" % (KEY_LOG_PATCH, patch_sha256 or "<sha256sum of roles/sglang/files/patches/%s>"
+                                        % KEY_LOG_PATCH)
+    found = []
+    for index, profile in enumerate(profiles if isinstance(profiles, list) else []):
+        if not isinstance(profile, dict) or profile.get(KEY_MAY_REACH_JOURNAL) is True:
+            continue
+        for field, _flag in SECRET_FILES:
+            if profile.get(field):
+                found.append(("rigbook_serve[%d].%s" % (index, field),
+                              "SGLang logs its resolved arguments at every start, the %s included, to the journal "
+                              "(readable by root and the adm group), and this host's SGLang pin does not apply the "
+                              "patch that keeps it out; add %s to rigbook_pins.sglang.patches (made for SGLang "
+                              "0.5.23: check that it applies to your pin), or set %s: true in this profile to accept "
+                              "that the key reaches the journal" % (_secret_name(field), entry,
+                                                                    KEY_MAY_REACH_JOURNAL)))
+    return found
 
 
 def check_all(profiles, host=None):

@@ -9,6 +9,9 @@ launch_server, _wait_and_warmup, health_generate). Ready here means /health_gene
 chat completion returned tokens (a health endpoint alone can answer 200 after the scheduler died:
 sgl-project/sglang#6624).
 The HTTP side is the one the serving layer uses too (serve/engine_api.py): the same polling, timeouts and requests.
+The API key goes only to the profile's unit: before each request the socket listening on its address must be held by
+the unit's control group alone (engine_api.key_verdict, the unit's ControlGroup from UNIT_STATE); else the key is
+withheld and the wait ends at once with why (a local user who bound the port while the engine loaded gets nothing).
 """
 
 from __future__ import annotations
@@ -19,17 +22,21 @@ CANARY_TOKENS = 8
 RUNNING = ("active", "activating", "reloading")
 
 
-def wait(profile, api_key, unit_state):
+def wait(profile, api_key, unit_state, root="/"):
     """Poll until ready or the profile's startup_timeout_s. PROFILE is one of the host model's serve profiles
-    (rigbook_host.serve: bind, port, startup_timeout_s, served_model_name filled in by host_model.build). UNIT_STATE()
-    returns the unit's systemctl properties (ActiveState, Result): a unit that stopped ends the wait at once.
+    (rigbook_host.serve: unit, bind, port, startup_timeout_s, served_model_name filled in by host_model.build).
+    UNIT_STATE() returns the unit's systemctl properties (ActiveState, Result, ControlGroup): a unit that stopped ends
+    the wait at once. ROOT: where the listening sockets are read (the evidence root, "/" live).
     Returns {ready, seconds, why}."""
-    endpoint = engine_api.Endpoint(profile["bind"], profile["port"], api_key)
+    endpoint = engine_api.Endpoint(profile["bind"], profile["port"], api_key, unit=profile["unit"],
+                                   control_group=lambda: unit_state().get("ControlGroup"), root=root)
     ready = engine_api.wait_ready(endpoint, profile["startup_timeout_s"],
-                               lambda: unit_state().get("ActiveState") in RUNNING)
+                                  lambda: unit_state().get("ActiveState") in RUNNING)
     if not ready["ready"]:
         state = unit_state()
-        if ready.get("error"):
+        if ready.get("withheld"):
+            why = ready["error"]
+        elif ready.get("error"):
             why = "the unit is %s (%s) after %.0f s" % (state.get("ActiveState"), state.get("Result"),
                                                         ready["waited_s"])
         else:
@@ -38,6 +45,8 @@ def wait(profile, api_key, unit_state):
     model = profile.get("served_model_name") or profile.get("model_path")
     status, data, error = engine_api.http_json(endpoint, "POST", "/v1/chat/completions",
                                                engine_api.chat_body(model, CANARY_TOKENS, False))
+    if endpoint.withheld:
+        return dict(ready=False, seconds=ready["waited_s"], why=endpoint.withheld)
     usage = (data or {}).get("usage") if isinstance(data, dict) else None
     tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
     if status != 200 or not tokens:

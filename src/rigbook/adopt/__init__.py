@@ -10,15 +10,24 @@ One module a job:
   host_model.build uses); here the serve profiles and the files beside the pins. What could not be pinned is listed
   with the reason, never guessed.
 - emit.py: the YAML (`render`): every value with a comment saying where it was read, then what was not pinned; it
-  reads back as exactly the adopted values.
+  reads back, as rigbook's inventory reader reads it, as exactly the adopted values. Every string is tagged
+  `!unsafe`: Ansible reads it as data, never as a template.
+
+What a box says is data, its local users' too (a process's command line and environment, a venv's files): the
+module (plugins/modules/adopt_facts.py) reads only the engines of root and the serve user (another user's engine is
+skipped and named), no venv owned by another user, the venv stamp and local patch again without following a link;
+it types and bounds every value (`typed`: control characters replaced by U+FFFD, strings cut to 4096 characters,
+credentials removed from URLs, environment names shell names, key values hidden), and mapping applies `typed`
+again to what the run stored. What was skipped, refused, removed or cut is said as a note or as not pinned.
 
 Read so far: the kernel (release, source: distro or debs with each .deb's sha256, the command line's own
 parameters), each running SGLang engine's command line as a serve profile (flags the schema does not know in
-extra_args, named; an API key on the command line never copied) and its GPU environment, the SGLang version of its
-venv, the NVIDIA driver as DKMS built it, the CUDA toolchain wheels (the role's default venv, else the engine's),
-the engine's venv as a requirements lock written beside the pins (hashes of the wheels found in --wheels-dir) and
-sglang's local changes as a patch, ROCm (release, packages, apt repository and keyring sha256, amdgpu-dkms, HSA_*
-environment), and the mapped RCCL from rigbook's build stamp. What cannot be pinned is listed with the reason.
+extra_args, named; an API key or admin API key on the command line never copied) and its GPU environment, the
+SGLang version of its venv, the NVIDIA driver as DKMS built it, the CUDA toolchain wheels (the role's default venv,
+else the engine's), the engine's venv as a requirements lock written beside the pins (hashes of the wheels found in
+--wheels-dir) and sglang's local changes as a patch, ROCm (release, packages, apt repository and keyring sha256,
+amdgpu-dkms, HSA_* environment), and the mapped RCCL from rigbook's build stamp. What cannot be pinned is listed
+with the reason.
 """
 
 from __future__ import annotations

@@ -79,6 +79,12 @@ def _already_set(inv, group: str, keys) -> list:
                    if key in keys})
 
 
+def _shown(text) -> str:
+    """TEXT (it may quote what the box said) on one terminal line: control characters, escape sequences' ESC too,
+    removed (facts/text.bounded), line breaks and tabs made spaces."""
+    return facts("text").bounded(str(text), None).replace("\n", " ").replace("\t", " ")
+
+
 def write_together(files: dict) -> None:
     """Write every {path: text} of FILES or none (the folders made): facts/files.write_many stages each beside its
     target, then renames them all into place; a failure before the renames leaves no file changed."""
@@ -147,9 +153,9 @@ def adopt_command(host: str, inventory: str, output: str | None = None, group: b
               "not both)", file=stream)
     print(f"adopt: {host}: wrote {target}" + "".join(f", {p}" for p in beside), file=stream)
     for text in notes:
-        print(f"  note: {text}", file=stream)
+        print(f"  note: {_shown(text)}", file=stream)
     for text in unpinned:
-        print(f"  not pinned: {text}", file=stream)
+        print(f"  not pinned: {_shown(text)}", file=stream)
     try:  # the readiness check site.yml makes before contacting the host: every input its roles need
         validate(Path(path), roles=run_roles(resolve_playbook("site.yml")), limit=host)
     except InventoryInvalid as err:

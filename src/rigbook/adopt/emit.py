@@ -1,35 +1,85 @@
 """The YAML `provision adopt` writes: every value with a comment saying where it was read, then what was not pinned;
-checked to read back (yaml.safe_load) as exactly the adopted values. Text from the box (keys, values, comments) may
-hold anything: scalars are written as JSON (which is YAML), comments kept on one line."""
+checked to read back, as rigbook's inventory reader reads it, as exactly the adopted values.
+
+Text from the box (keys, values, comments) may hold anything, Jinja2 too (`{{ lookup('pipe', ...) }}` in a
+process's command line). Ansible templates the strings of an inventory, so every adopted string is written with
+Ansible's `!unsafe` tag: Ansible reads it as data, never as a template. ansible-core 2.19 resolves an `!unsafe`
+scalar as if it had no tag (`!unsafe "12"` is the number 12 there), so a string that would read as another type
+(a number, true, null, a date: none holds a template mark) is written quoted without the tag. Scalars are written
+double-quoted, every character outside printable ASCII escaped; comments are kept on one line.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import yaml
 
+from rigbook import inventory
 from rigbook.errors import UserError
 
 PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+UNSAFE = "!unsafe"
+_STR_TAG = "tag:yaml.org,2002:str"
+_RESOLVER = yaml.resolver.Resolver()
+
+
+def _quoted(text: str) -> str:
+    """TEXT as a YAML double-quoted scalar: printable ASCII as it is, everything else escaped (\\xXX, \\uXXXX,
+    \\UXXXXXXXX: a line break, a control character or an emoji reads back as itself)."""
+    out = ['"']
+    for char in text:
+        code = ord(char)
+        if char in ('"', "\\"):
+            out.append("\\" + char)
+        elif 0x20 <= code < 0x7F:
+            out.append(char)
+        elif code <= 0xFF:
+            out.append(f"\\x{code:02x}")
+        elif code <= 0xFFFF:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(f"\\U{code:08x}")
+    out.append('"')
+    return "".join(out)
+
+
+def is_string_to_ansible(text: str) -> bool:
+    """True when TEXT, untagged and plain, reads as a string (not a number, bool, null or date): the strings
+    ansible-core reads as strings under `!unsafe`."""
+    return _RESOLVER.resolve(yaml.ScalarNode, text, (True, False)) == _STR_TAG
 
 
 def _scalar(value) -> str:
-    """VALUE as YAML reads it back unchanged (JSON is YAML: strings double-quoted, escapes and all)."""
-    if value is None or isinstance(value, (bool, int, float, str)):
+    """VALUE as YAML reads it back unchanged: a string `!unsafe` and double-quoted (Ansible never templates it)."""
+    if isinstance(value, str):
+        return f"{UNSAFE} {_quoted(value)}" if is_string_to_ansible(value) else _quoted(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UserError(f"adopt: cannot write the number {value!r}")
+    if isinstance(value, float):
+        text = json.dumps(value)  # YAML 1.1 reads 1e+20 as a string: a float needs its dot (1.0e+20)
+        return text if "." in text or "e" not in text else text.replace("e", ".0e", 1)
+    if value is None or isinstance(value, (bool, int)):
         return json.dumps(value)
     raise UserError(f"adopt: cannot write {type(value).__name__} {value!r}")
 
 
 def _key(key) -> str:
-    """A mapping key: plain when it is a plain name, else quoted (an environment variable's name comes from the box
-    and may hold anything but '=')."""
+    """A mapping key: plain when it is a plain name, else written as a value is (a distribution's name, a path)."""
     return key if isinstance(key, str) and PLAIN_KEY.match(key) else _scalar(key)
 
 
 def comment(text: str) -> str:
     """TEXT on one line: what the box said may hold control characters, never a line break into the YAML."""
     return json.dumps(str(text))[1:-1]
+
+
+def load(text: str, where: str = "the adopted YAML"):
+    """TEXT as rigbook's inventory reader reads it (rigbook.inventory: SafeLoader, no key twice, Ansible's
+    `!unsafe` read as ansible-core reads it); UserError naming WHERE when it is not such YAML."""
+    return inventory._parse_yaml(text, where)
 
 
 def _is_flat(value) -> bool:
@@ -64,7 +114,8 @@ def _emit(value, comments: dict, path: tuple, indent: int, out: list, first_pref
 
 def render(host: str, variables: dict, comments: dict, unpinned: list, notes: list) -> str:
     """The YAML file adopt writes: a header, every value with where it was read, then what was not pinned."""
-    out = ["---", f"# Written by `provision adopt {host}` from what the box runs; each value says where it was read.",
+    out = ["---", f"# Written by `provision adopt {comment(host)}` from what the box runs; each value says where it "
+           "was read.", "# Strings are tagged !unsafe: Ansible reads them as data, never as templates.",
            "# Review it, then: provision site.yml -i INV --limit HOST --check --diff"]
     for text in notes:
         out.append(f"# note: {comment(text)}")
@@ -73,6 +124,6 @@ def render(host: str, variables: dict, comments: dict, unpinned: list, notes: li
         out.append("# Not pinned (adopt could not read or decide these; the roles keep their defaults):")
         out += [f"# - {comment(text)}" for text in unpinned]
     text = "\n".join(out) + "\n"
-    if yaml.safe_load(text) != variables:  # the file must say exactly what was read
+    if (load(text) or {}) != variables:  # the file must say exactly what was read (nothing: no values)
         raise UserError("adopt: the written YAML does not read back as the adopted values (a bug: please report)")
     return text

@@ -9,6 +9,7 @@ line and GPU environment), and the files written beside the pins (the SGLang ven
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from pathlib import Path
 from urllib.parse import quote
@@ -31,6 +32,22 @@ def _host_pins():
     from ansible_collections.rigbook.homelab.plugins.module_utils import host_pins
 
     return host_pins
+
+
+def _box_rules():
+    """plugins/modules/adopt_facts: the rules the module applies on the box to what it read (`typed`), applied here
+    again to what the run stored."""
+    # deferred: ansible_collections.rigbook.homelab is importable only once link_collection() ran (validate runs it)
+    from ansible_collections.rigbook.homelab.plugins.modules import adopt_facts
+
+    return adopt_facts
+
+
+def _finite(profile: dict) -> dict:
+    """PROFILE with a number that is not finite (--mem-fraction-static nan) given back as the text the engine was
+    given: the schema names it, instead of a NaN that never equals itself."""
+    return {key: (str(value) if isinstance(value, float) and not math.isfinite(value) else value)
+            for key, value in profile.items()}
 
 
 def _profile_name(engine: dict, taken: set) -> str:
@@ -191,14 +208,16 @@ def _flags_sglang_lacks(engine: dict, profile: dict, index: int) -> list:
 
 def _serve_profiles(facts: dict, comments: dict, unpinned: list, notes: list) -> list:
     """rigbook_serve: one profile of each running engine's command line (serve/profile.profile_from_argv) and GPU
-    environment, with where it was read; an API key or a secret-looking variable never copied."""
+    environment, with where it was read; an API key, the admin API key or a secret-looking variable never
+    copied (serve/profile: SECRET_FILES)."""
     # deferred: ansible_collections.rigbook.homelab is importable only once link_collection() ran (validate runs it)
     from ansible_collections.rigbook.homelab.plugins.module_utils.serve.profile import profile_from_argv
 
     profiles, taken = [], set()
     for engine in facts.get("engines") or []:
         name = _profile_name(engine, taken)
-        profile, found = profile_from_argv(engine.get("args") or [], name)
+        profile, found = profile_from_argv(engine.get("args") or [], name)  # a key (API, admin) never copied
+        profile = _finite(profile)
         where = f"/proc/{engine['pid']}/cmdline" + (f" (unit {engine['unit']})" if engine.get("unit") else
                                                     " (started from a shell, no unit)")
         if engine.get("env"):
@@ -227,8 +246,13 @@ def adopt_of(facts: dict, host: str = "HOST", inventory_dir=".", wheels_dir: str
     """(variables, comments, unpinned, notes, files): variables_of's, and the files written beside the pins ({path
     relative to INVENTORY_DIR: text}: the venv's lock, the local patch of its sglang)."""
     host_pins = _host_pins()
+    # what the run stored is what the box said: typed and bounded again, as the module did on the box
+    facts, said, not_copied = _box_rules().typed(facts)
+    checks = facts.get("checks") if isinstance(facts.get("checks"), dict) else {}
     reading = host_pins.read_pins(facts)  # every pin of the table, in its order
     pins, comments, unpinned, notes = reading.pins, reading.comments, reading.unpinned, reading.notes
+    notes[:0] = [str(text) for text in checks.get("notes") or []] + said
+    unpinned[:0] = [str(text) for text in checks.get("unpinned") or []] + not_copied
     files: dict = {}
     engine, _ = host_pins.sglang_engine(facts)
     if "sglang" in pins and host_pins.SGLANG_VERSION.match(pins["sglang"]["version"]):

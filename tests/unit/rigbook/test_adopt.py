@@ -1,12 +1,23 @@
-"""rigbook/adopt.py: what adopt_facts read, turned into rigbook_* variables with where each was read, written as YAML
-that reads back as exactly those values; and `provision adopt`'s bad input (exit 2, nothing read or written)."""
+"""rigbook/adopt: what adopt_facts read, turned into rigbook_* variables with where each was read, written as YAML
+that reads back as exactly those values; `provision adopt`'s bad input (exit 2, nothing read or written); and what a
+box says is data: Jinja2 in every field adopt copies is never run by Ansible (real ansible-playbook on the written
+inventory, beside a control written without !unsafe that does run it), control characters, environment names,
+credentials in URLs and the admin API key stay out of the file and the terminal."""
 
 from __future__ import annotations
 
+import io
+import json
+import os
+import subprocess
+import sys
+
 import yaml
+from ansible_collections.rigbook.homelab.plugins.modules import adopt_facts
 from helpers.cli import REPO, provision
 
-from rigbook import adopt
+from rigbook import adopt, runs
+from rigbook.adopt import command, emit
 from rigbook.paths import link_collection
 
 link_collection()
@@ -54,7 +65,7 @@ def test_the_adopted_variables_with_where_each_was_read():
 def test_the_file_reads_back_as_the_values_even_with_hostile_text_from_the_box():
     variables, comments, unpinned, notes = adopt.variables_of(FACTS)
     text = adopt.render("box-1", variables, comments, unpinned, notes)
-    assert yaml.safe_load(text) == variables
+    assert emit.load(text) == variables
     assert "/proc/sys/kernel/osrelease" in text and "# /proc/4100/cmdline (unit sglang.service)" in text
     assert "# Not pinned" in text and "********" not in text
     assert all(line.startswith(("#", " ", "-", "rigbook_")) or line == "---" for line in text.splitlines())
@@ -138,7 +149,7 @@ def test_the_fork_as_dkms_built_it_is_the_driver_pin_and_its_files_are_named_not
     assert comments[("rigbook_pins", "nvidia_driver", "commit")] == "/usr/src/nvidia-615.71.09/.git"
     assert any("source tarball" in u and "/usr/src/nvidia-615.71.09" in u for u in unpinned)
     assert any("zfs/2.1.11" in n for n in notes)
-    assert yaml.safe_load(adopt.render("box", variables, comments, unpinned, notes)) == variables
+    assert emit.load(adopt.render("box", variables, comments, unpinned, notes)) == variables
 
 
 def _wheels(*pairs, install="index"):
@@ -168,7 +179,7 @@ def test_the_cuda_wheels_of_the_default_venv_are_pinned_as_the_3080_twin_pins_th
     assert not [u for u in unpinned if "cuda_toolchain" in u] and not [n for n in notes if "problem" in n]
     # nccl-tests are files no process shows: with an NCCL pinned, named as not read
     assert [u for u in unpinned if u.startswith("rigbook_pins.nccl_tests: which nccl-tests the box runs is not read")]
-    assert yaml.safe_load(adopt.render("box", variables, comments, unpinned, notes)) == variables
+    assert emit.load(adopt.render("box", variables, comments, unpinned, notes)) == variables
     # the wheels of every pinned package (and the runtime) found in one --wheels-dir folder: that folder is the pin's
     folder = "/var/cache/rigbook/artifacts/wheels/cuda-13.0.88"
     found = [dict(p, wheels=[{"path": f"{folder}/{p['name'].replace('-', '_')}-{p['version']}-py3-none-any.whl",
@@ -267,7 +278,7 @@ def test_a_lock_without_every_wheel_vcs_editable_and_hostile_distributions(tmp_p
                for u in unpinned)
     problems = [n for n in notes if n.startswith("problem: ")]
     assert any("my-patch 0.1: an editable install" in n and "cannot be reproduced" in n for n in problems)
-    assert any("'evil\\n--index-url'" in n for n in problems)
+    assert any("'evil\ufffd--index-url'" in n for n in problems)  # the line break: U+FFFD, never dropped
     assert "s3cret" not in repr((variables, comments, unpinned, notes, files))
     assert any("https://***@git.example/p.git" in n for n in problems)
 
@@ -291,7 +302,7 @@ def test_local_changes_to_sglang_are_named_and_their_diff_is_the_patch_beside_th
     assert any("sglang/srt/gone.py missing" in n for n in notes)
     assert _schema_problems(variables) == []
     text = adopt.render("box-1", variables, comments, unpinned, notes)
-    assert yaml.safe_load(text) == variables and "the diff from /srv/wheels/sglang-0.5.23" in text
+    assert emit.load(text) == variables and "the diff from /srv/wheels/sglang-0.5.23" in text
     _, _, unpinned, _, files = adopt.adopt_of(
         {"kernel": {}, "engines": [_engine(packages, dict(local, patch=None, wheel=None))]}, "box-1", tmp_path)
     assert list(files) == ["locks/box-1-sglang-0.5.23.txt"]
@@ -563,3 +574,174 @@ def test_gpus_on_two_root_ports_of_a_host_bridge_the_kernel_does_not_allow_are_n
     zen = dict(x99, cpu={"vendor": "AuthenticAMD", "family": 0x19})
     for facts in (allowed, same_port, zen):
         assert not [u for u in adopt.variables_of(facts)[2] if "p2pdma_allow" in u]
+
+
+# --- what a box says is data: issue 34 ------------------------------------------------------------------------------
+
+def _attack(mark):
+    """A Jinja2 expression that runs `touch MARK` wherever Ansible templates it (no spaces: it fits an apt source's
+    URI, a policy line's word and a kernel release as well)."""
+    return "{{lookup('pipe','touch${IFS}" + mark + "')}}"
+
+
+MARKS = ("MARK_argv", "MARK_served", "MARK_extra", "MARK_env", "MARK_venv", "MARK_git", "MARK_branch", "MARK_origin",
+         "MARK_release", "MARK_cmdline", "MARK_deb")
+
+
+def _hostile_facts():
+    """What adopt_facts returns on a box where a local user started a process whose command line and environment
+    hold Jinja2, and the venv path, the DKMS source's git remote, an apt source (a package origin) and the kernel's
+    strings do too (constructed in adopt_facts' shapes)."""
+    release = "6.8.12-" + _attack("MARK_release")
+    origin = "file:///r/" + _attack("MARK_origin")
+    rocm = dict(ROCM, policy=[f"500 {origin.replace('file:///', 'file:/')} noble/main amd64 Packages"],
+                sources=[dict(ROCM["sources"][1], uris=[origin])])
+    return {
+        "kernel": {"release": release, "cmdline": ["iommu=pt", "x=" + _attack("MARK_cmdline")], "packages": [
+            {"name": f"linux-image-{release}", "version": "1", "origin": "local",
+             "sources": ["100 /var/lib/dpkg/status"],
+             "deb": {"path": "/srv/debs/" + _attack("MARK_deb"), "sha256": "a" * 64}}]},
+        "dkms": [{"module": "nvidia", "version": "615.71.09", "kernels": {"6.8.12": "installed"},
+                  "source": "/usr/src/nvidia-615.71.09",
+                  "git": {"repo": "https://github.com/x/" + _attack("MARK_git"), "branch": _attack("MARK_branch"),
+                          "commit": "3f2b1c0a"}}],
+        "engines": [{"pid": 4100, "unit": "sglang.service", "venv": "/opt/" + _attack("MARK_venv"),
+                     "args": ["--model-path", "/srv/{{ lookup('pipe', 'touch MARK_argv') }}", "--served-model-name",
+                              _attack("MARK_served") + "\x1b[2J\u00e9\U0001f600", "--enable-metrics",
+                              _attack("MARK_extra")],
+                     "env": {"NCCL_DEBUG": _attack("MARK_env")}, "secret_env": [],
+                     "packages": [{"name": "sglang", "version": "0.5.23", "install": "index"}]}],
+        "rocm": rocm,
+    }
+
+
+def _strings(value):
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in _strings(k) + _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return [value] if isinstance(value, str) else []
+
+
+def _adopt_recorded(tmp_path, monkeypatch, facts, hosts_extra=""):
+    """`provision adopt box-1` (the command itself: mapping, emit, the write, the check) with the playbook run
+    replaced by what it stores: FACTS as <run>/adopted/box-1.json. (inventory, exit code, stdout)."""
+    inv = tmp_path / "inv"
+    inv.mkdir()
+    (inv / "hosts.yml").write_text("all:\n  hosts:\n    box-1:\n      ansible_connection: local\n" + hosts_extra)
+    monkeypatch.setenv("RIGBOOK_STATE_DIR", str(tmp_path / "state"))
+
+    def stored(options):
+        folder = runs.runs_dir() / "adopt-recorded" / command.FACTS_DIR
+        folder.mkdir(parents=True)
+        (folder / "box-1.json").write_text(json.dumps(facts))
+        return 0
+
+    monkeypatch.setattr(command, "run_playbook", stored)
+    out = io.StringIO()
+    code = command.adopt_command("box-1", str(inv), stream=out)
+    return inv, code, out.getvalue()
+
+
+def test_jinja_from_the_box_is_never_run_by_ansible_at_the_first_play_after_adopt(tmp_path, monkeypatch):
+    facts = _hostile_facts()
+    inv, code, _ = _adopt_recorded(tmp_path, monkeypatch, facts, hosts_extra=(
+        f"      ansible_python_interpreter: {sys.executable}\n    control:\n      ansible_connection: local\n"
+        f"      ansible_python_interpreter: {sys.executable}\n"))
+    assert code in (0, 1)  # written (1: the check names what the hostile values lack)
+    written = (inv / "host_vars/box-1.yml").read_text()
+    variables = emit.load(written)
+    assert variables["rigbook_serve"][0]["served_model_name"].endswith("\ufffd[2J\u00e9\U0001f600")
+    assert variables == adopt.adopt_of(facts, "box-1", inv)[0]
+    strings = _strings(variables)
+    for mark in MARKS:  # every field carries its attack into the variables Ansible reads
+        assert any(mark in s and "lookup('pipe'" in s for s in strings), mark
+    # the control: the same variables written without !unsafe (yaml.safe_dump), each mark renamed CTRL_
+    control = json.loads(json.dumps(variables).replace("MARK_", "CTRL_"))
+    (inv / "host_vars/control.yml").write_text(yaml.safe_dump(control))
+    play = tmp_path / "play"
+    play.mkdir()
+    (play / "play.yml").write_text(json.dumps([{"hosts": "all", "gather_facts": False, "tasks": [
+        {"ansible.builtin.copy": {"content": "{{ {'pins': rigbook_pins, 'serve': rigbook_serve} | to_json }}",
+                                  "dest": str(tmp_path / "seen") + "/{{ inventory_hostname }}.json"}}]}]))
+    (tmp_path / "seen").mkdir()
+    bin_dir = os.path.dirname(sys.executable)
+    env = {**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-tmp"),
+           "PATH": bin_dir + os.pathsep + os.environ["PATH"]}
+    proc = subprocess.run([os.path.join(bin_dir, "ansible-playbook"), "-i", str(inv), str(play / "play.yml")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    made = {p.name for p in tmp_path.rglob("*") if p.name.startswith(("MARK_", "CTRL_"))}
+    # without !unsafe every field runs its command (the harness sees the attack) ...
+    assert {m for m in made if m.startswith("CTRL_")} == {m.replace("MARK_", "CTRL_") for m in MARKS}
+    # ... with it none does, and Ansible's value of every variable is the adopted string itself
+    assert not {m for m in made if m.startswith("MARK_")}
+    seen = json.loads((tmp_path / "seen/box-1.json").read_text())
+    assert seen == {"pins": variables["rigbook_pins"], "serve": variables["rigbook_serve"]}
+
+
+def test_control_characters_an_env_name_with_a_template_credentials_and_the_admin_key_stay_out(tmp_path,
+                                                                                                monkeypatch):
+    facts = {"kernel": {}, "dkms": [
+        {"module": "zfs\x1b[2J\x1b]0;owned\x07", "version": "2.1", "kernels": {"6.8": "installed"}, "source": None,
+         "git": None},
+        {"module": "nvidia", "version": "615.71.09", "kernels": {"6.8": "installed"}, "source": "/usr/src/n",
+         "git": {"repo": "https://owner:ghp_s3cret@github.com/x/fork.git", "branch": None, "commit": "3f2b1c0a"}}],
+        "engines": [{"pid": 4100, "unit": None, "venv": None, "packages": [],
+                     "args": ["--model-path", "/m\nExecStartPre=+/bin/sh", "--admin-api-key", "adm-1",
+                              "--admin-api-key=adm-2", "--enable-metrics"],
+                     "env": {"NCCL_{{ lookup('pipe','id') }}": "1", "NCCL_P2P_LEVEL": "PHB\x1b[31m"},
+                     "secret_env": ["SGLANG_API_KEY"]}]}
+    inv, code, out = _adopt_recorded(tmp_path, monkeypatch, facts)
+    written = (inv / "host_vars/box-1.yml").read_text()
+    variables = emit.load(written)
+    [profile] = variables["rigbook_serve"]
+    # control characters: replaced by U+FFFD in values, never in the file, never on the terminal
+    assert profile["model_path"] == "/m\ufffdExecStartPre=+/bin/sh"
+    assert profile["env"] == {"NCCL_P2P_LEVEL": "PHB\ufffd[31m"}
+    assert not [c for c in written + out if ord(c) < 32 and c != "\n"] and "\x9b" not in out
+    assert "DKMS module zfs\ufffd[2J\ufffd]0;owned\ufffd/2.1" in out
+    # an environment name that is no shell name is never a key: named as not pinned
+    assert "lookup" not in str(list(profile["env"]))
+    assert "not pinned: rigbook_serve: the engine /proc/4100's environment holds \"NCCL_{{ lookup('pipe','id') }}\"" \
+           in out
+    # credentials in a git remote: removed, said
+    assert variables["rigbook_pins"]["nvidia_driver"]["fork_repo"] == "https://***@github.com/x/fork.git"
+    assert "s3cret" not in written + out
+    assert "credentials removed from a URL" in out and "dkms[1].git.repo" in out
+    # the admin API key, in either spelling: never copied, said
+    assert profile["extra_args"] == ["--enable-metrics"]
+    assert "adm-1" not in written + out and "adm-2" not in written + out
+    assert "engine: --admin-api-key: the admin API key is on the engine's command line" in out
+    assert code in (0, 1)
+
+
+def test_the_notes_of_the_box_reach_the_file_and_the_terminal():
+    facts = {"kernel": {}, "engines": [], "checks": {
+        "notes": ["the engine /proc/5100 runs as user mallory: skipped, not read"],
+        "unpinned": ["rigbook_pins.sglang: the venv /opt/v of the engine /proc/4100 is owned by mallory"]}}
+    variables, comments, unpinned, notes = adopt.variables_of(facts)
+    assert notes[0] == "the engine /proc/5100 runs as user mallory: skipped, not read"
+    assert unpinned[0].startswith("rigbook_pins.sglang: the venv /opt/v")
+    text = adopt.render("box-1", variables, comments, unpinned, notes)
+    assert "# note: the engine /proc/5100 runs as user mallory" in text and "# - rigbook_pins.sglang: the venv" in text
+
+
+def test_a_number_that_is_not_finite_is_given_back_as_its_text():
+    engine = {"pid": 1, "args": ["--model-path", "/m", "--mem-fraction-static", "nan"], "env": {}, "packages": []}
+    variables, comments, unpinned, notes = adopt.variables_of({"kernel": {}, "engines": [engine]})
+    assert variables["rigbook_serve"][0]["mem_fraction_static"] == "nan"
+    assert emit.load(adopt.render("box", variables, comments, unpinned, notes)) == variables
+
+
+def test_stored_facts_of_the_wrong_shape_are_read_past_without_a_traceback():
+    facts = {"kernel": ["not", "a", "mapping"], "dkms": "x", "rocm": [1], "cuda_venv": "y",
+             "engines": ["str", {"pid": "x"}, {"pid": 4100, "args": "not a list", "env": [1], "packages": {},
+                                               "secret_env": "z", "unit": 7, "venv": ["a"]}]}
+    variables, comments, unpinned, notes = adopt.variables_of(facts)
+    assert [p["name"] for p in variables["rigbook_serve"]] == ["engine"]
+    assert "rigbook_serve: an engine without a process id was left out" in unpinned
+    assert emit.load(adopt.render("box", variables, comments, unpinned, notes)) == variables
+    # typed twice (on the box, then on what the run stored) says nothing more the second time
+    once, said, _ = adopt_facts.typed({"dkms": [{"git": {"repo": "https://u:p@h/r\x1b"}}], "engines": []})
+    assert said and adopt_facts.typed(once)[1:] == ([], [])

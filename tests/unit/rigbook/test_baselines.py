@@ -5,16 +5,22 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+import yaml
 from ansible_collections.rigbook.homelab.plugins.module_utils.judges.collective_layers import judge_collectives
 from helpers.cli import provision
 
-from rigbook import baselines
+from rigbook import baselines, statefile
 from rigbook.errors import UserError
 from rigbook.inventory import load
 from rigbook.paths import name_file
 
+REPO = Path(__file__).resolve().parents[3]
 # Seed 004 (X99 + 2x R9700): RCCL SendRecv 1 GB 9.75 GB/s, AllReduce busbw 9.51 GB/s.
 SEED_004 = {"sendrecv_busbw_gbs": 9.75, "all_reduce_busbw_gbs": 9.51}
 P2P = {"gpu": {"count": 2}, "p2p": {"expected": True, "nccl_p2p_level": "PHB"}}
@@ -171,14 +177,16 @@ def test_show_prints_brackets_in_host_names_and_the_state_path_as_they_are(tmp_p
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     assert f"no baselines yet under {state / 'baselines'}" in proc.stdout
     host = "rig[bold]"
-    data = {"host": host, "recorded": {"at": "2024-01-01 00:00:00", "metrics": {"m[/x]": 1.5},
+    data = {"host": host, "recorded": {"at": "2024-01-01 00:00:00", "metrics": {"m[/x]": 1.5, "peer_gbs": 2.5},
                                        "versions": {"kernel": "6.8[/bold]"}}, "history": []}
     (state / "baselines").mkdir(parents=True)
     (state / "baselines" / name_file(host)).write_text(json.dumps(data))
     proc = provision("baseline", "show", env=env)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     assert f"{host}: baseline of 2024-01-01 00:00:00 (kernel 6.8[/bold])" in proc.stdout
-    assert "m[/x]" in proc.stdout
+    assert "peer_gbs" in proc.stdout and "2.50" in proc.stdout
+    # a figure's name is a-z 0-9 _ -: one with brackets is left out, and the warning prints its name as text
+    assert "m[/x]" not in proc.stdout and "figure 'm[/x]' left out (its name is not" in proc.stderr
     proc = provision("baseline", "show", "other[/x]", env=env)
     assert proc.returncode == 0 and "other[/x]: no baseline recorded" in proc.stdout, proc.stderr
 
@@ -233,3 +241,120 @@ def test_each_write_is_a_new_file_renamed_over_the_old_one(inv):
     # no temporary file left beside it (the lock file is the writers' fcntl lock, kept)
     assert sorted(p.name for p in path.parent.iterdir()) == sorted([path.name, f".{path.name}.lock"])
     assert [e["run_dir"] for e in baselines.load("box-a")["history"]] == ["/runs/x", "/runs/y"]
+
+
+# --- figures are data, never code (issue 34) ----------------------------------------------------------------------
+
+TEMPLATE = "{{ lookup('pipe', 'touch %s') }}"
+P2P_DEFAULTS = REPO / "roles" / "p2p_verify" / "defaults" / "main.yml"
+
+
+def _templated_by_ansible(tmp_path, var_files: list) -> subprocess.CompletedProcess:
+    """REAL ansible-playbook (this venv's) on 127.0.0.1 over a local connection, given VAR_FILES as `-e @FILE` the way
+    provision hands a run its baselines: it templates the whole of rigbook_baselines and the p2p_verify role's own
+    expression that reads it (p2p_verify_baseline, from the role's defaults), and `control` when given."""
+    role_default = yaml.safe_load(P2P_DEFAULTS.read_text())["p2p_verify_baseline"]
+    play = [{"hosts": "all", "gather_facts": False, "vars": {"p2p_verify_baseline": role_default},
+             "tasks": [{"name": "all of it", "ansible.builtin.debug": {"msg": "{{ rigbook_baselines }}"}},
+                       {"name": "the role's view", "ansible.builtin.debug": {"msg": "{{ p2p_verify_baseline }}"}},
+                       {"name": "control", "ansible.builtin.debug": {"msg": "{{ control | default('') }}"}}]}]
+    (tmp_path / "play.yml").write_text(json.dumps(play))
+    home = tmp_path / "ansible-home"
+    env = {**os.environ, "ANSIBLE_HOME": str(home), "ANSIBLE_LOCAL_TEMP": str(home / "tmp"),
+           "ANSIBLE_NOCOLOR": "1", "ANSIBLE_PYTHON_INTERPRETER": sys.executable}
+    argv = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "127.0.0.1,", "-c", "local"]
+    for path in var_files:
+        argv += ["-e", f"@{path}"]
+    return subprocess.run(argv + [str(tmp_path / "play.yml")], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=300)
+
+
+def test_a_string_figure_from_a_box_or_a_file_never_reaches_ansible_as_a_template(inv, tmp_path, capsys):
+    """The attack: a ladder result (module output) whose figure is a Jinja2 expression, and a baselines file (edited,
+    or written by an older rigbook) holding one as a figure and as its time. Recorded, read back and handed to a
+    run through the path run.py takes (extra_vars, written as baselines.json, `-e @baselines.json`), real Ansible
+    templates it all: the command never runs. The control file shows the same Ansible does run one given to it."""
+    marker, control = tmp_path / "MARKER", tmp_path / "CONTROL"
+    evil = TEMPLATE % marker
+    recorded = baselines.record("127.0.0.1", ladder({"peer_gbs": 9.5, "evil_gbs": evil}), "/runs/x")
+    assert recorded["metrics"] == {"peer_gbs": 9.5}
+    assert "evil_gbs" not in baselines._file("127.0.0.1").read_text()
+    assert "figure 'evil_gbs' left out (not a finite number but str)" in capsys.readouterr().err
+    hand_edited = {"host": "127.0.0.2", "recorded": {"at": evil, "metrics": {"peer_gbs": evil, "bus_gbs": 3.5,
+                                                                             evil: 1.0}}, "history": []}
+    baselines._file("127.0.0.2").write_text(json.dumps(hand_edited))
+    given = baselines.extra_vars(["127.0.0.1", "127.0.0.2"])
+    assert given["rigbook_baselines"] == {
+        "127.0.0.1": {"metrics": {"peer_gbs": 9.5}, "at": recorded["at"], "source": "host 127.0.0.1"},
+        "127.0.0.2": {"metrics": {"bus_gbs": 3.5}, "at": None, "source": "host 127.0.0.2"}}
+    err = capsys.readouterr().err
+    assert f"baselines file {baselines._file('127.0.0.2')}: figure 'peer_gbs' left out" in err
+    assert "figure \"{{ lookup('pipe', " in err and "left out (its name is not 1-64 of a-z 0-9 _ -)" in err
+    run_file = tmp_path / "run" / "baselines.json"
+    statefile.write_json_atomic(run_file, given)  # as run.py writes it for `-e @`
+    control_file = tmp_path / "control.json"
+    control_file.write_text(json.dumps({"control": TEMPLATE % control}))
+    proc = _templated_by_ansible(tmp_path, [run_file, control_file])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert control.exists(), "the control: this Ansible templates a string of an -e file"
+    assert not marker.exists()
+    assert '"msg": {\n        "peer_gbs": 9.5\n    }' in proc.stdout  # the role's view of 127.0.0.1's figures
+
+
+def test_the_same_attack_as_a_file_older_rigbook_wrote_is_what_ansible_would_run(tmp_path):
+    """Without the guard: the hand-edited file's figure handed to Ansible as it was read makes the MARKER, so the
+    test above would catch a guard that let it through."""
+    marker = tmp_path / "MARKER"
+    raw = tmp_path / "raw.json"
+    raw.write_text(json.dumps({"rigbook_baselines": {"127.0.0.1": {"metrics": {"peer_gbs": TEMPLATE % marker}}}}))
+    proc = _templated_by_ansible(tmp_path, [raw])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), True, False, "9.5", None, [1.0],
+                                   {"x": 1.0}, 10 ** 400], ids=lambda value: repr(value)[:12])
+def test_only_a_finite_number_is_a_figure(inv, capsys, value):
+    recorded = baselines.record("box-a", ladder({"peer_gbs": 9.5, "odd_gbs": value}), "/runs/x")
+    assert recorded["metrics"] == {"peer_gbs": 9.5}
+    assert baselines.load("box-a")["history"][-1]["metrics"] == {"peer_gbs": 9.5}
+    assert ("odd_gbs" in capsys.readouterr().err) == (value is not None)  # None: not measured, said nowhere
+
+
+@pytest.mark.parametrize("name", ["Peer", "a b", "x" * 65, "", "a{{b", "a.b", "m\x1b[2K"], ids=repr)
+def test_a_figure_s_name_is_1_to_64_of_a_z_0_9_underscore_dash(inv, capsys, name):
+    recorded = baselines.record("box-a", ladder({"serve_qwen-2_ttft_s": 0.25, name: 1.0}), "/runs/x")
+    assert recorded["metrics"] == {"serve_qwen-2_ttft_s": 0.25}
+    err = capsys.readouterr().err
+    assert "left out (its name is not 1-64" in err and "\x1b" not in err
+
+
+def test_a_host_or_group_name_that_is_not_plain_is_never_handed_to_ansible(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("RIGBOOK_STATE_DIR", str(tmp_path / "state"))
+    path = tmp_path / "hosts.yml"
+    path.write_text("all:\n  children:\n    '{{g}}':\n      hosts:\n        twin: {}\n        first: {}\n")
+    inv = load(path)
+    recorded = baselines.record("first", ladder(SEED_004), "/runs/x")
+    baselines.record_groups("first", inv, recorded, "*", {})
+    baselines.record("{{h}}", ladder(SEED_004), "/runs/x")
+    given = baselines.extra_vars(["first", "twin", "{{h}}"], inv)["rigbook_baselines"]
+    assert list(given) == ["first"]
+    err = capsys.readouterr().err
+    assert "'twin': its baseline (group {{g}}) is not handed to the run" in err
+    assert "'{{h}}': its baseline (host {{h}}) is not handed to the run" in err
+
+
+def test_show_and_the_judged_line_print_no_escape_sequence(inv, capsys):
+    """Text a box gave (a version) or a file holds (the time): ESC[2K ESC[1A would erase the line above, OSC 52
+    write the clipboard; shown as visible escapes instead."""
+    data = {"host": "box-a", "recorded": {"at": "2024-01-01\x1b[1A\x1b[2K", "metrics": {"peer_gbs": 1.5},
+                                          "versions": {"kernel": "6.8\x1b]52;c;ZXZpbA==\x07\u202e"}}, "history": []}
+    baselines._file("box-a").parent.mkdir(parents=True)
+    baselines._file("box-a").write_text(json.dumps(data))
+    out = io.StringIO()
+    assert baselines.show(["box-a"], out) == 0
+    assert "\x1b" not in out.getvalue() and "\x07" not in out.getvalue() and "\u202e" not in out.getvalue()
+    assert "2024-01-01\\x1b[1A\\x1b[2K" in out.getvalue() and "6.8\\x1b]52;c;ZXZpbA==\\x07\\u202e" in out.getvalue()
+    out = io.StringIO()
+    baselines.print_judged({"box-a": "host box-a\x1b[2K"}, out)
+    assert out.getvalue() == "baselines: box-a judged by host box-a\\x1b[2K\n"

@@ -5,8 +5,10 @@ Every case runs `provision` as a subprocess in a fresh work folder (its inputs),
 its own TMPDIR; a listing of the work folder (names, kinds, sizes, modes, link targets, mtimes) and of TMPDIR is
 taken before and after and must be equal. The inputs are hostile on purpose: inventories (bad bytes, YAML bombs,
 host names that are paths, shell in the kernel command line), serve profiles (control characters, abbreviated
-flags, NaN), snapshots (crafted tarballs), state files (a string where a mapping belongs), parse inputs and
-arguments. The tarballs are built here with the tarfile module; nothing is extracted by the test itself.
+flags, NaN), snapshots (crafted tarballs), state files (a string where a mapping belongs, a Jinja2 expression or NaN
+where a figure belongs, terminal escape sequences in what a box said, a manifest whose labels excuse its drift),
+parse inputs (one that never ends) and arguments. No case's output holds an ESC byte. The tarballs are built here
+with the tarfile module; nothing is extracted by the test itself.
 """
 
 from __future__ import annotations
@@ -185,6 +187,35 @@ def state_then(rel: str, content, *args) -> Callable:
     return build
 
 
+def state_files_then(files: dict, *args) -> Callable:
+    """Several state files (REL -> content) written, then ARGS."""
+    def build(w: Work):
+        for rel, content in files.items():
+            w.state_file(rel, content)
+        return list(args)
+    return build
+
+
+# What a box or a hand edit can put in a state file: a Jinja2 expression where a figure belongs (handed to the next
+# run as `-e @baselines.json`, Ansible would run it), NaN, and terminal escape sequences: ESC[1A ESC[2K (up a line,
+# erase it), OSC 52 (write the clipboard), a one-byte C1 CSI, a right-to-left override.
+TEMPLATE_FIGURE = "{{ lookup('pipe', 'touch MARKER') }}"
+ESCAPES = "\x1b[1A\x1b[2K\x1b]52;c;ZXZpbA==\x07\x9b2K\u202e"
+SHOWN = "\\x1b[1A\\x1b[2K\\x1b]52;c;ZXZpbA==\\x07\\x9b2K\\u202e"
+
+
+def _baseline(metrics: dict, at="2026-01-01 00:00:00", versions=None) -> str:
+    return json.dumps({"host": "rig-3080", "recorded": {"at": at, "metrics": metrics, "versions": versions or {}},
+                       "history": [{"at": at, "metrics": metrics}]})
+
+
+def _manifest(items: dict) -> str:
+    return json.dumps({"schema": 1, "items": items})
+
+
+MANIFESTS = "runs/20260101-000000-manifest-abcdef/manifests/"
+
+
 def report_to(target: str) -> Callable:
     def build(w: Work):
         if target == "folder":
@@ -310,6 +341,43 @@ CASES = [
     Case("report-over-bad-baseline",
          state_then("baselines/rig-3080.json", '["x"]', "report", "-i", "INV", "-o", "OUT"),
          "rig-3080.json is corrupt (not a JSON object but list): left out (the file was not moved)", 0, "report.html"),
+    Case("baseline-figure-template-show",
+         state_then("baselines/rig-3080.json", _baseline({"p2p_gbs": TEMPLATE_FIGURE}), "baseline", "show"),
+         "figure 'p2p_gbs' left out (not a finite number but str)", 0),
+    Case("baseline-figure-template-report",
+         state_then("baselines/rig-3080.json", _baseline({"p2p_gbs": TEMPLATE_FIGURE, "bus_gbs": 3.5}),
+                    "report", "-i", "INV", "-o", "OUT"),
+         "figure 'p2p_gbs' left out (not a finite number but str)", 0, "report.html"),
+    Case("baseline-figure-nan-report",
+         state_then("baselines/rig-3080.json", _baseline({"p2p_gbs": float("nan")}), "report", "-i", "INV", "-o",
+                    "OUT"), "figure 'p2p_gbs' left out (not a finite number but float)", 0, "report.html"),
+    Case("baseline-figure-name-template-report",
+         state_then("baselines/rig-3080.json", _baseline({TEMPLATE_FIGURE: 1.0}), "report", "-i", "INV", "-o",
+                    "OUT"), "left out (its name is not 1-64 of a-z 0-9 _ -)", 0, "report.html"),
+    Case("group-baseline-figure-template-report",
+         state_then("baselines/groups/x99_3080.json",
+                    json.dumps({"group": "x99_3080", "recorded": {"metrics": {"p2p_gbs": TEMPLATE_FIGURE}}}),
+                    "report", "-i", "INV", "-o", "OUT"),
+         "x99_3080.json: figure 'p2p_gbs' left out (not a finite number but str)", 0, "report.html"),
+    Case("baseline-escape-sequences-show",
+         state_then("baselines/rig-3080.json", _baseline({"p2p_gbs": 1.0}, at=f"2026{ESCAPES}",
+                                                         versions={"kernel": f"6.8{ESCAPES}"}), "baseline", "show"),
+         f"rig-3080: baseline of 2026{SHOWN} (kernel 6.8{SHOWN})", 0),
+    Case("run-record-escape-sequences",
+         state_then("runs/20260101-000000-x/run.json",
+                    json.dumps({"playbook": f"site.yml{ESCAPES}", "started": "x", "exit_code": 1,
+                                "hosts": {f"rig{ESCAPES}": {"state": "failed"}}}), "runs"),
+         f"site.yml{SHOWN} -i ?  hosts=1  failed: rig{SHOWN}", 0),
+    Case("manifest-escape-sequences",
+         state_files_then({MANIFESTS + "a.json": _manifest({"kernel.running": {"value": "6.8"}}),
+                           MANIFESTS + "b.json": _manifest({"kernel.running": {"value": f"6.8{ESCAPES}"},
+                                                            f"kernel.x{ESCAPES}": {"value": ESCAPES}})},
+                          "diff", "a", "b"), f"  kernel.x{SHOWN}\n", 1),
+    Case("manifest-labels-excuse-drift",
+         state_files_then({MANIFESTS + "a.json": _manifest({"file.etc/rigbook/gpu.env": {"value": "aa"}}),
+                           MANIFESTS + "b.json": _manifest({"file.etc/rigbook/gpu.env": {
+                               "value": "bb", "group": "host", "unique": True, "bits": True, "build": "x"}})},
+                          "diff", "a", "b"), "1 pinned item(s) differ", 1),
     # --- outputs -----------------------------------------------------------------------------------------------
     Case("report-to-a-folder", report_to("folder"), "is a directory"),
     Case("report-missing-parent", report_to("missing-parent"), "no/such"),
@@ -319,6 +387,7 @@ CASES = [
     Case("parse-unknown-kind", parse_input("no-such-kind", "x\n"), "no-such-kind"),
     Case("parse-missing-file", lambda w: ["parse", "nccl-log", w.root / "missing.txt"], "missing.txt"),
     Case("parse-a-folder", parse_folder, "folder"),
+    Case("parse-dev-zero", lambda w: ["parse", "kernel-log", "/dev/zero"], "/dev/zero: more than 64 MiB"),
     # --- arguments ---------------------------------------------------------------------------------------------
     Case("unknown-command", lambda w: ["valdate"], "unknown command 'valdate'"),
     Case("missing-inventory", lambda w: ["site.yml"], "-i/--inventory"),
@@ -339,6 +408,7 @@ def test_hostile_input_is_refused_cleanly(tmp_path, case):
     after = tree_listing(tmp_path, skip=skip)
     text = proc.stdout + proc.stderr
     assert "Traceback" not in text, text
+    assert "\x1b" not in text, text
     assert proc.returncode == case.code, text
     assert case.words in text, text
     assert before == after, {k: (before.get(k), after.get(k)) for k in set(before) ^ set(after) or before}

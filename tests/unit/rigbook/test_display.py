@@ -16,6 +16,7 @@ import sys
 from helpers.report import leaves
 
 from rigbook import display
+from rigbook.tracker import Running, Tracker
 
 LONG = ("peer 6.00 GB/s, host-staged 6.00 GB/s (1.00x), 38% of Gen3 x16 "
         + "; ".join(f"retry {n}: peer {n}.{n}{n} GB/s at 0x{n:08x}" for n in range(1, 12)))
@@ -151,3 +152,55 @@ def test_verify_replay_of_a_path_with_brackets(fixtures, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
     assert f"replayed 1 host(s) from {snapshot}: ok" in proc.stdout
+
+
+# --- box text is made terminal-safe (issue 34) --------------------------------------------------------------------
+
+# ESC[1A ESC[2K: up a line and erase it (a "failed" line hidden); OSC 52: write the clipboard; 0x9b: a one-byte CSI;
+# U+202E: right-to-left override (a line that reads otherwise than it is)
+ATTACK = "\x1b[1A\x1b[2K\x1b]52;c;ZXZpbA==\x07\x9b2K\u202eok"
+SHOWN = "\\x1b[1A\\x1b[2K\\x1b]52;c;ZXZpbA==\\x07\\x9b2K\\u202eok"
+OBEYED = ("\x1b", "\x07", "\x9b", "\u202e", "\r")
+
+
+def _box_said(tracker):
+    """A tracker holding what a box's module said (a failure message, a ladder) with ATTACK in it."""
+    host = tracker.host(f"rig{ATTACK}")
+    host.state = "failed"
+    host.failures.append({"task": f"task {ATTACK}", "msg": f"line one {ATTACK}\nline two {ATTACK}"})
+    host.interrupted_in = f"build {ATTACK}"
+    host.ladder = [{"layer": f"pcie_link{ATTACK}", "status": "fail", "measured": {"width": ATTACK},
+                    "expected": [ATTACK], "metrics": {"peer_gbs": 1.0}, "why": f"why {ATTACK}",
+                    "remedy": f"do {ATTACK}"}]
+    tracker.errors.append(f"error {ATTACK}")
+
+
+def test_the_summary_and_the_ladder_print_no_escape_sequence_on_a_terminal_or_in_a_pipe():
+    tracker = Tracker()
+    _box_said(tracker)
+    for stream in (Pipe(), Tty()):
+        console = display.make_console(stream)
+        display.print_summary(tracker, console, f"/state/runs/{ATTACK}")
+        text = re.sub(r"\x1b\[[0-9;]*m", "", stream.getvalue())  # a terminal's own colours are rich's, not the box's
+        assert not any(byte in text for byte in OBEYED), (type(stream).__name__, text)
+        flat = "".join(text.split())
+        for said in (f"task{SHOWN}", f"lineone{SHOWN}", f"build{SHOWN}", f"why{SHOWN}", f"do{SHOWN}",
+                     f"error{SHOWN}", SHOWN):
+            assert said in flat, (type(stream).__name__, said)
+        assert "line two" in text  # a failure message keeps its lines
+
+
+def test_progress_lines_echo_a_module_message_without_its_escape_sequences():
+    """The plain progress lines of a run (a pipe, a CI log) carry each failed task's message: from the box."""
+    tracker = Tracker()
+    stream = Pipe()
+    display.PlainProgress(tracker, stream)
+    tracker.handle({"event": "playbook_on_task_start", "event_data": {"task": f"Collect {ATTACK}"}})
+    tracker.handle({"event": "runner_on_failed", "event_data": {"host": "rig-a", "task": f"Collect {ATTACK}",
+                                                                "res": {"msg": f"nope {ATTACK}"}}})
+    text = stream.getvalue()
+    assert not any(byte in text for byte in OBEYED), text
+    assert f"  TASK Collect {SHOWN}\n" in text and f"nope {SHOWN}" in text
+    # the ticker's "still in" lines name the host and the task the same way
+    assert display.still_lines([Running(f"rig{ATTACK}", f"t{ATTACK}", 99.0, 0)], 30) == [
+        f"  ... rig{SHOWN}: still in 't{SHOWN}' after 1m39s"]

@@ -323,8 +323,6 @@ def test_parsers_on_their_edges():
 
 @pytest.mark.parametrize("raw,problem", [
     (b'{"items": {"kernel.release": "6.8"}}', "item 'kernel.release' is not an object but str"),
-    (b'{"items": {"kernel.release": {"group": ["kernel"], "value": "6.8"}}}',
-     "item 'kernel.release': group is not a string but list"),
     (b'{"items": ["kernel.release"]}', "no items object"),
     (b'"a string"', "not a JSON object but str"),
     (b"\xff{}", "not UTF-8 text"),
@@ -352,3 +350,79 @@ def test_cli_diff_with_an_inventory_names_a_bad_run_record_and_leaves_its_run_ou
     assert proc.stderr == (f"warning: run record {bad / 'run.json'} is unusable: inventory is not a string but "
                            "list: its manifests are left out\n")
     assert "rig-a vs rig-b: no pinned item differs" in proc.stdout
+
+
+# --- the controller labels the items (issue 34) ------------------------------------------------------------------
+
+RCCL_STAMP = {"name": "rccl", "version": "2.27.7", "components": [{"name": "rccl", "patches": ["p -p1 " + "cd" * 32]}],
+              "files": {"lib/librccl.so": "7e" * 32}}
+
+
+def test_the_controller_labels_every_item_the_collector_makes_as_the_collector_does(twins):
+    """manifests.ITEM_RULES is the controller's own copy of what each item is: for every item of a full manifest
+    (an RCCL build, DKMS modules, a GPU serial and DMI serials added to the recorded tree) it agrees with the label
+    the collector gives, so diff's meaning cannot drift from the collector's."""
+    root = twins[0]
+    write(root, "opt/rigbook/rccl/current/.rigbook-build.json", json.dumps(RCCL_STAMP, sort_keys=True))
+    write(root, "lib/modules/7.0.0-31-generic/updates/dkms/nvidia.ko", "built\n")
+    write(root, "sys/class/dmi/id/board_serial", "SN-1\n")
+    write(root, "sys/class/dmi/id/bios_version", "3.4\n")
+    items = collect(root)["items"]
+    assert {"rccl.stamp_sha256", "dkms.7.0.0-31-generic.modules_sha256", "dmi.board_serial", "dmi.bios_version",
+            "host.cmdline_disks", "file.etc/rigbook/serve/qwen.key.env"} <= set(items)
+    for key, item in items.items():
+        box = {"group": item["group"], "unique": item["unique"], "build": item.get("build"),
+               "bits": bool(item.get("bits"))}
+        assert manifests.label_of(key) == box, key
+    assert manifests.label_of("something.new") == {"group": "other", "unique": False, "build": None, "bits": False}
+
+
+def _relabelled(manifest: dict, labels: dict) -> dict:
+    """MANIFEST with the labels of some items replaced, as a box that wants its drift excused would send it."""
+    items = {key: {**item, **labels.get(key, {})} for key, item in manifest["items"].items()}
+    return {**manifest, "items": items}
+
+
+def test_a_twin_that_labels_its_drift_host_unique_or_a_build_s_bits_still_differs(twins, tmp_path):
+    """The attack: the twin's cuda.env and default kernel drifted, and its manifest calls the one host-unique and
+    the other a build's bits (with a build name). `provision diff` decides by the item's name: both differ, exit 1."""
+    a, b = twins
+    write(b, "etc/rigbook/cuda.env", "CUDA_HOME=/usr/local/cuda-12.8\n")
+    (b / "boot").mkdir(exist_ok=True)
+    (b / "boot" / "vmlinuz").unlink(missing_ok=True)
+    (b / "boot" / "vmlinuz").symlink_to("vmlinuz-6.8.0-40-generic")
+    lying = _relabelled(collect(b), {"file.etc/rigbook/cuda.env": {"group": "host", "unique": True},
+                                     "cuda.version": {"group": "host", "unique": True},
+                                     "kernel.default": {"bits": True, "build": "dkms.x", "group": "driver_state"}})
+    state = tmp_path / "state"
+    manifest_run(state, {"rig-a": collect(a), "rig-b": lying})
+    env = {"RIGBOOK_STATE_DIR": str(state)}
+    proc = provision("diff", "rig-a", "rig-b", "--json", env=env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    result = json.loads(proc.stdout)
+    assert [r["item"] for r in result["pinned"]["cuda_toolchain"]] == ["cuda.version", "file.etc/rigbook/cuda.env"]
+    assert [r["item"] for r in result["pinned"]["kernel_state"]] == ["kernel.default"]
+    assert not {"cuda.version", "file.etc/rigbook/cuda.env"} & {r["item"] for r in result["unique"]}
+    assert "dkms.x" not in {b["build"] for b in result["builds"]}
+    proc = provision("diff", "rig-a", "rig-b", env=env)
+    assert proc.returncode == 1 and "rig-a vs rig-b: 3 pinned item(s) differ" in proc.stdout, proc.stdout
+
+
+ESCAPES = "\x1b[1A\x1b[2K\x1b]52;c;ZXZpbA==\x07\x9b2K\u202e"
+
+
+def test_escape_sequences_in_a_manifest_never_reach_the_terminal(twins, tmp_path):
+    """ESC[1A ESC[2K (up a line, erase it: a "differ" line hidden), OSC 52 (write the clipboard), a C1 CSI and a
+    bidi override in an item's name and value, and in a host's file name: printed as visible escapes."""
+    a, b = collect(twins[0]), collect(twins[1])
+    b["items"][f"kernel.cmdline{ESCAPES}"] = {"group": "kernel_state", "value": f"quiet{ESCAPES}", "unique": False}
+    b["items"]["kernel.running"]["value"] = f"6.8{ESCAPES}"
+    state = tmp_path / "state"
+    manifest_run(state, {"rig-a": a, f"rig-b{ESCAPES}": b})
+    proc = provision("diff", "rig-a", f"rig-b{ESCAPES}", env={"RIGBOOK_STATE_DIR": str(state)})
+    assert proc.returncode == 1, proc.stderr
+    for byte in ("\x1b", "\x07", "\x9b", "\u202e"):
+        assert byte not in proc.stdout + proc.stderr
+    shown = "\\x1b[1A\\x1b[2K\\x1b]52;c;ZXZpbA==\\x07\\x9b2K\\u202e"
+    assert f"[other]\n  kernel.cmdline{shown}\n    rig-a: (absent)\n    rig-b{shown}: \"quiet\\u001b[1A" in proc.stdout
+    assert f"  kernel.running\n    rig-a: \"7.0.0-31-generic\"\n    rig-b{shown}: \"6.8\\u001b[1A" in proc.stdout

@@ -158,3 +158,31 @@ def test_sglang_log_through_provision(tmp_path):
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     assert out["path"] == "p2p" and out["all_direct_p2p"] is True
+
+
+def test_dev_zero_ends_with_exit_2_and_a_clear_message():
+    """/dev/zero never ends (and has no line end): parse reads at most MAX_INPUT characters, then says so."""
+    from helpers.cli import provision
+
+    for kind in ("kernel-log", "nccl-log"):
+        result = provision("parse", kind, "/dev/zero", timeout=60)
+        assert result.returncode == 2 and result.stdout == "" and "Traceback" not in result.stderr, result.stderr
+        assert result.stderr.startswith("error: /dev/zero: more than 64 MiB or 1,000,000 lines: parse reads at most")
+
+
+def test_more_lines_than_the_cap_is_refused_and_nothing_printed(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(parse_cmd, "MAX_LINES", 100)
+    path = tmp_path / "many.log"
+    line = "[ 1.000000] pcieport 0000:00:01.0: AER: Corrected error message received from 0000:01:00.0\n"
+    path.write_text(line * 100)
+    assert parse_cmd.main("kernel-log", str(path)) == 0  # at the cap: read whole
+    capsys.readouterr()
+    path.write_text(line * 101)
+    with pytest.raises(UserError, match=r"many.log: more than 64 MiB or 100 lines"):
+        parse_cmd.main("kernel-log", str(path))
+    assert capsys.readouterr().out == ""
+    monkeypatch.setattr(parse_cmd, "MAX_INPUT", 50)  # characters: one line of 51 is past it
+    monkeypatch.setattr("sys.stdin", io.StringIO("x" * 51))
+    with pytest.raises(UserError, match="^stdin: more than "):
+        parse_cmd.main("kernel-log", "-")
+    assert capsys.readouterr().out == ""

@@ -10,6 +10,7 @@ tests/integration/test_report_browser.py.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -309,3 +310,87 @@ def test_the_fleet_table_holds_every_box_s_layers_and_the_last_roll_is_shown(his
     assert "stopped at batch 2: exit 1: lab-r9700 at &#x27;Ladder 6-9: collectives&#x27;" in text
     assert [e["data-batch"] for e in _find(elements, "tr") if e.get("data-batch")] == ["1", "2"]
     assert "--rolling 9" not in text
+
+
+# --- box data is data (issue 34) -----------------------------------------------------------------------------------
+
+def test_a_string_or_nan_figure_in_a_baselines_file_is_left_out_with_a_warning_not_a_traceback(history, tmp_path):
+    """A baselines file edited by hand, or written before figures were checked: a Jinja2 expression as the recorded
+    baseline's figure and as history figures, and NaN (`provision report` ended in a TypeError on the string). Each
+    is named on stderr and left out of the charts; the page is made; the file is not touched."""
+    state = tmp_path / "state"
+    host_file = state / "baselines" / "lab-r9700.json"
+    data = json.loads(host_file.read_text())
+    metric = sorted(data["recorded"]["metrics"])[0]
+    data["recorded"]["metrics"][metric] = "{{ lookup('pipe', 'id') }}"
+    data["history"][0]["metrics"][metric] = "quick-as-ever"
+    data["history"][1]["metrics"][metric] = float("nan")
+    host_file.write_text(json.dumps(data))
+    before = host_file.read_bytes()
+    out = tmp_path / "page.html"
+    proc = provision("report", "-i", "lab", "-o", out, env={"RIGBOOK_STATE_DIR": str(state)}, timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert (f"warning: baselines file {host_file}: figure '{metric}' left out (not a finite number but str)"
+            in proc.stderr)
+    assert "65 charted point(s)" not in proc.stdout and "charted point(s)" in proc.stdout
+    page = out.read_text()
+    assert "lookup(" not in page and "quick-as-ever" not in page
+    assert host_file.read_bytes() == before
+
+
+def test_report_notes_print_no_escape_sequence(history, tmp_path):
+    """A run record whose host name holds ESC[1A ESC[2K (erase the warning line above) and OSC 52: the warning that
+    names it is printed with visible escapes."""
+    state = tmp_path / "state"
+    bad = state / "runs" / "20990101-000000-verify-aaaaaa" / "run.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_text(json.dumps({"hosts": {"lab\x1b[1A\x1b[2K\x1b]52;c;ZXZpbA==\x07": "x"}}))
+    proc = provision("report", "-i", "lab", "-o", tmp_path / "page.html", env={"RIGBOOK_STATE_DIR": str(state)},
+                     timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b" not in proc.stdout + proc.stderr and "\x07" not in proc.stderr
+    assert "hosts.lab\\x1b[1A\\x1b[2K\\x1b]52;c;ZXZpbA==\\x07 is not an object but str" in proc.stderr
+
+
+def test_report_o_writes_a_new_page_0600_and_leaves_an_existing_file_s_mode(tmp_path, monkeypatch):
+    """The page names the hosts, their versions and run folders: a new one is the user's alone whatever the umask
+    (it was 0644); a file the user made keeps the mode they gave it."""
+    monkeypatch.setenv("RIGBOOK_STATE_DIR", str(tmp_path / "state"))
+    old = os.umask(0o022)
+    try:
+        path, _ = report.write_report("lab", str(tmp_path / "new.html"))
+        assert path.stat().st_mode & 0o777 == 0o600
+        mine = tmp_path / "mine.html"
+        mine.write_text("")
+        mine.chmod(0o640)
+        report.write_report("lab", str(mine))
+        assert mine.stat().st_mode & 0o777 == 0o640 and mine.read_text().startswith("<!DOCTYPE html>")
+    finally:
+        os.umask(old)
+
+
+def test_the_page_labels_manifest_items_itself_not_as_a_box_says(history, tmp_path):
+    """The R9700 box's manifest calls every item it differs in host-unique: the page still highlights each pinned
+    difference (manifests.label_of decides, as `provision diff` does)."""
+    from ansible_collections.rigbook.homelab.plugins.module_utils.collect import manifest as collector
+
+    from rigbook import manifests, runs
+    from rigbook.lab.hardware_trees import materialize
+
+    folder = runs.runs_dir() / "20260306-100000-manifest-abcdef" / manifests.MANIFEST_DIR
+    folder.mkdir(parents=True)
+    collected = {host: collector.collect_manifest(str(root), str(root)) for host, root in (
+        (host, materialize(rig, tmp_path / "manifest" / host))
+        for host, rig in (("lab-3080", "x99-3080"), ("lab-r9700", "x99-r9700")))}
+    want = manifests.diff(collected["lab-3080"], collected["lab-r9700"])
+    pinned = sorted(row["item"] for rows in want["pinned"].values() for row in rows)
+    assert pinned
+    for item in collected["lab-r9700"]["items"].values():
+        item.update(unique=True, group="host", bits=True)
+    for host, manifest in collected.items():
+        (folder / f"{host}.json").write_text(json.dumps(manifest))
+    text, elements, problems, _ = _page(tmp_path)
+    assert problems == []
+    rows = [e for e in elements if e["tag"] == "tr" and "data-item" in e]
+    assert sorted(e["data-item"] for e in rows if "differs" in e.get("class", "")) == pinned
+    assert f"{len(pinned)} pinned item(s) differ" in text

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers.cli import edit_yaml, set_key
+from helpers.cli import edit_yaml, provision, set_key, tree_listing
 
 from rigbook.errors import UserError
 from rigbook.validate import InventoryInvalid, validate
@@ -358,3 +358,258 @@ def test_extra_variables_meet_the_same_schema_before_any_host(tmp_path, monkeypa
 def test_an_extra_variable_that_cannot_be_read_is_one_error(tmp_path, item, words):
     with pytest.raises(UserError, match=re.escape(words)):
         validate(_copy(tmp_path), extra_vars=[item])
+
+
+# --- names Ansible's host patterns would misread ------------------------------------------------------------------
+
+LAB = Path(__file__).resolve().parents[3] / "inventory" / "lab"
+LAB_R9700 = "group_vars/x99_r9700.yml"
+
+
+def _lab(tmp_path: Path) -> Path:
+    dest = tmp_path / "lab"
+    shutil.copytree(LAB, dest)
+    return dest
+
+
+
+def _rename_host(inv: Path, name: str, old: str = "rig-3080", group: str = "x99_3080") -> None:
+    def mutate(data):
+        hosts = data["all"]["children"][group]["hosts"]
+        hosts[name] = hosts.pop(old)
+
+    _edit(inv, "hosts.yml", mutate)
+
+
+PATTERN_NAMES = [
+    ("x,all", "',' makes it a list of patterns (x,all is x and every host)"),
+    ("x:all", "':' makes it a list of patterns"),
+    ("web[0:2]", "':' makes it a list of patterns"),
+    ("web[1]", "'[' makes it a subscript or range of a group"),
+    ("rig*", "'*' makes it a wildcard"),
+    ("rig?", "'?' makes it a wildcard"),
+    ("!rig", "a leading '!' makes it an exclusion"),
+    ("&rig", "a leading '&' makes it an intersection"),
+    ("~rig.*", "a leading '~' makes it a regular expression"),
+    ("@hosts", "a leading '@' makes it a file of host names"),
+    ("-rig", "a leading '-' makes it an option to ansible-playbook"),
+    ("rig all", "whitespace separates patterns"),
+    ("rig\u00a0x", "whitespace separates patterns"),
+    ("r\u00efg", "'ï' is not among the characters rigbook lets into a host pattern"),
+]
+
+
+@pytest.mark.parametrize("name, words", PATTERN_NAMES, ids=[n for n, _ in PATTERN_NAMES])
+def test_a_host_name_ansible_patterns_misread_is_refused(tmp_path, name, words):
+    inv = _copy(tmp_path)
+    _rename_host(inv, name)
+    with pytest.raises(InventoryInvalid) as info:
+        validate(inv)
+    [problem] = [p for p in info.value.problems if p.key_path == "host name"]
+    assert problem.owner == f"host {name}" and problem.file == inv
+    assert problem.message.startswith(f"{name!r} cannot be a host name: Ansible reads names as host patterns")
+    assert words in problem.message and "put an address in ansible_host" in problem.message
+
+
+@pytest.mark.parametrize("name", ["all", "ungrouped", "x99_r9700"])
+def test_a_host_named_like_a_group_is_refused(tmp_path, name):
+    inv = _copy(tmp_path)
+    _rename_host(inv, name)
+    with pytest.raises(InventoryInvalid) as info:
+        validate(inv)
+    [problem] = [p for p in info.value.problems if p.key_path == "host name"]
+    assert problem.message == (f"{name!r} is also a group name: --limit {name} would select that group's hosts, not "
+                               "this host alone; rename the host")
+
+
+def test_a_group_name_ansible_patterns_misread_is_refused(tmp_path):
+    inv = _copy(tmp_path)
+
+    def mutate(data):
+        data["all"]["children"]["x99,all"] = data["all"]["children"].pop("x99_3080")
+
+    _edit(inv, "hosts.yml", mutate)
+    with pytest.raises(InventoryInvalid) as info:
+        validate(inv)
+    [problem] = [p for p in info.value.problems if p.key_path == "group name"]
+    assert problem.owner == "group x99,all" and "',' makes it a list of patterns" in problem.message
+
+
+@pytest.mark.parametrize("name", ["rig-3080", "rig_3080", "10.0.0.7", "RIG.lan", "_rig", "x99-3080.lan.example"])
+def test_names_patterns_read_as_themselves_pass(tmp_path, name):
+    inv = _copy(tmp_path)
+    _rename_host(inv, name)
+    assert name in validate(inv).hosts
+
+
+@pytest.mark.parametrize("argv", [["site.yml", "--rolling", "1"], ["site.yml", "--rolling", "50%", "--limit", "x,all"],
+                                  ["verify.yml"]])
+def test_a_canary_named_x_all_stops_the_run_before_any_host(tmp_path, monkeypatch, capsys, argv):
+    """`provision site.yml --rolling`: the first batch (the canary) would be `--limit x,all`, every host at once."""
+    import ansible_runner
+
+    from rigbook.cli import main
+
+    inv = _lab(tmp_path)  # valid and ready as it is: only the name stops the run
+
+    def rename(data):
+        hosts = data["all"]["children"]["lab"]["children"]["x99_3080"]["hosts"]
+        hosts["x,all"] = hosts.pop("lab-3080")
+
+    _edit(inv, "hosts.yml", rename)
+    monkeypatch.setenv("RIGBOOK_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setattr(ansible_runner, "run", lambda **kw: pytest.fail("ansible was started"))
+    assert main([*argv, "-i", str(inv)]) == 2
+    err = capsys.readouterr().err
+    assert "host x,all: host name: 'x,all' cannot be a host name" in err and "Traceback" not in err
+    assert not (tmp_path / "state" / "runs").exists()
+
+
+# --- pip options posing as package names -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("key_path, value, words", [
+    ("rigbook_pins.cuda_toolchain.versions", {"--index-url=https://evil.invalid/simple": "1.2.3"}, "bad key"),
+    ("rigbook_pins.cuda_toolchain.versions", {"-e": "1.2.3"}, "bad key"),
+    ("rigbook_pins.cuda_toolchain.versions", {"nvidia-nccl-cu13 ": "2.27.7"}, "bad key"),
+    ("rigbook_pins.cuda_toolchain.packages", ["--pre"], "must match"),
+    ("rigbook_pins.cuda_toolchain.packages", ["nvidia-cuda-nvcc", "-U"], "must match"),
+])
+def test_a_cuda_package_name_that_would_be_a_pip_option_is_refused(tmp_path, key_path, value, words):
+    inv = _copy(tmp_path)
+    _edit(inv, G3080, set_key(key_path, value))
+    with pytest.raises(InventoryInvalid) as info:
+        validate(inv)
+    assert any(p.key_path.startswith(key_path) and words in p.message for p in info.value.problems), \
+        [str(p) for p in info.value.problems]
+
+
+# --- keys: the admin API key is a secret, and a key never reaches the journal unpatched -------------------------
+
+def _without_key_log_patch(data):
+    data["rigbook_pins"]["sglang"]["patches"] = [p for p in data["rigbook_pins"]["sglang"]["patches"]
+                                                 if p["name"] != "api-key-out-of-logs.patch"]
+
+
+@pytest.mark.parametrize("field", ["api_key_file", "admin_api_key_file"])
+def test_a_key_on_a_host_whose_sglang_lacks_the_log_patch_is_refused_and_says_how_to_add_it(tmp_path, field):
+    inv = _lab(tmp_path)
+    _edit(inv, LAB_R9700, _serve(field, "/etc/rigbook/serve/key"))
+    validate(inv)  # the lab pins the patch
+    _edit(inv, LAB_R9700, _without_key_log_patch)
+    with pytest.raises(InventoryInvalid) as info:
+        validate(inv)
+    [problem] = [p for p in info.value.problems if p.key_path == f"rigbook_serve[0].{field}"]
+    assert problem.owner == "host lab-r9700" and problem.file.name == "x99_r9700.yml"
+    sha = "45d3cd1fb210cd40b4bf857ee07d94b31c13cf35629a7fdbc4ff060cee5b0dda"  # the role's file, as the lab pins it
+    assert f"add {{name: api-key-out-of-logs.patch, sha256: {sha}}} to rigbook_pins.sglang.patches" in problem.message
+    assert "set key_may_reach_journal: true in this profile" in problem.message
+    _edit(inv, LAB_R9700, _serve("key_may_reach_journal", True))
+    validate(inv)  # the owner's explicit choice
+
+
+def test_homelab_pins_without_the_patch_refuse_a_key_only_where_one_is_set(tmp_path):
+    inv = _copy(tmp_path)
+    validate(inv)  # no profile has a key
+    _edit(inv, G9700, _serve("api_key_file", "/etc/rigbook/serve/key"))
+    with pytest.raises(InventoryInvalid, match=r"host rig-r9700: rigbook_serve\[0\]\.api_key_file: SGLang logs"):
+        validate(inv)
+    _edit(inv, G9700, set_key("rigbook_pins.sglang.patches", [{"name": "api-key-out-of-logs.patch",
+                                                               "sha256": "0" * 64}]))
+    validate(inv)
+
+
+@pytest.mark.parametrize("word", ["--admin-api-key=adm-s3cret", "--admin-api-key", "--admin-api-k", "--admin"])
+def test_the_admin_key_on_the_command_line_is_refused_without_showing_it(tmp_path, word):
+    inv = _copy(tmp_path)
+    _edit(inv, G9700, _serve("extra_args", [word, "adm-s3cret"] if "=" not in word else [word]))
+    with pytest.raises(InventoryInvalid) as info:
+        validate(inv)
+    text = str(info.value)
+    assert "rigbook_serve[0].extra_args[0]: " in text and "never put the admin API key on the command line" in text
+    assert "set admin_api_key_file to a root-only file" in text and "adm-s3cret" not in text
+
+
+# --- the hostile matrix of these inputs, through the CLI ------------------------------------------------------
+# Each case: `provision ARGS` as a subprocess over a copy of the lab inventory (valid and ready as it is), with its own
+# state directory and TMPDIR; exit 2, no traceback, the words that name the problem, no secret shown, and nothing
+# changed outside the state directory (a listing of the work folder and TMPDIR before and after).
+
+def _lab_host(name):
+    def mutate(data):
+        hosts = data["all"]["children"]["lab"]["children"]["x99_3080"]["hosts"]
+        hosts[name] = hosts.pop("lab-3080")
+    return "hosts.yml", mutate
+
+
+def _lab_group(name):
+    def mutate(data):
+        children = data["all"]["children"]["lab"]["children"]
+        children[name] = children.pop("x99_3080")
+    return "hosts.yml", mutate
+
+
+def _lab_serve(**fields):
+    def mutate(data):
+        data["rigbook_serve"][0].update(fields)
+    return LAB_R9700, mutate
+
+
+def _lab_serve_unpatched(**fields):
+    def mutate(data):
+        data["rigbook_serve"][0].update(fields)
+        _without_key_log_patch(data)
+    return LAB_R9700, mutate
+
+
+HOSTILE = [
+    # (id, file and mutation, extra arguments, words, a secret the output must not hold)
+    ("canary-named-x-all", _lab_host("x,all"), ["site.yml", "--rolling", "1"], "'x,all' cannot be a host name", None),
+    ("host-named-x-all-validate", _lab_host("x,all"), ["validate"], "',' makes it a list of patterns", None),
+    ("host-with-colon", _lab_host("x:all"), ["validate"], "'x:all' cannot be a host name", None),
+    ("host-with-range", _lab_host("rig[1:3]"), ["validate"], "'rig[1:3]' cannot be a host name", None),
+    ("host-leading-bang", _lab_host("!lab-r9700"), ["validate"], "a leading '!' makes it an exclusion", None),
+    ("host-leading-tilde", _lab_host("~.*"), ["validate"], "a leading '~' makes it a regular expression", None),
+    ("host-wildcard", _lab_host("lab-*"), ["validate"], "'*' makes it a wildcard", None),
+    ("host-with-space", _lab_host("lab 3080"), ["validate"], "whitespace separates patterns", None),
+    ("host-named-all", _lab_host("all"), ["site.yml", "--rolling", "1"], "'all' is also a group name", None),
+    ("group-with-comma", _lab_group("x99,all"), ["validate"], "'x99,all' cannot be a group name", None),
+    ("cuda-version-key-is-option", ("group_vars/x99_3080.yml", set_key(
+        "rigbook_pins.cuda_toolchain.versions", {"--index-url=https://evil.invalid/simple": "1.2.3"})),
+     ["validate"], "rigbook_pins.cuda_toolchain.versions: bad key", None),
+    ("cuda-package-is-option", ("group_vars/x99_3080.yml", set_key(
+        "rigbook_pins.cuda_toolchain.packages", ["--pre"])), ["validate"],
+     "rigbook_pins.cuda_toolchain.packages[0]", None),
+    ("admin-key-in-extra-args", _lab_serve(extra_args=["--admin-api-key=adm-s3cret"]), ["validate"],
+     "never put the admin API key on the command line", "adm-s3cret"),
+    ("admin-key-abbreviated", _lab_serve(extra_args=["--admin-api", "adm-s3cret"]), ["validate"],
+     "--admin-api (the engine reads it as --admin-api-key", "adm-s3cret"),
+    ("api-key-unpatched-sglang", _lab_serve_unpatched(api_key_file="/etc/rigbook/serve/key"), ["validate"],
+     "rigbook_serve[0].api_key_file: SGLang logs its resolved arguments at every start", None),
+    ("admin-key-unpatched-sglang", _lab_serve_unpatched(admin_api_key_file="/etc/rigbook/serve/admin"),
+     ["site.yml", "--rolling", "1"], "rigbook_serve[0].admin_api_key_file: SGLang logs", None),
+]
+
+
+@pytest.mark.parametrize("case, edit, argv, words, secret", HOSTILE, ids=[c[0] for c in HOSTILE])
+def test_hostile_names_keys_and_package_names_are_refused_cleanly(tmp_path, case, edit, argv, words, secret):
+    work, state, tmp = tmp_path / "work", tmp_path / "state", tmp_path / "tmp"
+    for folder in (work, state, tmp):
+        folder.mkdir(mode=0o700)
+    inv = _lab(work)
+    edit_yaml(inv / edit[0], edit[1])
+    skip = {state / "collections"}
+    before = tree_listing(tmp_path, skip=skip)
+    proc = provision(*argv, "-i", inv, env={"RIGBOOK_STATE_DIR": str(state), "TMPDIR": str(tmp)}, timeout=120)
+    after = tree_listing(tmp_path, skip=skip)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in text, text
+    assert words in text, text
+    assert secret is None or secret not in text
+    assert before == after, {k: (before.get(k), after.get(k)) for k in set(before) ^ set(after) or before}
+    assert not (state / "runs").exists() and not list(tmp.iterdir())
+
+
+def test_the_hostile_matrixs_inventory_is_valid_and_ready_as_it_is(tmp_path):
+    inv = _lab(tmp_path)
+    proc = provision("validate", "-i", inv, env={"RIGBOOK_STATE_DIR": str(tmp_path / "state")}, timeout=120)
+    assert proc.returncode == 0 and "valid and ready for site.yml" in proc.stdout, proc.stdout + proc.stderr

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import subprocess
 
 import pytest
@@ -138,7 +139,7 @@ def test_check_mode_on_a_fresh_host_lists_every_file_and_a_start(tmp_path):
     run = run_module(serve_units, a, [
         (["systemctl", "get-default"], ok("multi-user.target\n")),
         (["systemctl", "show", "rigbook-serve-qwen.service", "-p",
-          "Id,ActiveState,SubState,UnitFileState,ExecMainStartTimestamp,NRestarts,Result"],
+          "Id,ActiveState,SubState,UnitFileState,ExecMainStartTimestamp,NRestarts,Result,ControlGroup"],
          ok(show({"Id": "rigbook-serve-qwen.service", "ActiveState": "inactive", "UnitFileState": ""}))),
     ], check_mode=True)
     assert not run.failed, run.msg
@@ -206,7 +207,7 @@ def test_an_unreadable_meminfo_is_said_when_a_host_pool_needs_it(tmp_path, monke
 
 
 SHOW = ["systemctl", "show", "rigbook-serve-qwen.service", "-p",
-        "Id,ActiveState,SubState,UnitFileState,ExecMainStartTimestamp,NRestarts,Result"]
+        "Id,ActiveState,SubState,UnitFileState,ExecMainStartTimestamp,NRestarts,Result,ControlGroup"]
 
 
 def running(state="active"):
@@ -341,6 +342,56 @@ def test_a_key_file_without_a_key_is_refused_and_never_shown(tmp_path, key, why)
     assert "two words" not in repr(run.result)
 
 
+ADMIN = "adm-s3cr3t-%7b"
+
+
+def admin_file(tmp_path, key=ADMIN, mode=0o600):
+    path = tmp_path / "admin.key"
+    path.write_text(key + "\n")
+    os.chmod(path, mode)
+    return str(path)
+
+
+@pytest.mark.parametrize("with_api_key", [True, False], ids=["both-keys", "admin-key-only"])
+def test_the_admin_key_reaches_the_engine_as_a_credential_never_in_the_unit(tmp_path, with_api_key):
+    keys = dict(api_key_file=key_file(tmp_path)) if with_api_key else {}
+    prof = profile(tmp_path, admin_api_key_file=admin_file(tmp_path), **keys)
+    run = run_module(serve_units, dict(args(tmp_path, [prof]), wait=False), [
+        (["systemctl", "get-default"], ok("multi-user.target\n")), running("inactive"),
+        (["systemctl", "daemon-reload"], ok()),
+        (["systemctl", "enable", "rigbook-serve-qwen.service"], ok()),
+        (["systemctl", "reset-failed", "rigbook-serve-qwen.service"], ok()),
+        (["systemctl", "restart", "rigbook-serve-qwen.service"], ok()),
+    ], diff=True)
+    assert not run.failed, run.msg
+    unit = (tmp_path / "units/rigbook-serve-qwen.service").read_text()
+    written = tmp_path / "serve/qwen.key.yaml"
+    assert ADMIN not in unit and "--admin-api-key" not in unit and "%%7b" not in unit
+    [exec_start] = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
+    assert exec_start.endswith("--config %d/api-key.yaml") and f"LoadCredential=api-key.yaml:{written}" in unit
+    yaml = pytest.importorskip("yaml")
+    assert yaml.safe_load(written.read_text()) == dict({"admin-api-key": ADMIN}, **({"api-key": KEY} if with_api_key
+                                                                                     else {}))
+    assert os.stat(written).st_mode & 0o777 == 0o600
+    assert ADMIN not in repr(run.result) and KEY not in repr(run.result)  # result and diff
+
+
+def test_a_world_readable_admin_key_file_is_refused(tmp_path):
+    path = admin_file(tmp_path, mode=0o640)
+    run = run_module(serve_units, args(tmp_path, [profile(tmp_path, admin_api_key_file=path)]),
+                     [(["systemctl", "get-default"], ok("multi-user.target\n"))], check_mode=True)
+    assert run.failed and run.msg == (f"serve profile qwen: admin_api_key_file {path} is mode 0640; make it 0600 "
+                                      "(readable by root only)")
+
+
+def test_the_admin_key_in_extra_args_is_refused_on_the_box_and_never_shown(tmp_path):
+    prof = profile(tmp_path, extra_args=["--admin-api-key", ADMIN])
+    run = run_module(serve_units, args(tmp_path, [prof]),
+                     [(["systemctl", "get-default"], ok("multi-user.target\n"))], check_mode=True)
+    assert run.failed and "extra_args[0]: --admin-api-key: never put the admin API key on the command line" in run.msg
+    assert ADMIN not in repr(run.result) and not (tmp_path / "units/rigbook-serve-qwen.service").exists()
+
+
 # --- an engine started by hand, taken over by its unit --------------------------------------------------------
 
 def _proc(root, pid, argv, cgroup):
@@ -383,3 +434,34 @@ def test_an_engine_started_by_hand_is_stopped_with_its_process_group(tmp_path):
     finally:
         if leader.poll() is None:
             leader.kill()
+
+
+def test_a_port_taken_by_a_process_outside_the_unit_gets_no_key_and_fails_the_task(tmp_path):
+    """Live on loopback: while the engine loads, a local user (here: this test's own process, in no serve unit's
+    control group) listens on the profile's port. The readiness wait sends nothing and says why."""
+    catcher = socket.socket()
+    catcher.bind(("127.0.0.1", 0))
+    catcher.listen()
+    catcher.settimeout(0.3)
+    port = catcher.getsockname()[1]
+    prof = profile(tmp_path, api_key_file=key_file(tmp_path), port=port, bind="127.0.0.1", startup_timeout_s=60)
+    state = show({"Id": "rigbook-serve-qwen.service", "ActiveState": "activating", "UnitFileState": "enabled",
+                  "ControlGroup": "/system.slice/rigbook-serve-qwen.service"})
+    try:
+        run = run_module(serve_units, args(tmp_path, [prof]), [
+            (["systemctl", "get-default"], ok("multi-user.target\n")), running("inactive"),
+            (["systemctl", "daemon-reload"], ok()),
+            (["systemctl", "enable", "rigbook-serve-qwen.service"], ok()),
+            (["systemctl", "reset-failed", "rigbook-serve-qwen.service"], ok()),
+            (["systemctl", "restart", "rigbook-serve-qwen.service"], ok()),
+            (SHOW, ok(state)), (SHOW, ok(state)),
+            (["journalctl", "-u", "rigbook-serve-qwen.service", "-n", "30", "--no-pager", "-o", "cat"], ok("")),
+        ])
+        with pytest.raises(socket.timeout):
+            catcher.accept()  # no connection was made, so no key could be read
+    finally:
+        catcher.close()
+    assert run.failed
+    assert run.msg.startswith(f"rigbook-serve-qwen.service is not ready: a process outside rigbook-serve-qwen.service "
+                              f"listens on 127.0.0.1:{port} (pid {os.getpid()}): the API key was not sent")
+    assert KEY not in repr(run.result)

@@ -1,10 +1,13 @@
-"""plugin_utils/health_bundle.py: rigbook-health.pyz is reproducible byte for byte, named by its sha256, and runs as
-the timer runs it (`python3 rigbook-health.pyz --config FILE`) against a lab rig's recorded tree."""
+"""plugin_utils/health_bundle.py: rigbook-health.pyz is reproducible byte for byte, named by its sha256, built only in
+a folder of the controller user's own (never the temporary directory, never through a link, never from a planted
+file), and runs as the timer runs it (`python3 rigbook-health.pyz --config FILE`) against a lab rig's recorded
+tree."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -12,6 +15,7 @@ import zipfile
 import pytest
 from helpers.cli import REPO
 
+from rigbook import paths
 from rigbook.lab import hardware_trees
 from rigbook.paths import link_collection
 from rigbook.snapshots import ladder_view_of
@@ -35,19 +39,65 @@ def test_the_bundle_is_reproducible_and_named_by_its_sha256(tmp_path):
 
 
 def test_a_file_of_the_bundles_name_is_used_only_when_its_sha256_is_the_bundles(tmp_path):
-    path = health_bundle.bundle_path(str(MODULE_UTILS), str(tmp_path))
+    folder = tmp_path / "bundle"
+    path = health_bundle.bundle_path(str(MODULE_UTILS), str(folder))
     good = open(path, "rb").read()
-    with open(path, "wb") as planted:  # cut short, or put there by another user of the temporary directory
+    assert os.stat(folder).st_mode & 0o777 == 0o700 and os.stat(path).st_mode & 0o777 == 0o600
+    with open(path, "wb") as planted:  # cut short, or of other content
         planted.write(good[:100])
-    assert health_bundle.bundle_path(str(MODULE_UTILS), str(tmp_path)) == path
-    assert open(path, "rb").read() == good and os.stat(path).st_mode & 0o777 == 0o644
+    assert health_bundle.bundle_path(str(MODULE_UTILS), str(folder)) == path
+    assert open(path, "rb").read() == good
     elsewhere = tmp_path / "elsewhere"
-    elsewhere.write_bytes(good)
-    os.unlink(path)
-    os.symlink(elsewhere, path)  # a link is never written through, even to the right bytes
-    with pytest.raises(OSError, match="symbolic link"):
-        health_bundle.bundle_path(str(MODULE_UTILS), str(tmp_path))
-    assert elsewhere.read_bytes() == good
+    for content in (b"#!/bin/sh\nid > /tmp/owned\n", good):  # a link is never followed, even to the right bytes
+        elsewhere.write_bytes(content)
+        os.unlink(path)
+        os.symlink(elsewhere, path)
+        assert health_bundle.bundle_path(str(MODULE_UTILS), str(folder)) == path
+        assert not os.path.islink(path) and open(path, "rb").read() == good
+        assert elsewhere.read_bytes() == content
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda f: (f.mkdir(), f.chmod(0o770)), "writable by group or others (mode 0770)"),
+    (lambda f: (f.mkdir(), f.chmod(0o757)), "writable by group or others (mode 0757)"),
+    pytest.param(lambda f: (f.mkdir(), os.chown(f, 65534, 65534)), "is owned by uid 65534",
+                 marks=pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder away needs root")),
+    (lambda f: ((f.parent / "theirs").mkdir(), f.symlink_to(f.parent / "theirs")), "is a symbolic link"),
+    (lambda f: f.write_bytes(b"x"), "is not a folder"),
+], ids=["group-writable", "world-writable", "foreign-owner", "link", "a-file"])
+def test_a_folder_that_is_not_the_users_alone_is_refused_and_nothing_is_written_there(tmp_path, make, words):
+    folder = tmp_path / "bundle"
+    make(folder)
+    before = sorted(os.listdir(tmp_path)) + (sorted(os.listdir(folder)) if folder.is_dir() else [])
+    with pytest.raises(health_bundle.FolderRefused, match=re.escape(words)):
+        health_bundle.bundle_path(str(MODULE_UTILS), str(folder))
+    assert sorted(os.listdir(tmp_path)) + (sorted(os.listdir(folder)) if folder.is_dir() else []) == before
+
+
+def test_a_state_directory_others_may_write_is_refused(tmp_path, monkeypatch):
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    state.chmod(0o777)
+    monkeypatch.setenv("RIGBOOK_STATE_DIR", str(state))
+    with pytest.raises(health_bundle.FolderRefused, match=r"the state directory .* writable by group or others"):
+        health_bundle.bundle_path(str(MODULE_UTILS))
+    assert not list(state.iterdir())
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"RIGBOOK_STATE_DIR": "/srv/s", "XDG_STATE_HOME": "/x", "HOME": "/h"}, "/srv/s"),
+    ({"RIGBOOK_STATE_DIR": "~/s", "HOME": "/h"}, "/h/s"),
+    ({"XDG_STATE_HOME": "/x", "HOME": "/h"}, "/x/rigbook"),
+    ({"HOME": "/h"}, "/h/.local/state/rigbook"),
+])
+def test_the_state_directory_follows_the_clis_rule(monkeypatch, tmp_path, env, expected):
+    for name in ("RIGBOOK_STATE_DIR", "XDG_STATE_HOME", "HOME"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert health_bundle.state_dir() == expected
+    monkeypatch.setattr(paths, "_guard_state_dir", lambda path: None)  # the CLI's rule, without making the folder
+    assert str(paths.state_dir()) == expected
 
 
 def test_the_bundle_runs_as_the_timer_runs_it(tmp_path):

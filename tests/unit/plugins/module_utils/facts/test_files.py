@@ -79,6 +79,25 @@ def test_write_atomic_never_writes_through_a_link(tmp_path):
     assert victim.read_text() == "keep"
 
 
+def test_the_mode_is_set_on_the_file_opened_not_on_what_its_name_holds_later(tmp_path, monkeypatch):
+    """Another user of a shared folder swaps the temporary name for a link to root's file right after it is made:
+    the mode goes to the file rigbook opened, never to the link's target."""
+    victim = tmp_path / "victim"
+    victim.write_text("root's file")
+    victim.chmod(0o600)
+    real_mkstemp = files.tempfile.mkstemp
+
+    def swapped(*args, **kwargs):
+        handle, tmp = real_mkstemp(*args, **kwargs)
+        os.unlink(tmp)
+        os.symlink(victim, tmp)
+        return handle, tmp
+
+    monkeypatch.setattr(files.tempfile, "mkstemp", swapped)
+    files.write_atomic(str(tmp_path / "metrics.prom"), "x 1\n", mode=0o644)
+    assert victim.read_text() == "root's file" and victim.stat().st_mode & 0o777 == 0o600
+
+
 def test_write_atomic_leaves_nothing_behind_when_it_fails(tmp_path, monkeypatch):
     def refuse(src, dst):
         raise OSError(28, "No space left on device")

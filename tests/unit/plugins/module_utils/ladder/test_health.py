@@ -4,7 +4,10 @@ the entry point's bad input. Recorded hardware trees only (src/rigbook/lab/rigs)
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
+import tempfile
 
 import pytest
 
@@ -92,3 +95,57 @@ def test_main_writes_the_textfile_atomically_and_exits_1_when_a_layer_fails(tmp_
     text = (tmp_path / "prom/rigbook.prom").read_text()
     assert _statuses(text)["pcie_link"] == 2 and not list((tmp_path / "prom").glob("*.tmp"))
     assert "pcie_link: fail: " in capsys.readouterr().out
+
+
+def _planted_run(tmp_path, monkeypatch, names, planted):
+    """health.main over a recorded tree with the temporary names of the metrics writer fixed to NAMES (cycled) and a
+    link to a victim file planted at each of PLANTED (names under the textfile folder): (exit code, victim, the
+    flags each temporary file in the textfile folder was opened with)."""
+    tree = hardware_trees.materialize("x99-r9700", tmp_path / "tree")
+    config = tmp_path / "health.json"
+    config.write_text(json.dumps(_config(tmp_path, tree)))
+    victim = tmp_path / "victim"
+    victim.write_text("root's file\n")
+    victim.chmod(0o600)
+    prom = tmp_path / "prom"
+    prom.mkdir()
+    for name in planted:
+        (prom / name).symlink_to(victim)
+    monkeypatch.setattr(tempfile, "_get_candidate_names", lambda: itertools.cycle(names))
+    opened, real_open = [], os.open
+
+    def recording_open(path, flags, *args, **kwargs):
+        if os.path.dirname(str(path)) == str(prom) and os.path.basename(str(path)).startswith(".rigbook-"):
+            opened.append(flags)
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", recording_open)
+    return health.main(["--config", str(config)]), victim, opened
+
+
+def test_a_link_planted_at_a_temporary_name_of_the_metrics_writer_is_skipped_never_followed(tmp_path, monkeypatch,
+                                                                                            capsys):
+    code, victim, opened = _planted_run(tmp_path, monkeypatch, ["aaaa", "bbbb", "cccc"],
+                                        [".rigbook-aaaa", ".rigbook-bbbb"])
+    assert code in (0, 1), capsys.readouterr().err
+    assert victim.read_text() == "root's file\n" and victim.stat().st_mode & 0o777 == 0o600
+    prom = tmp_path / "prom/rigbook.prom"
+    assert not prom.is_symlink() and "rigbook_layer_status" in prom.read_text()
+    assert prom.stat().st_mode & 0o777 == 0o644
+    assert len(opened) == 3 and all(f & os.O_EXCL and f & os.O_NOFOLLOW and f & os.O_CREAT for f in opened)
+
+
+def test_links_at_every_name_the_writer_could_use_leave_the_victim_untouched(tmp_path, monkeypatch, capsys):
+    names = ["aaaa", "bbbb"]
+    code, victim, _opened = _planted_run(tmp_path, monkeypatch, names,
+                                         [".rigbook-" + n for n in names] + ["rigbook.prom"])
+    assert code == 2 and "cannot write" in capsys.readouterr().err
+    assert victim.read_text() == "root's file\n"
+    assert sorted(p.name for p in (tmp_path / "prom").iterdir()) == [".rigbook-aaaa", ".rigbook-bbbb", "rigbook.prom"]
+    assert all((tmp_path / "prom" / name).is_symlink() for name in (".rigbook-aaaa", "rigbook.prom"))
+
+
+def test_a_link_at_the_metrics_file_itself_is_replaced_never_written_through(tmp_path, monkeypatch, capsys):
+    code, victim, _opened = _planted_run(tmp_path, monkeypatch, ["aaaa"], ["rigbook.prom"])
+    assert code == 2 and "symbolic link" in capsys.readouterr().err
+    assert victim.read_text() == "root's file\n" and (tmp_path / "prom/rigbook.prom").is_symlink()

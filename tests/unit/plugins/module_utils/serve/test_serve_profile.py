@@ -501,6 +501,75 @@ def test_a_config_file_of_its_own_clashes_with_the_key():
     assert serve.check(dict(profile, api_key_file=None), {}) == ([], [])
 
 
+def test_the_admin_key_is_a_secret_as_the_api_key_is():
+    """--admin-api-key on a command line shows in ps, /proc and the unit: a profile names admin_api_key_file and the
+    engine reads the key from the same credential file as the API key."""
+    profile = {"name": "a", "model_path": "/m", "admin_api_key_file": "/etc/rigbook/serve/a.admin"}
+    argv = serve.engine_argv(profile, ENGINE)
+    assert not any("admin" in a for a in argv)
+    assert serve.api_key_args(profile) == ["--config", "%d/api-key.yaml"]
+    assert serve.normalize(profile)[0]["admin_api_key_file"] == "/etc/rigbook/serve/a.admin"
+    assert serve.normalize({"name": "b", "model_path": "/m"})[0]["admin_api_key_file"] is None
+    assert yaml.safe_load(serve.api_key_config("k1", "a", "adm#2")) == {"api-key": "k1", "admin-api-key": "adm#2"}
+    assert yaml.safe_load(serve.api_key_config(None, "a", "true")) == {"admin-api-key": "true"}
+    assert serve.check(profile, {}) == ([], [])
+
+
+@pytest.mark.parametrize("words", [["--admin-api-key", "adm-s3cret"], ["--admin-api-key=adm-s3cret"],
+                                   ["--admin-api", "adm-s3cret"], ["--adm", "adm-s3cret"]])
+def test_the_admin_key_in_extra_args_is_refused_without_its_value(words):
+    errors, _ = serve.check({"name": "a", "model_path": "/m", "extra_args": words}, {})
+    [error] = errors
+    assert error.startswith("rigbook_serve[0].extra_args[0]: " + words[0].split("=")[0])
+    assert "never put the admin API key on the command line" in error and "set admin_api_key_file" in error
+    assert "adm-s3cret" not in error
+
+
+def test_a_config_file_of_its_own_clashes_with_the_admin_key_too():
+    errors, _ = serve.check({"name": "a", "model_path": "/m", "admin_api_key_file": "/k",
+                             "extra_args": ["--config", "/etc/x.yaml"]}, {})
+    assert [e.split(":")[0] for e in errors] == ["rigbook_serve[0].extra_args[0]"] and "one --config" in errors[0]
+
+
+def test_a_newline_in_the_admin_key_file_is_refused_on_the_box_too():
+    errors, _ = serve.check({"name": "a", "model_path": "/m", "admin_api_key_file": "/k\nExecStartPre=+/x"}, {})
+    assert errors and errors[0].startswith("rigbook_serve[0].admin_api_key_file: ")
+
+
+@pytest.mark.parametrize("spelling", [["--admin-api-key", "adm-s3cret"], ["--admin-api-key=adm-s3cret"],
+                                      ["--admin-api", "adm-s3cret"]])
+def test_an_admin_key_on_the_command_line_is_never_copied_or_shown(spelling):
+    argv = [*ENGINE, "--model-path", "/srv/models/m", *spelling]
+    profile, notes = serve.profile_from_argv(serve.engine_args(argv), "keyed")
+    assert "adm-s3cret" not in repr(profile) + repr(notes)
+    assert profile == {"name": "keyed", "model_path": "/srv/models/m"}
+    assert len(notes) == 1 and "admin API key" in notes[0] and "set admin_api_key_file" in notes[0]
+    assert "adm-s3cret" not in serve.redacted_argv(argv) and "********" in " ".join(serve.redacted_argv(argv))
+
+
+KEY_LOG_PATCH = {"name": "api-key-out-of-logs.patch", "sha256": "a" * 64}
+
+
+@pytest.mark.parametrize("profiles, pin, refused", [
+    ([{"name": "a", "api_key_file": "/k"}], {"patches": []}, ["rigbook_serve[0].api_key_file"]),
+    ([{"name": "a", "api_key_file": "/k"}], {}, ["rigbook_serve[0].api_key_file"]),
+    ([{"name": "a"}, {"name": "b", "api_key_file": "/k", "admin_api_key_file": "/j"}], None,
+     ["rigbook_serve[1].api_key_file", "rigbook_serve[1].admin_api_key_file"]),
+    ([{"name": "a", "api_key_file": "/k"}], {"patches": [KEY_LOG_PATCH]}, []),
+    ([{"name": "a", "api_key_file": "/k"}], {"patches": [{"path": "/srv/p/api-key-out-of-logs.patch",
+                                                          "sha256": "b" * 64}]}, []),
+    ([{"name": "a", "api_key_file": "/k", "key_may_reach_journal": True}], {"patches": []}, []),
+    ([{"name": "a", "api_key_file": "/k", "key_may_reach_journal": "yes"}], {"patches": []},
+     ["rigbook_serve[0].api_key_file"]),  # only an explicit true
+    ([{"name": "a"}], {"patches": []}, []),
+])
+def test_a_key_is_refused_where_sglang_would_log_it(profiles, pin, refused):
+    found = serve.key_log_problems(profiles, pin, "c" * 64)
+    assert [where for where, _ in found] == refused
+    for _where, why in found:
+        assert f"add {{name: api-key-out-of-logs.patch, sha256: {'c' * 64}}} to rigbook_pins.sglang.patches" in why
+
+
 def test_lab_serve_profiles_point_the_stand_in_at_the_evidence_root():
     root = yaml.safe_load((REPO / "inventory" / "lab" / "group_vars" / "lab.yml").read_text())["rigbook_evidence_root"]
     ports = []

@@ -29,11 +29,14 @@ import re
 import sys
 
 from ansible_collections.rigbook.homelab.plugins.module_utils import host_model
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files
 from ansible_collections.rigbook.homelab.plugins.module_utils.serve import profile as serve_profile
 
 PREFIX = "rigbook_"
 COLLECTION_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 SCHEMA_FILE = os.path.join(COLLECTION_ROOT, "meta", "host_vars.schema.json")
+# the patch that keeps the API keys out of SGLang's log: its sha256 goes into the message that asks for it
+KEY_LOG_PATCH_FILE = os.path.join(COLLECTION_ROOT, "roles", "sglang", "files", "patches", serve_profile.KEY_LOG_PATCH)
 
 _CACHE = {}
 
@@ -220,7 +223,9 @@ def serve_findings(merged, model=None):
         return [], []
     model = model or host_model.build(merged)
     errors, warnings = serve_profile.check_all(merged["rigbook_serve"], host_model.box_facts(model))
-    return [_key_and_text(m) for m in errors], [_key_and_text(m) for m in warnings]
+    keys_logged = serve_profile.key_log_problems(model["serve"], model["pins"].get("sglang"),
+                                                 files.digest(KEY_LOG_PATCH_FILE)[0])
+    return [_key_and_text(m) for m in errors] + keys_logged, [_key_and_text(m) for m in warnings]
 
 
 def _key_and_text(message):

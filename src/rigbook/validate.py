@@ -31,7 +31,6 @@ PREFIX = "rigbook_"
 # Both inside the collection (paths.collection_root()), shared with the preflight role's host_model task.
 SCHEMA_FILE = "meta/host_vars.schema.json"
 # The sglang role's patch that keeps the keys out of SGLang's log (serve/profile.KEY_LOG_PATCH is its file name).
-PATCHES_DIR = "roles/sglang/files/patches"
 # A host or group name Ansible's host patterns read as itself (ansible.inventory.manager: split_host_pattern splits
 # on `,`, on `:` and whitespace; `[` starts a subscript; `*`, `?` and `[` make a wildcard; a leading `~` a regular
 # expression, `!` an exclusion, `&` an intersection, `@` a file of names; and a leading `-` is an option to argv).
@@ -165,31 +164,6 @@ def _name_problems(inv) -> list:
     return problems
 
 
-def _key_log_problems(inv, host: str) -> list:
-    """A serve profile with api_key_file or admin_api_key_file on a host whose SGLang pin does not apply the patch
-    that keeps the keys out of the engine's log (serve/profile.key_log_problems; the profile's
-    key_may_reach_journal: true accepts it)."""
-    if not inv.host_vars(host).get("rigbook_serve"):
-        return []
-    model = host_model_of(inv, host)
-    # deferred: importable only after link_collection() (host_model_of made it)
-    from ansible_collections.rigbook.homelab.plugins.module_utils.serve import profile as serve_profile
-
-    patch = paths.collection_root() / PATCHES_DIR / serve_profile.KEY_LOG_PATCH
-    found = serve_profile.key_log_problems(model["serve"], model["pins"].get("sglang"), _sha256(patch))
-    file = _file_of(inv, host, "rigbook_serve")
-    return [Problem(file, f"host {host}", key_path, message) for key_path, message in found]
-
-
-def _sha256(path: Path):
-    paths.link_collection()
-    # deferred: ansible_collections.rigbook.homelab is importable only after link_collection() (above)
-    from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files
-
-    found, _why = files.digest(str(path))
-    return found
-
-
 def _source_problems(source) -> list:
     """The schema's problems of one source. Of the -e source only the host variables the schema defines are checked:
     other rigbook_* names there are the roles' own knobs (rigbook_reboot_timeout, ...), which no inventory file sets."""
@@ -317,7 +291,6 @@ def check(inventory_path: Path, roles=None, extra_vars=(), limit=None) -> tuple:
             problems.extend(_play_group_problems(inv, host))
             serve_errors, serve_warnings = _serve_findings(inv, host)
             problems.extend(serve_errors)
-            problems.extend(_key_log_problems(inv, host))
             warnings.extend(serve_warnings)
     if not problems and roles is not None:
         for host in inv.limited(limit):

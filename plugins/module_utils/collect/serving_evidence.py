@@ -270,10 +270,12 @@ def measure_profile(profile, state_path=STATE_FILE, write_state=True, run=runner
     runs systemctl (facts/runner.run), JOURNAL(unit, started_epoch) -> (text, info) reads the journal
     (read_journal)."""
     key, key_error = api_key.read_key(profile.get("api_key_file"))
-    endpoint = engine_api.Endpoint(profile["bind"], profile["port"], key)
+    unit = profile.get("unit")
+    # the key goes only to a listener of the engine's own unit (engine_api.key_verdict)
+    endpoint = engine_api.Endpoint(profile["bind"], profile["port"], key, unit=unit,
+                                   control_group=lambda: engine_api.unit_control_group(unit, run))
     item = dict(profile, address=endpoint.address, source="live", api_key_error=key_error,
                 unit_state=None, previous_restarts=None, journal=None, log=None)
-    unit = profile.get("unit")
     still_running = None
     if unit:
         item["unit_state"] = unit_status(unit, run)

@@ -14,5 +14,6 @@ Each module is a command or a file read plus a pure parser, tested as data; what
 - libraries: the libraries a process has mapped, and which of them is NCCL or RCCL
 - builds:    build stamps and group-build archive names (one writer, one parser each)
 - api_key:   the serve profile's API key file
+- sockets:   who listens on a port: /proc/net/tcp{,6}, the process holding the socket, its control group
 - text:      the bounds every reader applies to what a box printed
 """

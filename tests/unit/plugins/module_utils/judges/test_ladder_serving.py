@@ -491,6 +491,30 @@ def test_unit_journal_and_restarts_across_runs(engine_server, tmp_path):
     assert checked["previous_restarts"] == 2 and json.loads(state.read_text())[profile["unit"]]["n_restarts"] == 2
 
 
+def test_the_key_is_withheld_from_a_listener_outside_the_engines_unit(engine_server, tmp_path):
+    """Live, on loopback: the port is held by this test's process, not by the unit's control group (a local user
+    who bound the engine's port while it loaded). The serving layer sends no request with the key."""
+    engine = Engine(ttft=0.01, rate=2000.0, key=KEY)
+    port = engine_server(engine)
+    key_file = tmp_path / "api-key"
+    key_file.write_text(KEY + "\n")
+    profile = dict(_profile(port, api_key_file=str(key_file)), unit="rigbook-serve-standin.service")
+
+    def run(argv, timeout=None):  # systemctl show: the unit runs, in a control group this process is not in
+        assert argv[:3] == ["systemctl", "show", "rigbook-serve-standin.service"]
+        return runner.Result(argv, 0, "Id=rigbook-serve-standin.service\nLoadState=loaded\nActiveState=active\n"
+                             "SubState=running\nNRestarts=0\nExecMainStartTimestamp=@1764700000\nMainPID=4242\n"
+                             "ControlGroup=/system.slice/rigbook-serve-standin.service\n", "", None, False)
+
+    journal = _journal("nccl_shm_2gpu_tp2_vllm9920.txt")
+    item = serving.measure_profile(profile, str(tmp_path / "s.json"), True, run, journal)
+    assert item["ready"]["ready"] is False
+    assert f"listens on 127.0.0.1:{port}" in item["ready"]["error"]
+    assert item["ready"]["error"].endswith("the API key was not sent")
+    assert not any(auth for _, _, auth in engine.requests)  # the key never left the box's reader
+    assert KEY not in json.dumps(item)
+
+
 def test_shm_in_the_units_journal_fails_through_the_real_parser(engine_server, tmp_path):
     port = engine_server(Engine(ttft=0.01, rate=2000.0))
     profile = dict(_profile(port, tp_size=2), unit="rigbook-serve-standin.service")

@@ -600,6 +600,16 @@ def test_action_findings_match_the_cli():
     assert host_model_action.check(merged) == problems
 
 
+def test_the_preflight_action_refuses_a_key_that_sglang_would_log_as_the_cli_does():
+    merged = {**yaml.safe_load((REPO / "inventory" / "homelab" / G3080).read_text())}
+    merged["rigbook_serve"][0]["api_key_file"] = "/etc/rigbook/api-key"
+    problems, _warnings = host_model_action.findings(merged)
+    assert [where for where, _ in problems] == ["rigbook_serve[0].api_key_file"]
+    assert "the API key included, to the journal" in problems[0][1]
+    merged["rigbook_serve"][0]["key_may_reach_journal"] = True  # the owner accepts it, in writing
+    assert host_model_action.findings(merged)[0] == []
+
+
 def test_action_task_fails_on_errors_and_shows_warnings(tmp_path):
     inv = _copy(tmp_path)
     _set_serve(inv, G3080, _field("tp_size", 4))

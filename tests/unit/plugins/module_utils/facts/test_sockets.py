@@ -10,6 +10,7 @@ import os
 import socket
 
 from ansible_collections.rigbook.homelab.plugins.module_utils.facts import sockets
+from helpers import recorded_proc
 
 # /proc/net/tcp: 127.0.0.1:30000 and 0.0.0.0:30001 listening, a connection to 127.0.0.1:30000 established.
 TCP = """\
@@ -68,19 +69,7 @@ def test_control_groups_are_read_in_systemds_hierarchies_only():
 
 
 def recorded_root(tmp_path, procs):
-    """An evidence root with the recorded tables and PROCS {pid: (cgroup text, [socket inodes held])}."""
-    root = tmp_path / "root"
-    (root / "proc/net").mkdir(parents=True)
-    (root / "proc/net/tcp").write_text(TCP)
-    (root / "proc/net/tcp6").write_text(TCP6)
-    for pid, (cgroup, inodes) in procs.items():
-        fd = root / "proc" / str(pid) / "fd"
-        fd.mkdir(parents=True)
-        (root / "proc" / str(pid) / "cgroup").write_text(cgroup)
-        os.symlink("/dev/null", fd / "0")
-        for number, inode in enumerate(inodes, 3):
-            os.symlink(f"socket:[{inode}]", fd / str(number))
-    return str(root)
+    return recorded_proc.recorded_root(tmp_path, TCP, TCP6, procs)
 
 
 def test_the_readers_find_the_listeners_of_a_port_and_who_holds_them_under_a_recorded_root(tmp_path):

@@ -10,6 +10,7 @@ import time
 
 import pytest
 from ansible_collections.rigbook.homelab.plugins.module_utils.serve import engine_api
+from helpers import recorded_proc
 
 
 def test_a_wildcard_bind_is_reached_over_loopback_and_the_key_goes_as_a_bearer_token():
@@ -64,17 +65,7 @@ TCP6 = ("  sl  local_address                         remote_address             
 
 
 def recorded_root(tmp_path, procs):
-    """An evidence root (recorded /proc): the tables above and PROCS {pid: (cgroup text, [socket inodes held])}."""
-    root = tmp_path / "root"
-    (root / "proc/net").mkdir(parents=True)
-    (root / "proc/net/tcp").write_text(TCP)
-    (root / "proc/net/tcp6").write_text(TCP6)
-    for pid, (cgroup, inodes) in procs.items():
-        (root / "proc" / str(pid) / "fd").mkdir(parents=True)
-        (root / "proc" / str(pid) / "cgroup").write_text(cgroup)
-        for number, inode in enumerate(inodes, 3):
-            os.symlink(f"socket:[{inode}]", root / "proc" / str(pid) / "fd" / str(number))
-    return str(root)
+    return recorded_proc.recorded_root(tmp_path, TCP, TCP6, procs)
 
 
 ENGINE = "0::" + GROUP + "\n"

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import hashlib
 import lzma
 import os
 import shutil
@@ -334,6 +335,48 @@ def _empty(real_dest):
             shutil.rmtree(path)
         else:
             os.unlink(path)
+
+
+def listing(archive, max_members=MAX_MEMBERS, max_bytes=MAX_BYTES):
+    """What unpack() would make of ARCHIVE, every member checked by the same rules, nothing written: {path: entry},
+    PATH the member's name as unpack() writes it ('a/b'), ENTRY {"kind": "file", "size", "sha256"} (a hard link: its
+    target's), {"kind": "symlink", "target"} or {"kind": "folder"}. The data of every file is read (and counted
+    against MAX_BYTES) to hash it. Raises as unpack() does."""
+    found = {}
+    with open(archive, "rb") as raw:
+        stream = _CappedStream(raw, archive, max_bytes + (max_members + 2) * HEADER_ALLOWANCE + (1 << 20))
+        try:
+            with tarfile.open(fileobj=stream, mode="r:") as tar:
+                read = 0
+                for member, parts, kind, target in _checked_plan(tar, max_members, max_bytes):
+                    name = "/".join(parts)
+                    if kind == _FILE:
+                        found[name], read = _hashed(tar, member, read, max_bytes)
+                    elif kind == _HARDLINK:
+                        found[name] = dict(found["/".join(target)])
+                    elif kind == _SYMLINK:
+                        found[name] = {"kind": _SYMLINK, "target": member.linkname}
+                    else:
+                        found[name] = {"kind": _DIR}
+        finally:
+            stream.close()
+    return found
+
+
+def _hashed(tar, member, read, max_bytes):
+    """({"kind": "file", "size", "sha256"} of MEMBER's data, READ plus its bytes), against the same byte budget as
+    unpack()."""
+    digest, size = hashlib.sha256(), 0
+    source = tar.extractfile(member)
+    while True:
+        chunk = source.read(_CHUNK)
+        if not chunk:
+            break
+        size += len(chunk)
+        if read + size > max_bytes:
+            raise UnsafeArchive(member.name, "brings the bytes read over the cap of %d" % max_bytes)
+        digest.update(chunk)
+    return {"kind": _FILE, "size": size, "sha256": digest.hexdigest()}, read + size
 
 
 def unpack_or_fail(fail, archive, dest, nothing_done):

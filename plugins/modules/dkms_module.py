@@ -50,18 +50,31 @@ options:
     elements: str
   export_dir:
     description:
-      - After building for the kernels that lacked the module, write the builds as one binaries-only DKMS tarball
-        (C(dkms mktarball --binaries-only)) named C(<name>-<identity_id>-<sha256>.tar.gz) into this folder, for the
-        group's other boxes (RV(export_path)).
+      - After building for the kernels that lacked the module, write the builds as one binaries-only archive named
+        C(<name>-<identity_id>-<sha256>.tar.gz) into this folder, for the group's other boxes (RV(export_path)). Its
+        layout is C(dkms mktarball --binaries-only)'s (C(dkms_binaries_only/) with PACKAGE_NAME, PACKAGE_VERSION and
+        the source's dkms.conf; C(dkms_main_tree/<kernel>/<arch>/module/) with the modules) less the build logs, which
+        hold times, plus a stamp naming every file with its sha256; written byte for byte reproducibly (sorted names,
+        no times, owner root). Read from dkms's tree (C(/var/lib/dkms)).
     type: path
   install_from:
     description:
       - When kernels lack the module, install this archive (an O(export_dir) archive of a group's build host)
         instead of building - its name must carry this call's RV(identity_id) (the same source, version, kernels,
-        their headers' C(Module.symvers) and architecture) and its sha256, and every member is checked before
-        anything is loaded (C(dkms_binaries_only) naming this package, C(dkms_main_tree) holding exactly those
-        kernels' builds); then C(dkms ldtarball) and C(dkms install) for each kernel, nothing compiled.
+        their headers' C(Module.symvers) and architecture) and its sha256; every member is checked by safe_untar; its
+        regular files must be exactly those of O(install_files), each with that sha256, named by its stamp, and
+        nothing but the package's name, version and dkms.conf and those kernels' modules for this architecture; its
+        dkms.conf must be byte for byte the pinned source's (dkms runs a dkms.conf as a shell script, as root).
+        Anything else refuses it with no module installed.
+      - No dkms command reads the archive (C(dkms ldtarball) would run its dkms.conf and copy it over the source
+        tree); its checked modules are put where dkms keeps its builds, then C(dkms install) for each kernel installs
+        them, nothing compiled.
     type: path
+  install_files:
+    description: With O(install_from) (required then), the controller's manifest of the archive - every regular file
+      in it (a relative path) with its sha256, as the controller computed them from the archive it holds
+      (rigbook.homelab.group_archive).
+    type: dict
 extends_documentation_fragment:
   - rigbook.homelab.attributes.changes
 """
@@ -150,6 +163,7 @@ from ansible_collections.rigbook.homelab.plugins.module_utils.facts import build
 # Where sources are unpacked and where kernel headers live (module-level so unit tests can point them elsewhere).
 SRC_ROOT = "/usr/src"
 MODULES_ROOT = "/lib/modules"
+DKMS_TREE = "/var/lib/dkms"  # dkms's default dkms_tree (framework.conf)
 
 
 def parse_status(text):
@@ -178,17 +192,6 @@ class Dkms(object):
                                                                (result.stderr + result.stdout).strip()[-3000:]),
                                   cmd=argv)
         return result.rc, result.stdout
-
-    def ldtarball(self, archive, name, version):
-        """Load ARCHIVE's prebuilt modules. dkms ldtarball loads them, then registers the package: a package already
-        registered (its source is in place) ends it with rc 3 "DKMS tree already contains", the modules loaded."""
-        argv = ["dkms", "ldtarball", "--force", archive]
-        result = runner.run(argv)
-        said = (result.stderr + result.stdout) if result.rc is not None else result.error
-        registered = result.rc == 3 and ("DKMS tree already contains: %s-%s" % (name, version)) in said
-        if result.rc != 0 and not registered:
-            self.module.fail_json(msg="dkms ldtarball %s failed (rc %s): %s" % (archive, result.rc, said.strip()[-3000:]),
-                                  cmd=argv)
 
     def status(self, name):
         _rc, out = self.run(["dkms", "status", "-m", name], "dkms status", check=False)
@@ -286,38 +289,119 @@ def identity_of(name, version, source, kernels):
     return hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def export(module, dkms, name, version, kernels, identity, folder):
-    """(path, sha256) of the builds of KERNELS as one binaries-only DKMS tarball in FOLDER."""
+MODULE_SUFFIXES = (".ko", ".ko.xz", ".ko.zst", ".ko.gz")
+META = ("dkms_binaries_only/PACKAGE_NAME", "dkms_binaries_only/PACKAGE_VERSION", "dkms_binaries_only/dkms.conf")
+
+
+def built_dir(name, version, kernel):
+    """Where DKMS keeps the build of NAME/VERSION for KERNEL on this architecture (its module/ holds the modules)."""
+    return os.path.join(DKMS_TREE, name, version, kernel, os.uname()[4])
+
+
+def export(module, name, version, kernels, identity, folder, source):
+    """(path, sha256) of the builds of KERNELS as one binaries-only archive in FOLDER, in the layout of `dkms mktarball
+    --binaries-only` (dkms_binaries_only/ with the source's dkms.conf, dkms_main_tree/<kernel>/<arch>/module/), less
+    the build logs (they hold times), with a stamp naming every file: reproducible (facts/builds.pack)."""
+    arch = os.uname()[4]
+    conf = os.path.join(source, "dkms.conf")
+    entries = [(META[0], "bytes", (name + "\n").encode()), (META[1], "bytes", (version + "\n").encode()),
+               (META[2], "file", conf)]
+    digests = {META[2]: files.sha256_of(conf)}
+    for kernel in sorted(kernels):
+        folder_of = os.path.join(built_dir(name, version, kernel), "module")
+        found = sorted(f for f in (os.listdir(folder_of) if os.path.isdir(folder_of) else [])
+                       if f.endswith(MODULE_SUFFIXES) and os.path.isfile(os.path.join(folder_of, f)))
+        if not found:
+            module.fail_json(msg="export_dir: no built module of %s/%s for %s in %s (dkms's tree is expected at %s)"
+                             % (name, version, kernel, folder_of, DKMS_TREE))
+        for f in found:
+            rel = "dkms_main_tree/%s/%s/module/%s" % (kernel, arch, f)
+            entries.append((rel, "file", os.path.join(folder_of, f)))
+            digests[rel] = files.sha256_of(os.path.join(folder_of, f))
+    for rel, data in ((META[0], name + "\n"), (META[1], version + "\n")):
+        digests[rel] = hashlib.sha256(data.encode()).hexdigest()
+    stamp = dict(name=name, version=version, identity_id=identity, kernels=sorted(kernels), arch=arch, files=digests)
+    entries.append((builds.BUILD_STAMP, "bytes", (json.dumps(stamp, indent=2, sort_keys=True) + "\n").encode()))
+    data = builds.pack(entries)
+    digest = hashlib.sha256(data).hexdigest()
+    try:
+        path = os.path.join(folder, builds.archive_name(name, identity, digest))
+    except ValueError:
+        module.fail_json(msg="export_dir: the DKMS package name %r cannot name a build archive" % name)
     if not os.path.isdir(folder):
         os.makedirs(folder, 0o755)
-    tmp = os.path.join(folder, ".rigbook-dkms-%s.tar.gz" % identity)  # dkms writes it (one build at a time)
-    if os.path.exists(tmp):
-        os.remove(tmp)  # a cut-short export's
-    argv = ["dkms", "mktarball", "-m", name, "-v", version, "--binaries-only", "--archive", tmp]
-    for kernel in kernels:
-        argv += ["-k", kernel]
-    try:
-        dkms.run(argv, "dkms mktarball %s/%s" % (name, version))
-        digest = files.sha256_of(tmp)
-        try:
-            path = os.path.join(folder, builds.archive_name(name, identity, digest))
-        except ValueError:
-            module.fail_json(msg="export_dir: the DKMS package name %r cannot name a build archive" % name)
-        os.chmod(tmp, 0o644)
-        files.move_atomic(tmp, path)  # dkms wrote it whole; its final name carries its sha256
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    files.write_atomic(path, data, mode=0o644)
     return path, digest
 
 
-def _read_member(top, rel):
-    return files.read_text(os.path.join(top, rel), limit=4096)
+def _read_bytes(path, limit=1 << 20):
+    """The bytes of the file PATH (at most LIMIT and one), or None when it cannot be read."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(limit + 1)
+    except OSError:
+        return None
 
 
-def check_archive(module, archive, name, version, kernels, identity):
-    """Fail, with nothing loaded, unless ARCHIVE is a binaries-only DKMS tarball of NAME/VERSION holding exactly the
-    builds of KERNELS, named for IDENTITY and its own sha256 (every member checked by safe_untar first)."""
+def archive_problem(work, name, version, kernels, install_files, source):
+    """Why the binaries-only archive unpacked in WORK is not the build of NAME/VERSION for KERNELS to install here,
+    or None. Its regular files must be exactly the controller's manifest INSTALL_FILES, each with that sha256; its
+    stamp this build's, naming every other file with the sha256 it has; nothing but the package's name, version and
+    dkms.conf and each kernel's modules (this architecture's); no link; its dkms.conf byte for byte the pinned
+    SOURCE's (dkms runs a dkms.conf as a shell script, as root)."""
+    arch = os.uname()[4]
+    found, links = [], []
+    for top, _dirs, names in os.walk(work):
+        for n in names:
+            path = os.path.join(top, n)
+            (links if os.path.islink(path) else found).append(os.path.relpath(path, work))
+    if links:
+        return "it holds the link %s (a binaries-only build has none)" % sorted(links)[0]
+    extra = sorted(set(found) - set(install_files))
+    if extra:
+        return "%s is in it but not in the controller's manifest of it" % extra[0]
+    missing = sorted(set(install_files) - set(found))
+    if missing:
+        return "%s of the controller's manifest is not in it" % missing[0]
+    for rel in sorted(found):
+        if files.sha256_of(os.path.join(work, rel)) != install_files[rel]:
+            return "%s is not the file the controller's manifest names (its sha256 differs)" % rel
+    held = {}
+    for rel in found:
+        if rel in META or rel == builds.BUILD_STAMP:
+            continue
+        parts = rel.split("/")
+        if len(parts) != 5 or parts[0] != "dkms_main_tree" or parts[2] != arch or parts[3] != "module" \
+                or not parts[4].endswith(MODULE_SUFFIXES):
+            return "%s is no part of a binaries-only build of this architecture (%s)" % (rel, arch)
+        held.setdefault(parts[1], []).append(parts[4])
+    meta = (files.read_text(os.path.join(work, META[0]), limit=4096),
+            files.read_text(os.path.join(work, META[1]), limit=4096))
+    if meta != (name, version) or sorted(held) != sorted(kernels):
+        return "it is not the build of %s/%s for %s (it holds %s/%s for %s)" % (
+            name, version, ", ".join(sorted(kernels)), meta[0], meta[1], ", ".join(sorted(held)) or "no kernel")
+    pinned = _read_bytes(os.path.join(source, "dkms.conf"))
+    if pinned is None or _read_bytes(os.path.join(work, META[2])) != pinned:
+        return "its %s is not the pinned source's %s byte for byte (dkms would run it as root)" % (
+            META[2], os.path.join(source, "dkms.conf"))
+    stamp, error = builds.read_stamp(os.path.join(work, builds.BUILD_STAMP))
+    if error or not isinstance(stamp, dict):
+        return error or "it has no build stamp"
+    stamped = stamp.get("files") if isinstance(stamp.get("files"), dict) else {}
+    for rel in sorted(found):
+        if rel != builds.BUILD_STAMP and stamped.get(rel) != install_files[rel]:
+            return "%s is in it but not in its stamp, or not as its stamp names it" % rel
+    if sorted(stamped) != sorted(r for r in found if r != builds.BUILD_STAMP):
+        return "its stamp names files it does not hold"
+    if (stamp.get("name"), stamp.get("version"), stamp.get("kernels")) != (name, version, sorted(kernels)):
+        return "its stamp is of another build"
+    return None
+
+
+def install_archive(module, archive, name, version, kernels, identity, install_files, source):
+    """The modules of ARCHIVE (a group build host's export) put where DKMS keeps its builds of KERNELS, with nothing
+    else of it and no dkms command reading it: its name must be this build's (IDENTITY) and carry its sha256, every
+    member checked by safe_untar, then archive_problem. Fails, with no module loaded, otherwise. Returns its sha256."""
     named = builds.parse_archive_name(archive)
     if not named or named["name"] != name:
         module.fail_json(msg="install_from %s: not a DKMS build archive (%s); no module was installed"
@@ -329,23 +413,28 @@ def check_archive(module, archive, name, version, kernels, identity):
     if got != named["sha256"]:
         module.fail_json(msg="refused %s: its sha256 is %s, its name says %s; no module was installed"
                          % (archive, got, named["sha256"]), sha256=got)
-    tmp = tempfile.mkdtemp(prefix=".rigbook-dkms-check-")
+    package = os.path.join(DKMS_TREE, name, version)
+    if not os.path.isdir(package):
+        module.fail_json(msg="%s/%s is not registered in %s (dkms's tree): no module was installed"
+                         % (name, version, DKMS_TREE))
+    tmp = tempfile.mkdtemp(prefix=".rigbook-load-", dir=DKMS_TREE)  # beside the builds it fills: one file system
     try:
         safe_untar.unpack_or_fail(lambda msg: module.fail_json(msg=msg), archive, tmp, "no module was installed")
-        meta = (_read_member(tmp, "dkms_binaries_only/PACKAGE_NAME"),
-                _read_member(tmp, "dkms_binaries_only/PACKAGE_VERSION"))
-        tree = os.path.join(tmp, "dkms_main_tree")
-        held = sorted(os.listdir(tree)) if os.path.isdir(tree) else []
-        if meta != (name, version) or held != sorted(kernels):
-            module.fail_json(msg="refused %s: not the binaries-only build of %s/%s for %s (it holds %s/%s for %s); "
-                             "no module was installed" % (archive, name, version, ", ".join(sorted(kernels)),
-                                                        meta[0], meta[1], ", ".join(held) or "no kernel"))
-        for kernel in held:
-            built = [f for _top, _dirs, names in os.walk(os.path.join(tree, kernel)) for f in names
-                     if f.endswith((".ko", ".ko.xz", ".ko.zst", ".ko.gz"))]
-            if not built:
-                module.fail_json(msg="refused %s: no built module for %s in it; no module was installed"
-                                 % (archive, kernel))
+        why = archive_problem(tmp, name, version, kernels, install_files, source)
+        if why:
+            module.fail_json(msg="refused %s: %s; no module was installed" % (archive, why))
+        for kernel in sorted(kernels):
+            built = os.path.join(tmp, "dkms_main_tree", kernel, os.uname()[4])
+            for top, dirs, names in os.walk(built):
+                for n in dirs + names:
+                    os.chmod(os.path.join(top, n), 0o755 if n in dirs else 0o644)
+            os.chmod(built, 0o755)
+            target = built_dir(name, version, kernel)
+            if os.path.lexists(target):
+                shutil.rmtree(target)  # a build dkms left unfinished here
+            if not os.path.isdir(os.path.dirname(target)):
+                os.makedirs(os.path.dirname(target), 0o755)
+            files.move_atomic(built, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return got
@@ -362,11 +451,19 @@ def main():
             modules=dict(type="list", elements="str"),
             export_dir=dict(type="path"),
             install_from=dict(type="path"),
+            install_files=dict(type="dict"),
         ),
         mutually_exclusive=[("export_dir", "install_from")],
+        required_by={"install_from": ("install_files",)},
         supports_check_mode=True,
     )
     p = module.params
+    for rel, digest in sorted((p["install_files"] or {}).items()):
+        parts = str(rel).split("/")
+        if str(rel).startswith("/") or ".." in parts or "" in parts or not isinstance(digest, str) \
+                or not re.match(r"[0-9a-f]{64}\Z", digest):
+            module.fail_json(msg="install_files: %r: a relative path inside the archive and its sha256; no module was "
+                             "installed" % (rel,))
     name, version, src = p["name"], p["version"], p["src"]
     check = module.check_mode
     if not os.path.exists(src):
@@ -445,13 +542,15 @@ def main():
         result["archive_glob"] = builds.archive_glob(name, result["identity_id"])
     if result["built"] and not check and p["install_from"]:
         # a group's build host built these very kernels' modules: load its binaries, compile nothing
-        check_archive(module, p["install_from"], name, version, result["built"], result["identity_id"])
-        dkms.ldtarball(p["install_from"], name, version)
+        install_archive(module, p["install_from"], name, version, result["built"], result["identity_id"],
+                        p["install_files"], dest)
         loaded = set(r["kernel"] for r in dkms.status(name) if r["version"] == version
                      and r["state"] in ("built", "installed"))
-        if not set(result["built"]) <= loaded:
-            module.fail_json(msg="dkms ldtarball %s loaded no build for %s: nothing installed, nothing compiled"
-                             % (p["install_from"], ", ".join(k for k in result["built"] if k not in loaded)))
+        if not set(result["built"]) <= loaded:  # `dkms install` would compile what it does not see built
+            module.fail_json(msg="dkms does not see the build of %s loaded from %s for %s (its tree is expected at "
+                             "%s): nothing installed, nothing compiled" % (
+                                 name, p["install_from"], ", ".join(k for k in result["built"] if k not in loaded),
+                                 DKMS_TREE))
         for kernel in result["built"]:
             dkms.run(["dkms", "install", "%s/%s" % (name, version), "-k", kernel],
                      "dkms install %s/%s -k %s" % (name, version, kernel))
@@ -462,7 +561,7 @@ def main():
                      "dkms install %s/%s -k %s" % (name, version, kernel))
         if p["export_dir"]:
             result["export_path"], result["export_sha256"] = export(
-                module, dkms, name, version, result["built"], result["identity_id"], p["export_dir"])
+                module, name, version, result["built"], result["identity_id"], p["export_dir"], dest)
     for kernel in p["kernels"]:
         result["modinfo"][kernel] = {}
         for mod in p["modules"] or [name]:

@@ -15,8 +15,8 @@ description:
     and every patch (its sha256) are verified first; a mismatch is refused and nothing is touched.
   - The install prefix is C(<prefix_root>/<version>-<patch set hash>) (C(<version>-stock) without patches), so builds
     of two versions or two patch sets coexist. A build stamp (C(.rigbook-build.json) in the prefix) records what was
-    built (sources, patches, CMake arguments) and the sha256 of O(check_files); when it matches and those files are
-    unchanged nothing is rebuilt and nothing is reported changed. The O(link) symlink in O(prefix_root) is switched
+    built (sources, patches, CMake arguments) and the sha256 of every file it installed (O(check_files) among them);
+    when it matches and those files are unchanged nothing is rebuilt and nothing is reported changed. The O(link) symlink in O(prefix_root) is switched
     to the prefix only after a successful build (switching back to an older build is a link change, no rebuild).
   - When a build is needed, each component is unpacked (or copied) into a fresh tree under O(build_root) and each of
     its patches is tried with C(patch --dry-run) first (in check mode too); a patch that no longer applies (a
@@ -128,18 +128,27 @@ options:
   export_dir:
     description: After a build, write the prefix (its files and relative links, the stamp included; not the
       O(components[].links), which the installing host makes itself) as C(<name>-<identity_id>-<sha256>.tar.gz) into
-      this folder, byte for byte reproducibly, so the other boxes of a group install it instead of building
-      (RV(export_path), RV(export_sha256)).
+      this folder, byte for byte reproducibly (sorted names, no times, owner root, modes 0755 or 0644), so the other
+      boxes of a group install it instead of building (RV(export_path), RV(export_sha256)). Builds run in a folder
+      named by the build (C(<build_root>/.rigbook-<name>-<identity_id>)), so paths a compiler records are the same on
+      every box.
     type: path
   install_from:
     description: When a build is due, install this archive (an O(export_dir) archive of a group's build host)
-      instead of building - its sha256 must be the one its name carries, its stamp must be this build's identity
-      (sources, patches, arguments, prefix) and every stamped file's sha256 must match; then the links are made and
-      the O(link) switched. Nothing is compiled and no build log is written.
+      instead of building - its name must be this build's (O(name), RV(identity_id)) and carry its sha256; its
+      regular files must be exactly those of O(install_files), each with that sha256; its stamp must be this build's
+      identity (sources, patches, arguments, prefix) and name every one of its files with the sha256 the file has.
+      Anything else refuses the archive with nothing installed. Then the links are made and the O(link) switched.
+      Nothing is compiled and no build log is written.
     type: path
+  install_files:
+    description: With O(install_from) (required then), the controller's manifest of the archive - every regular file
+      in it (a relative path) with its sha256, as the controller computed them from the archive it holds
+      (rigbook.homelab.group_archive).
+    type: dict
   check_files:
-    description: Files under the prefix that must exist after the install; their sha256 is stamped and checked on
-      every run (a file changed since the build means it is rebuilt).
+    description: Files under the prefix that must exist after the install. Their sha256, and that of every other file
+      the build installed, is stamped and checked on every run (a file changed since the build means it is rebuilt).
     type: list
     elements: str
     default: []
@@ -263,14 +272,11 @@ stamp:
 """
 
 import glob
-import gzip
 import hashlib
-import io
 import json
 import os
 import re
 import shutil
-import tarfile
 import tempfile
 import time
 
@@ -485,37 +491,68 @@ class Build(object):
         return path, digest
 
     def tarball(self, prefix):
-        """The prefix as reproducible .tar.gz bytes (files, folders and relative links; the components' links are
-        left out: each host makes its own)."""
+        """The prefix as reproducible .tar.gz bytes (facts/builds.pack: files, folders and relative links; the
+        components' links are left out: each host makes its own)."""
         made = set(rel for comp in self.p["components"] for rel in comp["links"])
-        raw = io.BytesIO()
-        with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            for top, dirs, names in os.walk(prefix):
-                dirs.sort()
-                for name in sorted(dirs + names):
-                    path = os.path.join(top, name)
-                    rel = os.path.relpath(path, prefix)
-                    if rel in made or (os.path.islink(path) and os.readlink(path).startswith("/")):
-                        continue
-                    info = tar.gettarinfo(path, arcname=rel)
-                    info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "root", "root"
-                    if info.isfile():
-                        with open(path, "rb") as handle:
-                            tar.addfile(info, handle)
-                    elif info.isdir() or info.issym():
-                        tar.addfile(info)
-        out = io.BytesIO()
-        with gzip.GzipFile(fileobj=out, mode="wb", mtime=0, filename="") as gz:
-            gz.write(raw.getvalue())
-        return out.getvalue()
+        entries = []
+        for top, dirs, names in os.walk(prefix):
+            for name in dirs + names:
+                path = os.path.join(top, name)
+                rel = os.path.relpath(path, prefix)
+                if rel in made:
+                    continue
+                if os.path.islink(path):
+                    if not os.readlink(path).startswith("/"):
+                        entries.append((rel, "symlink", os.readlink(path)))
+                elif os.path.isdir(path):
+                    entries.append((rel, "folder", None))
+                elif os.path.isfile(path):
+                    entries.append((rel, "file", path))
+        return builds.pack(entries)
 
-    def install(self, prefix, wanted, archive, identity_id):
+    def install_checked(self, archive, work, wanted, install_files):
+        """Why ARCHIVE, unpacked in WORK, is not to be installed, or None. Its regular files must be exactly the
+        controller's manifest INSTALL_FILES ({path: sha256}), each with that sha256; its stamp must be WANTED, and
+        name every file of it (a stamped check file may be a link to one) with the sha256 the file has."""
+        found = _regular_files(work)
+        extra = sorted(set(found) - set(install_files))
+        if extra:
+            return "%s is in it but not in the controller's manifest of it" % extra[0]
+        missing = sorted(set(install_files) - set(found))
+        if missing:
+            return "%s of the controller's manifest is not in it" % missing[0]
+        for rel in sorted(found):
+            if files.sha256_of(os.path.join(work, rel)) != install_files[rel]:
+                return "%s is not the file the controller's manifest names (its sha256 differs)" % rel
+        stamp, error = self.read_stamp(work)
+        if error or stamp is None:
+            return error or "it has no build stamp"
+        changed = _differs(stamp, wanted)
+        if changed is not None:
+            return "it is another build (its stamp differs in %s)" % (", ".join(changed) or "everything")
+        stamped = stamp.get("files")
+        if not isinstance(stamped, dict):
+            return "its stamp lists no files"
+        unstamped = sorted(rel for rel in found if rel != builds.BUILD_STAMP and rel not in stamped)
+        if unstamped:
+            return "%s is in it but not in its stamp" % unstamped[0]
+        made = [rel for comp in self.p["components"] for rel in comp["links"]]  # this host's own, made after
+        for rel, digest in sorted(stamped.items()):
+            if any(str(rel) == link or str(rel).startswith(link + "/") for link in made):
+                continue
+            path = os.path.join(work, str(rel))
+            if not _inside(str(rel)) or not os.path.isfile(path) or not safe_untar.resolves_inside(path, work) \
+                    or files.sha256_of(path) != digest:
+                return "%s is not the file its stamp names" % rel
+        return None
+
+    def install(self, prefix, wanted, archive, identity_id, install_files):
         """ARCHIVE (another host's export of this very build) into PREFIX instead of a build: its sha256 is the one
-        its name carries (facts/builds.parse_archive_name), its stamp is WANTED, every stamped file is as stamped;
-        then this host's links."""
+        its name carries (facts/builds.parse_archive_name), its files exactly the controller's manifest INSTALL_FILES
+        and its stamp WANTED, naming each of them (install_checked); then this host's links."""
         named = builds.parse_archive_name(archive)
-        if not named:
-            self.fail("install_from %s: not a build archive (%s); nothing was installed"
+        if not named or named["name"] != self.p["name"] or named["identity_id"] != identity_id:
+            self.fail("install_from %s: not an archive of this build (%s); nothing was installed"
                       % (archive, builds.archive_glob(self.p["name"], identity_id)))
         got = files.sha256_of(archive)
         if got != named["sha256"]:
@@ -525,17 +562,10 @@ class Build(object):
         work = tempfile.mkdtemp(prefix=".rigbook-install-", dir=parent)
         try:
             self.untar(archive, work, "nothing was installed")
-            stamp, error = self.read_stamp(work)
-            if error:
-                self.fail("refused %s: %s; nothing was installed" % (archive, error))
-            changed = _differs(stamp, wanted)
-            if changed is not None:
-                self.fail("refused %s: it is another build (its stamp differs in %s); nothing was installed"
-                          % (archive, ", ".join(changed) or "everything"))
-            for rel, digest in sorted((stamp.get("files") or {}).items()):
-                path = os.path.join(work, rel)
-                if not os.path.isfile(path) or files.sha256_of(path) != digest:
-                    self.fail("refused %s: %s is not the file its stamp names; nothing was installed" % (archive, rel))
+            why = self.install_checked(archive, work, wanted, install_files)
+            if why:
+                self.fail("refused %s: %s; nothing was installed" % (archive, why))
+            stamp = self.read_stamp(work)[0]
             for comp in self.p["components"]:
                 self.make_links(comp, work)
             os.chmod(work, 0o755)
@@ -581,14 +611,20 @@ def main():
             check_files=dict(type="list", elements="str", default=[]),
             export_dir=dict(type="path"),
             install_from=dict(type="path"),
+            install_files=dict(type="dict"),
             build_root=dict(type="path", default="/var/cache/rigbook/build"),
             jobs=dict(type="int"),
             log=dict(type="path"),
         ),
+        required_by={"install_from": ("install_files",)},
+        mutually_exclusive=[("export_dir", "install_from")],
         supports_check_mode=True,
     )
     p = module.params
     check = module.check_mode
+    error = _manifest_error(p["install_files"])
+    if error:
+        module.fail_json(msg="install_files: %s; nothing was installed" % error)
     for comp in p["components"]:
         error = patch_set.resolve_paths(comp["patches"], comp.get("patch_dir"), comp["name"]) or _layout_error(comp)
         if error:
@@ -628,7 +664,7 @@ def main():
         if not check:
             if not os.path.isdir(p["prefix_root"]):
                 os.makedirs(p["prefix_root"], 0o755)
-            result["stamp"] = b.install(prefix, wanted, p["install_from"], identity_id)
+            result["stamp"] = b.install(prefix, wanted, p["install_from"], identity_id, p["install_files"])
     elif reasons:
         if not check:
             for path in (p["build_root"], p["prefix_root"]):
@@ -637,8 +673,14 @@ def main():
             with open(b.log, "a") as handle:
                 handle.write("\n")
             b.note("build %s %s into %s: %s" % (p["name"], p["version"], prefix, "; ".join(reasons)))
-        work = tempfile.mkdtemp(prefix=".rigbook-%s-" % p["name"],
-                                dir=p["build_root"] if os.path.isdir(p["build_root"]) else None)
+        if check:  # no lock held: a folder of its own
+            work = tempfile.mkdtemp(prefix=".rigbook-%s-" % p["name"],
+                                    dir=p["build_root"] if os.path.isdir(p["build_root"]) else None)
+        else:  # one path per build (its lock held): what a compiler writes of its paths is the same on every box
+            work = os.path.join(p["build_root"], ".rigbook-%s-%s" % (p["name"], identity_id))
+            if os.path.lexists(work):
+                shutil.rmtree(work)  # a cut-short build's
+            os.makedirs(work, 0o755)
         try:
             tops = []
             # every patch of every component is tried before anything is built
@@ -654,13 +696,15 @@ def main():
                 for comp, top in zip(p["components"], tops):
                     b.apply_patches(comp, top, dry_run=False)
                     b.build_component(comp, top, work, prefix, jobs)
-                digests = {}
+                # every file the build installed, and each check file (a link, maybe), with its sha256
+                digests = dict((rel, files.sha256_of(os.path.join(prefix, rel))) for rel in _regular_files(prefix))
                 for rel in p["check_files"]:
                     path = os.path.join(prefix, rel)
                     if not os.path.isfile(path):
                         module.fail_json(msg="after installing %s %s, %s is missing" % (p["name"], p["version"], path),
                                          progress=b.progress)
                     digests[rel] = files.sha256_of(path)
+                digests.pop(builds.BUILD_STAMP, None)
                 stamp = dict(wanted, files=digests)  # what was built, not when: a rebuild of the same is equal
                 error = builds.write_stamp(os.path.join(prefix, builds.BUILD_STAMP), stamp)
                 if error:
@@ -691,6 +735,27 @@ def _differs(stamp, wanted):
     if have == wanted:
         return None
     return sorted(k for k in set(have) | set(wanted) if have.get(k) != wanted.get(k))
+
+
+def _regular_files(root):
+    """The relative paths of the regular files under ROOT (links are not followed, nor listed)."""
+    found = []
+    for top, _dirs, names in os.walk(root):
+        for name in names:
+            path = os.path.join(top, name)
+            if os.path.isfile(path) and not os.path.islink(path):
+                found.append(os.path.relpath(path, root))
+    return sorted(found)
+
+
+def _manifest_error(manifest):
+    """Why MANIFEST (install_files: {relative path: sha256}) is not one, or None (None for no manifest)."""
+    for rel, digest in sorted((manifest or {}).items()):
+        if not _inside(str(rel)):
+            return "%r is no relative path inside the prefix" % (rel,)
+        if not isinstance(digest, str) or not re.match(r"[0-9a-f]{64}\Z", digest):
+            return "%s: %r is no sha256" % (rel, digest)
+    return None
 
 
 def _inside(rel):

@@ -88,6 +88,9 @@ def _playbook_parser() -> argparse.ArgumentParser:
     p.add_argument("--rolling", nargs="?", const="1", metavar="N|N%",
                    help="site.yml in batches: one canary host, then N hosts (or N%% of them) per batch; each batch's "
                         "reboots, ladder and serving must pass before the next starts; the first failure stops it")
+    p.add_argument("--verify-builds", action="store_true",
+                   help="a group build is built by a second box of the group too, and the run fails when the two "
+                        "archives differ (naming both boxes and both sha256)")
     p.add_argument("--json", action="store_true", help="print one JSON summary on stdout (progress goes to stderr)")
     p.add_argument("--junit", metavar="FILE", help="write a JUnit XML report")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more Ansible detail (repeatable)")
@@ -359,6 +362,7 @@ def _dispatch(argv: list) -> int:
             json=args.json,
             junit=args.junit,
             verbosity=args.verbose,
+            verify_builds=args.verify_builds,
         )
     )
 

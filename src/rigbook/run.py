@@ -44,6 +44,7 @@ class RunOptions:
     baseline_mode: str = "compare"  # compare (and keep history), record, off
     baseline_group: str | None = None  # record: also record the hosts' group baselines ("*" all groups, or one)
     summaries: list | None = None  # --json of a rolling run: each run's summary goes here instead of stdout
+    verify_builds: bool = False  # a second box of each group builds its group build too (roles/group_build)
 
 
 def resolve_playbook(name: str) -> Path:
@@ -278,9 +279,11 @@ def _run_locked(opts: RunOptions, playbook: Path, inventory: Path, inv) -> int:
         "exit_code": None,
     }
     runs.save_record(run_dir, record)
-    # rigbook_builds_dir: where a group's build host leaves its builds for the other boxes (roles/group_build)
+    # rigbook_builds_dir: where a group's build host leaves its builds for the other boxes, and the controller its
+    # provenance records (roles/group_build); rigbook_verify_builds: a second box of the group builds them too
     extra = list(opts.extra_vars) + [json.dumps({"rigbook_run_dir": str(run_dir),
-                                                 "rigbook_builds_dir": str(paths.state_dir() / BUILDS_DIR)})]
+                                                 "rigbook_builds_dir": str(paths.state_dir() / BUILDS_DIR),
+                                                 "rigbook_verify_builds": opts.verify_builds})]
     if given is not None:
         baseline_file = run_dir / "baselines.json"
         statefile.write_json_atomic(baseline_file, given)

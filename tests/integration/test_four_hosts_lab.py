@@ -11,9 +11,14 @@ building on the one before:
 2. More hosts than the default layout get their own generated inventory, and Ansible reaches all four through it.
 3. Two groups of twins: all four boxes converged by one site.yml run in parallel; in each group one box builds (RCCL
    with rccl-tests; the NVIDIA fork through DKMS and nccl-tests) and the other installs that build (no build log on
-   it, equal sha256; the fork's binaries loaded with dkms ldtarball); `provision diff` of each pair shows no pinned
+   it, equal sha256; the fork's checked modules put in dkms's tree, no dkms command reading the archive); the
+   controller's provenance record of each; `provision diff` of each pair shows no pinned
    difference and equal build hashes; the twin with no baseline of its own held
    to the first box's group baseline; then `provision report` of that history in headless Chromium.
+3b. The NVIDIA twin given a tampered group archive: one changed in the controller's builds/ is not used (the run says
+   why) and the twin builds its own, equal to its twin's but for the modules' signatures; ones handed to the module
+   (an extra file, a changed .ko, a dkms.conf holding a command) are refused naming the archive, nothing installed,
+   the command never run.
 4. The health timer on the AMD twin: a lab fault in its Prometheus textfile within one interval, gone after heal.
 5. A rolling kernel upgrade across all four (`--rolling 2`: a canary, then two per batch): the 3080 boxes get the
    next Debian kernel, the R9700 boxes the stock Debian kernel in place of their custom P2P kernel; the first R9700
@@ -31,16 +36,22 @@ test) and is taken down at the end of the module. Only 127.0.0.0/8 is contacted.
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import io
 import json
 import os
 import re
 import shlex
 import shutil
 import subprocess
+import tarfile
 import time
 from pathlib import Path
 
 import yaml
+from ansible_collections.rigbook.homelab.plugins.module_utils import safe_untar
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import builds
 from helpers.browser import browse, chromium, page_dom
 from helpers.cli import REPO, changed_tasks, provision
 from helpers.lab_host import LAB_MARKS, LabHost
@@ -243,11 +254,18 @@ def one_build_for_the_group(group: str, boxes: list, run_out: str) -> None:
     [installer] = [box for box in boxes if not built[box.name]]
     [archive] = (state_dir() / "builds").glob(f"{name}-*.tar.gz")
     assert installer.out(f"sha256sum /var/cache/rigbook/builds/{archive.name}").split()[0] == archive.name[-71:-7]
+    # the controller's record of it: who built it, the sha256 it computed, its manifest of the installed files
+    [record] = (state_dir() / "builds").glob(f"{archive.name[:-len('.tar.gz')]}.provenance-*.json")
+    provenance = json.loads(record.read_text())
+    [builder] = [box.name for box in boxes if built[box.name]]
+    assert (provenance["host"], provenance["sha256"], record.stat().st_mode & 0o777) == (
+        builder, archive.name[-71:-7], 0o600)
+    assert group in provenance["group"].split(",") and provenance["manifest"][".rigbook-build.json"]["size"] > 0
 
 
 def one_dkms_build_for_the_twins(run_dir: str) -> None:
-    """The driver fork's DKMS build: one 3080 twin built it and exported its binaries (dkms mktarball), the other
-    loaded them (dkms ldtarball) and installed them; the same module files on both."""
+    """The driver fork's DKMS build: one 3080 twin built it and exported its modules, the other put the checked
+    modules in dkms's tree and installed them (dkms install, nothing compiled); the same module files on both."""
     results = {host: [res for _task, res in tasks if "/nvidia-" in str(res.get("export_path") or "")
                       + str(res.get("installed_from") or "")] for host, tasks in changed_tasks(run_dir).items()}
     ways = {host: ["built" if res.get("export_path") else "installed" for res in found]
@@ -303,6 +321,151 @@ def report_of_the_lab_history(inventory: str, halved_run: str, layers: list) -> 
     shutil.copy(shot, ARTIFACTS / "report-lab.png")
     if os.environ.get("RIGBOOK_UPDATE_SCREENSHOT"):
         shutil.copy(shot, REPO / "docs" / "report.png")
+
+
+KO_MAGIC = b"~Module signature appended~\n"
+
+
+def _unsigned(module: bytes) -> bytes:
+    """A kernel module's bytes without the signature a signing key appended (struct module_signature: its last 4 of
+    12 bytes the signature's length), as built."""
+    if not module.endswith(KO_MAGIC):
+        return module
+    info = module[-len(KO_MAGIC) - 12:-len(KO_MAGIC)]
+    return module[:-len(KO_MAGIC) - 12 - int.from_bytes(info[8:12], "big")]
+
+
+def _repacked(data: bytes, change) -> bytes:
+    """The group archive DATA with CHANGE (dict of member name -> bytes) applied, packed as the module packs it."""
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+    change(members)
+    return builds.pack([(name, "bytes", body) for name, body in members.items()])
+
+
+def _restamped(members: dict) -> None:
+    """The archive's stamp rewritten to name its files as they are: a build host that lies consistently."""
+    stamp = json.loads(members[builds.BUILD_STAMP])
+    stamp["files"] = {n: hashlib.sha256(b).hexdigest() for n, b in members.items() if n != builds.BUILD_STAMP}
+    members[builds.BUILD_STAMP] = json.dumps(stamp).encode()
+
+
+def _manifest(data: bytes, tmp_path: Path) -> dict:
+    """The controller's manifest of an archive: {path: sha256} of its regular files (safe_untar.listing)."""
+    path = tmp_path / "listed.tar.gz"
+    path.write_bytes(data)
+    return {rel: e["sha256"] for rel, e in safe_untar.listing(str(path)).items() if e["kind"] == "file"}
+
+
+def _results(run_dir: str, host: str) -> list:
+    """[(task name, result)] of HOST's finished tasks in the run stored in RUN_DIR, in order (job events)."""
+    events = []
+    for path in Path(run_dir).glob("artifacts/*/job_events/*.json"):
+        event = json.loads(path.read_text())
+        if event.get("event") in ("runner_on_ok", "runner_on_failed") and event["event_data"].get("host") == host:
+            events.append((event["counter"], event["event_data"]["task"], event["event_data"].get("res") or {}))
+    return [(task, res) for _, task, res in sorted(events, key=lambda e: e[0])]
+
+
+def test_a_twin_given_a_tampered_group_archive_refuses_it_and_installs_nothing_of_it(four_hosts, tmp_path):
+    """The 3080 twins' DKMS build, from the run before (lab-3080 built it, the controller recorded it). 1. Its archive
+    changed in the controller's builds/ (a changed .ko under the old name): the controller no longer gets the recorded
+    sha256, the run says why and the twin builds its own. 2. Tampered archives handed to the module on the twin, each
+    with the controller's manifest of what it holds (an extra file, a changed .ko, a dkms.conf holding a command):
+    each refused naming the archive, no module of it installed, the command never run (dkms ldtarball would have
+    sourced that dkms.conf as root)."""
+    pins = yaml.safe_load((REPO / f"inventory/lab/group_vars/{GROUP}.yml").read_text())["rigbook_pins"]
+    kernel, driver = pins["kernel"]["release"], pins["nvidia_driver"]
+    version = driver["version"]
+    twin, first = LabHost(TWIN), LabHost(FIRST)
+    arch = twin.out("uname -m").strip()
+    ko_member = f"dkms_main_tree/{kernel}/{arch}/module/nvidia.ko"
+    marker = "/var/tmp/rigbook-dkms-conf-ran"
+    builds_dir = state_dir() / "builds"
+    [archive] = builds_dir.glob("nvidia-*.tar.gz")
+    [record_file] = builds_dir.glob(archive.name[:-len(".tar.gz")] + ".provenance-*.json")
+    record = json.loads(record_file.read_text())
+    genuine = archive.read_bytes()
+    assert (record_file.stat().st_mode & 0o777, record["host"], record["sha256"]) == (
+        0o600, FIRST, hashlib.sha256(genuine).hexdigest())
+    assert GROUP in record["group"].split(",") and record["inventory"] == str(Path(four_hosts).resolve())
+    # the controller's manifest: the module lab-3080 built, as lab-3080-2 installed it
+    installed_ko = f"/lib/modules/{kernel}/updates/dkms/nvidia.ko"
+    assert record["manifest"][ko_member]["sha256"] == twin.out(f"sha256sum {installed_ko}").split()[0]
+
+    # 1. a changed .ko in builds/: not used (said), the twin builds its own, which replaces it in builds/
+    tampered = _repacked(genuine, lambda m: m.update({ko_member: b"\x7fELF not the build"}))
+    archive.write_bytes(tampered)
+    twin.run(f"dkms remove nvidia/{version} -k {kernel}")
+    started = time.monotonic()
+    run = provision("site.yml", "-i", four_hosts, "--limit", TWIN, "--tags", "nvidia_p2p_driver", "--json",
+                    timeout=900)
+    print(f"the twin's own DKMS build, the tampered archive refused: {time.monotonic() - started:.0f} s")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    results = _results(json.loads(run.stdout)["run_dir"], TWIN)
+    [plan] = [res for task, res in results if task.startswith("Plan this box's part") and res.get("why")]
+    assert plan["part"] == "build" and plan["why"] == [
+        f"{archive.name}: not used: its sha256 is now {hashlib.sha256(tampered).hexdigest()}, its provenance record "
+        f"says {record['sha256']}"], plan
+    [built] = [res for task, res in results if task == "Wait for the group's build" and res.get("export_path")]
+    assert built["built"] == [kernel] and "installed_from" not in built
+    [ours] = [json.loads(p.read_text()) for p in builds_dir.glob("nvidia-*.provenance-*.json")]
+    assert ours["host"] == TWIN and hashlib.sha256(tampered).hexdigest() not in {
+        hashlib.sha256(p.read_bytes()).hexdigest() for p in builds_dir.glob("nvidia-*.tar.gz")}
+    mine, theirs = (base64.b64decode(box.out(f"base64 -w0 {installed_ko}")) for box in (twin, first))
+    # reproducible: the same module but for the signature each box's own key appends (dkms signs with
+    # /var/lib/dkms/mok.key, made per box); the archives are equal exactly when the modules are
+    assert _unsigned(mine) == _unsigned(theirs) and b"not the build" not in mine
+    assert (ours["sha256"] == record["sha256"]) == (mine == theirs), (ours["sha256"], record["sha256"])
+    print(f"DKMS build reproduced byte for byte across the twins: {mine == theirs} (signed: {mine.endswith(KO_MAGIC)})")
+
+    # 2. tampered archives handed to the module on the twin, each with the controller's manifest of what it holds
+    with tarfile.open(fileobj=io.BytesIO(genuine)) as tar:  # the pinned source's dkms.conf, as exported
+        pinned_conf = tar.extractfile("dkms_binaries_only/dkms.conf").read()
+    identity = builds.parse_archive_name(archive.name)["identity_id"]
+    cases = {
+        "extra file": (_repacked(genuine, lambda m: (m.update({"dkms_binaries_only/post.sh": b"touch /x\n"}),
+                                                     _restamped(m))), None,
+                       "dkms_binaries_only/post.sh is no part of a binaries-only build"),
+        "changed .ko": (tampered, _manifest(genuine, tmp_path),
+                        f"{ko_member} is not the file the controller's manifest names"),
+        "dkms.conf with a command": (
+            _repacked(genuine, lambda m: (m.update({"dkms_binaries_only/dkms.conf": pinned_conf
+                                                    + f"\ntouch {marker}\n".encode()}), _restamped(m))), None,
+            "its dkms_binaries_only/dkms.conf is not the pinned source's"),
+    }
+    folder = tmp_path / "tampered"
+    folder.mkdir()
+    tasks = [{"name": "Remove the twin's build (due again)", "ansible.builtin.command":
+              f"dkms remove nvidia/{version} -k {kernel}"},
+             {"name": "Copy the archives", "ansible.builtin.copy": {"src": f"{folder}/", "dest": "/var/tmp/tampered/"}}]
+    given = {}
+    for case, (data, files, _why) in cases.items():
+        name = builds.archive_name("nvidia", identity, hashlib.sha256(data).hexdigest())
+        (folder / name).write_bytes(data)
+        given[case] = f"/var/tmp/tampered/{name}"
+        tasks.append({"name": f"Install: {case}", "rigbook.homelab.dkms_module": {
+            "name": "nvidia", "version": version, "src": driver["source"]["path"], "sha256": driver["source"]["sha256"],
+            "kernels": [kernel], "install_from": given[case],
+            "install_files": _manifest(data, tmp_path) if files is None else files}, "failed_when": False})
+    tasks += [{"name": "What is installed now", "ansible.builtin.stat": {"path": installed_ko}},
+              {"name": "Build it here again", "rigbook.homelab.dkms_module": {
+                  "name": "nvidia", "version": version, "src": driver["source"]["path"],
+                  "sha256": driver["source"]["sha256"], "kernels": [kernel]}}]
+    playbook = tmp_path / "tampered.yml"
+    playbook.write_text(json.dumps([{"hosts": TWIN, "gather_facts": False, "become": True, "tasks": tasks}]))
+    run = provision(str(playbook), "-i", four_hosts, "--limit", TWIN, "--json", timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    results = dict(_results(json.loads(run.stdout)["run_dir"], TWIN))
+    for case, (_data, _files, why) in cases.items():
+        res = results[f"Install: {case}"]
+        assert res["msg"].startswith(f"refused {given[case]}: ") and why in res["msg"], (case, res["msg"])
+        assert res["msg"].endswith("; no module was installed"), res["msg"]
+    assert results["What is installed now"]["stat"]["exists"] is False  # nothing of the three installed
+    assert twin.run(f"test -e {marker}", check=False).returncode != 0  # the dkms.conf's command never ran
+    assert twin.run(f"cat /usr/src/nvidia-{version}/dkms.conf").stdout.encode() == pinned_conf
+    assert results["Build it here again"]["built"] == [kernel]
+    assert "/updates/dkms/" in twin.out(f"modinfo -k {kernel} -n nvidia")
 
 
 def _metrics(box) -> dict:

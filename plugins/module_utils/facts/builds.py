@@ -9,12 +9,22 @@ installed file's sha256), a pinned venv VENV_STAMP (.rigbook-venv.json), an unpa
 
 A group build's archive is NAME-IDENTITY-SHA256.tar.gz: NAME the build's (source_build's name, the DKMS package),
 IDENTITY the 16-hex identity_id of what was built (sources, patches, arguments, kernels), SHA256 the archive's own
-digest. `archive_name` is the one writer, `parse_archive_name` the one parser, `archive_glob` what a role lists.
+digest. `archive_name` is the one writer, `parse_archive_name` the one parser, `archive_glob` what a role lists;
+`pack` makes an archive's bytes, the same bytes for the same files wherever and whenever it runs.
+
+The controller keeps, beside each archive in its builds/ folder, a provenance record per inventory and group of boxes
+that may install it: NAME-IDENTITY-SHA256.provenance-KEY.json, KEY the 16 hex digits of `provenance_key` (plugins/
+action/group_archive.py writes and reads them; `provenance_name` names one, `parse_provenance_name` reads a name).
 """
 
 from __future__ import annotations
 
+import gzip
+import hashlib
+import io
+import os
 import re
+import tarfile
 
 from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files
 
@@ -28,6 +38,7 @@ IDENTITY = r"[0-9a-f]{16}"
 SHA256 = r"[0-9a-f]{64}"
 ARCHIVE = re.compile(r"^(?P<name>%s)-(?P<identity>%s)-(?P<sha256>%s)\.tar\.gz$" % (NAME, IDENTITY, SHA256))
 SUFFIX = ".tar.gz"
+PROVENANCE = re.compile(r"^(?P<archive>%s-%s-%s)\.provenance-(?P<key>[0-9a-f]{16})\.json$" % (NAME, IDENTITY, SHA256))
 
 
 def archive_name(name, identity_id, sha256):
@@ -50,6 +61,64 @@ def parse_archive_name(file_name):
 def archive_glob(name, identity_id):
     """The pattern the archives of build NAME with IDENTITY_ID match, whatever their digest."""
     return "%s-%s-*%s" % (name, identity_id, SUFFIX)
+
+
+def provenance_key(inventory, group):
+    """The 16 hex digits that name the provenance records of the boxes of GROUP in INVENTORY."""
+    return hashlib.sha256(("%s\0%s" % (inventory, group)).encode("utf-8", "replace")).hexdigest()[:16]
+
+
+def provenance_name(archive_file, key):
+    """The file name of the provenance record of the archive ARCHIVE_FILE (its name) for the boxes KEY names."""
+    named = parse_archive_name(archive_file)
+    if not named or not re.match(r"[0-9a-f]{16}\Z", key or ""):
+        raise ValueError("not an archive's provenance: %r %r" % (archive_file, key))
+    return "%s.provenance-%s.json" % (archive_file.rsplit("/", 1)[-1][:-len(SUFFIX)], key)
+
+
+def parse_provenance_name(file_name):
+    """{archive (its file name), name, identity_id, sha256, key} of a provenance record's file name, or None."""
+    found = PROVENANCE.match((file_name or "").rsplit("/", 1)[-1])
+    if not found:
+        return None
+    archive = found.group("archive") + SUFFIX
+    return dict(parse_archive_name(archive), archive=archive, key=found.group("key"))
+
+
+def provenance_glob(name):
+    """The pattern the provenance records of build NAME's archives match (of every identity, inventory and group;
+    parse_provenance_name tells a longer NAME apart)."""
+    return "%s-*.provenance-*.json" % name
+
+
+def pack(entries):
+    """The bytes of a .tar.gz holding ENTRIES, [(name in the archive, kind, source)]: kind "file" (SOURCE a path on
+    this host, read), "bytes" (SOURCE the data), "folder" or "symlink" (SOURCE its target). Reproducible: members
+    sorted by name, every time 0, owner root (0/0), mode 0755 for folders and for files with an execute bit, else
+    0644; gzip without a time or a file name."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, kind, source in sorted(entries, key=lambda entry: entry[0]):
+            info = tarfile.TarInfo(name)
+            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "root", "root"
+            if kind == "folder":
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(info)
+            elif kind == "symlink":
+                info.type, info.linkname, info.mode = tarfile.SYMTYPE, source, 0o777
+                tar.addfile(info)
+            elif kind == "bytes":
+                info.size, info.mode = len(source), 0o644
+                tar.addfile(info, io.BytesIO(source))
+            else:
+                with open(source, "rb") as handle:
+                    found = os.fstat(handle.fileno())
+                    info.size, info.mode = found.st_size, 0o755 if found.st_mode & 0o111 else 0o644
+                    tar.addfile(info, handle)
+    out = io.BytesIO()
+    with gzip.GzipFile(fileobj=out, mode="wb", mtime=0, filename="") as gz:
+        gz.write(raw.getvalue())
+    return out.getvalue()
 
 
 def read_stamp(file_path):

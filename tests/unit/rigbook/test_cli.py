@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import re
+import shlex
+from types import SimpleNamespace
 
+import ansible_runner
 import pytest
 from helpers.cli import provision
 
+from rigbook.cli import main
 from rigbook.errors import UserError
 from rigbook.run import resolve_inventory, resolve_playbook
 
@@ -138,3 +143,33 @@ def test_runs_names_a_run_record_that_cannot_be_read(tmp_path):
     proc = provision("runs", env={"RIGBOOK_STATE_DIR": str(tmp_path)})
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     assert "run.json is unusable: cannot read: Is a directory" in proc.stderr
+
+
+@pytest.mark.parametrize("flags, verify, runs", [
+    ([], False, 1),
+    (["--verify-builds"], True, 1),
+    (["--verify-builds", "--rolling"], True, 2),  # each batch's run: the canary and the other lab host
+])
+def test_verify_builds_reaches_every_run_as_rigbook_verify_builds(tmp_path, monkeypatch, flags, verify, runs):
+    """`--verify-builds` is the extra variable rigbook_verify_builds of each playbook run (roles/group_build reads
+    it), beside the builds folder the controller keeps the archives and their provenance records in."""
+    monkeypatch.setenv("RIGBOOK_STATE_DIR", str(tmp_path / "state"))
+    seen = []
+
+    def finished(**kwargs):
+        words = shlex.split(kwargs["cmdline"])
+        seen.append([json.loads(v) for v in words[1::2] if v.startswith("{")])
+        return SimpleNamespace(status="successful", rc=0, stdout=None)
+
+    monkeypatch.setattr(ansible_runner, "run", finished)
+    main(["site.yml", "-i", "lab", *flags])
+    assert len(seen) == runs
+    for extra in seen:
+        [ours] = [e for e in extra if "rigbook_builds_dir" in e]
+        assert ours["rigbook_verify_builds"] is verify
+        assert ours["rigbook_builds_dir"] == str(tmp_path / "state" / "builds")
+
+
+def test_verify_builds_is_in_the_help():
+    proc = provision("site.yml", "--help")
+    assert proc.returncode == 0 and "--verify-builds" in proc.stdout and "naming both boxes" in proc.stdout

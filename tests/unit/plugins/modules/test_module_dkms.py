@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
+import os
+import shutil
 import tarfile
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from ansible_collections.rigbook.homelab.plugins.module_utils import safe_untar
 from ansible_collections.rigbook.homelab.plugins.module_utils.facts import builds
 from ansible_collections.rigbook.homelab.plugins.modules import dkms_module
 from helpers.modules import fail, ok, run_module
@@ -410,53 +414,48 @@ def test_a_bad_tarball_fails_before_the_old_build_is_touched(host, kind, message
     assert no_leftover_temp_dirs(host) and not (host.tmp / "evil").exists()
 
 
-# --- one build for a group: export (dkms mktarball --binaries-only) and install_from (dkms ldtarball) -----------
+# --- one build for a group: export (the builds as one reproducible archive) and install_from -------------------
 
-def binaries_only(path: Path, kernels=(K,), name="nvidia", version="615.71.09", ko=True) -> Path:
-    """A binaries-only DKMS tarball at PATH in the layout dkms 3.0.10's mktarball writes (RECONSTRUCTED from its
-    source: dkms_main_tree/<kernel>/<arch>/{module,log},
-    dkms_binaries_only/{PACKAGE_NAME,PACKAGE_VERSION,dkms.conf})."""
-    files = {"./dkms_binaries_only/PACKAGE_NAME": name + "\n", "./dkms_binaries_only/PACKAGE_VERSION": version + "\n",
-             "./dkms_binaries_only/dkms.conf": FORK["nvidia-615.71.09/dkms.conf"]}
+ARCH = os.uname()[4]
+MODULE_DIR = f"{K}/{ARCH}/module"
+
+
+def built_tree(host, kernels=(K,), modules=("nvidia.ko",)):
+    """What `dkms install --force` left in dkms's tree (dkms_module.DKMS_TREE, under tmp_path): each kernel's built
+    modules, and its make.log."""
     for kernel in kernels:
-        files[f"./dkms_main_tree/{kernel}/x86_64/log/make.log"] = "DKMS make.log\n"
-        if ko:
-            files[f"./dkms_main_tree/{kernel}/x86_64/module/nvidia.ko"] = f"built for {kernel}\n"
-    return tarball(path, files)
+        folder = host.dkms / "nvidia" / "615.71.09" / kernel / ARCH
+        (folder / "module").mkdir(parents=True, exist_ok=True)
+        (folder / "log").mkdir(exist_ok=True)
+        (folder / "log" / "make.log").write_text(f"DKMS make.log for nvidia-615.71.09 for kernel {kernel}\n"
+                                                 "Mon Jan  1 00:00:00 UTC 2025\n")
+        for name in modules:
+            (folder / "module" / name).write_bytes(f"\x7fELF {name} for {kernel}\n".encode())
 
 
-# what dkms 3.0.10's ldtarball says when the package is registered already (its source in place): the modules are
-# loaded, then add_module dies with rc 3 (its message as a lab host's dkms 3.0.10-8+deb12u1 printed it)
-LOADED = f"Loading tarball for nvidia-615.71.09\nLoading /var/lib/dkms/nvidia/615.71.09/{K}/x86_64...\n"
-REGISTERED = ("Error! DKMS tree already contains: nvidia-615.71.09\n"
-              "You cannot add the same module/version combo more than once.\n")
-
-
-def mktarball(kernels=(K,)):
-    """dkms mktarball's stand-in: writes the tarball where --archive says."""
-    def run(argv):
-        binaries_only(Path(argv[argv.index("--archive") + 1]), kernels)
-        return ok("Tarball location: ...\n")
-    return run
-
-
-def mktarball_argv(folder: Path, identity: str, kernels=(K,)):
-    return (["dkms", "mktarball", "-m", "nvidia", "-v", "615.71.09", "--binaries-only", "--archive",
-             str(folder / f".rigbook-dkms-{identity}.tar.gz")] + [a for k in kernels for a in ("-k", k)])
-
-
-def group_archive(host, folder: Path, identity: str, **kw) -> Path:
-    """An exported archive named as export names it."""
-    tmp = binaries_only(folder / "tmp.tar.gz", **kw)
-    path = folder / f"nvidia-{identity}-{sha256(tmp)}.tar.gz"
-    tmp.rename(path)
-    return path
+@pytest.fixture
+def dkms_tree(host, monkeypatch):
+    host.dkms = host.tmp / "var" / "lib" / "dkms"
+    (host.dkms / "nvidia" / "615.71.09").mkdir(parents=True)  # `dkms add` made it
+    monkeypatch.setattr(dkms_module, "DKMS_TREE", str(host.dkms))
+    return host
 
 
 def identity(host, kernels=(K,)):
     run = run_module(dkms_module, args(host, kernels=list(kernels)), [(STATUS, ok())] + [
         (modinfo(k), fail(1)) for k in kernels], check_mode=True)
     return run.result["identity_id"]
+
+
+def export_run(host, out, kernels=(K,)):
+    return run_module(dkms_module, args(host, kernels=list(kernels), export_dir=str(out)), [
+        (STATUS, ok("nvidia/615.71.09: added\n"))] + [(install(k), ok()) for k in kernels]
+        + [(modinfo(k), ok(DKMS_KO + "\n")) for k in kernels] + [(STATUS, installed(*kernels))])
+
+
+def manifest(path: Path) -> dict:
+    """The controller's manifest of an archive: {path: sha256} of its regular files (safe_untar.listing)."""
+    return {rel: e["sha256"] for rel, e in safe_untar.listing(str(path)).items() if e["kind"] == "file"}
 
 
 def test_check_mode_names_the_identity_of_what_is_due_and_the_headers_symbols_are_part_of_it(host):
@@ -469,72 +468,206 @@ def test_check_mode_names_the_identity_of_what_is_due_and_the_headers_symbols_ar
     assert run.result["identity_id"] == "" and run.result["archive_glob"] == ""  # nothing to build
 
 
-def test_a_build_is_exported_as_one_binaries_only_tarball_named_by_identity_and_sha256(host):
+def test_a_build_is_exported_as_one_reproducible_binaries_only_archive_named_by_identity_and_sha256(dkms_tree):
+    host = dkms_tree
     unpacked(host)
+    built_tree(host)
     wanted = identity(host)
-    out = host.tmp / "builds"
-    run = run_module(dkms_module, args(host, export_dir=str(out)), [
-        (STATUS, ok("nvidia/615.71.09: added\n")), (install(K), ok()),
-        (mktarball_argv(out, wanted), mktarball()),
-        (modinfo(K), ok(DKMS_KO + "\n")), (STATUS, installed(K))])
+    run = export_run(host, host.tmp / "builds")
     assert not run.failed, run.msg
     path = Path(run.result["export_path"])
-    assert path.name == f"nvidia-{wanted}-{run.result['export_sha256']}.tar.gz"
+    assert path.name == f"nvidia-{wanted}-{run.result['export_sha256']}.tar.gz" and sha256(path) == run.result[
+        "export_sha256"]
     assert run.result["archive_glob"] == f"nvidia-{wanted}-*.tar.gz"  # what the group_build role looks for
-    assert sha256(path) == run.result["export_sha256"] and [p.name for p in out.iterdir()] == [path.name]
+    with tarfile.open(path) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+        conf = tar.extractfile("dkms_binaries_only/dkms.conf").read()
+    assert sorted(n for n, m in members.items() if m.isfile()) == [
+        ".rigbook-build.json", "dkms_binaries_only/PACKAGE_NAME", "dkms_binaries_only/PACKAGE_VERSION",
+        "dkms_binaries_only/dkms.conf", f"dkms_main_tree/{MODULE_DIR}/nvidia.ko"]  # no make.log: it holds times
+    assert {(m.mtime, m.uid, m.gid) for m in members.values()} == {(0, 0, 0)}
+    assert conf == FORK["nvidia-615.71.09/dkms.conf"].encode()  # the pinned source's
+    # the same build exported again, later, is the same bytes: a second box's build of it can be compared
+    for ko in (host.dkms / "nvidia" / "615.71.09").rglob("*.ko"):
+        os.utime(ko, (1, 1))
+    (host.dkms / "nvidia" / "615.71.09" / K / ARCH / "log" / "make.log").write_text("another time\n")
+    again = export_run(host, host.tmp / "builds-again")
+    assert again.result["export_sha256"] == run.result["export_sha256"]
 
 
-def test_a_twin_installs_the_group_archive_with_ldtarball_and_compiles_nothing(host):
+def test_an_export_without_the_built_modules_fails_naming_dkms_tree(dkms_tree):
+    host = dkms_tree
     unpacked(host)
-    archive = group_archive(host, host.tmp, identity(host))
-    run = run_module(dkms_module, args(host, install_from=str(archive)), [
+    run = run_module(dkms_module, args(host, export_dir=str(host.tmp / "builds")), [
+        (STATUS, ok("nvidia/615.71.09: added\n")), (install(K), ok())])
+    assert run.failed and f"no built module of nvidia/615.71.09 for {K}" in run.msg and str(host.dkms) in run.msg
+
+
+def exported(host, kernels=(K,)) -> Path:
+    """The builder's archive of KERNELS (made by the module's export on a builder's tree), then this box's own dkms
+    tree emptied: the twin has the source registered and nothing built."""
+    unpacked(host)
+    built_tree(host, kernels)
+    run = export_run(host, host.tmp / "builder", kernels)
+    assert not run.failed, run.msg
+    for kernel in kernels:
+        shutil.rmtree(host.dkms / "nvidia" / "615.71.09" / kernel)
+    return Path(run.result["export_path"])
+
+
+def twin(host, archive, files=None, commands=None, kernels=(K,)):
+    return run_module(dkms_module, args(host, kernels=list(kernels), install_from=str(archive),
+                                        install_files=manifest(archive) if files is None else files),
+                      commands if commands is not None else [(STATUS, ok("nvidia/615.71.09: added\n"))])
+
+
+def test_a_twin_installs_only_the_checked_modules_and_no_dkms_command_reads_the_archive(dkms_tree):
+    host = dkms_tree
+    archive = exported(host)
+    run = twin(host, archive, commands=[
         (STATUS, ok("nvidia/615.71.09: added\n")),
-        (["dkms", "ldtarball", "--force", str(archive)], fail(3, REGISTERED, LOADED)),
-        (STATUS, ok(f"nvidia/615.71.09, {K}, x86_64: built\n")),
+        (STATUS, ok(f"nvidia/615.71.09, {K}, {ARCH}: built\n")),  # dkms sees the modules put in its tree
         (["dkms", "install", PKG, "-k", K], ok()),  # no --force: the loaded build is installed, not rebuilt
         (modinfo(K), ok(DKMS_KO + "\n")), (STATUS, installed(K))])
     assert not run.failed, run.msg
     assert run.result["installed_from"] == str(archive) and run.result["built"] == [K]
+    loaded = host.dkms / "nvidia" / "615.71.09" / K / ARCH
+    assert sorted(p.relative_to(loaded).as_posix() for p in loaded.rglob("*")) == ["module", "module/nvidia.ko"]
+    assert (loaded / "module" / "nvidia.ko").read_bytes() == f"\x7fELF nvidia.ko for {K}\n".encode()
+    assert (host.dest / "dkms.conf").read_text() == FORK["nvidia-615.71.09/dkms.conf"]  # the source untouched
+    assert not [p for p in host.dkms.iterdir() if p.name.startswith(".rigbook-")]
 
 
-@pytest.mark.parametrize("ldtarball, loaded, problem", [
-    (fail(3, REGISTERED, LOADED), "nvidia/615.71.09: added\n", f"loaded no build for {K}: nothing installed"),
-    (fail(4, "Error! Malformed dkms.conf\n"), None, "dkms ldtarball"),
+def test_modules_dkms_does_not_see_fail_before_dkms_could_compile(dkms_tree):
+    host = dkms_tree
+    archive = exported(host)
+    run = twin(host, archive, commands=[(STATUS, ok("nvidia/615.71.09: added\n")),
+                                        (STATUS, ok("nvidia/615.71.09: added\n"))])
+    assert run.failed and f"dkms does not see the build of nvidia loaded from {archive} for {K}" in run.msg
+    assert "nothing compiled" in run.msg
+
+
+def repacked(archive: Path, change) -> Path:
+    """ARCHIVE's members, CHANGE(dict of name -> bytes) applied, packed again under the name export would give."""
+    with tarfile.open(archive) as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+    change(members)
+    data = builds.pack([(name, "bytes", body) for name, body in members.items()])
+    named = builds.parse_archive_name(archive.name)
+    path = archive.with_name(builds.archive_name("nvidia", named["identity_id"], hashlib.sha256(data).hexdigest()))
+    path.write_bytes(data)
+    return path
+
+
+def restamped(members):
+    """The stamp rewritten to name the members as they are (a builder that lies consistently)."""
+    stamp = json.loads(members[builds.BUILD_STAMP])
+    stamp["files"] = {n: hashlib.sha256(b).hexdigest() for n, b in members.items() if n != builds.BUILD_STAMP}
+    members[builds.BUILD_STAMP] = json.dumps(stamp).encode()
+
+
+KO = f"dkms_main_tree/{MODULE_DIR}/nvidia.ko"
+CONF = "dkms_binaries_only/dkms.conf"
+
+
+@pytest.mark.parametrize("attack, why", [
+    ("extra file, not in the manifest", "dkms_binaries_only/run.sh is in it but not in the controller's manifest"),
+    ("extra file, manifest and stamp made for it", "dkms_binaries_only/run.sh is no part of a binaries-only build"),
+    ("extra build log", f"dkms_main_tree/{K}/{ARCH}/log/make.log is no part of a binaries-only build"),
+    ("extra module, not in the stamp", f"dkms_main_tree/{MODULE_DIR}/evil.ko is in it but not in its stamp"),
+    ("changed .ko, the manifest of the original", f"{KO} is not the file the controller's manifest names"),
+    ("changed .ko, not as stamped", f"{KO} is in it but not in its stamp, or not as its stamp names it"),
+    ("dkms.conf with a command", f"its {CONF} is not the pinned source's"),
+    ("a link", f"it holds the link dkms_main_tree/{MODULE_DIR}/nvidia-uvm.ko"),
+    ("another architecture", f"dkms_main_tree/{K}/riscv64/module/nvidia.ko is no part of a binaries-only build"),
 ])
-def test_an_ldtarball_that_loads_nothing_fails_before_dkms_could_compile(host, ldtarball, loaded, problem):
-    unpacked(host)
-    archive = group_archive(host, host.tmp, identity(host))
-    commands = [(STATUS, ok("nvidia/615.71.09: added\n")), (["dkms", "ldtarball", "--force", str(archive)], ldtarball)]
-    run = run_module(dkms_module, args(host, install_from=str(archive)),
-                     commands + ([(STATUS, ok(loaded))] if loaded else []))
-    assert run.failed and problem in run.msg, run.msg
+def test_a_tampered_archive_is_refused_with_nothing_installed_and_no_dkms_command_run(dkms_tree, attack, why):
+    host = dkms_tree
+    archive = exported(host)
+    genuine = manifest(archive)
+    marker = host.tmp / "ran-as-root"
+    files = None  # the manifest of what is copied to the box
+    if attack.startswith("extra file"):
+        bad = repacked(archive, lambda m: m.update({"dkms_binaries_only/run.sh": b"touch /tmp/x\n"}))
+        if "made for it" in attack:
+            bad = repacked(archive, lambda m: (m.update({"dkms_binaries_only/run.sh": b"touch x\n"}), restamped(m)))
+        else:
+            files = genuine
+    elif attack == "extra build log":
+        bad = repacked(archive, lambda m: (m.update({f"dkms_main_tree/{K}/{ARCH}/log/make.log": b"x"}), restamped(m)))
+    elif attack == "extra module, not in the stamp":
+        bad = repacked(archive, lambda m: m.update({f"dkms_main_tree/{MODULE_DIR}/evil.ko": b"\x7fELF evil"}))
+    elif attack.startswith("changed .ko"):
+        bad = repacked(archive, lambda m: m.update({KO: b"\x7fELF changed"}))
+        files = genuine if "original" in attack else None
+    elif attack == "dkms.conf with a command":  # what `dkms ldtarball` would have sourced, as root
+        conf = FORK["nvidia-615.71.09/dkms.conf"] + f"touch {marker}\n"
+        bad = repacked(archive, lambda m: (m.update({CONF: conf.encode()}), restamped(m)))
+    elif attack == "a link":
+        raw = io.BytesIO()
+        with tarfile.open(archive) as tar, tarfile.open(fileobj=raw, mode="w:gz") as out:
+            for member in tar.getmembers():
+                out.addfile(member, tar.extractfile(member) if member.isfile() else None)
+            link = tarfile.TarInfo(f"dkms_main_tree/{MODULE_DIR}/nvidia-uvm.ko")
+            link.type, link.linkname = tarfile.SYMTYPE, "nvidia.ko"
+            out.addfile(link)
+        named = builds.parse_archive_name(archive.name)
+        bad = archive.with_name(builds.archive_name("nvidia", named["identity_id"],
+                                                    hashlib.sha256(raw.getvalue()).hexdigest()))
+        bad.write_bytes(raw.getvalue())
+    else:
+        def other_arch(m):
+            m[f"dkms_main_tree/{K}/riscv64/module/nvidia.ko"] = m.pop(KO)
+            restamped(m)
+        bad = repacked(archive, other_arch)
+    run = twin(host, bad, files=files)
+    assert run.failed and run.msg.startswith(f"refused {bad}: ") and why in run.msg, run.msg
+    assert run.msg.endswith("; no module was installed") and run.commands == [STATUS]  # no ldtarball, no install
+    assert not marker.exists() and not (host.dkms / "nvidia" / "615.71.09" / K).exists()
+    assert not [p for p in host.dkms.iterdir() if p.name.startswith(".rigbook-")]
+    assert (host.dest / "dkms.conf").read_text() == FORK["nvidia-615.71.09/dkms.conf"]
 
 
-@pytest.mark.parametrize("problem", ["identity", "sha256", "kernels", "package", "no module", "unsafe", "name"])
-def test_an_archive_that_is_not_this_build_is_refused_before_anything_is_loaded(host, problem):
-    unpacked(host)
+@pytest.mark.parametrize("problem", ["identity", "sha256", "kernels", "package", "unsafe", "name", "no manifest",
+                                     "manifest out"])
+def test_an_archive_that_is_not_this_build_is_refused_before_anything_is_loaded(dkms_tree, problem):
+    host = dkms_tree
+    archive = exported(host)
     wanted = identity(host)
+    files = None
     if problem == "identity":
-        archive = group_archive(host, host.tmp, "0" * 16)
+        archive = archive.rename(archive.with_name(archive.name.replace(wanted, "0" * 16)))
     elif problem == "sha256":
-        good = group_archive(host, host.tmp, wanted)
-        archive = good.with_name(f"nvidia-{wanted}-{'ab' * 32}.tar.gz")
-        good.rename(archive)
+        archive = archive.rename(archive.with_name(f"nvidia-{wanted}-{'ab' * 32}.tar.gz"))
     elif problem == "kernels":
-        archive = group_archive(host, host.tmp, wanted, kernels=(K, K2))
+        (host.modules / K2 / "build").mkdir(parents=True)
+        built_tree(host, (K, K2))
+        both = Path(export_run(host, host.tmp / "builder-both", (K, K2)).result["export_path"])
+        for kernel in (K, K2):
+            shutil.rmtree(host.dkms / "nvidia" / "615.71.09" / kernel)
+        files = manifest(both)
+        named = builds.parse_archive_name(both.name)
+        archive = both.rename(both.with_name(both.name.replace(named["identity_id"], wanted)))
     elif problem == "package":
-        archive = group_archive(host, host.tmp, wanted, version="615.71.08")
-    elif problem == "no module":
-        archive = group_archive(host, host.tmp, wanted, ko=False)
+        archive = repacked(archive, lambda m: (m.update({"dkms_binaries_only/PACKAGE_VERSION": b"615.71.08\n"}),
+                                               restamped(m)))
     elif problem == "unsafe":
         bad = tarball(host.tmp / "bad.tar.gz", {"./dkms_binaries_only/PACKAGE_NAME": "nvidia\n"},
                       {"./dkms_main_tree": "/lib/modules"})
-        archive = bad.with_name(f"nvidia-{wanted}-{sha256(bad)}.tar.gz")
-        bad.rename(archive)
+        archive = bad.rename(bad.with_name(f"nvidia-{wanted}-{sha256(bad)}.tar.gz"))
+        files = {}
+    elif problem == "name":
+        archive = archive.rename(archive.with_name("nvidia-prebuilt.tar.gz"))
+        files = {}
+    elif problem == "no manifest":
+        run = run_module(dkms_module, args(host, install_from=str(archive)), [])
+        assert run.failed and "install_files" in run.msg and run.commands == []
+        return
     else:
-        archive = binaries_only(host.tmp / "nvidia-prebuilt.tar.gz")
-    run = run_module(dkms_module, args(host, install_from=str(archive)), [(STATUS, ok("nvidia/615.71.09: added\n"))])
+        files = {"../../etc/shadow": "0" * 64}
+    run = twin(host, archive, files=files, commands=[] if problem == "manifest out" else None)
     assert run.failed and "no module was installed" in run.msg, run.msg
     assert {"identity": "it is another build", "sha256": "its name says", "kernels": f"for {K}, {K2})",
-            "package": "615.71.08", "no module": "no built module", "unsafe": "unsafe archive",
-            "name": "not a DKMS build archive"}[problem] in run.msg, run.msg
+            "package": "615.71.08", "unsafe": "unsafe archive", "name": "not a DKMS build archive",
+            "manifest out": "install_files: '../../etc/shadow'"}[problem] in run.msg, run.msg
+    assert not (host.dkms / "nvidia" / "615.71.09" / K).exists()

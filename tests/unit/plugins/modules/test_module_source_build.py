@@ -1,7 +1,9 @@
 """source_build, in-process: the exact commands in order (faked), then real builds of the RCCL TEST STAND-IN with real
 `patch`, `cmake` and the compiler: the shipped patch applies, a converged re-run runs nothing, a bumped source fails
 before anything is built naming the patch and file, a bad sha256 is refused before anything is touched, two patch
-sets coexist and the link switches between them without a rebuild.
+sets coexist and the link switches between them without a rebuild. One build for a group: an export installs on
+another box only with the controller's manifest, every file checked (an extra file, a changed program, another build:
+refused with nothing installed), and the same pins export the same bytes.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
-from unittest import mock
 
 import pytest
+from ansible_collections.rigbook.homelab.plugins.module_utils import safe_untar
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import builds
 from ansible_collections.rigbook.homelab.plugins.modules import source_build
 from helpers.cli import REPO
 from helpers.modules import fail, ok, run_module, run_module_real
@@ -62,36 +65,48 @@ def real(module_args, check_mode=False, diff=False):
 
 # --- exact commands (faked) ----------------------------------------------------------------------------------
 
+def identity_of(a) -> str:
+    """The identity_id a check names for A (its sources not fetched yet: it stops before reading them)."""
+    check = run_module(source_build, {**a, "components": [dict(c, src=c["src"] + ".not-fetched") for c in
+                                                          a["components"]]}, check_mode=True)
+    return check.result["identity_id"]
+
+
 def test_fresh_build_runs_dry_run_then_patch_configure_build_install_in_order(tmp_path, tarballs):
     a = args(tmp_path, tarballs)
     a["check_files"] = []
     opt = tmp_path / "opt"
     prefix = f"{opt}/2.27.7-{hashlib.sha256(f'rccl:{PATCH_SHA}'.encode()).hexdigest()[:12]}"
     log = f"{opt}/.rccl-build.log"
+    # the build tree: one path per build (its identity), so a compiler writes the same paths on every box
+    work = tmp_path / "build" / f".rigbook-rccl-{identity_of(a)}"
+    top = f"{work}/rccl/rccl-2.27.7"
+    sh = ["sh", "-c", 'exec "$@" >>"$0" 2>&1', log]
 
-    # the unpacked tree lives in a temporary directory: pinned here so the exact argv can be written out
-    build_root = tmp_path / "build"
-    build_root.mkdir()
-    with mock.patch.object(source_build.tempfile, "mkdtemp", return_value=str(build_root / "w")):
-        (build_root / "w").mkdir()
-        top = f"{build_root}/w/rccl/rccl-2.27.7"
-        sh = ["sh", "-c", 'exec "$@" >>"$0" 2>&1', log]
-        run = run_module(source_build, a, [
-            (["patch", "--dry-run", "-p1", "--forward", "--batch", "-d", top, "-i", str(PATCH)], ok()),
-            (["patch", "-p1", "--forward", "--batch", "-d", top, "-i", str(PATCH)], ok()),
-            (sh + ["cmake", "-S", top, "-B", f"{build_root}/w/build-rccl", f"-DCMAKE_INSTALL_PREFIX={prefix}",
-                   "-DCMAKE_BUILD_TYPE=Release", "-DAMDGPU_TARGETS=gfx1201", "-DGPU_TARGETS=gfx1201"], ok()),
-            (sh + ["cmake", "--build", f"{build_root}/w/build-rccl", "--parallel", "2"], ok()),
-            (sh + ["cmake", "--install", f"{build_root}/w/build-rccl"], ok()),
-        ], diff=True)
+    def install_one_file(argv):
+        Path(prefix, "lib").mkdir(parents=True)
+        Path(prefix, "lib", "librccl.so.1").write_bytes(b"\x7fELF")
+        Path(prefix, "lib", "librccl.so").symlink_to("librccl.so.1")
+        return ok()
+
+    run = run_module(source_build, a, [
+        (["patch", "--dry-run", "-p1", "--forward", "--batch", "-d", top, "-i", str(PATCH)], ok()),
+        (["patch", "-p1", "--forward", "--batch", "-d", top, "-i", str(PATCH)], ok()),
+        (sh + ["cmake", "-S", top, "-B", f"{work}/build-rccl", f"-DCMAKE_INSTALL_PREFIX={prefix}",
+               "-DCMAKE_BUILD_TYPE=Release", "-DAMDGPU_TARGETS=gfx1201", "-DGPU_TARGETS=gfx1201"], ok()),
+        (sh + ["cmake", "--build", f"{work}/build-rccl", "--parallel", "2"], ok()),
+        (sh + ["cmake", "--install", f"{work}/build-rccl"], install_one_file),
+    ], diff=True)
     assert not run.failed, run.result
     assert run.result["changed"] and run.result["built"] and run.result["link_changed"]
     assert run.result["prefix"] == prefix and os.readlink(opt / "current") == Path(prefix).name
     stamp = json.loads((Path(prefix) / ".rigbook-build.json").read_text())
     assert stamp["components"][0]["patches"] == [f"p2p-level-user-last.patch -p1 {PATCH_SHA}"]
+    # every file the build installed is stamped (a link is not a file: its target is)
+    assert stamp["files"] == {"lib/librccl.so.1": hashlib.sha256(b"\x7fELF").hexdigest()}
     assert "no build" in run.result["diff"]["before"]
     assert "patch p2p-level-user-last.patch" in run.result["diff"]["after"]
-    assert not (build_root / "w").exists()  # the build tree is removed
+    assert not work.exists()  # the build tree is removed
 
 
 def test_a_failing_build_step_fails_with_the_log_and_leaves_no_stamp_and_no_link(tmp_path, tarballs):
@@ -99,17 +114,17 @@ def test_a_failing_build_step_fails_with_the_log_and_leaves_no_stamp_and_no_link
     opt = tmp_path / "opt"
     opt.mkdir()
     (opt / ".rccl-build.log").write_text("c++: fatal error: hipcc not found\n")
-    build_root = tmp_path / "build"
-    (build_root / "w").mkdir(parents=True)
-    top = f"{build_root}/w/rccl/rccl-2.27.7"
-    with mock.patch.object(source_build.tempfile, "mkdtemp", return_value=str(build_root / "w")):
-        run = run_module(source_build, a, [
-            (["sh", "-c", 'exec "$@" >>"$0" 2>&1', f"{opt}/.rccl-build.log", "cmake", "-S", top, "-B",
-              f"{build_root}/w/build-rccl", f"-DCMAKE_INSTALL_PREFIX={opt}/2.27.7-stock", "-DCMAKE_BUILD_TYPE=Release",
-              "-DAMDGPU_TARGETS=gfx1201", "-DGPU_TARGETS=gfx1201"], fail(1)),
-        ])
+    work = tmp_path / "build" / f".rigbook-rccl-{identity_of(a)}"
+    (work / "left-by-a-cut-short-build").mkdir(parents=True)
+    top = f"{work}/rccl/rccl-2.27.7"
+    run = run_module(source_build, a, [
+        (["sh", "-c", 'exec "$@" >>"$0" 2>&1', f"{opt}/.rccl-build.log", "cmake", "-S", top, "-B",
+          f"{work}/build-rccl", f"-DCMAKE_INSTALL_PREFIX={opt}/2.27.7-stock", "-DCMAKE_BUILD_TYPE=Release",
+          "-DAMDGPU_TARGETS=gfx1201", "-DGPU_TARGETS=gfx1201"], fail(1)),
+    ])
     assert run.failed and "configure rccl failed (rc 1)" in run.msg and "hipcc not found" in run.msg
     assert not (opt / "current").exists() and not (opt / "2.27.7-stock" / ".rigbook-build.json").exists()
+    assert not work.exists()
 
 
 def test_bad_source_sha256_is_refused_before_any_command(tmp_path, tarballs):
@@ -126,10 +141,18 @@ def test_the_archive_glob_comes_with_the_check_and_an_archive_of_another_name_is
     assert not check.failed and check.result["archive_glob"] == f"rccl-{identity}-*.tar.gz"
     renamed = tmp_path / "rccl-build.tar.gz"
     renamed.write_bytes(b"not looked at")
-    run = run_module(source_build, args(tmp_path, tarballs, patches=False, install_from=str(renamed)))
-    assert run.failed and run.msg == (f"install_from {renamed}: not a build archive (rccl-{identity}-*.tar.gz); "
-                                      "nothing was installed")
+    run = run_module(source_build, args(tmp_path, tarballs, patches=False, install_from=str(renamed),
+                                        install_files={}))
+    assert run.failed and run.msg == (f"install_from {renamed}: not an archive of this build "
+                                      f"(rccl-{identity}-*.tar.gz); nothing was installed")
     assert not (tmp_path / "opt" / "current").exists()
+    # an archive without the controller's manifest is not installed at all
+    run = run_module(source_build, args(tmp_path, tarballs, patches=False, install_from=str(renamed)))
+    assert run.failed and "install_files" in run.msg and run.commands == []
+    run = run_module(source_build, args(tmp_path, tarballs, patches=False, install_from=str(renamed),
+                                        install_files={"../../etc/cron.d/x": "0" * 64}))
+    assert run.failed and run.msg == ("install_files: '../../etc/cron.d/x' is no relative path inside the prefix; "
+                                      "nothing was installed")
 
 
 def test_bad_patch_sha256_is_refused_naming_the_patch(tmp_path, tarballs):
@@ -401,6 +424,11 @@ def test_an_install_glob_matching_nothing_fails_naming_it(tmp_path, make_tree):
 
 # --- one build for a group: the build host exports, the others install ---------------------------------------
 
+def manifest(path: Path) -> dict:
+    """The controller's manifest of an archive: {path: sha256} of its regular files (safe_untar.listing)."""
+    return {rel: e["sha256"] for rel, e in safe_untar.listing(str(path)).items() if e["kind"] == "file"}
+
+
 @needs_tools
 def test_a_build_exported_by_one_box_installs_on_another_without_building(tmp_path, make_tree):
     a = dict(make_args(tmp_path, make_tree), export_dir=str(tmp_path / "exports"))
@@ -409,6 +437,8 @@ def test_a_build_exported_by_one_box_installs_on_another_without_building(tmp_pa
     archive = Path(first["export_path"])
     assert archive.name == f"tests-{first['identity_id']}-{first['export_sha256']}.tar.gz"
     assert sha256(archive) == first["export_sha256"]
+    # the stamp names every file the build installed
+    assert sorted(first["stamp"]["files"]) == ["bin/hello_perf"]
     # the same build exported again is the same bytes (reproducible), so every twin's copy has one sha256
     shutil.rmtree(tmp_path / "opt")
     again, failed, _ = real(a)
@@ -416,7 +446,7 @@ def test_a_build_exported_by_one_box_installs_on_another_without_building(tmp_pa
     built = (Path(again["prefix"]) / "bin/hello_perf").read_bytes()
     # the other box: nothing of this build on it; it installs the archive instead of building
     shutil.rmtree(tmp_path / "opt")
-    other = dict(make_args(tmp_path, make_tree), install_from=str(archive))
+    other = dict(make_args(tmp_path, make_tree), install_from=str(archive), install_files=manifest(archive))
     installed, failed, ran = real(other)
     assert not failed, installed.get("msg")
     assert ran == [] and installed["built"] is False and installed["installed_from"] == str(archive)
@@ -430,6 +460,67 @@ def test_a_build_exported_by_one_box_installs_on_another_without_building(tmp_pa
     assert not failed and not rerun["changed"] and ran == []
 
 
+def repacked(archive: Path, change) -> Path:
+    """ARCHIVE's files and links, CHANGE(dict of name -> bytes) applied to the files, packed again under the name
+    export gives it (facts/builds.pack)."""
+    with tarfile.open(archive) as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+        links = [(m.name, "symlink", m.linkname) for m in tar.getmembers() if m.issym()]
+    change(members)
+    data = builds.pack([(name, "bytes", body) for name, body in members.items()] + links)
+    named = builds.parse_archive_name(archive.name)
+    path = archive.with_name(builds.archive_name(named["name"], named["identity_id"],
+                                                 hashlib.sha256(data).hexdigest()))
+    path.write_bytes(data)
+    return path
+
+
+def restamped(members):
+    """The stamp rewritten to name the files as they are (a builder that lies consistently)."""
+    stamp = json.loads(members[".rigbook-build.json"])
+    stamp["files"] = {n: hashlib.sha256(b).hexdigest() for n, b in members.items() if n != ".rigbook-build.json"}
+    members[".rigbook-build.json"] = json.dumps(stamp).encode()
+
+
+@needs_tools
+@pytest.mark.parametrize("attack, why", [
+    ("extra file, not in the manifest", "etc/cron.d/x is in it but not in the controller's manifest of it"),
+    ("extra file, not in the stamp", "etc/cron.d/x is in it but not in its stamp"),
+    ("changed program, the manifest of the original",
+     "bin/hello_perf is not the file the controller's manifest names (its sha256 differs)"),
+    ("changed program, not as stamped", "bin/hello_perf is not the file its stamp names"),
+    ("a file of the manifest missing", "bin/hello_perf of the controller's manifest is not in it"),
+    ("another build", "it is another build (its stamp differs in components)"),
+])
+def test_a_tampered_archive_is_refused_and_nothing_is_installed(tmp_path, make_tree, attack, why):
+    exported, failed, _ = real(dict(make_args(tmp_path, make_tree), export_dir=str(tmp_path / "exports")))
+    assert not failed, exported.get("msg")
+    archive = Path(exported["export_path"])
+    genuine = manifest(archive)
+    shutil.rmtree(tmp_path / "opt")
+    files = None  # the manifest the controller computed of what it holds
+    if attack.startswith("extra file"):
+        bad = repacked(archive, lambda m: m.update({"etc/cron.d/x": b"* * * * * root touch /tmp/x\n"}))
+        files = genuine if "manifest" in attack else None
+    elif attack.startswith("changed program"):
+        bad = repacked(archive, lambda m: m.update({"bin/hello_perf": b"#!/bin/sh\ntouch /tmp/x\n"}))
+        files = genuine if "original" in attack else None
+    elif attack == "a file of the manifest missing":
+        bad = repacked(archive, lambda m: (m.pop("bin/hello_perf"), restamped(m)))
+        files = genuine
+    else:
+        def other_build(m):
+            stamp = json.loads(m[".rigbook-build.json"])
+            stamp["components"][0]["make_args"] = ["DEP={prefix}/dep", "EXTRA=1"]
+            m[".rigbook-build.json"] = json.dumps(stamp).encode()
+        bad = repacked(archive, other_build)
+    result, failed, ran = real(dict(make_args(tmp_path, make_tree), install_from=str(bad),
+                                    install_files=manifest(bad) if files is None else files))
+    assert failed and result["msg"] == f"refused {bad}: {why}; nothing was installed", result["msg"]
+    assert ran == [] and not (tmp_path / "opt/current").exists()
+    assert [p.name for p in (tmp_path / "opt").iterdir()] == []  # no prefix, no install folder left
+
+
 @needs_tools
 def test_an_archive_whose_bytes_or_build_differ_is_refused_and_nothing_is_installed(tmp_path, make_tree):
     exported, failed, _ = real(dict(make_args(tmp_path, make_tree), export_dir=str(tmp_path / "exports")))
@@ -438,12 +529,44 @@ def test_an_archive_whose_bytes_or_build_differ_is_refused_and_nothing_is_instal
     shutil.rmtree(tmp_path / "opt")
     forged = archive.with_name(archive.name.replace(exported["export_sha256"], "0" * 64))
     shutil.copy(archive, forged)
-    result, failed, ran = real(dict(make_args(tmp_path, make_tree), install_from=str(forged)))
+    result, failed, ran = real(dict(make_args(tmp_path, make_tree), install_from=str(forged),
+                                    install_files=manifest(archive)))
     assert failed and f"its sha256 is {exported['export_sha256']}, its name says {'0' * 64}" in result["msg"]
     assert ran == [] and not (tmp_path / "opt/current").exists()
-    # a box whose build differs (other make arguments) cannot take this one
-    other = dict(make_args(tmp_path, make_tree, make_args=["DEP={prefix}/dep", "X=1"]), install_from=str(archive))
+    # a box whose build differs (other make arguments) cannot take this one: its name is another identity's
+    other = dict(make_args(tmp_path, make_tree, make_args=["DEP={prefix}/dep", "X=1"]), install_from=str(archive),
+                 install_files=manifest(archive))
     result, failed, ran = real(other)
-    assert failed and "it is another build (its stamp differs in components)" in result["msg"]
+    assert failed and "not an archive of this build" in result["msg"]
     assert ran == [] and not (tmp_path / "opt/current").exists()
     assert not [p for p in (tmp_path / "opt").iterdir() if p.name.startswith(".rigbook-install-")]
+
+
+WHERE = "#include <cstdio>\nint main() { std::puts(__FILE__); return 0; }\n"
+CMAKE = ("cmake_minimum_required(VERSION 3.10)\nproject(where CXX)\nadd_executable(where where.cc)\n"
+         "install(TARGETS where DESTINATION bin)\n")
+
+
+@needs_tools
+def test_a_cmake_build_that_records_its_source_paths_exports_the_same_bytes_each_time(tmp_path):
+    """A compiler writes the source's path (__FILE__, debug info): builds run in one folder per build, not a random
+    one, so two builds of the same pins - two boxes of a group, or one box twice - export the same archive."""
+    src = tmp_path / "src" / "where-1.0"
+    src.mkdir(parents=True)
+    (src / "CMakeLists.txt").write_text(CMAKE)
+    (src / "where.cc").write_text(WHERE)
+    tarball = tmp_path / "where-1.0.tar.gz"
+    with tarfile.open(tarball, "w:gz") as tar:
+        tar.add(src, arcname="where-1.0")
+    a = dict(name="where", version="1.0", prefix_root=str(tmp_path / "opt"), build_root=str(tmp_path / "build"),
+             jobs=2, check_files=["bin/where"], export_dir=str(tmp_path / "exports"),
+             components=[dict(name="where", src=str(tarball), sha256=sha256(tarball))])
+    shas = []
+    for _ in range(2):
+        shutil.rmtree(tmp_path / "opt", ignore_errors=True)
+        result, failed, _ = real(a)
+        assert not failed, result.get("msg")
+        shas.append(result["export_sha256"])
+        printed = subprocess.run([f"{result['prefix']}/bin/where"], capture_output=True, text=True).stdout
+        assert printed.startswith(f"{tmp_path}/build/.rigbook-where-{result['identity_id']}/"), printed
+    assert shas[0] == shas[1]

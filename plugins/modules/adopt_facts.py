@@ -18,12 +18,14 @@ description:
     wheel files of those packages with their sha256, the files of its sglang that differ from the sha256 its RECORD
     lists and their diff from sglang's wheel).
   - What a box says is data from its local users too (a process's command line and environment, a venv's files).
-    Only the engines of root and O(serve_user) are returned (another user's is skipped, named in the result). A venv
-    owned by a user other than root and the engine's user is not read. The venv stamp and the files of a local
-    patch are read again without following a link (each path component opened O_NOFOLLOW, the file fstat-ed, a
-    regular file of the venv's owner or readable by all) and must say what was read. In every string each control
-    character is replaced by U+FFFD and the string cut to 4096 characters, credentials in URLs are removed, an
-    environment variable's name must be a shell name, and a key's value (--api-key, --admin-api-key) is hidden.
+    Only the engines of root and O(serve_user) are returned (another user's is skipped, named in the result, and
+    nothing of its venv is read). A venv owned by a user other than root and the engine's user, or reached through
+    a link, is not read at all. Every file of a venv (direct_url.json, RECORD, the sglang sources, the venv stamp)
+    and of O(wheels_dir) is read without following a link (each path component opened O_NOFOLLOW, the file
+    fstat-ed to be a regular file of bounded size; a venv's file of the venv's owner or readable by all). In every
+    string each control character is replaced by U+FFFD and the string cut to 4096 characters, credentials in URLs
+    are removed, an environment variable's name must be a shell name, and a key's value (--api-key,
+    --admin-api-key) is hidden.
   - Read-only; supports check mode. Changes nothing on the host.
 version_added: "1.0.0"
 author:
@@ -87,16 +89,12 @@ facts:
   type: dict
 """
 
-import errno
-import json
 import math
-import os
 import re
-import stat
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import adopt as collect
-from ansible_collections.rigbook.homelab.plugins.module_utils.facts import builds, files, runner, text
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import runner, text
 from ansible_collections.rigbook.homelab.plugins.module_utils.host_pins import ENV_NAME, redact
 from ansible_collections.rigbook.homelab.plugins.module_utils.serve.profile import redacted_argv
 
@@ -106,9 +104,7 @@ MAX_SHOWN = 10  # places named in one note
 CONTROL_OR_BREAK = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 REPLACED = "\ufffd"  # what stands for a control character: no name, version or URL rule accepts it
 URL_USER = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/@\s]*@")
-UID_LINE = re.compile(r"^Uid:\s*(\d+)", re.M)
-HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
-PATCH = "sglang_files.patch"  # the one multi-line text of the facts: a diff, read again below, never cut
+PATCH = "sglang_files.patch"  # the one multi-line text of the facts: a diff, never cut
 
 
 # --- typed and bounded: every value the box gave (pure; provision adopt applies it again on the controller) ------
@@ -223,213 +219,6 @@ def typed(facts):
     return facts, notes, unpinned
 
 
-# --- what only the box can check: whose engine, whose venv, a file read without following a link -----------------
-
-def passwd(system):
-    """{name: uid} of SYSTEM's /etc/passwd."""
-    users = {}
-    for line in (files.read_text(files.path(system, "etc/passwd"), strip=False) or "").splitlines():
-        fields = line.split(":")
-        if len(fields) > 2 and fields[2].isdigit():
-            users.setdefault(fields[0], int(fields[2]))
-    return users
-
-
-def process_uid(system, pid):
-    """The real uid process PID runs as (its /proc/PID/status), or None."""
-    found = UID_LINE.search(files.read_text(files.path(system, "proc", str(pid), "status"), strip=False) or "")
-    return int(found.group(1)) if found else None
-
-
-def open_nofollow(system, rel, directory=False):
-    """A descriptor of REL under SYSTEM, every component opened without following a link (O_NOFOLLOW from SYSTEM
-    down); the caller closes it. Raises OSError (ELOOP for a link on the way)."""
-    parts = [part for part in rel.split("/") if part]
-    if any(part in (".", "..") for part in parts):
-        raise OSError(errno.EINVAL, "a path with . or ..")
-    handle = os.open(system or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        for i, part in enumerate(parts):
-            last = i == len(parts) - 1
-            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-            if directory or not last:
-                flags |= os.O_DIRECTORY
-            inner = os.open(part, flags, dir_fd=handle)
-            os.close(handle)
-            handle = inner
-        return handle
-    except BaseException:
-        os.close(handle)
-        raise
-
-
-def owner_of(system, rel):
-    """The uid owning the folder REL under SYSTEM, reached without following a link. Raises OSError."""
-    handle = open_nofollow(system, rel, directory=True)
-    try:
-        return os.fstat(handle).st_uid
-    finally:
-        os.close(handle)
-
-
-def read_nofollow(system, rel, owner, limit):
-    """(bytes, None) of the file REL under SYSTEM read without following a link, or (None, why): it must be a
-    regular file (fstat of what was opened) of OWNER or readable by every user, of at most LIMIT bytes."""
-    try:
-        handle = open_nofollow(system, rel)
-    except OSError as exc:
-        why = "a symbolic link on the way" if exc.errno == errno.ELOOP else (exc.strerror or str(exc))
-        return None, "%s: %s (not read)" % (rel, why)
-    try:
-        info = os.fstat(handle)
-        if not stat.S_ISREG(info.st_mode):
-            return None, "%s: not a regular file (not read)" % rel
-        if info.st_uid != owner and not info.st_mode & stat.S_IROTH:
-            return None, "%s: a file of uid %d that its venv's owner cannot read (not read)" % (rel, info.st_uid)
-        chunks, size = [], 0
-        while size <= limit:
-            chunk = os.read(handle, min(1 << 20, limit + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        if size > limit:
-            return None, "%s: larger than %d bytes (not read)" % (rel, limit)
-        return b"".join(chunks), None
-    finally:
-        os.close(handle)
-
-
-def patch_problem(patch, read):
-    """None when every line the unified diff PATCH (collect/adopt.local_patch's) says a file now holds is that line
-    of the file as READ(rel) -> (text or None, why) gives it, else why not: a file swapped for a link, or changed,
-    while it was read is not put into a patch."""
-    lines = patch.splitlines(True)
-    now, i = None, 0
-    while i < len(lines):
-        line = lines[i]
-        if line.startswith("\\"):
-            i += 1
-            continue
-        if line.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ b/"):
-            rel = lines[i + 1][len("+++ b/"):].rstrip("\n")
-            content, why = read(rel)
-            if content is None:
-                return why
-            now, i = content.splitlines(True), i + 2
-            continue
-        hunk = HUNK.match(line)
-        if hunk is None or now is None:
-            return "line %d of the diff is not a line adopt writes" % (i + 1)
-        old_left, pos = int(hunk.group(1) or 1), int(hunk.group(2)) - 1
-        new_left = int(hunk.group(3) if hunk.group(3) is not None else 1)
-        i += 1
-        while old_left or new_left:
-            if i >= len(lines):
-                return "the diff ends inside a hunk"
-            body, kind = lines[i], lines[i][:1]
-            i += 1
-            if kind == "\\":
-                continue
-            if kind not in (" ", "+", "-") or (kind != "+" and not old_left) or (kind != "-" and not new_left):
-                return "line %d of the diff is not a line adopt writes" % i
-            if kind in (" ", "-"):
-                old_left -= 1
-            if kind in (" ", "+"):
-                new_left -= 1
-                expected = body[1:]
-                if i < len(lines) and lines[i].startswith("\\") and expected.endswith("\n"):
-                    expected = expected[:-1]  # "\ No newline at end of file": the file's last line has none
-                if pos >= len(now) or now[pos] != expected:
-                    return "the installed file differs from what was read of it (changed or swapped while read)"
-                pos += 1
-    return None
-
-
-def _check_venv(engine, system, uid, users, notes, unpinned):
-    """ENGINE's venv: refused (its packages, stamp, files and flags dropped, said in UNPINNED) when a link leads to
-    it or it is owned by a user other than root and UID (the engine's); else its stamp and local patch read again
-    without following a link (read_nofollow) and dropped, with why, when they differ from what was read."""
-    venv = engine.get("venv")
-    if not venv:
-        return
-    names = dict((number, name) for name, number in users.items())
-    site = collect.site_packages(system, venv)
-    site_rel = "/" + os.path.relpath(site, system or "/") if site else None
-    try:
-        owner = owner_of(system, venv)
-        owners = [owner] + ([owner_of(system, site_rel)] if site_rel else [])
-        why = None
-    except OSError as exc:
-        owners, why = [], ("reached through a symbolic link" if exc.errno == errno.ELOOP
-                           else "unreadable (%s)" % (exc.strerror or exc))
-    foreign = [number for number in owners if number not in (0, uid)]
-    if foreign:
-        why = "owned by %s, neither root nor the engine's user %s" % (names.get(foreign[0], "uid %d" % foreign[0]),
-                                                                       names.get(uid, "uid %s" % uid))
-    if why:
-        engine.update(packages=[], venv_stamp=None, sglang_files=None, sglang_flags=None, venv_refused=why)
-        unpinned.append("rigbook_pins.sglang: the venv %s of the engine /proc/%s is %s: adopt does not read it (its "
-                        "packages, lock and patch are not pinned); make root its owner or pin it by hand"
-                        % (venv, engine.get("pid"), why))
-        return
-    if engine.get("venv_stamp") is not None:
-        data, why = read_nofollow(system, os.path.join(venv, builds.VENV_STAMP), owners[0], builds.MAX_STAMP)
-        try:
-            again = json.loads(data.decode("utf-8")) if data is not None else None
-        except ValueError:
-            again = None
-        if again != engine["venv_stamp"]:
-            engine["venv_stamp"] = None
-            notes.append("rigbook's venv stamp " + (why or "%s/%s: changed while it was read (not read)"
-                                                    % (venv, builds.VENV_STAMP)))
-    local = engine.get("sglang_files")
-    if isinstance(local, dict) and local.get("patch") and site_rel:
-        def read(rel):
-            data, why = read_nofollow(system, os.path.join(site_rel, rel), owners[0], collect.MAX_PATCHED_FILE)
-            try:
-                return (data.decode("utf-8"), None) if data is not None else (None, why)
-            except UnicodeDecodeError:
-                return None, "%s: not UTF-8 text" % rel
-        problem = patch_problem(local["patch"], read)
-        if problem:
-            local.update(patch=None, problem=problem)
-
-
-def checked(facts, system, serve_user):
-    """(notes, unpinned) of what the box alone can check, FACTS changed in place: the engines of users other than
-    root and SERVE_USER dropped (each named), each kept engine's venv checked (_check_venv), the cuda_toolchain
-    role's venv read only when root owns it."""
-    notes, unpinned = [], []
-    users = passwd(system)
-    names = dict((number, name) for name, number in users.items())
-    allowed = set([0] + ([users[serve_user]] if serve_user in users else []))
-    kept = []
-    for engine in facts.get("engines") or []:
-        uid = process_uid(system, engine.get("pid"))
-        if uid not in allowed:
-            user = "an unknown user" if uid is None else "user %s" % names.get(uid, "uid %d" % uid)
-            notes.append("the engine /proc/%s runs as %s: skipped, not read (adopt reads the engines of root and of "
-                         "the serve user %s; to adopt this one, set serve_user to its user in the inventory)"
-                         % (engine.get("pid"), user, serve_user))
-            continue
-        _check_venv(engine, system, uid, users, notes, unpinned)
-        kept.append(engine)
-    facts["engines"] = kept
-    cuda = facts.get("cuda_venv")
-    if isinstance(cuda, dict) and cuda.get("venv"):
-        try:
-            owner = owner_of(system, cuda["venv"])
-        except OSError as exc:
-            owner = "reached through a symbolic link" if exc.errno == errno.ELOOP else (exc.strerror or str(exc))
-        if owner != 0:
-            facts["cuda_venv"] = None
-            unpinned.append("rigbook_pins.cuda_toolchain: %s is %s, not root's: adopt does not read it"
-                            % (cuda["venv"], "owned by %s" % names.get(owner, "uid %s" % owner)
-                               if isinstance(owner, int) else owner))
-    return notes, unpinned
-
-
 def main():
     module = AnsibleModule(
         argument_spec=dict(system=dict(type="path", default="/"), debs_dir=dict(type="path"),
@@ -442,13 +231,13 @@ def main():
     )
     params = module.params
     try:
-        # RUN: (rc, stdout) of an argv through the one runner; rc -1 when the box has no such command (no dkms)
+        # RUN: (rc, stdout) of an argv through the one runner; rc -1 when the box has no such command (no dkms);
+        # whose engines and venvs are read is decided there, before anything of a venv is read
         facts = collect.adopt_facts(params["system"], runner.rc_output, params["debs_dir"], params["engine"],
-                                    params["evidence_root"], params["wheels_dir"], params["gpu_env_file"])
-        notes, unpinned = checked(facts, params["system"], params["serve_user"])
+                                    params["evidence_root"], params["wheels_dir"], params["gpu_env_file"],
+                                    params["serve_user"])
     except (OSError, ValueError) as exc:
         module.fail_json(msg="reading the box failed: %s" % CONTROL_OR_BREAK.sub("", str(exc))[:text.MAX_FIELD])
-    facts["checks"] = {"notes": notes, "unpinned": unpinned}
     facts, more_notes, more_unpinned = typed(facts)
     facts["checks"] = {"notes": facts["checks"]["notes"] + more_notes,
                        "unpinned": facts["checks"]["unpinned"] + more_unpinned}

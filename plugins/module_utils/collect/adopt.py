@@ -19,6 +19,14 @@
 
 Commands go through RUN(argv) -> (rc, stdout) (facts/runner.rc_output on a box, recorded outputs in tests); files
 are read under SYSTEM through facts/ (files, kernel, builds).
+
+What a box's local users can change is decided on before it is read, here and nowhere else: only the engines of root
+and the serve user are kept (another user's is dropped, named in the notes, and nothing of its venv is read); an
+engine's venv is read only when its folder and site-packages are reached without a link and are root's or the
+engine's user's (venv_owner; the cuda_toolchain venv: root's only); then every file of it (direct_url.json, RECORD,
+the files RECORD lists, the sglang sources, the venv stamp), the wheels of the wheels folders and a build stamp are
+read through facts/files' no-follow reader (no link followed anywhere on the way, a regular file of bounded size, as
+the venv's owner could read it), so what a link or a hard link leads to never reaches the facts.
 """
 
 from __future__ import annotations
@@ -26,10 +34,12 @@ from __future__ import annotations
 import base64
 import csv
 import difflib
+import errno
 import glob
 import json
 import os
 import re
+import stat
 import zipfile
 
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import engine_processes, static_evidence
@@ -39,7 +49,8 @@ from ansible_collections.rigbook.homelab.plugins.module_utils.facts import build
 KERNEL_PACKAGE = re.compile(r"^linux-(image|headers|modules|modules-extra)-")
 APT_CACHE = "/var/cache/apt/archives"
 DPKG_STATUS = "/var/lib/dpkg/status"
-MAX_RECORD = 16 << 20  # characters of a RECORD read
+MAX_RECORD = 16 << 20  # bytes of a RECORD read
+MAX_DIRECT_URL = 1 << 20  # bytes of a direct_url.json read
 MAX_PATCHED_FILE = 4 << 20  # bytes of one locally changed file put into a diff
 MAX_PATCH = 8 << 20  # characters of the whole diff
 ROCM_VERSION_FILE = "/opt/rocm/.info/version"
@@ -47,6 +58,9 @@ ROCM_TAGGED = re.compile(r"\.[0-9]{5,6}-")  # a ROCm package version: 7.1.0.7010
 KEYRING_DIRS = ("/etc/apt/", "/usr/share/keyrings/")
 MAX_KEYRING = 1 << 20
 CUDA_VENV = "/opt/rigbook/cuda"  # the cuda_toolchain role's default venv (host_model.cuda_toolchain_pin)
+SERVE_USER = "rigbook-serve"  # the serve role's default serve_user
+UID_LINE = re.compile(r"^Uid:\s*(\d+)", re.M)
+BEHIND_LINK = "outside site-packages or behind a link (not read)"
 
 
 def _read(system, rel):
@@ -136,23 +150,102 @@ def _install_of(direct):
     return {"local": "editable" if (data.get("dir_info") or {}).get("editable") else "directory", "url": url}
 
 
-def venv_packages(system, venv):
-    """[{name, version, install}] of a venv's distributions (dist-info folder names), install as _install_of."""
+# --- whose engine, whose venv: decided before anything of an engine's venv is read ----------------------------------
+
+def passwd(system):
+    """{name: uid} of SYSTEM's /etc/passwd."""
+    users = {}
+    for line in (files.read_text(files.path(system, "etc/passwd"), strip=False) or "").splitlines():
+        fields = line.split(":")
+        if len(fields) > 2 and fields[2].isdigit():
+            users.setdefault(fields[0], int(fields[2]))
+    return users
+
+
+def process_uid(system, pid):
+    """The real uid process PID runs as (its /proc/PID/status), or None."""
+    found = UID_LINE.search(files.read_text(files.path(system, "proc", str(pid), "status"), strip=False) or "")
+    return int(found.group(1)) if found else None
+
+
+def _user(names, uid):
+    return "an unknown user" if uid is None else names.get(uid, "uid %d" % uid)
+
+
+def venv_owner(system, venv, uid):
+    """(owner, None) when VENV and its site-packages are folders reached from SYSTEM without a link
+    (files.stat_nofollow) and each is root's or UID's; OWNER is UID when one of them is UID's, else 0: the user
+    whose view every file of the venv is read with (files.open_regular's owner). Else (None, why), why a uid of
+    another owner (an int) or a text; nothing in the venv is read past its own folder then."""
+    try:
+        owners = [files.stat_nofollow(system, venv, directory=True).st_uid]
+        if owners[0] in (0, uid):
+            site = site_packages(system, venv)
+            owners += [files.stat_nofollow(system, site, directory=True).st_uid] if site else []
+    except OSError as exc:
+        return None, ("reached through a symbolic link" if exc.errno == errno.ELOOP
+                      else "unreadable (%s)" % (exc.strerror or exc))
+    foreign = [number for number in owners if number not in (0, uid)]
+    if foreign:
+        return None, foreign[0]
+    return (uid if uid in owners else 0), None
+
+
+def site_packages(system, venv):
+    """The site-packages folder (a path under SYSTEM) of VENV: the first lib/python*/site-packages, each folder
+    reached without following a link; None without one."""
+    lib = os.path.join(venv, "lib")
+    try:
+        names = [name for name, kind in files.list_nofollow(system, lib) if kind == "dir" and name.startswith("python")]
+    except OSError:
+        return None
+    for name in names:
+        site = os.path.join(lib, name, "site-packages")
+        try:
+            files.stat_nofollow(system, site, directory=True)
+        except OSError:
+            continue
+        return site
+    return None
+
+
+# --- a venv's files: read through facts/files' no-follow reader, as the venv's OWNER could read them -----------------
+
+def venv_packages(system, venv, owner):
+    """[{name, version, install}] of a venv's distributions (dist-info folder names), install as _install_of (a
+    direct_url.json that cannot be read as a file of the venv: {"local": "unreadable"}). No link is followed; every
+    file is read as OWNER could read it (files.read_nofollow)."""
+    site = site_packages(system, venv)
     found = []
-    pattern = os.path.join(system, venv.lstrip("/"), "lib", "python*", "site-packages", "*.dist-info")
-    for info in sorted(glob.glob(pattern)):
-        stem = os.path.basename(info)[: -len(".dist-info")]
-        name, _, version = stem.partition("-")
-        direct = _read(system, os.path.relpath(os.path.join(info, "direct_url.json"), system))
-        found.append({"name": name.lower().replace("_", "-"), "version": version, "install": _install_of(direct)})
+    for folder, kind in files.list_nofollow(system, site) if site else ():
+        if kind != "dir" or not folder.endswith(".dist-info"):
+            continue
+        name, _, version = folder[: -len(".dist-info")].partition("-")
+        data, why = files.read_nofollow(system, os.path.join(site, folder, "direct_url.json"), MAX_DIRECT_URL, owner)
+        install = ({"local": "unreadable", "url": None} if why
+                   else _install_of(data.decode("utf-8", "replace") if data is not None else None))
+        found.append({"name": name.lower().replace("_", "-"), "version": version, "install": install})
     return sorted(found, key=lambda p: p["name"])
 
 
-def cuda_venv(system):
-    """{"venv", "packages"} of the cuda_toolchain role's default venv (CUDA_VENV) when it is a venv, else None."""
-    if not os.path.isfile(os.path.join(system, CUDA_VENV.lstrip("/"), "pyvenv.cfg")):
+def cuda_venv(system, names, unpinned):
+    """{"venv", "packages"} of the cuda_toolchain role's default venv (CUDA_VENV) when it is a venv, else None; one
+    not root's, or reached through a link, is not read (said in UNPINNED, NAMES {uid: name})."""
+    try:
+        files.stat_nofollow(system, CUDA_VENV, directory=True)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            return None  # no such folder: nothing to say
+    owner, why = venv_owner(system, CUDA_VENV, 0)
+    if why is not None:
+        unpinned.append("rigbook_pins.cuda_toolchain: %s is %s, not root's: adopt does not read it"
+                        % (CUDA_VENV, "owned by %s" % _user(names, why) if isinstance(why, int) else why))
         return None
-    return {"venv": CUDA_VENV, "packages": venv_packages(system, CUDA_VENV)}
+    try:
+        files.stat_nofollow(system, os.path.join(CUDA_VENV, "pyvenv.cfg"))
+    except OSError:
+        return None  # root's folder, no venv
+    return {"venv": CUDA_VENV, "packages": venv_packages(system, CUDA_VENV, owner)}
 
 
 def _norm(name):
@@ -162,72 +255,75 @@ def _norm(name):
 
 def wheel_files(system, folder, packages):
     """PACKAGES (venv_packages), each given "wheels": [{"path", "sha256"}] of the .whl files of its name and version
-    in FOLDER on the box, added to what earlier folders gave (not recursive; several: one a platform). Only matching
-    files are hashed; a link or anything but a regular file is passed over."""
+    in FOLDER on the box (named by the inventory), added to what earlier folders gave (not recursive; several: one a
+    platform). Only matching files are hashed, each opened without following a link (files.sha256_nofollow); a link
+    or anything but a regular file is passed over."""
     wanted = dict(((_norm(p["name"]), p["version"]), p) for p in packages)
     for p in packages:
         p.setdefault("wheels", [])
-    base = os.path.join(system, folder.lstrip("/"))
+    base = files.path(system, folder.lstrip("/"))
     try:
-        names = sorted(os.listdir(base))
+        names = files.list_nofollow(base, "")
     except OSError:
         return packages
-    for name in names:
+    for name, kind in names:
         parts = name[:-len(".whl")].split("-") if name.endswith(".whl") else []
         p = wanted.get((_norm(parts[0]), parts[1])) if len(parts) in (5, 6) else None
-        path = os.path.join(base, name)
-        if p is None or os.path.islink(path) or not os.path.isfile(path):
+        if p is None or kind != "file":
             continue
-        p["wheels"].append({"path": os.path.join(folder, name), "sha256": files.sha256_of(path)})
+        try:
+            digest = files.sha256_nofollow(base, name)
+        except OSError:
+            continue  # swapped for a link or a FIFO since it was listed: not a wheel of the folder
+        p["wheels"].append({"path": os.path.join(folder, name), "sha256": digest})
     return packages
 
 
-def site_packages(system, venv):
-    """The site-packages folder of VENV under SYSTEM (the first lib/python*), or None."""
-    found = sorted(glob.glob(os.path.join(system, venv.lstrip("/"), "lib", "python*", "site-packages")))
-    return found[0] if found else None
-
-
-def _inside(site, rel):
-    """SITE joined with REL when that stays inside SITE (no .., no absolute path, no link on the way), else None."""
-    full = os.path.normpath(os.path.join(site, rel))
-    if os.path.isabs(rel) or not full.startswith(site.rstrip("/") + "/"):
+def _inside(rel):
+    """REL (a RECORD path, relative to site-packages) normalised when it names something inside site-packages (not
+    absolute, no leading ..), else None. Links on the way are the reader's to refuse (files.open_nofollow)."""
+    norm = os.path.normpath(rel) if rel else "."
+    if os.path.isabs(rel or "") or norm == "." or norm == ".." or norm.startswith("../"):
         return None
-    if os.path.realpath(full) != os.path.join(os.path.realpath(site), os.path.relpath(full, site)):
-        return None  # a link somewhere on the way: not read (it could lead anywhere on the box)
-    return full
+    return norm
 
 
-def _record_digest(path):
-    """sha256 of PATH (facts/files.sha256_of) as a wheel's RECORD writes it: urlsafe base64, no padding."""
-    return base64.urlsafe_b64encode(bytes.fromhex(files.sha256_of(path))).rstrip(b"=").decode()
+def _record_digest(system, rel, owner):
+    """sha256 of REL under SYSTEM (files.sha256_nofollow) as a wheel's RECORD writes it: urlsafe base64, no
+    padding. Raises OSError."""
+    return base64.urlsafe_b64encode(bytes.fromhex(files.sha256_nofollow(system, rel, owner))).rstrip(b"=").decode()
 
 
-def record_changes(site, dist_info):
+def record_changes(system, site, dist_info, owner):
     """[{"path", "state"}] of the files DIST_INFO's RECORD lists with a sha256 whose content now differs ("differs"),
-    that are gone ("missing") or that cannot be read safely ("outside site-packages", "not a regular file"): the local
-    changes of an installed distribution. RECORD paths are relative to SITE."""
-    text = files.read_text(os.path.join(dist_info, "RECORD"), limit=MAX_RECORD, strip=False)
+    that are gone ("missing") or that cannot be read safely ("outside site-packages or behind a link (not read)", "not
+    a regular file", or why): the local changes of an installed distribution. SITE and DIST_INFO are paths under
+    SYSTEM, RECORD paths relative to SITE; every file is read with files' no-follow reader as OWNER could read it."""
+    record = os.path.join(dist_info, "RECORD")
+    data, why = files.read_nofollow(system, record, MAX_RECORD, owner)
+    name = os.path.basename(dist_info) + "/RECORD"
+    if data is None:
+        # why_not's text is "RECORD's path: why (not read)"; the path is said once, as the other rows say theirs
+        return [{"path": name, "state": why[len(record) + 2:] if why else "missing"}]
     try:
-        rows = list(csv.reader(text.splitlines())) if text is not None else None
+        rows = list(csv.reader(data.decode("utf-8", "replace").splitlines()))
     except csv.Error:
-        rows = None
-    if rows is None:
-        return [{"path": os.path.basename(dist_info) + "/RECORD", "state": "missing"}]
+        return [{"path": name, "state": "not a RECORD (not read)"}]
     found = []
     for row in rows:
         if len(row) < 2 or not row[1].startswith("sha256="):
             continue
-        full = _inside(site, row[0])
-        if full is None:
+        rel = _inside(row[0])
+        if rel is None:
             # a script in the venv's bin (../../../bin/NAME) is not sglang's package; anything else is named
-            state = None if row[0].startswith("../") else "outside site-packages or behind a link (not read)"
-        elif not os.path.lexists(full):
-            state = "missing"
-        elif os.path.islink(full) or not os.path.isfile(full):
-            state = "not a regular file"
+            state = None if row[0].startswith("../") else BEHIND_LINK
         else:
-            state = "differs" if _record_digest(full) != row[1][len("sha256="):] else None
+            recorded = row[1][len("sha256="):]
+            try:
+                state = "differs" if _record_digest(system, os.path.join(site, rel), owner) != recorded else None
+            except OSError as exc:
+                state = {errno.ENOENT: "missing", errno.ELOOP: BEHIND_LINK,
+                         errno.EINVAL: "not a regular file"}.get(exc.errno) or "%s (not read)" % (exc.strerror or exc)
         if state:
             found.append({"path": row[0], "state": state})
     return found
@@ -242,29 +338,36 @@ def _diff_lines(old, new, rel):
     return out
 
 
-def local_patch(site, wheel, changed):
-    """(patch text or None, problem or None): the unified diff from the files of WHEEL (a .whl on the box) to the
-    installed files of CHANGED (record_changes' "differs" entries), one patch for all; text files only, each and the
-    whole diff capped."""
+def local_patch(system, site, wheel, changed, owner):
+    """(patch text or None, problem or None): the unified diff from the files of WHEEL (a .whl on the box, a path
+    under SYSTEM; the file opened without following a link) to the installed files of CHANGED (record_changes'
+    "differs" entries, under SITE, read by files.read_nofollow as OWNER could read them), one patch for all; text
+    files only, each and the whole diff capped."""
     out = []
+    folder, name = os.path.split(wheel)
     try:
-        with zipfile.ZipFile(wheel) as archive:
+        with files.open_regular(files.path(system, folder.lstrip("/")), name) as handle, \
+                zipfile.ZipFile(handle) as archive:
             for item in changed:
                 rel = item["path"]
                 try:
                     info = archive.getinfo(rel)
                 except KeyError:
                     return None, "%s is not in %s" % (rel, wheel)
-                full = _inside(site, rel)
-                if info.file_size > MAX_PATCHED_FILE or full is None or os.path.getsize(full) > MAX_PATCHED_FILE:
+                if info.file_size > MAX_PATCHED_FILE:
                     return None, "%s is larger than %d bytes" % (rel, MAX_PATCHED_FILE)
-                with open(full, "rb") as handle:
-                    new = handle.read()
+                inside = _inside(rel)
+                new, why = (files.read_nofollow(system, os.path.join(site, inside), MAX_PATCHED_FILE, owner)
+                            if inside else (None, "%s: outside site-packages (not read)" % rel))
+                if new is None:
+                    return None, why or "%s: missing" % rel
                 try:
                     out += _diff_lines(archive.read(info).decode("utf-8"), new.decode("utf-8"), rel)
                 except UnicodeDecodeError:
                     return None, "%s is not UTF-8 text" % rel
-    except (OSError, zipfile.BadZipFile, RuntimeError) as exc:
+    except OSError as exc:
+        return None, files.why_not(wheel, exc)
+    except (zipfile.BadZipFile, RuntimeError, EOFError) as exc:
         return None, "%s could not be read: %s" % (wheel, exc)
     text = "".join(out)
     if len(text) > MAX_PATCH:
@@ -272,21 +375,21 @@ def local_patch(site, wheel, changed):
     return text, None
 
 
-def sglang_files(system, venv, packages):
+def sglang_files(system, venv, packages, owner):
     """{"changed", "wheel", "patch", "problem"} of the sglang distribution of VENV: its files that differ from its
-    RECORD and, when its wheel was found (PACKAGES' "wheels"), the diff from the wheel's files; None without sglang."""
+    RECORD and, when its wheel was found (PACKAGES' "wheels"), the diff from the wheel's files; None without sglang.
+    Read as OWNER could read them, no link followed."""
     dist = [p for p in packages if p["name"] == "sglang"]
     site = site_packages(system, venv)
     if not dist or site is None:
         return None
     info = os.path.join(site, "sglang-%s.dist-info" % dist[0]["version"])
-    changed = record_changes(site, info)
+    changed = record_changes(system, site, info, owner)
     wheels = dist[0].get("wheels") or []
     found = {"changed": changed, "wheel": wheels[0]["path"] if wheels else None, "patch": None, "problem": None}
     differs = [c for c in changed if c["state"] == "differs"]
     if differs and wheels:
-        found["patch"], found["problem"] = local_patch(site, os.path.join(system, wheels[0]["path"].lstrip("/")),
-                                                       differs)
+        found["patch"], found["problem"] = local_patch(system, site, wheels[0]["path"], differs, owner)
     return found
 
 
@@ -295,32 +398,51 @@ def sglang_files(system, venv, packages):
 SGLANG_FLAG_FILES = ("sglang/srt/server_args.py", "sglang/srt/arg_groups")
 FLAG_LITERAL = re.compile(r"[\"'](--[A-Za-z0-9][A-Za-z0-9_-]*)[\"']")
 FLAG_FIELD = re.compile(r"^\s+([a-z][a-z0-9_]*)\s*:\s*A\[", re.M)
-MAX_FLAG_SOURCE = 4 << 20  # characters of one source file read
+MAX_FLAG_SOURCE = 4 << 20  # bytes of one source file read
+MAX_FLAG_SOURCES = 2000  # source files read for the flags
+MAX_SOURCE_DEPTH = 8  # folders below a SGLANG_FLAG_FILES folder walked
 
 
-def sglang_flags(system, venv):
-    """Sorted flags the sglang installed in VENV accepts, read from its sources (SGLANG_FLAG_FILES): a superset (a
-    quoted "--word" anywhere there counts); None when the venv has no such sources (nothing to judge by)."""
+def _sources(system, top, depth=0):
+    """The .py files (paths under SYSTEM) that TOP is or holds, sorted; folders walked without following a link, at
+    most MAX_SOURCE_DEPTH deep."""
+    try:
+        kind = stat.S_IFMT(files.stat_nofollow(system, top).st_mode)
+    except OSError:
+        return []
+    if kind == stat.S_IFREG:
+        return [top]
+    if kind != stat.S_IFDIR or depth >= MAX_SOURCE_DEPTH:
+        return []
+    found = []
+    try:
+        entries = files.list_nofollow(system, top)
+    except OSError:
+        return []
+    for name, entry in entries:
+        if entry == "dir":
+            found += _sources(system, os.path.join(top, name), depth + 1)
+        elif entry == "file" and name.endswith(".py"):
+            found.append(os.path.join(top, name))
+    return found
+
+
+def sglang_flags(system, venv, owner):
+    """Sorted flags the sglang installed in VENV accepts, read from its sources (SGLANG_FLAG_FILES, at most
+    MAX_FLAG_SOURCES files, each read as OWNER could read it, no link followed): a superset (a quoted "--word"
+    anywhere there counts); None when the venv has no such sources (nothing to judge by)."""
     site = site_packages(system, venv)
     if site is None:
         return None
     sources = []
     for rel in SGLANG_FLAG_FILES:
-        path = _inside(site, rel)
-        if path is None:
-            continue
-        if os.path.isfile(path):
-            sources.append(path)
-        for top, dirs, names in os.walk(path) if os.path.isdir(path) else ():
-            dirs[:] = sorted(d for d in dirs if not os.path.islink(os.path.join(top, d)))
-            sources += [os.path.join(top, n) for n in sorted(names) if n.endswith(".py")]
+        sources += _sources(system, os.path.join(site, rel))
     flags = set()
-    for path in sources:
-        if os.path.islink(path):
+    for path in sources[:MAX_FLAG_SOURCES]:
+        data, _why = files.read_nofollow(system, path, MAX_FLAG_SOURCE, owner)
+        if data is None:
             continue
-        text = files.read_text(path, limit=MAX_FLAG_SOURCE, strip=False)
-        if text is None:
-            continue
+        text = data.decode("utf-8", "replace")
         flags.update(FLAG_LITERAL.findall(text))
         flags.update("--" + name.replace("_", "-") for name in FLAG_FIELD.findall(text))
     return sorted(flags) or None
@@ -464,30 +586,30 @@ def rocm_facts(system, run):
             "sources": sources, "keyrings": keyring_digests(system, sources)}
 
 
-def _stamp_file(full):
-    """True when FULL is a stamp to read: a regular file (a link is not followed) of at most builds.MAX_STAMP bytes."""
-    return os.path.isfile(full) and not os.path.islink(full) and os.path.getsize(full) <= builds.MAX_STAMP
-
-
-def build_stamp(system, library):
+def build_stamp(system, library, owner):
     """{"path", "stamp"} of rigbook's source_build stamp (builds.BUILD_STAMP) in the prefix holding LIBRARY (a folder
-    up to three levels above it), or None: the stamp is read by builds.read_stamp (a JSON object, at most MAX_STAMP
-    bytes; None when garbled), a link not followed."""
+    up to three levels above it), or None: a JSON object of at most builds.MAX_STAMP bytes read without following a
+    link, as OWNER (the engine's user) could read it (files.json_nofollow); "stamp" None when it is garbled or
+    refused."""
     folder = os.path.dirname(library)
     for _ in range(3):
         path = os.path.join(folder, builds.BUILD_STAMP)
-        full = files.path(system, path.lstrip("/"))
-        if _stamp_file(full):
-            return {"path": path, "stamp": builds.read_stamp(full)[0]}
+        data, why = files.json_nofollow(system, path, builds.MAX_STAMP, owner)
+        if data is not None or why is not None:
+            return {"path": path, "stamp": data if isinstance(data, dict) else None}
         folder = os.path.dirname(folder)
     return None
 
 
-def venv_stamp(system, venv):
-    """The pinned_venv stamp (builds.VENV_STAMP: what rigbook installed there, its patch set by name and sha256) of a
-    venv rigbook made, or None (also when garbled)."""
-    full = files.path(system, venv.lstrip("/"), builds.VENV_STAMP)
-    return builds.read_stamp(full)[0] if _stamp_file(full) else None
+def venv_stamp(system, venv, owner):
+    """(stamp, why): the pinned_venv stamp (builds.VENV_STAMP: what rigbook installed there, its patch set by name
+    and sha256) of a venv rigbook made, read as OWNER could read it with no link followed (files.json_nofollow);
+    (None, None) without one, (None, why) when refused, garbled or not a JSON object."""
+    path = os.path.join(venv, builds.VENV_STAMP)
+    data, why = files.json_nofollow(system, path, builds.MAX_STAMP, owner)
+    if data is not None and not isinstance(data, dict):
+        return None, "%s is not a JSON object" % path
+    return data, why
 
 
 def env_file_values(system, path):
@@ -500,32 +622,74 @@ def env_file_values(system, path):
     return found
 
 
-def adopt_facts(system, run, debs_dir=None, engine=None, evidence_root=None, wheels_dir=None, gpu_env_file=None):
-    """Everything adopt reads: {"kernel", "dkms", "nvidia_userspace", "engines", "cuda_venv", "rocm"}; each engine
-    (ENGINE: the inventory's serve_engine, engine_processes.engines) with its venv's packages (and, with WHEELS_DIR,
-    the wheel files found there with their sha256), its sglang's local changes (sglang_files) and, for a mapped
-    RCCL/NCCL library, the build stamp of the prefix it lies in (build_stamp)."""
-    engines = engine_processes.engines(system, engine)
+def read_venv(system, engine, uid, names, wheels_dirs, notes, unpinned):
+    """ENGINE's venv read into it (packages, with WHEELS_DIRS their wheels; venv_stamp, sglang_files, sglang_flags),
+    once venv_owner found it root's or UID's (the engine's user) and reached without a link; else nothing of it is
+    read: "venv_refused" says why, UNPINNED what that leaves unpinned. A venv that cannot be read whole (a folder of
+    more names than facts/files reads) is refused the same way."""
+    venv = engine.get("venv")
+    engine.update(packages=[], venv_stamp=None, sglang_files=None, sglang_flags=None)
+    if not venv:
+        return
+    owner, why = venv_owner(system, venv, uid)
+    if isinstance(why, int):
+        why = "owned by %s, neither root nor the engine's user %s" % (_user(names, why), _user(names, uid))
+    if why is None:
+        try:
+            engine["packages"] = venv_packages(system, venv, owner)
+            for folder in wheels_dirs:
+                wheel_files(system, folder, engine["packages"])
+            engine["venv_stamp"], stamp_why = venv_stamp(system, venv, owner)
+            if stamp_why:
+                notes.append("rigbook's venv stamp " + stamp_why)
+            engine["sglang_files"] = sglang_files(system, venv, engine["packages"], owner)
+            engine["sglang_flags"] = sglang_flags(system, venv, owner)
+        except OSError as exc:
+            why = "unreadable (%s)" % (exc.strerror or exc)
+    if why is not None:
+        engine.update(packages=[], venv_stamp=None, sglang_files=None, sglang_flags=None, venv_refused=why)
+        unpinned.append("rigbook_pins.sglang: the venv %s of the engine /proc/%s is %s: adopt does not read it (its "
+                        "packages, lock and patch are not pinned); make root its owner or pin it by hand"
+                        % (venv, engine.get("pid"), why))
+
+
+def adopt_facts(system, run, debs_dir=None, engine=None, evidence_root=None, wheels_dir=None, gpu_env_file=None,
+                serve_user=SERVE_USER):
+    """Everything adopt reads: {"kernel", "dkms", "nvidia_userspace", "engines", "cuda_venv", "rocm", "checks"}; the
+    engines (ENGINE: the inventory's serve_engine, engine_processes.engines) of root and SERVE_USER only (another
+    user's is dropped before anything of its venv is read, named in checks' notes), each with its venv (read_venv:
+    packages, with WHEELS_DIR the wheel files found there with their sha256, its sglang's local changes and flags,
+    the venv stamp) and, for a mapped RCCL/NCCL library, the build stamp of the prefix it lies in (build_stamp).
+    "checks": {"notes", "unpinned"} of what was skipped or refused."""
+    notes, unpinned = [], []
+    users = passwd(system)
+    names = dict((number, name) for name, number in users.items())
+    allowed = set([0] + ([users[serve_user]] if serve_user in users else []))
+    wheels_dirs = [wheels_dir] if isinstance(wheels_dir, str) else list(wheels_dir or [])
     rigbooks_env = env_file_values(system, gpu_env_file) if gpu_env_file else {}
-    for engine in engines:
-        engine["packages"] = venv_packages(system, engine["venv"]) if engine["venv"] else []
-        engine["venv_stamp"] = venv_stamp(system, engine["venv"]) if engine["venv"] else None
+    engines = []
+    for found in engine_processes.engines(system, engine):
+        uid = process_uid(system, found["pid"])
+        if uid not in allowed:
+            notes.append("the engine /proc/%s runs as %s: skipped, not read (adopt reads the engines of root and of "
+                         "the serve user %s; to adopt this one, set serve_user to its user in the inventory)"
+                         % (found["pid"], "an unknown user" if uid is None else "user " + _user(names, uid),
+                            serve_user))
+            continue
+        engines.append(found)
         # what rigbook's GPU environment file gave the engine is the host model's, not the serve profile's
-        engine["env_from_rigbook"] = sorted(k for k, v in (engine.get("env") or {}).items() if rigbooks_env.get(k) == v)
-        for name in engine["env_from_rigbook"]:
-            engine["env"].pop(name)
-        for folder in ([wheels_dir] if isinstance(wheels_dir, str) else wheels_dir or []):
-            wheel_files(system, folder, engine["packages"])
-        engine["sglang_files"] = sglang_files(system, engine["venv"], engine["packages"]) if engine["venv"] else None
-        engine["sglang_flags"] = sglang_flags(system, engine["venv"]) if engine["venv"] else None
-        for library in engine_processes.collectives(engine.get("libraries")):
-            library["build"] = build_stamp(system, library["path"])
-    cuda = cuda_venv(system)
-    for folder in ([wheels_dir] if isinstance(wheels_dir, str) else wheels_dir or []) if cuda else ():
+        found["env_from_rigbook"] = sorted(k for k, v in (found.get("env") or {}).items() if rigbooks_env.get(k) == v)
+        for name in found["env_from_rigbook"]:
+            found["env"].pop(name)
+        read_venv(system, found, uid, names, wheels_dirs, notes, unpinned)
+        for library in engine_processes.collectives(found.get("libraries")):
+            library["build"] = build_stamp(system, library["path"], uid)
+    cuda = cuda_venv(system, names, unpinned)
+    for folder in wheels_dirs if cuda else ():
         wheel_files(system, folder, cuda["packages"])
     return {"kernel": kernel_facts(system, run, debs_dir, evidence_root), "dkms": dkms_facts(system, run),
             "nvidia_userspace": nvidia_userspace(system), "engines": engines, "cuda_venv": cuda,
             "uvm_disable_hmm": static_evidence.uvm_disable_hmm_configured(system),
             "gpus": static_evidence.collect_gpus(evidence_root or system)[0],
             "cpu": static_evidence.collect_cpu(evidence_root or system),
-            "rocm": rocm_facts(system, run)}
+            "rocm": rocm_facts(system, run), "checks": {"notes": notes, "unpinned": unpinned}}

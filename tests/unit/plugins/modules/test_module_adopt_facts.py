@@ -1,7 +1,9 @@
 """adopt_facts through its main(): what a box's local users can put in what adopt reads comes back typed and bounded
 (control characters, an environment name with a template in it, credentials in URLs, the admin API key, over-long
-words), another user's engine is skipped and named, a venv of another user is not read, and a file swapped for a
-link while it was read never reaches the result.
+words), another user's engine is skipped and named and nothing of its venv is read, a venv of another user or
+reached through a link is not read, and a venv file that is a link (at the file or a folder on the way), a hard link
+to a file the venv's owner cannot read, a FIFO, or a file swapped for a link while it is opened never reaches the
+result (collect/adopt.py reads every venv file through facts/files.py's no-follow reader).
 
 The box is a system root laid out here (reconstructed as Linux shows a process: NUL-separated cmdline and environ,
 status with its Uid line, cgroup v2; a venv as pip leaves it: pyvenv.cfg, dist-info with RECORD, a wheel in a
@@ -11,14 +13,15 @@ folder), commands answered from the table run_module checks (dpkg-query, dkms st
 from __future__ import annotations
 
 import base64
+import builtins
 import hashlib
 import json
 import os
+import threading
 import zipfile
 
 import pytest
-from ansible_collections.rigbook.homelab.plugins.module_utils.collect import adopt as collect
-from ansible_collections.rigbook.homelab.plugins.module_utils.facts import packages
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files, packages
 from ansible_collections.rigbook.homelab.plugins.modules import adopt_facts
 from helpers.modules import ok, run_module
 
@@ -181,36 +184,34 @@ def _venv_owner(system, owner):
     os.chown(system / VENV.lstrip("/"), owner, owner)
 
 
+def _secret_file(tmp_path, name, content):
+    """A root-only file outside the box's venv (outside the system root too): what a venv owner would like to see."""
+    secret = tmp_path / name
+    secret.write_text(content)
+    secret.chmod(0o600)
+    return secret
+
+
 @pytest.fixture
 def swapping(monkeypatch, tmp_path):
-    """collect/adopt's checks answered, then the file checked swapped for a link to a root-only file before it is
-    opened: the race a local user who owns the venv can run against any check-then-open read."""
-    secret = tmp_path / "root-only"
-    secret.write_text(SECRET + "\n")
-    secret.chmod(0o600)
-    stamp_secret = tmp_path / "root-only.json"
-    stamp_secret.write_text(json.dumps({"no_deps": True, "find_links": [SECRET]}))
-    stamp_secret.chmod(0o600)
-    real_inside, real_stamp_file = collect._inside, collect._stamp_file
+    """The file about to be opened swapped for a link to a root-only file at the last moment: when its folder is
+    already open and the open of the file itself is called (the race a local user who owns the venv can run against
+    any check-then-open read). server_args.py is swapped on its second open (the patch's read, after RECORD's hash),
+    the venv stamp on its first."""
+    secret = _secret_file(tmp_path, "root-only", SECRET + "\n")
+    stamp_secret = _secret_file(tmp_path, "root-only.json", json.dumps({"no_deps": True, "find_links": [SECRET]}))
+    real_open = os.open
     calls = []
 
-    def inside(site, rel):
-        full = real_inside(site, rel)
-        calls.append(rel)
-        if full and rel.endswith("server_args.py") and calls.count(rel) == 2:  # local_patch's check, after RECORD's
-            os.unlink(full)
-            os.symlink(secret, full)
-        return full
+    def opener(path, flags, mode=0o777, *, dir_fd=None):
+        if dir_fd is not None and path in ("server_args.py", ".rigbook-venv.json"):
+            calls.append(path)
+            if (path, calls.count(path)) in (("server_args.py", 2), (".rigbook-venv.json", 1)):
+                os.unlink(path, dir_fd=dir_fd)
+                os.symlink(secret if path == "server_args.py" else stamp_secret, path, dir_fd=dir_fd)
+        return real_open(path, flags, mode, dir_fd=dir_fd)
 
-    def stamp_file(full):
-        answer = real_stamp_file(full)
-        if answer:
-            os.unlink(full)
-            os.symlink(stamp_secret, full)
-        return answer
-
-    monkeypatch.setattr(collect, "_inside", inside)
-    monkeypatch.setattr(collect, "_stamp_file", stamp_file)
+    monkeypatch.setattr(os, "open", opener)
     return calls
 
 
@@ -236,28 +237,166 @@ def test_a_file_swapped_for_a_link_while_it_was_read_never_reaches_the_result(tm
     stamp.write_text(json.dumps({"no_deps": True, "patches": []}))
     _process(system, 4100, [VENV + "/bin/python3", "-m", "sglang.launch_server", "--model-path", "/m"], uid=990)
     facts = _adopt(system, wheels_dir=["/srv/wheels"])
-    assert swapping.count("sglang/srt/server_args.py") >= 2  # the race ran: collect/adopt read through the link
+    # the stamp, then server_args.py hashed (RECORD), read for the patch (swapped), read for the flags (a link now)
+    assert swapping == [".rigbook-venv.json", "server_args.py", "server_args.py", "server_args.py"]
+    assert (system / SITE.lstrip("/") / "sglang/srt/server_args.py").is_symlink()
     [engine] = facts["engines"]
     assert engine["sglang_files"]["patch"] is None
     assert engine["sglang_files"]["problem"] == ("/opt/sgl/lib/python3.11/site-packages/sglang/srt/server_args.py: "
                                                  "a symbolic link on the way (not read)")
-    assert engine["venv_stamp"] is None
+    assert engine["venv_stamp"] is None and engine["sglang_flags"] is None
     assert "rigbook's venv stamp /opt/sgl/.rigbook-venv.json: a symbolic link on the way (not read)" in (
         facts["checks"]["notes"])
     assert SECRET not in json.dumps(facts)
 
 
-def test_a_diff_that_says_other_lines_than_the_file_holds_is_refused():
-    files = {"sglang/a.py": "one\ntwo\nthree"}
+def _link(path, target):
+    path.unlink()
+    path.symlink_to(target)
 
-    def read(rel):
-        return (files[rel], None) if rel in files else (None, f"{rel}: missing")
 
-    patch = ("--- a/sglang/a.py\n+++ b/sglang/a.py\n@@ -1,3 +1,3 @@\n one\n-TWO\n+two\n three\n"
-             "\\ No newline at end of file\n")
-    assert adopt_facts.patch_problem(patch, read) is None
-    assert adopt_facts.patch_problem(patch.replace("+two", "+root:x:0:0"), read) == (
-        "the installed file differs from what was read of it (changed or swapped while read)")
-    assert adopt_facts.patch_problem(patch.replace("a.py", "b.py"), read) == "sglang/b.py: missing"
-    assert adopt_facts.patch_problem(patch[:-40], read) == "the diff ends inside a hunk"
-    assert adopt_facts.patch_problem("garbage\n", read) == "line 1 of the diff is not a line adopt writes"
+def _record_link(system, tmp_path):
+    # a RECORD naming the root-only file's own content as paths: read, they would come back in "changed"
+    target = _secret_file(tmp_path, "root-only-record", f"{SECRET},sha256=AAAA,1\n")
+    _link(system / SITE.lstrip("/") / "sglang-0.5.23.dist-info/RECORD", target)
+    return {"changed": [{"path": "sglang-0.5.23.dist-info/RECORD",
+                         "state": "a symbolic link on the way (not read)"}]}
+
+
+def _direct_url_link(system, tmp_path):
+    target = _secret_file(tmp_path, "root-only.json", json.dumps({"url": "https://git.example/" + SECRET,
+                                                                  "vcs_info": {"vcs": "git", "commit_id": "d" * 40}}))
+    _link(system / SITE.lstrip("/") / "sglang-0.5.23.dist-info/direct_url.json", target)
+    return {"install": {"local": "unreadable", "url": None}}
+
+
+def _folder_link(system, tmp_path):
+    # sglang/ itself a link to a folder outside the venv whose server_args.py holds the secret: the diff would show it
+    outside = tmp_path / "outside/sglang/srt"
+    outside.mkdir(parents=True)
+    (outside / "server_args.py").write_text(f"API_KEY = None\n{SECRET}\n")
+    (outside / "server_args.py").chmod(0o600)
+    site = system / SITE.lstrip("/")
+    os.rename(site / "sglang", tmp_path / "moved")
+    (site / "sglang").symlink_to(tmp_path / "outside/sglang")
+    return {"changed": [{"path": "sglang/srt/server_args.py",
+                         "state": "outside site-packages or behind a link (not read)"}], "patch": None}
+
+
+def _hard_link(system, tmp_path):
+    # the serve user's venv holding a hard link to a root-only file: no link on the way, the owner check refuses it
+    target = _secret_file(tmp_path, "root-only-hard", f"API_KEY = None\n{SECRET}\n")
+    path = system / SITE.lstrip("/") / "sglang/srt/server_args.py"
+    path.unlink()
+    os.link(target, path)
+    return {"changed": [{"path": "sglang/srt/server_args.py",
+                         "state": "a file of uid 0 that uid 990 cannot read (not read)"}], "patch": None}
+
+
+def _source_link(system, tmp_path):
+    # a flag source that is a link, and a flag folder that is a link, both to root-only files naming a flag
+    target = _secret_file(tmp_path, "root-only.py", f'x = "--{SECRET.split()[-1]}"\n')
+    folder = tmp_path / "flags"
+    folder.mkdir()
+    (folder / "f.py").write_text(f'y = "--{SECRET.split()[-1]}-too"\n')
+    (folder / "f.py").chmod(0o600)
+    srt = system / SITE.lstrip("/") / "sglang/srt"
+    (srt / "server_args.py").write_text('parser.add_argument("--config")\n')
+    (srt / "arg_groups").mkdir()
+    (srt / "arg_groups/a.py").symlink_to(target)
+    (srt / "arg_groups/b").symlink_to(folder)
+    return {"flags": ["--config"]}
+
+
+@pytest.mark.parametrize("plant", [_record_link, _direct_url_link, _folder_link, _hard_link, _source_link])
+def test_a_venv_file_that_leads_to_a_root_only_file_is_never_read(tmp_path, plant):
+    system = _box(tmp_path)
+    _venv(system, owner=990)
+    expected = plant(system, tmp_path)
+    _process(system, 4100, [VENV + "/bin/python3", "-m", "sglang.launch_server", "--model-path", "/m"], uid=990)
+    facts = _adopt(system, wheels_dir=["/srv/wheels"])
+    [engine] = facts["engines"]
+    assert "venv_refused" not in engine  # the venv is read; the one file is not
+    assert SECRET not in json.dumps(facts) and "hunter2" not in json.dumps(facts)
+    local = engine["sglang_files"]
+    for key in ("changed", "patch"):
+        if key in expected:
+            assert local[key] == expected[key]
+    if "install" in expected:
+        assert engine["packages"][0]["install"] == expected["install"]
+    if "flags" in expected:
+        assert engine["sglang_flags"] == expected["flags"]
+
+
+def test_a_fifo_in_a_venv_is_refused_without_waiting_for_a_writer(tmp_path):
+    system = _box(tmp_path)
+    _venv(system, owner=990)
+    record = system / SITE.lstrip("/") / "sglang-0.5.23.dist-info/RECORD"
+    record.unlink()
+    os.mkfifo(record)
+    _process(system, 4100, [VENV + "/bin/python3", "-m", "sglang.launch_server", "--model-path", "/m"], uid=990)
+    done = []
+    reader = threading.Thread(target=lambda: done.append(_adopt(system)), daemon=True)
+    reader.start()
+    reader.join(60)
+    assert done, "adopt_facts waited on a FIFO"
+    assert done[0]["engines"][0]["sglang_files"]["changed"] == [
+        {"path": "sglang-0.5.23.dist-info/RECORD", "state": "not a regular file (not read)"}]
+
+
+@pytest.fixture
+def opened(monkeypatch):
+    """Every path the no-follow reader opens (under the system root) and every path open() is given."""
+    seen = []
+    real_nofollow, real_open = files.open_nofollow, builtins.open
+
+    def nofollow(root, rel, directory=False):
+        seen.append(("folder " if directory else "") + os.path.join("/", *[p for p in rel.split("/") if p]))
+        return real_nofollow(root, rel, directory)
+
+    def opener(file, *args, **kwargs):
+        seen.append(str(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(files, "open_nofollow", nofollow)
+    monkeypatch.setattr(builtins, "open", opener)
+    return seen
+
+
+def test_another_users_engine_and_venv_are_never_read(tmp_path, opened):
+    system = _box(tmp_path)
+    _venv(system, owner=1001)  # mallory's venv, run by root's engine 4100
+    _process(system, 4100, [VENV + "/bin/python3", "-m", "sglang.launch_server", "--model-path", "/m"])
+    other = tmp_path / "system/home/mallory/v"
+    (other / "bin").mkdir(parents=True)
+    (other / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (other / "lib/python3.11/site-packages/x-1.dist-info").mkdir(parents=True)
+    _process(system, 5100, ["/home/mallory/v/bin/python3", "-m", "sglang.launch_server", "--model-path", "/m"],
+             uid=1001)
+    facts = _adopt(system, wheels_dir=["/srv/wheels"])
+    assert [e["pid"] for e in facts["engines"]] == [4100]
+    assert facts["engines"][0]["venv_refused"] == "owned by mallory, neither root nor the engine's user root"
+    # of mallory's venv only its own folder was looked at (its owner); of mallory's engine's venv nothing at all
+    assert [p for p in opened if VENV in p] == ["folder " + VENV]
+    assert not [p for p in opened if "/home/mallory" in p]
+
+
+def test_a_venv_reached_through_a_link_and_a_cuda_venv_not_roots_are_not_read(tmp_path):
+    system = _box(tmp_path)
+    _venv(system, owner=990)
+    os.rename(system / "opt/sgl", system / "opt/real")
+    (system / "opt/sgl").symlink_to("real")
+    _process(system, 4100, [VENV + "/bin/python3", "-m", "sglang.launch_server", "--model-path", "/m"], uid=990)
+    cuda = system / "opt/rigbook/cuda"
+    (cuda / "lib/python3.11/site-packages/nvidia_cuda_nvcc-13.0.88.dist-info").mkdir(parents=True)
+    (cuda / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    os.chown(cuda, 1001, 1001)
+    facts = _adopt(system, wheels_dir=["/srv/wheels"])
+    [engine] = facts["engines"]
+    assert engine["venv_refused"] == "reached through a symbolic link" and engine["packages"] == []
+    assert facts["cuda_venv"] is None
+    unpinned = facts["checks"]["unpinned"]
+    assert "rigbook_pins.cuda_toolchain: /opt/rigbook/cuda is owned by mallory, not root's: adopt does not read it" in (
+        unpinned)
+    os.chown(cuda, 0, 0)
+    assert [p["name"] for p in _adopt(system)["cuda_venv"]["packages"]] == ["nvidia-cuda-nvcc"]

@@ -130,7 +130,7 @@ def test_venv_packages_name_vcs_editable_and_index_installs(tmp_path):
         info.mkdir(parents=True)
         if direct:
             (info / "direct_url.json").write_text(__import__("json").dumps(direct))
-    found = adopt.venv_packages(str(tmp_path / "system"), "/opt/venv")
+    found = adopt.venv_packages(str(tmp_path / "system"), "/opt/venv", 0)
     assert found == [
         {"name": "my-patch", "version": "0.1", "install": {"local": "editable", "url": "file:///home/u/patch"}},
         {"name": "sglang", "version": "0.5.23",
@@ -207,7 +207,8 @@ def test_the_cuda_toolchain_venv_and_archive_installs(tmp_path):
     """/opt/rigbook/cuda laid out as the cuda_toolchain role leaves it (dist-info folders of the CUDA 13 wheels, as
     pip names them); an archive install's direct_url.json as PEP 610 writes it (pip 24: hashes and hash)."""
     system = tmp_path / "system"
-    assert adopt.cuda_venv(str(system)) is None  # not a venv: nothing read
+    unpinned = []
+    assert adopt.cuda_venv(str(system), {}, unpinned) is None and unpinned == []  # not a venv: nothing read
     venv = system / "opt/rigbook/cuda"
     site = venv / "lib/python3.11/site-packages"
     (venv / "pyvenv.cfg").parent.mkdir(parents=True)
@@ -218,7 +219,7 @@ def test_the_cuda_toolchain_venv_and_archive_installs(tmp_path):
     _dist(site, "pip-23.0.1", {"url": "file:///tmp/w/pip-23.0.1-py3-none-any.whl",
                                "archive_info": {"hash": "sha256=" + "b" * 64, "hashes": {"sha256": "b" * 64}}})
     _dist(site, "broken-1.0", "{not json")
-    found = adopt.cuda_venv(str(system))
+    found = adopt.cuda_venv(str(system), {}, unpinned)
     assert found["venv"] == "/opt/rigbook/cuda"
     assert [(p["name"], p["version"]) for p in found["packages"]] == [
         ("broken", "1.0"), ("nvidia-cuda-crt", "13.0.88"), ("nvidia-cuda-nvcc", "13.0.88"),
@@ -281,14 +282,14 @@ def test_the_lock_inputs_local_changes_and_their_diff_from_the_wheel(tmp_path):
     import subprocess
 
     system, site = _sglang_box(tmp_path)
-    packages = adopt.wheel_files(str(system), "/srv/wheels", adopt.venv_packages(str(system), "/opt/sgl"))
+    packages = adopt.wheel_files(str(system), "/srv/wheels", adopt.venv_packages(str(system), "/opt/sgl", 0))
     assert [(p["name"], p["wheels"]) for p in packages] == [
         ("sglang", [{"path": "/srv/wheels/sglang-0.5.23-py3-none-any.whl",
                      "sha256": hashlib.sha256((system / "srv/wheels/sglang-0.5.23-py3-none-any.whl").read_bytes())
                      .hexdigest()}]),
         ("torch", [{"path": "/srv/wheels/torch-2.9.1+cu128-cp312-cp312-manylinux_2_28_x86_64.whl",
                     "sha256": hashlib.sha256(b"torch wheel").hexdigest()}])]
-    found = adopt.sglang_files(str(system), "/opt/sgl", packages)
+    found = adopt.sglang_files(str(system), "/opt/sgl", packages, 0)
     assert found["changed"] == [
         {"path": "sglang/srt/server_args.py", "state": "differs"},
         {"path": "sglang/srt/gone.py", "state": "missing"},
@@ -303,15 +304,37 @@ def test_the_lock_inputs_local_changes_and_their_diff_from_the_wheel(tmp_path):
     assert (original / "sglang/srt/server_args.py").read_text() == "API_KEY = None\nDEBUG = True\n"
 
 
+def test_whose_venv_is_read_is_decided_from_its_folders_reached_without_a_link(tmp_path):
+    import os
+
+    system, site = _sglang_box(tmp_path)
+    assert adopt.venv_owner(str(system), "/opt/sgl", 990) == (0, None)  # root's venv: read as root reads it
+    os.chown(site, 990, 990)  # the engine's user may write site-packages: every file read as that user could
+    assert adopt.venv_owner(str(system), "/opt/sgl", 990) == (990, None)
+    os.chown(system / "opt/sgl", 1001, 1001)
+    assert adopt.venv_owner(str(system), "/opt/sgl", 990) == (None, 1001)
+    assert adopt.venv_owner(str(system), "/opt/sgl", 1001) == (None, 990)  # each folder is checked
+    os.chown(system / "opt/sgl", 0, 0)
+    assert adopt.venv_owner(str(system), "/opt/sgl", 0) == (None, 990)  # a root engine on a venv the user may change
+    (system / "opt/link").symlink_to("sgl")
+    assert adopt.venv_owner(str(system), "/opt/link", 0) == (None, "reached through a symbolic link")
+    assert adopt.venv_owner(str(system), "/opt/none", 0) == (None, "unreadable (No such file or directory)")
+    # a wheel that is a link is passed over, never hashed
+    (system / "srv/wheels/torch-2.9.1+cu128-cp312-cp312-manylinux_2_28_x86_64.whl").unlink()
+    (system / "srv/wheels/torch-2.9.1+cu128-cp312-cp312-manylinux_2_28_x86_64.whl").symlink_to("/etc/hostname")
+    packages = adopt.wheel_files(str(system), "/srv/wheels", adopt.venv_packages(str(system), "/opt/sgl", 0))
+    assert [(p["name"], len(p["wheels"])) for p in packages] == [("sglang", 1), ("torch", 0)]
+
+
 def test_without_the_wheel_the_changes_are_named_and_no_diff_is_made(tmp_path):
     system, site = _sglang_box(tmp_path)
-    packages = adopt.venv_packages(str(system), "/opt/sgl")
-    found = adopt.sglang_files(str(system), "/opt/sgl", packages)
+    packages = adopt.venv_packages(str(system), "/opt/sgl", 0)
+    found = adopt.sglang_files(str(system), "/opt/sgl", packages, 0)
     assert found["patch"] is None and found["wheel"] is None and len(found["changed"]) == 4
     (site / "sglang-0.5.23.dist-info/RECORD").unlink()
-    assert adopt.sglang_files(str(system), "/opt/sgl", packages)["changed"] == [
+    assert adopt.sglang_files(str(system), "/opt/sgl", packages, 0)["changed"] == [
         {"path": "sglang-0.5.23.dist-info/RECORD", "state": "missing"}]
-    assert adopt.sglang_files(str(system), "/opt/none", packages) is None
+    assert adopt.sglang_files(str(system), "/opt/none", packages, 0) is None
     assert adopt.wheel_files(str(system), "/no/such", packages)[0]["wheels"] == []
 
 
@@ -325,16 +348,25 @@ def test_a_changed_file_without_a_newline_at_its_end_and_one_the_wheel_lacks(tmp
     site = tmp_path / "site"
     (site / "pkg").mkdir(parents=True)
     (site / "pkg/a.py").write_text("a = 2")
-    text, problem = adopt.local_patch(str(site), str(wheel), [{"path": "pkg/a.py"}])
+    text, problem = adopt.local_patch(str(tmp_path), "/site", "/w.whl", [{"path": "pkg/a.py"}], 0)
     assert problem is None and "\\ No newline at end of file" in text
     copy = tmp_path / "copy"
     (copy / "pkg").mkdir(parents=True)
     (copy / "pkg/a.py").write_text("a = 1")
     subprocess.run(["patch", "-p1", "--quiet"], input=text, text=True, cwd=copy, check=True)
     assert (copy / "pkg/a.py").read_text() == "a = 2"
-    assert adopt.local_patch(str(site), str(wheel), [{"path": "pkg/b.py"}]) == (None, f"pkg/b.py is not in {wheel}")
+    assert adopt.local_patch(str(tmp_path), "/site", "/w.whl", [{"path": "pkg/b.py"}], 0) == (
+        None, "pkg/b.py is not in /w.whl")
     (tmp_path / "bad.whl").write_bytes(b"not a zip")
-    assert "could not be read" in adopt.local_patch(str(site), str(tmp_path / "bad.whl"), [])[1]
+    assert "could not be read" in adopt.local_patch(str(tmp_path), "/site", "/bad.whl", [], 0)[1]
+    # the wheel and the installed file are opened without following a link
+    (tmp_path / "link.whl").symlink_to(wheel)
+    assert adopt.local_patch(str(tmp_path), "/site", "/link.whl", [{"path": "pkg/a.py"}], 0) == (
+        None, "/link.whl: a symbolic link on the way (not read)")
+    (site / "pkg/a.py").unlink()
+    (site / "pkg/a.py").symlink_to(copy / "pkg/a.py")
+    assert adopt.local_patch(str(tmp_path), "/site", "/w.whl", [{"path": "pkg/a.py"}], 0) == (
+        None, "/site/pkg/a.py: a symbolic link on the way (not read)")
 
 
 # ROCm on a box as the amd_rocm role leaves it in the lab (inventory/lab x99_r9700: TEST STAND-IN packages in a local
@@ -411,12 +443,12 @@ def test_the_build_stamp_of_the_prefix_a_mapped_rccl_lies_in(tmp_path):
     (prefix / "lib").mkdir(parents=True)
     (prefix / "lib/librccl.so.1.0").write_bytes(b"")
     (prefix / ".rigbook-build.json").write_text('{"name": "rccl", "version": "2.27.7"}\n')
-    assert adopt.build_stamp(str(system), "/opt/rigbook/rccl/2.27.7-0a1b2c3d/lib/librccl.so.1.0") == {
+    assert adopt.build_stamp(str(system), "/opt/rigbook/rccl/2.27.7-0a1b2c3d/lib/librccl.so.1.0", 0) == {
         "path": "/opt/rigbook/rccl/2.27.7-0a1b2c3d/.rigbook-build.json", "stamp": {"name": "rccl", "version": "2.27.7"}}
     (system / "opt/rocm/lib").mkdir(parents=True)
-    assert adopt.build_stamp(str(system), "/opt/rocm/lib/librccl.so.1") is None
+    assert adopt.build_stamp(str(system), "/opt/rocm/lib/librccl.so.1", 0) is None
     (prefix / ".rigbook-build.json").write_text("[not a stamp")
-    assert adopt.build_stamp(str(system), "/opt/rigbook/rccl/2.27.7-0a1b2c3d/lib/librccl.so.1.0")["stamp"] is None
+    assert adopt.build_stamp(str(system), "/opt/rigbook/rccl/2.27.7-0a1b2c3d/lib/librccl.so.1.0", 0)["stamp"] is None
 
 
 def test_rigbooks_own_files_on_a_box_are_read_as_rigbook_wrote_them(tmp_path):
@@ -429,11 +461,12 @@ def test_rigbooks_own_files_on_a_box_are_read_as_rigbook_wrote_them(tmp_path):
     assert adopt.env_file_values(str(system), "/etc/rigbook/none.env") == {}
     venv = system / "opt/rigbook/sglang/0.5.23-x"
     venv.mkdir(parents=True)
-    assert adopt.venv_stamp(str(system), "/opt/rigbook/sglang/0.5.23-x") is None
+    assert adopt.venv_stamp(str(system), "/opt/rigbook/sglang/0.5.23-x", 0) == (None, None)
     (venv / ".rigbook-venv.json").write_text('{"no_deps": true, "patches": []}\n')
-    assert adopt.venv_stamp(str(system), "/opt/rigbook/sglang/0.5.23-x") == {"no_deps": True, "patches": []}
+    assert adopt.venv_stamp(str(system), "/opt/rigbook/sglang/0.5.23-x", 0) == ({"no_deps": True, "patches": []}, None)
     (venv / ".rigbook-venv.json").write_text("[1, 2]\n")  # not a stamp
-    assert adopt.venv_stamp(str(system), "/opt/rigbook/sglang/0.5.23-x") is None
+    assert adopt.venv_stamp(str(system), "/opt/rigbook/sglang/0.5.23-x", 0) == (
+        None, "/opt/rigbook/sglang/0.5.23-x/.rigbook-venv.json is not a JSON object")
     (system / "etc/modprobe.d").mkdir(parents=True)
     assert static_evidence.uvm_disable_hmm_configured(str(system)) is False
     (system / "etc/modprobe.d/nvidia-uvm-hmm.conf").write_text("options nvidia_uvm uvm_disable_hmm=1\n")
@@ -450,10 +483,10 @@ def test_the_flags_an_installed_sglang_defines_from_its_argument_calls_and_field
         "class ScheduleArgs:\n    max_total_tokens: A[\n        Optional[int],\n    ] = None\n"
         '    model_path: A[str, Arg(help="Path.", aliases=["--model"])]\n    not_a_flag = 3\n')
     (site / "sglang/srt/arg_groups/elsewhere.py").symlink_to("/etc/passwd")  # a link is never read
-    assert adopt.sglang_flags(str(tmp_path), "/opt/v") == ["--config", "--max-total-tokens", "--model",
+    assert adopt.sglang_flags(str(tmp_path), "/opt/v", 0) == ["--config", "--max-total-tokens", "--model",
                                                           "--model-path"]
     # no sources to judge by: None, not an empty list that would call every flag unknown
-    assert adopt.sglang_flags(str(tmp_path), "/opt/none") is None
+    assert adopt.sglang_flags(str(tmp_path), "/opt/none", 0) is None
     (site / "sglang/srt/server_args.py").unlink()
     (site / "sglang/srt/arg_groups/fields/schedule.py").write_text("nothing here\n")
-    assert adopt.sglang_flags(str(tmp_path), "/opt/v") is None
+    assert adopt.sglang_flags(str(tmp_path), "/opt/v", 0) is None

@@ -1,9 +1,13 @@
-"""facts/files.py: the evidence root, bounded reads, the sha256 of a file and the one atomic write."""
+"""facts/files.py: the evidence root, bounded reads, the sha256 of a file, the one atomic write and the no-follow
+reader."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import stat
+import threading
 
 import pytest
 from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files
@@ -161,3 +165,150 @@ def test_write_many_changes_no_target_when_one_cannot_be_staged(tmp_path):
     assert (tmp_path / "a.yml").read_text() == "old a"
     files.write_many([(str(tmp_path / "x" / "one.yml"), "1"), (str(tmp_path / "two.yml"), b"2")], make_parents=True)
     assert (tmp_path / "x" / "one.yml").read_text() == "1" and (tmp_path / "two.yml").read_text() == "2"
+
+
+# --- the no-follow reader: a tree a local user owns (tree/venv), a root-only file outside it (secret) --------------
+
+SECRET = "root-only: hunter2"
+
+
+def _tree(tmp_path):
+    root = tmp_path / "tree"
+    (root / "venv/lib").mkdir(parents=True)
+    (root / "venv/lib/RECORD").write_text("mine\n")
+    secret = tmp_path / "secret"
+    secret.write_text(SECRET)
+    secret.chmod(0o600)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere/RECORD").write_text(SECRET)
+    return root, secret
+
+
+def test_the_no_follow_reader_reads_a_regular_file_and_says_a_missing_one(tmp_path):
+    root, _secret = _tree(tmp_path)
+    assert files.read_nofollow(str(root), "/venv/lib/RECORD") == (b"mine\n", None)
+    assert files.read_nofollow(str(root), "venv/lib/RECORD", limit=5) == (b"mine\n", None)
+    assert files.read_nofollow(str(root), "venv/lib/none") == (None, None)
+    assert files.read_nofollow(str(root), "venv/none/RECORD") == (None, None)
+    assert files.json_nofollow(str(root), "venv/lib/none") == (None, None)
+    (root / "venv/lib/a.json").write_text('{"a": 1}')
+    assert files.json_nofollow(str(root), "venv/lib/a.json") == ({"a": 1}, None)
+    assert "not JSON" in files.json_nofollow(str(root), "venv/lib/RECORD")[1]
+    assert files.sha256_nofollow(str(root), "venv/lib/RECORD") == hashlib.sha256(b"mine\n").hexdigest()
+    assert files.list_nofollow(str(root), "venv/lib") == [("RECORD", "file"), ("a.json", "file")]
+    assert files.stat_nofollow(str(root), "venv", directory=True).st_uid == os.getuid()
+
+
+def test_a_link_at_the_leaf_is_refused_never_followed(tmp_path):
+    root, secret = _tree(tmp_path)
+    (root / "venv/lib/RECORD").unlink()
+    (root / "venv/lib/RECORD").symlink_to(secret)
+    assert files.read_nofollow(str(root), "venv/lib/RECORD") == (
+        None, "venv/lib/RECORD: a symbolic link on the way (not read)")
+    assert files.json_nofollow(str(root), "venv/lib/RECORD")[0] is None
+    for reader in (files.sha256_nofollow, files.open_regular, files.stat_nofollow):
+        with pytest.raises(OSError) as refused:
+            reader(str(root), "venv/lib/RECORD")
+        assert refused.value.errno == errno.ELOOP
+    assert files.list_nofollow(str(root), "venv/lib") == [("RECORD", "link")]
+
+
+def test_a_link_at_a_middle_component_is_refused_never_followed(tmp_path):
+    root, _secret = _tree(tmp_path)
+    os.rename(root / "venv/lib", tmp_path / "moved")
+    (root / "venv/lib").symlink_to(tmp_path / "elsewhere")
+    assert files.read_nofollow(str(root), "venv/lib/RECORD") == (
+        None, "venv/lib/RECORD: a symbolic link on the way (not read)")
+    with pytest.raises(OSError) as refused:
+        files.list_nofollow(str(root), "venv/lib")
+    assert refused.value.errno == errno.ELOOP
+    # a relative link to a folder inside the tree is refused all the same: no link is followed, wherever it leads
+    (root / "venv/lib").unlink()
+    os.rename(tmp_path / "moved", root / "venv/real")
+    (root / "venv/lib").symlink_to("real")
+    assert "symbolic link" in files.read_nofollow(str(root), "venv/lib/RECORD")[1]
+    # a file where a folder is: named, not read
+    (root / "venv/file").write_text("x")
+    assert files.read_nofollow(str(root), "venv/file/RECORD")[1] == "venv/file/RECORD: Not a directory (not read)"
+
+
+def test_dot_and_dot_dot_are_refused(tmp_path):
+    root, _secret = _tree(tmp_path)
+    for rel in ("venv/../../secret", "venv/./lib/RECORD", ".."):
+        data, why = files.read_nofollow(str(root), rel)
+        assert data is None and why == f"{rel}: a path with . or .. (not read)"
+
+
+def test_a_file_swapped_for_a_link_between_check_and_read_is_refused(tmp_path, monkeypatch):
+    """The owner of the tree swaps the file for a link to root's file after it was checked (stat_nofollow: a regular
+    file) and at the worst moment of the read: its folder already open, the open of the file itself called."""
+    root, secret = _tree(tmp_path)
+    assert stat.S_ISREG(files.stat_nofollow(str(root), "venv/lib/RECORD").st_mode)  # the check
+    real_open = os.open
+    swapped = []
+
+    def opener(path, flags, mode=0o777, *, dir_fd=None):
+        if dir_fd is not None and path == "RECORD":
+            os.unlink(path, dir_fd=dir_fd)
+            os.symlink(secret, path, dir_fd=dir_fd)
+            swapped.append(path)
+        return real_open(path, flags, mode, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "open", opener)
+    data, why = files.read_nofollow(str(root), "venv/lib/RECORD")
+    assert swapped == ["RECORD"] and (root / "venv/lib/RECORD").is_symlink()
+    assert data is None and why == "venv/lib/RECORD: a symbolic link on the way (not read)"
+
+
+def test_a_folder_swapped_for_a_link_while_the_path_is_walked_is_refused(tmp_path, monkeypatch):
+    root, _secret = _tree(tmp_path)
+    real_open = os.open
+
+    def opener(path, flags, mode=0o777, *, dir_fd=None):
+        if dir_fd is not None and path == "lib" and not os.path.islink(root / "venv/lib"):
+            os.rename(root / "venv/lib", tmp_path / "moved")
+            os.symlink(tmp_path / "elsewhere", root / "venv/lib")
+        return real_open(path, flags, mode, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "open", opener)
+    assert files.read_nofollow(str(root), "venv/lib/RECORD") == (
+        None, "venv/lib/RECORD: a symbolic link on the way (not read)")
+    assert (root / "venv/lib").is_symlink()  # the swap was made
+
+
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path):
+    root, _secret = _tree(tmp_path)
+    os.mkfifo(root / "venv/lib/pipe")
+    found = []
+    reader = threading.Thread(target=lambda: found.append(files.read_nofollow(str(root), "venv/lib/pipe")),
+                              daemon=True)
+    reader.start()
+    reader.join(30)
+    assert found == [(None, "venv/lib/pipe: not a regular file (not read)")]
+    assert files.list_nofollow(str(root), "venv/lib") == [("RECORD", "file"), ("pipe", "other")]
+    data, why = files.read_nofollow(str(root), "venv")  # a folder is no file either
+    assert data is None and why == "venv: not a regular file (not read)"
+
+
+def test_the_size_bound_and_the_owners_view(tmp_path):
+    root, secret = _tree(tmp_path)
+    (root / "venv/lib/big").write_bytes(b"x" * 100)
+    assert files.read_nofollow(str(root), "venv/lib/big", limit=99) == (
+        None, "venv/lib/big: larger than 99 bytes (not read)")
+    assert files.read_nofollow(str(root), "venv/lib/big", limit=100)[0] == b"x" * 100
+    # a hard link to root's file in a tree of uid 990: no link on the way; the owner's view refuses it
+    os.link(secret, root / "venv/lib/hard")
+    assert files.read_nofollow(str(root), "venv/lib/hard", owner=990) == (
+        None, "venv/lib/hard: a file of uid 0 that uid 990 cannot read (not read)")
+    with pytest.raises(OSError) as refused:
+        files.sha256_nofollow(str(root), "venv/lib/hard", owner=990)
+    assert refused.value.errno == errno.EACCES
+    assert files.read_nofollow(str(root), "venv/lib/hard", owner=0)[0] == SECRET.encode()  # root's own view
+    os.chown(root / "venv/lib/RECORD", 990, 990)
+    (root / "venv/lib/RECORD").chmod(0o600)
+    assert files.read_nofollow(str(root), "venv/lib/RECORD", owner=990)[0] == b"mine\n"  # its own file
+    (root / "venv/lib/big").chmod(0o644)
+    assert files.read_nofollow(str(root), "venv/lib/big", owner=990)[0] == b"x" * 100  # readable by every user
+    with pytest.raises(OSError) as refused:
+        files.list_nofollow(str(root), "venv/lib", limit=2)
+    assert refused.value.errno == errno.EFBIG

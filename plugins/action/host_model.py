@@ -31,7 +31,8 @@ from ansible_collections.rigbook.homelab.plugins.plugin_utils import host_vars_s
 # Set by the collection's plays (set_fact) or passed by the CLI as extra variables: not host variables.
 RUNTIME_VARS = frozenset(("rigbook_reboot_required", "rigbook_reboot_reasons", "rigbook_baselines",
                           "rigbook_snapshot_dir", "rigbook_sglang_venv", "rigbook_sglang_version", "rigbook_host",
-                          "rigbook_gpu_stack_changed", "rigbook_run_dir", "rigbook_builds_dir"))
+                          "rigbook_gpu_stack_changed", "rigbook_run_dir", "rigbook_builds_dir",
+                          "rigbook_verify_builds"))
 
 
 def plain(value):

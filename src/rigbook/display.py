@@ -236,6 +236,9 @@ def print_summary(tracker: Tracker, console: Console, run_dir) -> None:
             what = "UNREACHABLE" if failure.get("unreachable") else "FAILED"
             console.print(Text(terminal_safe(f"{name}: {what} at task '{failure['task']}': {failure['msg']}",
                                              newlines=True), style="red"))
+        for warning in h.warnings:
+            console.print(Text(terminal_safe(f"{name}: warning at task '{warning['task']}': {warning['msg']}"),
+                               style="yellow"))
         if h.reboot_requested:
             console.print(Text(terminal_safe(f"{name}: a reboot is needed")))
         if h.interrupted_in:

@@ -20,6 +20,7 @@ from rigbook.baselines import check_group, inventory_order
 from rigbook.errors import StateBusy, UserError
 from rigbook.lab.inventory import running_inventory
 from rigbook.procs import terminate_tree
+from rigbook.terminal import terminal_safe
 from rigbook.tracker import Tracker
 from rigbook.validate import run_roles, validate
 
@@ -436,8 +437,8 @@ def run_rolling(opts: RunOptions, spec: str) -> int:
     else:
         failed = _failed_hosts(summaries[-1] if summaries else None)
         why = f"exit {code}" + (f": {failed}" if failed else "")
-        print(f"rolling: stopped at batch {stopped}/{len(batches)} ({', '.join(batches[stopped - 1])}): {why}; "
-              f"not reached, untouched: {', '.join(untouched) or 'none'}", file=out, flush=True)
+        print(terminal_safe(f"rolling: stopped at batch {stopped}/{len(batches)} ({', '.join(batches[stopped - 1])}): "
+                            f"{why}; not reached, untouched: {', '.join(untouched) or 'none'}"), file=out, flush=True)
     rolling = {"spec": spec, "batches": done, "stopped_at_batch": stopped, "untouched": untouched}
     save_roll(dict(rolling, inventory=str(inventory), playbook=playbook.name, check=opts.check, exit_code=code,
                    why=why if stopped is not None else None))

@@ -21,6 +21,7 @@ class HostState:
     tasks_done: int = 0
     counts: dict = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
     failures: list = field(default_factory=list)  # {"task", "action", "msg"}
+    warnings: list = field(default_factory=list)  # {"task", "msg"}: what a task warned (at most MAX_WARNINGS)
     ladder: list = field(default_factory=list)  # verdict dicts from the ladder module's runs
     reboot_requested: bool = False
     interrupted_in: str = ""  # the task a Ctrl-C cut short on this host
@@ -42,6 +43,18 @@ def _verdicts(res) -> list:
     """The ladder verdicts of a result (rigbook.homelab.ladder returns them under `ladder`)."""
     found = res.get("ladder") if isinstance(res, dict) else None
     return [v for v in found if isinstance(v, dict) and v.get("layer")] if isinstance(found, list) else []
+
+
+MAX_WARNINGS = 20  # per host: a task that warns in a loop must not flood the summary
+
+
+def _keep_warnings(h, task: str, res) -> None:
+    """The warnings of a task's result (a list of strings; e.g. why a group build's archive was not used) kept on
+    H for the summary, each one line of at most 500 characters."""
+    said = res.get("warnings") if isinstance(res, dict) else None
+    for text in said if isinstance(said, list) else []:
+        if isinstance(text, str) and len(h.warnings) < MAX_WARNINGS:
+            h.warnings.append({"task": task, "msg": " ".join(text.split())[:500]})
 
 
 def _message(res: dict) -> str:
@@ -151,6 +164,7 @@ class Tracker:
         h.tasks_done += 1
         h.task_started = None
         h.ladder.extend(_verdicts(res))
+        _keep_warnings(h, task, res)
         if isinstance(res, dict) and res.get("reboot_required"):
             h.reboot_requested = True
         action = data.get("task_action", "")

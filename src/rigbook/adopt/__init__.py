@@ -14,11 +14,13 @@ One module a job:
   `!unsafe`: Ansible reads it as data, never as a template.
 
 What a box says is data, its local users' too (a process's command line and environment, a venv's files): the
-module (plugins/modules/adopt_facts.py) reads only the engines of root and the serve user (another user's engine is
-skipped and named), no venv owned by another user, the venv stamp and local patch again without following a link;
-it types and bounds every value (`typed`: control characters replaced by U+FFFD, strings cut to 4096 characters,
-credentials removed from URLs, environment names shell names, key values hidden), and mapping applies `typed`
-again to what the run stored. What was skipped, refused, removed or cut is said as a note or as not pinned.
+box-side reader (plugins/module_utils/collect/adopt.py, called by the module plugins/modules/adopt_facts.py) reads
+only the engines of root and the serve user (another user's engine is skipped and named) and no venv owned by
+another user or reached through a link, deciding both before anything of the venv is opened; every venv file is
+read through facts/files' no-follow reader (no link followed on the way, a regular file of bounded size). The
+module types and bounds every value (`typed`: control characters replaced by U+FFFD, strings cut to 4096
+characters, credentials removed from URLs, environment names shell names, key values hidden), and mapping applies
+`typed` again to what the run stored. What was skipped, refused, removed or cut is said as a note or as not pinned.
 
 Read so far: the kernel (release, source: distro or debs with each .deb's sha256, the command line's own
 parameters), each running SGLang engine's command line as a serve profile (flags the schema does not know in

@@ -204,3 +204,22 @@ def test_progress_lines_echo_a_module_message_without_its_escape_sequences():
     # the ticker's "still in" lines name the host and the task the same way
     assert display.still_lines([Running(f"rig{ATTACK}", f"t{ATTACK}", 99.0, 0)], 30) == [
         f"  ... rig{SHOWN}: still in 't{SHOWN}' after 1m39s"]
+
+
+def test_a_tasks_warnings_reach_the_summary_bounded_and_terminal_safe():
+    """A task that warned (the group build's "archive not used, this box builds its own") is named in the summary;
+    a task warning in a loop gives at most MAX_WARNINGS lines."""
+    tracker = Tracker()
+    tracker.handle({"event": "runner_on_ok", "event_data": {
+        "host": "rig-b", "task": "Plan this box's part", "res": {"warnings": [
+            f"rccl-1.tar.gz: not used: its record names other bytes {ATTACK}; this box builds its own"]}}})
+    for n in range(30):
+        tracker.handle({"event": "runner_on_ok", "event_data": {"host": "rig-c", "task": "loop",
+                                                                "res": {"warnings": [f"w{n}"], "changed": False}}})
+    stream = Pipe()
+    display.print_summary(tracker, display.make_console(stream), None)
+    text = stream.getvalue()
+    assert "\x1b" not in text
+    assert ("rig-b: warning at task 'Plan this box's part': rccl-1.tar.gz: not used: its record names other bytes "
+            f"{SHOWN}; this box builds its own") in text
+    assert text.count("rig-c: warning at task 'loop'") == 20 and "w19" in text and "w20" not in text

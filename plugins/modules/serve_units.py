@@ -44,7 +44,7 @@ description:
     profile's C(startup_timeout_s); on a timeout or a unit that failed it fails with the unit's last journal lines.
   - The API key goes with those requests only when the socket listening on the profile's address is held by
     processes of the unit's own control group (its C(ControlGroup); C(/proc/net/tcp), C(/proc/PID/fd),
-    C(/proc/PID/cgroup)): a local user who bound the port while the engine loaded gets no request, and the task
+    C(/proc/PID/cgroup)) - a local user who bound the port while the engine loaded gets no request, and the task
     fails with "a process outside UNIT listens on ADDRESS - the API key was not sent".
   - An engine started by hand (a box set up by hand, then adopted) that serves a profile's port and runs under no
     unit of rigbook's (read in C(/proc), a process of C(-m sglang.launch_server) or O(engine) and its C(--port)) is

@@ -109,6 +109,7 @@ class Endpoint:
         self.control_group = control_group or (lambda: unit_control_group(unit))
         self.root = root
         self.withheld = None  # why the last request was not sent, when its key was withheld
+        self._group = ""  # the unit's ControlGroup once read (a unit's group path stays while it is the same unit)
 
     @property
     def address(self):
@@ -127,7 +128,8 @@ class Endpoint:
         self.withheld = None
         if not (self.api_key and self.unit):
             return
-        verdict, why = key_verdict(self.host, self.port, self.unit, self.control_group(), self.root)
+        self._group = self._group or self.control_group()  # one `systemctl show` per endpoint, not per request
+        verdict, why = key_verdict(self.host, self.port, self.unit, self._group, self.root)
         if verdict == NOBODY:
             raise ConnectionRefusedError(errno.ECONNREFUSED, why)
         if verdict != SEND:

@@ -263,6 +263,28 @@ def stamp_path(venv):
     return os.path.join(venv, builds.VENV_STAMP)
 
 
+def not_ours(venv):
+    """Why VENV, an existing folder, may not be run or written as this module's user (root), or None: the venv
+    itself, its bin/ and site-packages folders and pyvenv.cfg must be no link, owned by this user and writable by
+    nobody else. Its python runs as root here and rigbook's stamp is written into it: a venv another user can write
+    (one made by hand as that user, then adopted) would be their code run as root."""
+    site = site_packages(venv)
+    for path in [venv, os.path.join(venv, "bin"), os.path.join(venv, "pyvenv.cfg")] + ([site] if site else []):
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            return "%s cannot be read: %s" % (path, exc.strerror)
+        if os.path.islink(path):
+            return "%s is a symbolic link" % path
+        if info.st_uid != os.geteuid():
+            return "%s is owned by uid %d, not by uid %d" % (path, info.st_uid, os.geteuid())
+        if info.st_mode & 0o022:
+            return "%s is writable by its group or others (mode %04o)" % (path, info.st_mode & 0o7777)
+    return None
+
+
 def mismatches(p, dists):
     """What differs between the expected versions/commits and DISTS."""
     out = []
@@ -450,6 +472,11 @@ def main():
                            for x in p["patches"]])
     set_id = patch_set.set_id(["%s:%s" % (os.path.basename(x["path"]), x["sha256"].lower()) for x in p["patches"]])
     venv = p["path"] = p["path"].replace("{patch_set}", set_id).rstrip("/")
+    foreign = not_ours(venv) if os.path.lexists(venv) else None
+    if foreign:
+        module.fail_json(msg="refused the venv %s: %s. rigbook runs its python as root and writes its stamp into it; "
+                         "give it to root (chown -R root: %s; chmod -R go-w %s) or pin another path and rigbook "
+                         "makes its own; nothing was changed" % (venv, foreign, venv, venv), path=venv)
     # an install a cut-short run left running finishes first; then its stamp is read
     waited = 0.0 if module.check_mode else build_lock.hold(venv)
     stamp, stamp_error = builds.read_stamp(stamp_path(venv))

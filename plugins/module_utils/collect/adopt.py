@@ -21,12 +21,13 @@ Commands go through RUN(argv) -> (rc, stdout) (facts/runner.rc_output on a box, 
 are read under SYSTEM through facts/ (files, kernel, builds).
 
 What a box's local users can change is decided on before it is read, here and nowhere else: only the engines of root
-and the serve user are kept (another user's is dropped, named in the notes, and nothing of its venv is read); an
-engine's venv is read only when its folder and site-packages are reached without a link and are root's or the
-engine's user's (venv_owner; the cuda_toolchain venv: root's only); then every file of it (direct_url.json, RECORD,
-the files RECORD lists, the sglang sources, the venv stamp), the wheels of the wheels folders and a build stamp are
-read through facts/files' no-follow reader (no link followed anywhere on the way, a regular file of bounded size, as
-the venv's owner could read it), so what a link or a hard link leads to never reaches the facts.
+and the serve user are kept (another user's is dropped, named in the notes, and nothing of it is read beyond its
+command line and its status, the owner: engine_processes.engines asks adopt_facts before it reads more); an engine's
+venv is read only when its folder and site-packages are reached without a link and are root's or the engine's user's
+(venv_owner; the cuda_toolchain venv: root's only); then every file of it (direct_url.json, RECORD, the files RECORD
+lists, the sglang sources, the venv stamp), the wheels of the wheels folders and a build stamp are read through
+facts/files' no-follow reader (no link followed anywhere on the way, a regular file of bounded size, as the venv's
+owner could read it), so what a link or a hard link leads to never reaches the facts.
 """
 
 from __future__ import annotations
@@ -588,28 +589,23 @@ def rocm_facts(system, run):
 
 def build_stamp(system, library, owner):
     """{"path", "stamp"} of rigbook's source_build stamp (builds.BUILD_STAMP) in the prefix holding LIBRARY (a folder
-    up to three levels above it), or None: a JSON object of at most builds.MAX_STAMP bytes read without following a
-    link, as OWNER (the engine's user) could read it (files.json_nofollow); "stamp" None when it is garbled or
-    refused."""
+    up to three levels above it), or None: read without following a link, as OWNER (the engine's user) could read it
+    (builds.read_stamp_nofollow); "stamp" None when it is refused, garbled or not a JSON object."""
     folder = os.path.dirname(library)
     for _ in range(3):
         path = os.path.join(folder, builds.BUILD_STAMP)
-        data, why = files.json_nofollow(system, path, builds.MAX_STAMP, owner)
-        if data is not None or why is not None:
-            return {"path": path, "stamp": data if isinstance(data, dict) else None}
+        stamp, why = builds.read_stamp_nofollow(system, path, owner)
+        if stamp is not None or why is not None:
+            return {"path": path, "stamp": stamp}
         folder = os.path.dirname(folder)
     return None
 
 
 def venv_stamp(system, venv, owner):
     """(stamp, why): the pinned_venv stamp (builds.VENV_STAMP: what rigbook installed there, its patch set by name
-    and sha256) of a venv rigbook made, read as OWNER could read it with no link followed (files.json_nofollow);
-    (None, None) without one, (None, why) when refused, garbled or not a JSON object."""
-    path = os.path.join(venv, builds.VENV_STAMP)
-    data, why = files.json_nofollow(system, path, builds.MAX_STAMP, owner)
-    if data is not None and not isinstance(data, dict):
-        return None, "%s is not a JSON object" % path
-    return data, why
+    and sha256) of a venv rigbook made, read as OWNER could read it with no link followed
+    (builds.read_stamp_nofollow); (None, None) without one, (None, why) when refused, garbled or not a JSON object."""
+    return builds.read_stamp_nofollow(system, os.path.join(venv, builds.VENV_STAMP), owner)
 
 
 def env_file_values(system, path):
@@ -657,7 +653,8 @@ def adopt_facts(system, run, debs_dir=None, engine=None, evidence_root=None, whe
                 serve_user=SERVE_USER):
     """Everything adopt reads: {"kernel", "dkms", "nvidia_userspace", "engines", "cuda_venv", "rocm", "checks"}; the
     engines (ENGINE: the inventory's serve_engine, engine_processes.engines) of root and SERVE_USER only (another
-    user's is dropped before anything of its venv is read, named in checks' notes), each with its venv (read_venv:
+    user's is dropped, named in checks' notes, once its command line and owner are read: engines() reads nothing
+    else of it, neither its environment nor its exe, cgroup, maps or venv), each with its venv (read_venv:
     packages, with WHEELS_DIR the wheel files found there with their sha256, its sglang's local changes and flags,
     the venv stamp) and, for a mapped RCCL/NCCL library, the build stamp of the prefix it lies in (build_stamp).
     "checks": {"notes", "unpinned"} of what was skipped or refused."""
@@ -667,15 +664,19 @@ def adopt_facts(system, run, debs_dir=None, engine=None, evidence_root=None, whe
     allowed = set([0] + ([users[serve_user]] if serve_user in users else []))
     wheels_dirs = [wheels_dir] if isinstance(wheels_dir, str) else list(wheels_dir or [])
     rigbooks_env = env_file_values(system, gpu_env_file) if gpu_env_file else {}
-    engines = []
-    for found in engine_processes.engines(system, engine):
-        uid = process_uid(system, found["pid"])
-        if uid not in allowed:
-            notes.append("the engine /proc/%s runs as %s: skipped, not read (adopt reads the engines of root and of "
-                         "the serve user %s; to adopt this one, set serve_user to its user in the inventory)"
-                         % (found["pid"], "an unknown user" if uid is None else "user " + _user(names, uid),
-                            serve_user))
-            continue
+    engines, uids = [], {}
+
+    def kept(pid):
+        uids[pid] = uid = process_uid(system, pid)
+        if uid in allowed:
+            return True
+        notes.append("the engine /proc/%s runs as %s: skipped, not read (adopt reads the engines of root and of the "
+                     "serve user %s; to adopt this one, set serve_user to its user in the inventory)"
+                     % (pid, "an unknown user" if uid is None else "user " + _user(names, uid), serve_user))
+        return False
+
+    for found in engine_processes.engines(system, engine, keep=kept):
+        uid = uids[found["pid"]]
         engines.append(found)
         # what rigbook's GPU environment file gave the engine is the host model's, not the serve profile's
         found["env_from_rigbook"] = sorted(k for k, v in (found.get("env") or {}).items() if rigbooks_env.get(k) == v)

@@ -114,9 +114,12 @@ def _parent(root, pid):
     return found.group(1) if found else None
 
 
-def engines(root="/", engine=None):
+def engines(root="/", engine=None, keep=None):
     """[{pid, argv, args, interpreter, venv, unit, env, secret_env, libraries}] of the engines running under ROOT,
-    by pid; ENGINE: the inventory's serve_engine argv, recognised besides `-m sglang.launch_server`."""
+    by pid; ENGINE: the inventory's serve_engine argv, recognised besides `-m sglang.launch_server`. KEEP(pid, an
+    int), when given, is asked of each engine once its cmdline and status (its parent; the owner's line) are read
+    and before anything else of it is: an engine it refuses is left out unread (no environ, exe, cgroup, maps,
+    libraries or venv), its workers with it."""
     proc = _under(root, "proc")
     try:
         pids = sorted((p for p in os.listdir(proc) if p.isdigit()), key=int)
@@ -130,7 +133,9 @@ def engines(root="/", engine=None):
     found = []
     for pid, argv in argvs.items():
         if _parent(root, pid) in argvs:
-            continue  # a worker of an engine listed already
+            continue  # a worker of an engine: listed with it, or left out with it
+        if keep is not None and not keep(int(pid)):
+            continue
         env, secret = gpu_environment(_words(_read(os.path.join(proc, pid, "environ"))))
         try:
             exe = os.readlink(os.path.join(proc, pid, "exe"))

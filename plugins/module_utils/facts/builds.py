@@ -121,15 +121,28 @@ def pack(entries):
     return out.getvalue()
 
 
+def _stamp(data, error, where):
+    """(stamp dict, error) of what a JSON reader gave for the stamp at WHERE: the one shape rule, a JSON object."""
+    if error:
+        return None, error
+    if data is not None and not isinstance(data, dict):
+        return None, "%s is not a JSON object" % where
+    return data, None
+
+
 def read_stamp(file_path):
     """(stamp dict, error) of a JSON stamp: (None, None) without one; (None, why) when unreadable, garbled, over
     MAX_STAMP bytes or not a JSON object."""
     data, error = files.read_json(file_path, limit=MAX_STAMP)
-    if error:
-        return None, error
-    if data is not None and not isinstance(data, dict):
-        return None, "%s is not a JSON object" % file_path
-    return data, None
+    return _stamp(data, error, file_path)
+
+
+def read_stamp_nofollow(root, rel, owner=None):
+    """read_stamp of the stamp REL under ROOT read through facts/files' no-follow reader (files.json_nofollow: no
+    link followed on the way, a regular file, with OWNER one that uid could read itself): (None, None) without
+    one; (None, why) when refused, unreadable, garbled, over MAX_STAMP bytes or not a JSON object."""
+    data, error = files.json_nofollow(root, rel, MAX_STAMP, owner)
+    return _stamp(data, error, rel)
 
 
 def write_stamp(file_path, stamp, mode=0o644):

@@ -5,6 +5,7 @@ and leave tmp_path exactly as it was: the destination folder empty, the sibling 
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import stat
@@ -309,3 +310,81 @@ def test_resolves_inside(tmp_path):
     assert not inside(tmp_path / "dest" / "root", tmp_path / "dest")
     assert not inside(tmp_path / "dest2", tmp_path / "dest")  # a shared prefix is not inside
     assert not inside(tmp_path / "dest" / "sub" / ".." / "..", tmp_path / "dest")
+
+
+# --- listing: the same checks, nothing written, every file hashed ----------------------------------------------
+
+
+@pytest.mark.parametrize("members,caps", [
+    (lambda s: [file(str(s / "outside" / "abs"))], {}),
+    (lambda s: [file("a/ok"), file("a/../../outside/up")], {}),
+    (lambda s: [symlink("etc", "/etc")], {}),
+    (lambda s: [folder("a"), symlink("up", "a/../../outside")], {}),
+    (lambda s: [symlink("y", "x/../outside"), symlink("x", ".")], {}),
+    (lambda s: [folder("real"), symlink("sub", "real"), file("sub/f")], {}),
+    (lambda s: cve_2025_4517(s / "dest", s / "outside"), {}),
+    (lambda s: [file("f"), hardlink("h", "../outside/keep")], {}),
+    (lambda s: [file("f"), hardlink("h", str(s / "outside" / "keep"))], {}),
+    (lambda s: [file("ok"), special("dev/null", tarfile.CHRTYPE)], {}),
+    (lambda s: [file("ok"), special("dev/sda", tarfile.BLKTYPE)], {}),
+    (lambda s: [special("pipe", tarfile.FIFOTYPE)], {}),
+    (lambda s: [file(f"f{n}") for n in range(6)], {"max_members": 5}),
+    (lambda s: [file("ok", b"fine\n"), file("zeros", bytes(3 << 20))], {"max_bytes": 1 << 20}),
+    (lambda s: [file(f"f{n}", bytes(300)) for n in range(4)], {"max_bytes": 1000}),
+], ids=["absolute", "dotdot", "symlink-absolute", "symlink-out", "link-through-link", "under-a-symlink",
+        "cve-2025-4517", "hard-link-dotdot", "hard-link-absolute", "char-device", "block-device", "fifo", "members-cap",
+        "bytes-cap", "many-small-files-bytes-cap"])
+def test_listing_refuses_what_unpack_refuses_and_writes_nothing(scene, members, caps):
+    archive = tarball(scene / "archive.tar.gz", *members(scene))
+    before = tree_listing(scene)
+    with pytest.raises(UnsafeArchive) as listed:
+        safe_untar.listing(str(archive), **caps)
+    assert tree_listing(scene) == before
+    with pytest.raises(UnsafeArchive) as unpacked:
+        unpack(str(archive), str(scene / "dest"), **caps)
+    assert (listed.value.member, str(listed.value)) == (unpacked.value.member, str(unpacked.value))
+    assert tree_listing(scene) == before
+
+
+def test_listing_refuses_a_stream_over_its_cap_as_unpack_does(scene):
+    info = tarfile.TarInfo("f")
+    info.pax_headers = {"comment": "a" * (4 << 20)}
+    archive = tarball(scene / "pax.tar.gz", (info, b""))
+    with pytest.raises(UnsafeArchive, match="the archive's stream .* is over the cap of"):
+        safe_untar.listing(str(archive), max_members=10, max_bytes=1 << 20)
+
+
+@pytest.mark.parametrize("mode", ["w:gz", "w:bz2", "w:xz", "w:"])
+def test_listing_hashes_every_file_as_unpack_would_write_it(scene, mode):
+    run = b"#!/bin/sh\necho run\n"
+    big = os.urandom(3 << 20)  # over listing's 1 MiB read chunk
+    archive = tarball(scene / "good.tar", folder("./top"), file("./top/a.txt", b"hello\n"),
+                      file("top/run.sh", run, mode=0o6777), file("top/sub/big.bin", big), file("top/empty", b""),
+                      symlink("top/link", "a.txt"), symlink("top/sub/up", "../a.txt"),
+                      hardlink("top/hard", "./top/a.txt"), folder("top"), mode=mode)
+    before = tree_listing(scene)
+
+    def hashed(data):
+        return {"kind": "file", "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+    listed = safe_untar.listing(str(archive))
+    assert listed == {
+        "top": {"kind": "folder"}, "top/a.txt": hashed(b"hello\n"),
+        "top/run.sh": hashed(run), "top/sub/big.bin": hashed(big), "top/empty": hashed(b""),
+        "top/link": {"kind": "symlink", "target": "a.txt"}, "top/sub/up": {"kind": "symlink", "target": "../a.txt"},
+        "top/hard": hashed(b"hello\n")}  # a hard link: its target's
+    assert tree_listing(scene) == before
+    # the names are the paths unpack() writes for the members (top/sub: a folder the archive implies, no member)
+    unpack(str(archive), str(scene / "dest"))
+    written = {k[len("dest/"):] for k in tree_listing(scene) if k.startswith("dest/")}
+    assert written == set(listed) | {"top/sub"}
+    for name, entry in listed.items():
+        if entry["kind"] == "file":
+            assert hashed((scene / "dest" / name).read_bytes()) == entry
+
+
+def test_a_damaged_archive_is_a_tar_error_for_listing_too(scene):
+    archive = scene / "junk.tar.gz"
+    archive.write_bytes(b"\x1f\x8b\x08\x00" + b"junk" * 100)
+    with pytest.raises(tarfile.TarError):
+        safe_untar.listing(str(archive))

@@ -177,6 +177,32 @@ def test_a_venv_made_by_hand_that_holds_the_pin_is_kept_and_only_stamped(tmp_pat
     assert (venv / "owner-notes.txt").exists()
 
 
+@pytest.mark.parametrize("hand", ["owned by another user", "site-packages owned by another user",
+                                  "writable by others", "a link"])
+def test_a_venv_another_user_can_write_is_refused_and_nothing_is_run_or_written(tmp_path, wheels, hand):
+    """A venv made by hand as another user (then adopted): its python would run as root here. Refused before any
+    command runs, no stamp written, the venv as it was."""
+    import os
+
+    venv = venv_by_hand(tmp_path, wheels)
+    site = next((venv / "lib").glob("python*/site-packages"))
+    if hand == "owned by another user":
+        os.chown(venv, 4242, 4242)
+    elif hand == "site-packages owned by another user":
+        os.chown(site, 4242, 4242)
+    elif hand == "writable by others":
+        (venv / "bin").chmod(0o777)
+    else:
+        os.rename(venv, tmp_path / "real-venv")
+        os.symlink(tmp_path / "real-venv", venv)
+    a = args(tmp_path, wheels, path=str(venv), adopt=True, import_check="")
+    for check_mode in (True, False):
+        res, failed, ran = run_module_real(pinned_venv, a, check_mode=check_mode)
+        assert failed and ran == [], res
+        assert res["msg"].startswith(f"refused the venv {venv}: ") and "nothing was changed" in res["msg"]
+    assert not (venv / ".rigbook-venv.json").exists() and (venv / "owner-notes.txt").exists()
+
+
 def test_a_venv_made_by_hand_at_another_version_is_installed_into_never_removed(tmp_path, wheels):
     venv = venv_by_hand(tmp_path, wheels, "1.0")
     a = args(tmp_path, wheels, version="2.0", path=str(venv), adopt=True, import_check="")

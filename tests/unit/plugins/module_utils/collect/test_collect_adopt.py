@@ -5,7 +5,9 @@ format, apt-cache policy) for a box like seed 004's, whose custom kernel .debs w
 
 from __future__ import annotations
 
+import builtins
 import hashlib
+import os
 
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import adopt, static_evidence
 from ansible_collections.rigbook.homelab.plugins.module_utils.facts import packages
@@ -490,3 +492,49 @@ def test_the_flags_an_installed_sglang_defines_from_its_argument_calls_and_field
     (site / "sglang/srt/server_args.py").unlink()
     (site / "sglang/srt/arg_groups/fields/schedule.py").write_text("nothing here\n")
     assert adopt.sglang_flags(str(tmp_path), "/opt/v", 0) is None
+
+
+def _engine(system, pid, argv, uid, environ=b"NCCL_DEBUG=INFO\0"):
+    """A process as Linux shows it: NUL-separated cmdline and environ, status with its Uid line, cgroup v2, maps."""
+    folder = system / "proc" / str(pid)
+    folder.mkdir(parents=True)
+    (folder / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+    (folder / "environ").write_bytes(environ)
+    (folder / "status").write_text(f"Name:\tpython3\nPid:\t{pid}\nPPid:\t1\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
+    (folder / "cgroup").write_text("0::/system.slice/sglang.service\n")
+    (folder / "maps").write_text("7f0000000000-7f0000100000 r-xp 00000000 08:01 1234 /opt/rccl/lib/librccl.so.1\n")
+    os.symlink(argv[0], folder / "exe")
+
+
+def test_another_users_engine_is_read_no_further_than_its_cmdline_and_owner(tmp_path, monkeypatch):
+    system = tmp_path / "system"
+    (system / "etc").mkdir(parents=True)
+    (system / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/bash\n"
+                                       "rigbook-serve:x:990:990::/var/lib/rigbook-serve:/usr/sbin/nologin\n"
+                                       "mallory:x:1001:1001::/home/mallory:/bin/bash\n")
+    (system / "home/mallory/v/bin").mkdir(parents=True)
+    (system / "home/mallory/v/pyvenv.cfg").write_text("home = /usr/bin\n")
+    _engine(system, 4100, ["/usr/bin/python3", "-m", "sglang.launch_server", "--model-path", "/m"], 990)
+    _engine(system, 5100, ["/home/mallory/v/bin/python3", "-m", "sglang.launch_server", "--model-path", "/m"], 1001,
+            environ=b"NCCL_DEBUG=mallory\0")
+    touched = []
+
+    def recording(real):
+        def call(file, *args, **kwargs):
+            touched.append(os.fspath(file) if isinstance(file, (str, bytes, os.PathLike)) else file)
+            return real(file, *args, **kwargs)
+        return call
+
+    monkeypatch.setattr(builtins, "open", recording(builtins.open))
+    for name in ("open", "stat", "lstat", "readlink"):
+        monkeypatch.setattr(os, name, recording(getattr(os, name)))
+    facts = adopt.adopt_facts(str(system), _run({}))
+    monkeypatch.undo()
+    assert [e["pid"] for e in facts["engines"]] == [4100] and facts["engines"][0]["env"] == {"NCCL_DEBUG": "INFO"}
+    assert any(n.startswith("the engine /proc/5100 runs as user mallory: skipped, not read")
+               for n in facts["checks"]["notes"])
+    paths = [p for p in touched if isinstance(p, str)]
+    proc = str(system / "proc") + "/"
+    assert {p[len(proc):] for p in paths if p.startswith(proc + "5100/")} == {"5100/cmdline", "5100/status"}
+    assert {"4100/environ", "4100/exe", "4100/maps"} <= {p[len(proc):] for p in paths if p.startswith(proc + "4100/")}
+    assert not [p for p in paths if "mallory" in p]  # nothing of its venv either

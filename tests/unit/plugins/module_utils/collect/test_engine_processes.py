@@ -4,9 +4,11 @@ cgroup v2 lines, maps lines)."""
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import os
 
+import pytest
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import engine_processes as ep
 
 VENV = "/opt/sglang-venv"
@@ -109,3 +111,48 @@ def test_a_library_replaced_since_it_was_mapped_is_hashed_through_its_mapping(tm
         {"path": "/opt/rccl/lib/librccl.so.1.0", "sha256": hashlib.sha256(b"the rccl the engine runs").hexdigest()},
         {"path": bundled, "sha256": None}]  # mapped, its file not under this root
     assert ep.collectives(mapped) == mapped
+
+
+@pytest.fixture
+def touched(monkeypatch):
+    """Every path opened, stat-ed or read as a link (builtins.open, os.open, os.stat, os.lstat, os.readlink), as
+    given."""
+    seen = []
+
+    def recording(real):
+        def call(file, *args, **kwargs):
+            seen.append(os.fspath(file) if isinstance(file, (str, bytes, os.PathLike)) else file)
+            return real(file, *args, **kwargs)
+        return call
+
+    monkeypatch.setattr(builtins, "open", recording(builtins.open))
+    for name in ("open", "stat", "lstat", "readlink"):
+        monkeypatch.setattr(os, name, recording(getattr(os, name)))
+    return seen
+
+
+def _of(seen, root, pid):
+    """The names under ROOT/proc/PID that SEEN touched."""
+    folder = str(root / "proc" / str(pid)) + "/"
+    return {p[len(folder):] for p in seen if isinstance(p, str) and p.startswith(folder)}
+
+
+def test_an_engine_keep_refuses_is_read_no_further_than_its_cmdline_and_status(tmp_path, touched):
+    root = _box(tmp_path)
+    other = root / "home/mallory/v"
+    (other / "bin").mkdir(parents=True)
+    (other / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    argv = ["/home/mallory/v/bin/python3", "-m", "sglang.launch_server", "--model-path", "/m"]
+    _process(root, 5100, argv, ["NCCL_DEBUG=mallory-env"], maps=MAPS, exe="/home/mallory/v/bin/python3",
+             cgroup="0::/system.slice/mallory.service\n")
+    _process(root, 5188, argv, ["NCCL_DEBUG=mallory-env"], ppid=5100, maps=MAPS)  # its scheduler
+    asked = []
+    found = ep.engines(str(root), keep=lambda pid: asked.append(pid) or pid != 5100)
+    assert [e["pid"] for e in found] == [4100] and asked == [4100, 5100]  # each engine once, its worker not at all
+    assert _of(touched, root, 5100) == {"cmdline", "status"} and _of(touched, root, 5188) == {"cmdline", "status"}
+    assert not [p for p in touched if isinstance(p, str) and "mallory" in p]  # nor its venv
+    assert {"environ", "exe", "cgroup", "maps"} <= _of(touched, root, 4100)  # the kept engine is read whole
+    # without KEEP the same engine is read whole: what the recording above would have caught
+    del touched[:]
+    assert [e["pid"] for e in ep.engines(str(root))] == [4100, 5100]
+    assert {"environ", "exe", "cgroup", "maps"} <= _of(touched, root, 5100)

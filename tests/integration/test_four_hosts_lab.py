@@ -368,7 +368,8 @@ def _results(run_dir: str, host: str) -> list:
 
 
 def test_a_twin_given_a_tampered_group_archive_refuses_it_and_installs_nothing_of_it(four_hosts, tmp_path):
-    """The 3080 twins' DKMS build, from the run before (lab-3080 built it, the controller recorded it). 1. Its archive
+    """The 3080 twins' DKMS build, from the run before (one twin built it, the first of the play's boxes needing it,
+    and the controller recorded it; the other installed it). 1. Its archive
     changed in the controller's builds/ (a changed .ko under the old name): the controller no longer gets the recorded
     sha256, the run says why and the twin builds its own. 2. Tampered archives handed to the module on the twin, each
     with the controller's manifest of what it holds (an extra file, a changed .ko, a dkms.conf holding a command):
@@ -377,19 +378,20 @@ def test_a_twin_given_a_tampered_group_archive_refuses_it_and_installs_nothing_o
     pins = yaml.safe_load((REPO / f"inventory/lab/group_vars/{GROUP}.yml").read_text())["rigbook_pins"]
     kernel, driver = pins["kernel"]["release"], pins["nvidia_driver"]
     version = driver["version"]
-    twin, first = LabHost(TWIN), LabHost(FIRST)
-    arch = twin.out("uname -m").strip()
-    ko_member = f"dkms_main_tree/{kernel}/{arch}/module/nvidia.ko"
     marker = "/var/tmp/rigbook-dkms-conf-ran"
     builds_dir = state_dir() / "builds"
     [archive] = builds_dir.glob("nvidia-*.tar.gz")
     [record_file] = builds_dir.glob(archive.name[:-len(".tar.gz")] + ".provenance-*.json")
     record = json.loads(record_file.read_text())
     genuine = archive.read_bytes()
-    assert (record_file.stat().st_mode & 0o777, record["host"], record["sha256"]) == (
-        0o600, FIRST, hashlib.sha256(genuine).hexdigest())
+    assert (record_file.stat().st_mode & 0o777, record["sha256"]) == (0o600, hashlib.sha256(genuine).hexdigest())
+    assert record["host"] in (FIRST, TWIN), record["host"]
+    other = TWIN if record["host"] == FIRST else FIRST  # the twin that installed the builder's archive
+    twin, first = LabHost(other), LabHost(record["host"])
+    arch = twin.out("uname -m").strip()
+    ko_member = f"dkms_main_tree/{kernel}/{arch}/module/nvidia.ko"
     assert GROUP in record["group"].split(",") and record["inventory"] == str(Path(four_hosts).resolve())
-    # the controller's manifest: the module lab-3080 built, as lab-3080-2 installed it
+    # the controller's manifest: the module the builder built, as the other twin installed it
     installed_ko = f"/lib/modules/{kernel}/updates/dkms/nvidia.ko"
     assert record["manifest"][ko_member]["sha256"] == twin.out(f"sha256sum {installed_ko}").split()[0]
 
@@ -398,11 +400,11 @@ def test_a_twin_given_a_tampered_group_archive_refuses_it_and_installs_nothing_o
     archive.write_bytes(tampered)
     twin.run(f"dkms remove nvidia/{version} -k {kernel}")
     started = time.monotonic()
-    run = provision("site.yml", "-i", four_hosts, "--limit", TWIN, "--tags", "nvidia_p2p_driver", "--json",
+    run = provision("site.yml", "-i", four_hosts, "--limit", other, "--tags", "nvidia_p2p_driver", "--json",
                     timeout=900)
     print(f"the twin's own DKMS build, the tampered archive refused: {time.monotonic() - started:.0f} s")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    results = _results(json.loads(run.stdout)["run_dir"], TWIN)
+    results = _results(json.loads(run.stdout)["run_dir"], other)
     [plan] = [res for task, res in results if task.startswith("Plan this box's part") and res.get("why")]
     assert plan["part"] == "build" and plan["why"] == [
         f"{archive.name}: not used: its sha256 is now {hashlib.sha256(tampered).hexdigest()}, its provenance record "
@@ -410,7 +412,7 @@ def test_a_twin_given_a_tampered_group_archive_refuses_it_and_installs_nothing_o
     [built] = [res for task, res in results if task == "Wait for the group's build" and res.get("export_path")]
     assert built["built"] == [kernel] and "installed_from" not in built
     [ours] = [json.loads(p.read_text()) for p in builds_dir.glob("nvidia-*.provenance-*.json")]
-    assert ours["host"] == TWIN and hashlib.sha256(tampered).hexdigest() not in {
+    assert ours["host"] == other and hashlib.sha256(tampered).hexdigest() not in {
         hashlib.sha256(p.read_bytes()).hexdigest() for p in builds_dir.glob("nvidia-*.tar.gz")}
     mine, theirs = (base64.b64decode(box.out(f"base64 -w0 {installed_ko}")) for box in (twin, first))
     # reproducible: the same module but for the signature each box's own key appends (dkms signs with
@@ -453,10 +455,10 @@ def test_a_twin_given_a_tampered_group_archive_refuses_it_and_installs_nothing_o
                   "name": "nvidia", "version": version, "src": driver["source"]["path"],
                   "sha256": driver["source"]["sha256"], "kernels": [kernel]}}]
     playbook = tmp_path / "tampered.yml"
-    playbook.write_text(json.dumps([{"hosts": TWIN, "gather_facts": False, "become": True, "tasks": tasks}]))
-    run = provision(str(playbook), "-i", four_hosts, "--limit", TWIN, "--json", timeout=600)
+    playbook.write_text(json.dumps([{"hosts": other, "gather_facts": False, "become": True, "tasks": tasks}]))
+    run = provision(str(playbook), "-i", four_hosts, "--limit", other, "--json", timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    results = dict(_results(json.loads(run.stdout)["run_dir"], TWIN))
+    results = dict(_results(json.loads(run.stdout)["run_dir"], other))
     for case, (_data, _files, why) in cases.items():
         res = results[f"Install: {case}"]
         assert res["msg"].startswith(f"refused {given[case]}: ") and why in res["msg"], (case, res["msg"])

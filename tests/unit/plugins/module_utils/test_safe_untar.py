@@ -357,7 +357,7 @@ def test_listing_refuses_a_stream_over_its_cap_as_unpack_does(scene):
 @pytest.mark.parametrize("mode", ["w:gz", "w:bz2", "w:xz", "w:"])
 def test_listing_hashes_every_file_as_unpack_would_write_it(scene, mode):
     run = b"#!/bin/sh\necho run\n"
-    big = os.urandom(3 << 20)  # over listing's 1 MiB read chunk
+    big = os.urandom((1 << 20) + 4099)  # over listing's 1 MiB read chunk: two reads, the second short
     archive = tarball(scene / "good.tar", folder("./top"), file("./top/a.txt", b"hello\n"),
                       file("top/run.sh", run, mode=0o6777), file("top/sub/big.bin", big), file("top/empty", b""),
                       symlink("top/link", "a.txt"), symlink("top/sub/up", "../a.txt"),

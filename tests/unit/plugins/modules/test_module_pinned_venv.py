@@ -184,8 +184,12 @@ def test_a_venv_another_user_can_write_is_refused_and_nothing_is_run_or_written(
     command runs, no stamp written, the venv as it was."""
     import os
 
-    venv = venv_by_hand(tmp_path, wheels)
-    site = next((venv / "lib").glob("python*/site-packages"))
+    venv = tmp_path / "by-hand"  # the folders the module looks at; it must refuse before it runs anything in them
+    site = venv / "lib/python3.11/site-packages"
+    site.mkdir(parents=True)
+    (venv / "bin").mkdir()
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (venv / "owner-notes.txt").write_text("mine\n")
     if hand == "owned by another user":
         os.chown(venv, 4242, 4242)
     elif hand == "site-packages owned by another user":

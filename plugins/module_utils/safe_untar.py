@@ -298,18 +298,27 @@ def _make_folders(real_dest, parts, made, name):
         made.add(parts[:depth])
 
 
+def _chunks(tar, member, before, max_bytes, what):
+    """MEMBER's data in pieces of at most _CHUNK bytes; UnsafeArchive once BEFORE plus the bytes so far pass
+    MAX_BYTES (WHAT: "written" or "read", for the message)."""
+    source = tar.extractfile(member)
+    total = before
+    while True:
+        chunk = source.read(_CHUNK)
+        if not chunk:
+            return
+        total += len(chunk)
+        if total > max_bytes:
+            raise UnsafeArchive(member.name, "brings the bytes %s over the cap of %d" % (what, max_bytes))
+        yield chunk
+
+
 def _write_file(tar, member, path, written, max_bytes):
     """Copy MEMBER's data to PATH (a new file, never through a symlink); returns WRITTEN plus its bytes."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     with os.fdopen(os.open(path, flags, 0o600), "wb") as out:
-        source = tar.extractfile(member)
-        while True:
-            chunk = source.read(_CHUNK)
-            if not chunk:
-                break
+        for chunk in _chunks(tar, member, written, max_bytes, "written"):
             written += len(chunk)
-            if written > max_bytes:
-                raise UnsafeArchive(member.name, "brings the bytes written over the cap of %d" % max_bytes)
             out.write(chunk)
         mode = member.mode & 0o755 | 0o600
         if not mode & 0o100:
@@ -367,14 +376,8 @@ def _hashed(tar, member, read, max_bytes):
     """({"kind": "file", "size", "sha256"} of MEMBER's data, READ plus its bytes), against the same byte budget as
     unpack()."""
     digest, size = hashlib.sha256(), 0
-    source = tar.extractfile(member)
-    while True:
-        chunk = source.read(_CHUNK)
-        if not chunk:
-            break
+    for chunk in _chunks(tar, member, read, max_bytes, "read"):
         size += len(chunk)
-        if read + size > max_bytes:
-            raise UnsafeArchive(member.name, "brings the bytes read over the cap of %d" % max_bytes)
         digest.update(chunk)
     return {"kind": _FILE, "size": size, "sha256": digest.hexdigest()}, read + size
 

@@ -357,15 +357,9 @@ def archive_problem(work, name, version, kernels, install_files, source):
             (links if os.path.islink(path) else found).append(os.path.relpath(path, work))
     if links:
         return "it holds the link %s (a binaries-only build has none)" % sorted(links)[0]
-    extra = sorted(set(found) - set(install_files))
-    if extra:
-        return "%s is in it but not in the controller's manifest of it" % extra[0]
-    missing = sorted(set(install_files) - set(found))
-    if missing:
-        return "%s of the controller's manifest is not in it" % missing[0]
-    for rel in sorted(found):
-        if files.sha256_of(os.path.join(work, rel)) != install_files[rel]:
-            return "%s is not the file the controller's manifest names (its sha256 differs)" % rel
+    problem = builds.manifest_problem(work, found, install_files)
+    if problem:
+        return problem
     held = {}
     for rel in found:
         if rel in META or rel == builds.BUILD_STAMP:

@@ -515,15 +515,9 @@ class Build(object):
         controller's manifest INSTALL_FILES ({path: sha256}), each with that sha256; its stamp must be WANTED, and
         name every file of it (a stamped check file may be a link to one) with the sha256 the file has."""
         found = _regular_files(work)
-        extra = sorted(set(found) - set(install_files))
-        if extra:
-            return "%s is in it but not in the controller's manifest of it" % extra[0]
-        missing = sorted(set(install_files) - set(found))
-        if missing:
-            return "%s of the controller's manifest is not in it" % missing[0]
-        for rel in sorted(found):
-            if files.sha256_of(os.path.join(work, rel)) != install_files[rel]:
-                return "%s is not the file the controller's manifest names (its sha256 differs)" % rel
+        problem = builds.manifest_problem(work, found, install_files)
+        if problem:
+            return problem
         stamp, error = self.read_stamp(work)
         if error or stamp is None:
             return error or "it has no build stamp"

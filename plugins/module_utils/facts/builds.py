@@ -148,3 +148,18 @@ def read_stamp_nofollow(root, rel, owner=None):
 def write_stamp(file_path, stamp, mode=0o644):
     """STAMP as JSON at FILE_PATH through the one atomic write; the error text, or None."""
     return files.write_json(file_path, stamp, mode=mode, make_parents=False)
+
+
+def manifest_problem(root, found, install_files):
+    """Why the regular files FOUND (paths relative to ROOT, an unpacked build archive) are not exactly the
+    controller's manifest INSTALL_FILES ({path: sha256}), each with its sha256; None when they are."""
+    extra = sorted(set(found) - set(install_files))
+    if extra:
+        return "%s is in it but not in the controller's manifest of it" % extra[0]
+    missing = sorted(set(install_files) - set(found))
+    if missing:
+        return "%s of the controller's manifest is not in it" % missing[0]
+    for rel in sorted(found):
+        if files.sha256_of(os.path.join(root, rel)) != install_files[rel]:
+            return "%s is not the file the controller's manifest names (its sha256 differs)" % rel
+    return None

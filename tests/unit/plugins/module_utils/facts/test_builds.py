@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import io
 import os
 import tarfile
@@ -186,3 +187,17 @@ def test_read_stamp_nofollow_refuses_a_link_and_a_file_its_owner_could_not_read(
     (system / "opt/real" / builds.VENV_STAMP).write_text("{}")
     (system / "opt/v").symlink_to("real")  # a link on the way
     assert builds.read_stamp_nofollow(str(system), rel, 0) == (None, rel + ": a symbolic link on the way (not read)")
+
+
+def test_manifest_problem_names_an_extra_a_missing_and_a_changed_file(tmp_path):
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib/a.so").write_bytes(b"a")
+    (tmp_path / "b").write_bytes(b"b")
+    sha = {name: hashlib.sha256(data).hexdigest() for name, data in (("lib/a.so", b"a"), ("b", b"b"))}
+    assert builds.manifest_problem(str(tmp_path), ["lib/a.so", "b"], sha) is None
+    assert builds.manifest_problem(str(tmp_path), ["lib/a.so", "b"], {"lib/a.so": sha["lib/a.so"]}) == (
+        "b is in it but not in the controller's manifest of it")
+    assert builds.manifest_problem(str(tmp_path), ["b"], sha) == "lib/a.so of the controller's manifest is not in it"
+    (tmp_path / "b").write_bytes(b"not b")
+    assert builds.manifest_problem(str(tmp_path), ["lib/a.so", "b"], sha) == (
+        "b is not the file the controller's manifest names (its sha256 differs)")

@@ -297,6 +297,7 @@ def _run_locked(opts: RunOptions, playbook: Path, inventory: Path, inv) -> int:
         if interrupted["flag"]:
             raise KeyboardInterrupt
         interrupted["flag"] = True
+        tracker.stopping = True  # a task its stop makes fail is the interruption, not a failure of the host
         print("interrupt: stopping ansible (Ctrl-C again to abort at once)", file=sys.stderr, flush=True)
 
     def cancel() -> bool:

@@ -93,6 +93,9 @@ class Tracker:
         self.stats: dict | None = None
         self.errors: list = []  # ansible error lines seen outside host results
         self.listeners: list = []
+        # set (a plain assignment, safe in a signal handler) when Ctrl-C asked the run to stop: a task that fails
+        # from then on failed because its processes were stopped, and the host is interrupted in it, not failed
+        self.stopping = False
 
     def host(self, name: str) -> HostState:
         if name not in self.hosts:
@@ -173,6 +176,10 @@ class Tracker:
             msg = f"{_message(res)} ({UNREACHABLE_HINT})"
             h.failures.append({"task": task, "action": action, "msg": msg, "unreachable": True})
             return ("unreachable", host_name, f"{task}: {msg}")
+        if kind in ("runner_on_failed", "runner_on_unreachable") and self.stopping and not data.get("ignore_errors"):
+            h.state = "interrupted"
+            h.interrupted_in = task
+            return ("interrupted", host_name, task)
         if kind == "runner_on_failed":
             if data.get("ignore_errors"):
                 return ("ignored", host_name, f"{task}: {_message(res)}")

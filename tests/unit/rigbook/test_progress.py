@@ -249,3 +249,22 @@ def test_live_view_shows_each_running_hosts_time_in_its_task():
     assert "Wait for the RCCL build" in rows["lab-r9700"] and "2m10s (poll 8)" in rows["lab-r9700"]
     assert "Install the CUDA wheels" in rows["lab-3080"]
     assert not re.search(r"\b\d+(m\d\d)?s\b", rows["lab-3080"])  # done with its task: no time
+
+
+def test_a_task_that_fails_because_ctrl_c_stopped_it_is_the_interruption_not_a_failure():
+    """Ctrl-C stops ansible's process tree: a module killed mid-task comes back as a failed result ("Module result
+    deserialization failed") before ansible itself ends. Once the run is stopping, that host is interrupted in the
+    task, as the summary says; a failure before Ctrl-C stays a failure."""
+    tracker = Tracker()
+    tracker.handle({"event": "playbook_on_task_start", "event_data": {"task": "Build"}})
+    tracker.handle({"event": "runner_on_failed", "event_data": {"host": "rig-a", "task": "Build",
+                                                                "res": {"msg": "compiler error"}}})
+    tracker.handle({"event": "playbook_on_task_start", "event_data": {"task": "Sleep"}})
+    tracker.handle({"event": "runner_on_start", "event_data": {"host": "rig-b", "task": "Sleep"}})
+    tracker.stopping = True  # what the CLI's Ctrl-C handler sets
+    tracker.handle({"event": "runner_on_failed", "event_data": {
+        "host": "rig-b", "task": "Sleep", "res": {"msg": "Module result deserialization failed: No start of json"}}})
+    tracker.interrupt()
+    a, b = tracker.hosts["rig-a"], tracker.hosts["rig-b"]
+    assert (a.state, [f["msg"] for f in a.failures]) == ("failed", ["compiler error"])
+    assert (b.state, b.interrupted_in, b.failures) == ("interrupted", "Sleep", [])

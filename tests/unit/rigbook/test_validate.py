@@ -435,7 +435,7 @@ def test_a_group_name_ansible_patterns_misread_is_refused(tmp_path):
     assert problem.owner == "group x99,all" and "',' makes it a list of patterns" in problem.message
 
 
-@pytest.mark.parametrize("name", ["rig-3080", "rig_3080", "10.0.0.7", "RIG.lan", "_rig", "x99-3080.lan.example"])
+@pytest.mark.parametrize("name", ["rig-3080", "rig_3080", "127.0.0.7", "RIG.lan", "_rig", "x99-3080.lan.example"])
 def test_names_patterns_read_as_themselves_pass(tmp_path, name):
     inv = _copy(tmp_path)
     _rename_host(inv, name)

@@ -1,9 +1,10 @@
 """Build the lab's signed ROCm apt repository of TEST STAND-IN packages (no ROCm inside).
 
 TEST STAND-INS: small .debs named and versioned like ROCm's (rocm-core, rocminfo, rocm-smi-lib,
-hip-runtime-amd, the RCCL build's hipcc, hip-dev, hsa-rocr-dev, rocm-cmake, rocm-llvm, rocm-device-libs, and
-amdgpu-dkms) at ROCm 7.1.0 (the lab pin) and at 7.2.0 (a newer release, so the amd_rocm
-role's apt preferences pin is tested), laid out like AMD's repository (dists/noble/main, pool/) and signed
+hip-runtime-amd, the RCCL build's hipcc, hip-dev, hsa-rocr-dev, rocm-cmake, rocm-llvm, rocm-device-libs) at ROCm
+7.1.0 (the lab pin) and at 7.2.0 (a newer release, so the amd_rocm role's apt preferences pin is tested), laid out
+like AMD's repository (dists/noble/main, pool/), and beside it, in amdgpu/, the stand-in of AMD's graphics
+repository, where AMD publishes amdgpu-dkms (amdgpu-install's amdgpu.list points there); both signed
 with the TEST KEY in rocm-standin/ (lab-rocm-TEST-ONLY.secret.asc: generated once for these tests, committed
 so the public key's sha256 can be pinned in inventory/lab; it signs nothing but this stand-in repository;
 never trust it anywhere else). The tools inside the packages are stand-ins that say so and exit 1: the lab
@@ -32,8 +33,9 @@ KEY = STANDIN / "lab-rocm.gpg.key"
 SECRET = STANDIN / "lab-rocm-TEST-ONLY.secret.asc"
 DEFAULT_DIR = Path("/var/cache/rigbook/artifacts")
 REPO = "rocm-repo"
+GRAPHICS = "amdgpu"  # AMD's graphics repository's stand-in, inside REPO: REPO/amdgpu
 SUITE, COMPONENT, ARCH = "noble", "main", "amd64"
-BUILDER_VERSION = "2"  # bump when the packages below change (the cached repository is rebuilt)
+BUILDER_VERSION = "3"  # bump when the packages below change (the cached repository is rebuilt)
 
 # (ROCm release, AMD's numeric tag, build suffix): every package of a release ends in .<tag>-<build>
 RELEASES = (("7.1.0", "70100", "38~24.04"), ("7.2.0", "70200", "43~24.04"))
@@ -66,11 +68,15 @@ def packages(release: str, tag: str, build: str) -> list:
          {f"{prefix}/share/doc/{name}/TEST-STAND-IN": (readme, 0o644)}, f"rocm-core (= {core})")
         for name, upstream in (("hipcc", "1.1.1"), ("hip-dev", f"{release[:3]}.25424"), ("hsa-rocr-dev", "1.18.0"),
                                ("rocm-cmake", "0.14.0"), ("rocm-llvm", "20.0.0.25425"), ("rocm-device-libs", "1.0.0"))
-    ] + [
-        # Never installed by the lab pins (rigbook_pins.rocm.dkms false): present so the pin against it is tested.
-        ("amdgpu-dkms", f"6.16.6.{tag}-{build}",
-         {"usr/share/doc/amdgpu-dkms/TEST-STAND-IN": ("TEST STAND-IN of amdgpu-dkms; builds nothing.\n", 0o644)}, ""),
     ]
+
+
+def graphics_packages(release: str, tag: str, build: str) -> list:
+    """[(name, version, files, depends)] of AMD's graphics repository for one release: amdgpu-dkms (never installed
+    by the lab pins, rigbook_pins.rocm.dkms false: present so its source and pin are tested)."""
+    return [("amdgpu-dkms", f"6.16.6.{tag}-{build}",
+             {"usr/share/doc/amdgpu-dkms/TEST-STAND-IN": ("TEST STAND-IN of amdgpu-dkms; builds nothing.\n", 0o644)},
+             "")]
 
 
 def _deb(work: Path, out: Path, name: str, version: str, files: dict, depends: str) -> Path:
@@ -105,6 +111,38 @@ def stamp() -> str:
     return digest.hexdigest()
 
 
+def _signed_repo(top: Path, package_list, label: str) -> None:
+    """A signed apt repository in TOP (pool/, dists/SUITE) of PACKAGE_LIST(release, tag, build) for each release."""
+    pool = top / "pool" / COMPONENT
+    pool.mkdir(parents=True)
+    with tempfile.TemporaryDirectory() as work:
+        for release, tag, build_id in RELEASES:
+            for name, version, files, depends in package_list(release, tag, build_id):
+                _deb(Path(work), pool, name, version, files, depends)
+    dist = top / "dists" / SUITE
+    binary = dist / COMPONENT / f"binary-{ARCH}"
+    binary.mkdir(parents=True)
+    packages_text = subprocess.run(["apt-ftparchive", "packages", "pool"], cwd=top, check=True,
+                                   capture_output=True, text=True).stdout
+    (binary / "Packages").write_text(packages_text)
+    release_text = subprocess.run(
+        ["apt-ftparchive", "-o", f"APT::FTPArchive::Release::Suite={SUITE}",
+         "-o", f"APT::FTPArchive::Release::Codename={SUITE}",
+         "-o", "APT::FTPArchive::Release::Origin=rigbook-lab-rocm-standin",
+         "-o", f"APT::FTPArchive::Release::Label={label}",
+         "-o", f"APT::FTPArchive::Release::Architectures={ARCH}",
+         "-o", f"APT::FTPArchive::Release::Components={COMPONENT}", "release", "."],
+        cwd=dist, check=True, capture_output=True, text=True).stdout
+    (dist / "Release").write_text(release_text)
+    with tempfile.TemporaryDirectory() as home:
+        gpg = ["gpg", "--homedir", home, "--batch", "--quiet", "--pinentry-mode", "loopback", "--passphrase", ""]
+        subprocess.run(gpg + ["--import", str(SECRET)], check=True, capture_output=True)
+        subprocess.run(gpg + ["--clearsign", "-o", str(dist / "InRelease"), str(dist / "Release")], check=True,
+                       capture_output=True)
+        subprocess.run(gpg + ["--armor", "--detach-sign", "-o", str(dist / "Release.gpg"), str(dist / "Release")],
+                       check=True, capture_output=True)
+
+
 def build(dest: Path = DEFAULT_DIR) -> Path:
     """DEST/rocm-repo, built when missing or stale (atomic: built aside, then renamed into place)."""
     dest.mkdir(parents=True, exist_ok=True)
@@ -113,34 +151,8 @@ def build(dest: Path = DEFAULT_DIR) -> Path:
         return target
     tmp = Path(tempfile.mkdtemp(prefix=".rocm-repo-", dir=dest))
     try:
-        pool = tmp / "pool" / COMPONENT
-        pool.mkdir(parents=True)
-        with tempfile.TemporaryDirectory() as work:
-            for release, tag, build_id in RELEASES:
-                for name, version, files, depends in packages(release, tag, build_id):
-                    _deb(Path(work), pool, name, version, files, depends)
-        dist = tmp / "dists" / SUITE
-        binary = dist / COMPONENT / f"binary-{ARCH}"
-        binary.mkdir(parents=True)
-        packages_text = subprocess.run(["apt-ftparchive", "packages", "pool"], cwd=tmp, check=True,
-                                       capture_output=True, text=True).stdout
-        (binary / "Packages").write_text(packages_text)
-        release_text = subprocess.run(
-            ["apt-ftparchive", "-o", f"APT::FTPArchive::Release::Suite={SUITE}",
-             "-o", f"APT::FTPArchive::Release::Codename={SUITE}",
-             "-o", "APT::FTPArchive::Release::Origin=rigbook-lab-rocm-standin",
-             "-o", "APT::FTPArchive::Release::Label=ROCm TEST STAND-IN",
-             "-o", f"APT::FTPArchive::Release::Architectures={ARCH}",
-             "-o", f"APT::FTPArchive::Release::Components={COMPONENT}", "release", "."],
-            cwd=dist, check=True, capture_output=True, text=True).stdout
-        (dist / "Release").write_text(release_text)
-        with tempfile.TemporaryDirectory() as home:
-            gpg = ["gpg", "--homedir", home, "--batch", "--quiet", "--pinentry-mode", "loopback", "--passphrase", ""]
-            subprocess.run(gpg + ["--import", str(SECRET)], check=True, capture_output=True)
-            subprocess.run(gpg + ["--clearsign", "-o", str(dist / "InRelease"), str(dist / "Release")], check=True,
-                           capture_output=True)
-            subprocess.run(gpg + ["--armor", "--detach-sign", "-o", str(dist / "Release.gpg"), str(dist / "Release")],
-                           check=True, capture_output=True)
+        _signed_repo(tmp, packages, "ROCm TEST STAND-IN")
+        _signed_repo(tmp / GRAPHICS, graphics_packages, "amdgpu TEST STAND-IN")
         shutil.copyfile(KEY, tmp / "rocm.gpg.key")
         (tmp / "TEST-STAND-IN").write_text(__doc__)
         for path in [tmp, *tmp.rglob("*")]:

@@ -9,7 +9,7 @@ import sys
 from rigbook.errors import UserError, guarded
 from rigbook.lab import lab
 from rigbook.lab.faults import fault_names
-from rigbook.lab.handmade import handmade
+from rigbook.lab.handmade import SEEDS, handmade
 from rigbook.lab.hardware_trees import rig_names
 from rigbook.lab.state import MAX_ADDRESS_BLOCK
 
@@ -22,7 +22,7 @@ examples:
   provision lab status
   provision lab break lab-r9700 dma-window-above-44bit
   provision lab heal lab-r9700
-  provision lab handmade lab-3080           # set up by hand as seed 000 did: for `provision adopt`
+  provision lab handmade lab-3080           # set up by hand as seed 000 did (--as-seed 004: an AMD rig)
   provision lab down
 """
 
@@ -86,9 +86,12 @@ def parser() -> argparse.ArgumentParser:
     brk.add_argument("fault", help=f"one of: {', '.join(fault_names())}")
     heal = sub.add_parser("heal", help="restore a host's pristine hardware tree")
     heal.add_argument("host")
-    made = sub.add_parser("handmade", help="set a host up by hand as the seeds did, outside rigbook's roles "
-                                           "(kernel .debs, dkms, a pip venv, the engine with nohup): for adopt")
+    made = sub.add_parser("handmade", help="set a host up by hand as the seeds' owners did, outside rigbook's roles "
+                                           "(kernel .debs, the driver fork or ROCm and RCCL their way, a pip venv, "
+                                           "the engine from the owner's shell): for adopt")
     made.add_argument("host")
+    made.add_argument("--as-seed", choices=sorted(SEEDS), default=None,
+                      help="the write-up to follow (000: an NVIDIA rig, 004: an AMD rig; default: the host's rig's)")
     return p
 
 
@@ -106,7 +109,7 @@ def run(argv: list) -> int:
     if args.command == "heal":
         return lab.heal(args.host)
     if args.command == "handmade":
-        return handmade(args.host)
+        return handmade(args.host, args.as_seed)
     parser().print_help()
     return 2
 

@@ -1,20 +1,36 @@
-"""`provision lab handmade HOST`: set a lab host up the way the seeds' owners set their boxes up by hand, outside
-rigbook's roles, so that `provision adopt` meets what it will meet on a real box (issue 22).
+"""`provision lab handmade HOST [--as-seed 000|004]`: set a lab host up the way the seeds' owners set their boxes
+up by hand, outside rigbook's roles, so that `provision adopt` and the first converge meet what they will meet on a
+real box (issue 35). Every choice the write-ups leave open is written down in docs/lab.md ("Hand-made boxes").
 
-On an NVIDIA lab rig (seed 000's steps, with the lab's stand-ins for what cannot run here):
+Seed 000 (an NVIDIA rig; the write-up's section 二 and 三), with the lab's stand-ins for what cannot run here:
 1. the kernel from .debs the owner downloaded into /root/kernel-debs: `dpkg -i`, then `apt-get -f install` for
-   what they depend on; GRUB_DEFAULT and the command line's own parameters edited into /etc/default/grub;
-2. the P2P driver fork cloned into /usr/src/nvidia-VERSION (the lab's stand-in source, made a git work tree whose
-   origin is the fork the seed names, at its branch) and built with `dkms add/build/install` by hand; the userspace
-   from the stand-in installer with --no-kernel-modules; uvm_disable_hmm in a modprobe.d file of the owner's;
+   what they depend on; GRUB_DEFAULT and the command line's own parameters (intel_iommu=on iommu=pt) edited into
+   /etc/default/grub;
+2. the P2P driver fork the fork's way: cloned into the owner's home (a git work tree whose origin is the fork the
+   seed names, at its branch), built with `make modules` as the owner and installed with `make modules_install` as
+   root (into kernel/drivers/video, as the fork's own Makefile installs it), any old DKMS nvidia module cleared,
+   then `depmod` ("清走舊 dkms module 後 depmod"); the userspace from the stand-in installer with
+   --no-kernel-modules; HMM left at the driver's default (no modprobe.d file);
 3. one venv, /opt/sglang, made with `python3 -m venv` and filled with pip: the CUDA wheels and SGLang (offline,
-   from the lab's wheel folders);
-4. the headless boot target (`systemctl set-default multi-user.target`), a reboot into the new kernel, then the
-   engine started from a shell script with nohup (the lab's engine stand-in, which takes SGLang's flags), with the
-   seed's flags and GPU environment: no systemd unit.
+   from the lab's wheel folders), plus the owner's `ln -s lib lib64` in the CUDA wheels' folder;
+4. the desktop kept: a display-manager stand-in (gdm.service, alias display-manager.service) enabled, and
+   graphical.target the default (the seed runs mem-fraction 0.88 because the desktop holds ~80 MB of GPU0);
+5. a reboot into the new kernel, then the engine started from a shell under the owner's user with nohup, as
+   `sglang serve ...` with the seed's flags: no systemd unit. The lab's `sglang` command is a console script of
+   the engine stand-in (/usr/local/bin/sglang, run by the venv's python: the process's command line is the one
+   `sglang serve` gives on the seed's box); the venv's own bin/sglang needs torch, which the lab does not install.
+The host's recorded tree is edited to what that box shows: the nvidia modules under kernel/drivers/video and
+nvidia_uvm's uvm_disable_hmm at the driver's default (N).
+
+Seed 004 (an AMD rig; the write-up's 第一部分): the custom kernel from .debs (the lab's stand-in kernel), ROCm from
+amdgpu-install's own apt sources (/etc/apt/sources.list.d/rocm.list and amdgpu.list, keyring
+/etc/apt/keyrings/rocm.gpg, pointing at the lab's stand-in repositories), the patched RCCL built by hand in the
+owner's home (the collection's P2P-level patch applied with `patch -p1`, built with cmake), the SGLang venv, and the
+engine started with the write-up's environment (HSA_ENABLE_IPC_MODE_LEGACY=0, NCCL_P2P_LEVEL=PHB, the patched RCCL
+preloaded) from the owner's shell.
 
 Nothing of rigbook's is written: no /etc/rigbook, no unit, no stamp. The lab's stand-ins are the only departure
-from the seed's steps, as everywhere in the lab (docs/lab.md).
+from the seeds' steps, as everywhere in the lab (docs/lab.md).
 """
 
 from __future__ import annotations
@@ -37,23 +53,77 @@ SEED_PINS = "inventory/homelab/group_vars/x99_3080.yml"  # the fork and branch s
 CUDA = "13.0.88"
 SGLANG = "0.5.23"
 VENV = "/opt/sglang"
-ENGINE_SCRIPT = "/root/serve.sh"
+OWNER = "owner"  # the box's own user, who runs the engine (the write-ups never run it as root)
+HOME = f"/home/{OWNER}"
+ENGINE_SCRIPT = f"{HOME}/serve.sh"
+ENGINE_LOG = f"{HOME}/serve.log"
 ENGINE_PORT = 30000
-# The seed's engine: two ranks, no custom all-reduce (no P2P on this box), the lab stand-in's recorded behaviour.
-ENGINE_FLAGS = ["--model-path", "/srv/models/standin-model", "--served-model-name", "standin", "--tp-size", "2",
-                "--mem-fraction-static", "0.88", "--context-length", "32768", "--max-total-tokens", "30000",
-                "--disable-custom-all-reduce"]
-ENGINE_ENV = {"CUDA_VISIBLE_DEVICES": "0,1", "NCCL_P2P_DISABLE": "1",
-              "RIGBOOK_EVIDENCE_ROOT": "/var/lib/rigbook-lab/evidence"}
+CONSOLE = "/usr/local/bin/sglang"  # the lab's `sglang` command: a console script of the engine stand-in
+FORK_DIR = f"{HOME}/open-gpu-kernel-modules"
+FORK_INSTALL_DIR = "kernel/drivers/video"  # where the fork's own `make modules_install` puts its modules
+SCALES = "scales/qwen38-fp8-kv-scales-per-head.json"  # relative to the owner's shell's folder, as the seed runs it
+MODEL = "/srv/models/standin-model"  # the lab's stand-in model (every lab host has it); the seed: ~/models/...
+# Seed 000's command line (section 四), its models the lab's stand-in model (the draft too: the stand-in loads none)
+SEED_000_FLAGS = [
+    "--model-path", MODEL, "--tp-size", "2",
+    "--quantization", "compressed-tensors", "--kv-cache-dtype", "fp8_e4m3",
+    "--quantization-param-path", SCALES,
+    "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", MODEL,
+    "--speculative-draft-kv-cache-dtype", "fp8_e4m3", "--speculative-num-draft-tokens", "8",
+    "--context-length", "200000", "--max-total-tokens", "185000",
+    "--max-running-requests", "4", "--cuda-graph-max-bs-decode", "4",
+    "--mem-fraction-static", "0.88", "--mamba-ssm-dtype", "bfloat16",
+    "--mamba-radix-cache-strategy", "extra_buffer_lazy", "--disable-custom-all-reduce",
+    "--enable-hierarchical-cache", "--hicache-ratio", "2", "--hicache-size", "15",
+    "--hicache-io-backend", "direct", "--hicache-mem-layout", "page_first_direct",
+    "--hicache-write-policy", "write_through", "--page-size", "64",
+    "--default-chat-template-kwargs", '{"reasoning_effort": "medium"}',
+]
+# The lab's stand-in reads its recorded behaviour from the host's evidence tree: the one variable that is the lab's.
+LAB_ENV = {"RIGBOOK_EVIDENCE_ROOT": "/var/lib/rigbook-lab/evidence"}
+# Seed 004 names no command line: its settings (第一部分 1. and 15.) as SGLang flags. TP=2; MTP steps=3 top_k=1
+# draft_tokens=4; num_kv_splits=8; BF16 KV (the default for a BF16 model: no flag); the context of its near-256K
+# runs. The flag names are SGLang's; which ones the owner typed is not in the write-up (docs/lab.md).
+SEED_004_FLAGS = [
+    "--model-path", MODEL, "--tp-size", "2", "--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
+    "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4", "--triton-attention-num-kv-splits", "8",
+    "--context-length", "262144",
+]
+RCCL_DIR = f"{HOME}/rccl"
+RCCL_LIBRARY = f"{RCCL_DIR}/build/librccl.so.1"
+RCCL_PATCH = "/tmp/p2p-level-user-last.patch"  # the collection's P2P-level patch, copied where the owner reads it
+# Seed 004's environment (第一部分 1.: HSA_ENABLE_IPC_MODE_LEGACY=0, NCCL_P2P_LEVEL=PHB) and its patched RCCL in
+# front of the one the engine bundles.
+SEED_004_ENV = {"HSA_ENABLE_IPC_MODE_LEGACY": "0", "NCCL_P2P_LEVEL": "PHB", "LD_PRELOAD": RCCL_LIBRARY}
+ROCM_REPO = f"file://{ARTIFACTS}/rocm-repo"
+AMDGPU_REPO = f"file://{ARTIFACTS}/rocm-repo/amdgpu"
+SEEDS = {"000": "nvidia", "004": "amd"}
+END = "RIGBOOK_LAB_END"  # the here-documents' terminator in the scripts below
 
 
-def engine_script(bind: str, port: int = ENGINE_PORT, flags=ENGINE_FLAGS, env=None) -> str:
-    """The owner's start script: exports, then the engine in the foreground (nohup runs the script)."""
-    lines = ["#!/bin/sh", "# started by hand: nohup /root/serve.sh > /root/serve.log 2>&1 &"]
-    lines += [f"export {name}={shlex.quote(value)}" for name, value in sorted((env or ENGINE_ENV).items())]
-    argv = [f"{VENV}/bin/python", f"{ARTIFACTS}/sglang-standin.py", *flags, "--host", bind, "--port", str(port)]
+def engine_script(bind: str, flags, env: dict, port: int = ENGINE_PORT) -> str:
+    """The owner's start script: exports, then `sglang serve` in the foreground (nohup runs the script)."""
+    lines = ["#!/bin/sh", f"# started by hand: cd ~ && nohup ./serve.sh > {ENGINE_LOG} 2>&1 &"]
+    lines += [f"export {name}={shlex.quote(value)}" for name, value in sorted({**env, **LAB_ENV}.items())]
+    argv = ["sglang", "serve", *flags, "--host", bind, "--port", str(port)]
     lines.append("exec " + " ".join(shlex.quote(a) for a in argv))
     return "\n".join(lines) + "\n"
+
+
+def console_script() -> str:
+    """The lab's `sglang` command: `sglang serve ARGS` runs the engine stand-in with ARGS, in the same process (its
+    command line stays the one `sglang serve` gives), with the venv's python as its interpreter."""
+    return f"""#!{VENV}/bin/python3
+# TEST STAND-IN (rigbook lab) of SGLang's console command `sglang` (sglang.cli.main:main): `sglang serve ARGS` runs
+# the lab's engine stand-in with ARGS. The venv's own bin/sglang needs torch, which the lab does not install.
+import runpy
+import sys
+
+if sys.argv[1:2] != ["serve"]:
+    sys.exit("sglang (lab stand-in): only `sglang serve ...` is provided")
+sys.argv = ["{ARTIFACTS}/sglang-standin.py", *sys.argv[2:]]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
 
 
 def seed_fork() -> tuple:
@@ -63,10 +133,9 @@ def seed_fork() -> tuple:
     return pin["fork_repo"], pin["branch"]
 
 
-def nvidia_script(bind: str) -> str:
-    """The shell script, run as root on the host, that sets an NVIDIA lab host up by hand."""
-    start = engine_script(bind)
-    fork, branch = seed_fork()
+def _head(packages: str, cmdline: str) -> str:
+    """Both seeds: refuse a host already set up; the owner's user; the build tools; the kernel from downloaded .debs
+    (dpkg -i, then apt-get -f install for what they depend on) with GRUB's default entry and command line."""
     return f"""set -eu
 export DEBIAN_FRONTEND=noninteractive LC_ALL=C
 A={ARTIFACTS}
@@ -74,58 +143,126 @@ if [ -e {ENGINE_SCRIPT} ]; then
   echo "already set up by hand ({ENGINE_SCRIPT} exists): a fresh host is needed" >&2
   exit 3
 fi
-# 1. the kernel from downloaded .debs
+id -u {OWNER} >/dev/null 2>&1 || useradd -m -s /bin/bash {OWNER}
+as_owner() {{ su -s /bin/sh {OWNER} -c "$1"; }}
 mkdir -p /root/kernel-debs
 cp $A/kernel/linux-image-{KERNEL}_*.deb $A/kernel/linux-headers-*.deb /root/kernel-debs/
 apt-get update -q >/dev/null
-apt-get install -y -q --no-install-recommends dkms git build-essential python3-venv >/dev/null
+apt-get install -y -q --no-install-recommends {packages} >/dev/null
 dpkg -i /root/kernel-debs/*.deb >/dev/null 2>&1 || apt-get -f install -y -q >/dev/null
 dpkg-query -W -f '${{db:Status-Abbrev}}' linux-image-{KERNEL} | grep -q '^ii'
-cat > /etc/default/grub <<'EOF'
+cat > /etc/default/grub <<'{END}'
 GRUB_DEFAULT="Advanced options for Debian GNU/Linux>Debian GNU/Linux, with Linux {KERNEL}"
 GRUB_TIMEOUT=5
-GRUB_CMDLINE_LINUX_DEFAULT="quiet intel_iommu=on iommu=pt"
+GRUB_CMDLINE_LINUX_DEFAULT="quiet {cmdline}"
 GRUB_CMDLINE_LINUX=""
-EOF
-# 2. the P2P driver fork, cloned and built with dkms by hand
-rm -rf /usr/src/nvidia-{DRIVER}
-mkdir -p /usr/src/nvidia-{DRIVER}
-tar -xzf $A/nvidia-fork-standin-{DRIVER}.tar.gz -C /usr/src/nvidia-{DRIVER} --strip-components=1
-cd /usr/src/nvidia-{DRIVER}
-git init -q -b {branch} .
-git remote add origin {fork}
-git -c user.name=owner -c user.email=owner@localhost add -A
-git -c user.name=owner -c user.email=owner@localhost commit -q -m "the fork at {branch}"
-cd /
-dkms add -m nvidia -v {DRIVER} >/dev/null
-dkms build -m nvidia -v {DRIVER} -k {KERNEL} >/dev/null
-dkms install -m nvidia -v {DRIVER} -k {KERNEL} >/dev/null
-sh $A/nvidia-installer-standin-{DRIVER}.run --silent --no-kernel-modules >/dev/null
-echo 'options nvidia_uvm uvm_disable_hmm=1' > /etc/modprobe.d/nvidia-uvm-hmm.conf
-# 3. one venv, filled with pip
-python3 -m venv {VENV}
-{VENV}/bin/pip install -q --no-index --find-links $A/wheels/cuda-{CUDA} nvidia-cuda-nvcc=={CUDA} \\
+{END}
+"""
+
+
+def _venv_and_engine(bind: str, flags, env: dict, cuda: bool) -> str:
+    """Both seeds: one venv filled with pip, the lab's `sglang` command, the owner's start script."""
+    wheels = (f"""{VENV}/bin/pip install -q --no-index --find-links $A/wheels/cuda-{CUDA} nvidia-cuda-nvcc=={CUDA} \\
   nvidia-cuda-crt=={CUDA} nvidia-nvvm=={CUDA} nvidia-cuda-runtime=={CUDA}
-{VENV}/bin/pip install -q --no-index --no-deps --find-links $A/wheels/sglang-{SGLANG} sglang=={SGLANG}
-# 4. the engine's start script (started after the reboot into the new kernel)
-cat > {ENGINE_SCRIPT} <<'EOF'
-{start}EOF
+# the owner's fix for the JIT link (seed 000: ln -s lib lib64)
+cu13=$(ls -d {VENV}/lib/python3*/site-packages/nvidia/cu13)
+[ -e "$cu13/lib64" ] || ln -s lib "$cu13/lib64"
+""" if cuda else "")
+    return f"""python3 -m venv {VENV}
+{wheels}{VENV}/bin/pip install -q --no-index --no-deps --find-links $A/wheels/sglang-{SGLANG} sglang=={SGLANG}
+cat > {CONSOLE} <<'{END}'
+{console_script()}{END}
+chmod 755 {CONSOLE}
+cat > {ENGINE_SCRIPT} <<'{END}'
+{engine_script(bind, flags, env)}{END}
+chown {OWNER}: {ENGINE_SCRIPT}
 chmod 755 {ENGINE_SCRIPT}
-# 5. headless: no display server on the GPUs
+"""
+
+
+def nvidia_script(bind: str) -> str:
+    """The shell script, run as root on the host, that sets an NVIDIA lab host up by hand as seed 000 did."""
+    fork, branch = seed_fork()
+    git = "git -c user.name=owner -c user.email=owner@localhost"
+    scales = '{"TEST STAND-IN": "FP8 KV scales (rigbook lab)"}'
+    return _head("git build-essential python3-venv", "intel_iommu=on iommu=pt") + f"""\
+# the P2P driver fork, the fork's way: cloned, `make modules` as the owner, `make modules_install` as root, any old
+# DKMS module cleared, depmod (the stand-in's Makefile is kbuild's own: the fork's top-level Makefile runs these)
+rm -rf {FORK_DIR}
+as_owner "mkdir -p {FORK_DIR} && tar -xzf $A/nvidia-fork-standin-{DRIVER}.tar.gz -C {FORK_DIR} --strip-components=1"
+as_owner "cd {FORK_DIR} && git init -q -b {branch} . && git remote add origin {fork} && {git} add -A \\
+  && {git} commit -q -m 'the fork at {branch}'"
+as_owner "make -s -C /lib/modules/{KERNEL}/build M={FORK_DIR} modules >/dev/null"
+make -s -C /lib/modules/{KERNEL}/build M={FORK_DIR} INSTALL_MOD_DIR={FORK_INSTALL_DIR} modules_install \\
+  >/dev/null 2>&1
+test -f /lib/modules/{KERNEL}/{FORK_INSTALL_DIR}/nvidia.ko
+if command -v dkms >/dev/null 2>&1; then
+  for old in $(dkms status nvidia 2>/dev/null | sed -n 's|^nvidia/\\([^,: ]*\\).*|\\1|p' | sort -u); do
+    dkms remove -m nvidia -v "$old" --all >/dev/null
+  done
+fi
+depmod {KERNEL}
+sh $A/nvidia-installer-standin-{DRIVER}.run --silent --no-kernel-modules >/dev/null
+# HMM left at the driver's default: no modprobe.d file
+{_venv_and_engine(bind, SEED_000_FLAGS, {}, cuda=True)}\
+# the FP8 KV scales file the command line names, in the owner's folder (a stand-in: the lab loads none)
+as_owner "mkdir -p {HOME}/scales"
+echo {shlex.quote(scales)} > {HOME}/{SCALES}
+chown {OWNER}: {HOME}/{SCALES}
+# the desktop kept: a display-manager stand-in, graphical.target the default
+cat > /etc/systemd/system/gdm.service <<'{END}'
+[Unit]
+Description=TEST STAND-IN of GNOME Display Manager (rigbook lab): holds no display
+[Service]
+ExecStart=/bin/sleep infinity
+[Install]
+Alias=display-manager.service
+WantedBy=graphical.target
+{END}
+systemctl daemon-reload
+systemctl enable gdm.service >/dev/null 2>&1
+systemctl set-default graphical.target >/dev/null 2>&1
+"""
+
+
+def amd_script(bind: str) -> str:
+    """The shell script, run as root on the host, that sets an AMD lab host up by hand as seed 004 did."""
+    return _head("cmake make patch g++ gnupg python3-venv", "iommu=pt") + f"""\
+# ROCm the way amdgpu-install sets it up: its keyring, rocm.list and amdgpu.list (the lab's stand-in repositories)
+mkdir -p --mode=0755 /etc/apt/keyrings
+gpg --dearmor < $A/rocm-repo/rocm.gpg.key > /etc/apt/keyrings/rocm.gpg
+echo "deb [arch=amd64 signed-by=/etc/apt/keyrings/rocm.gpg] {ROCM_REPO} noble main" \\
+  > /etc/apt/sources.list.d/rocm.list
+echo "deb [arch=amd64 signed-by=/etc/apt/keyrings/rocm.gpg] {AMDGPU_REPO} noble main" \\
+  > /etc/apt/sources.list.d/amdgpu.list
+printf 'Package: *\\nPin: release o=rigbook-lab-rocm-standin\\nPin-Priority: 600\\n' \\
+  > /etc/apt/preferences.d/rocm-pin-600
+apt-get update -q >/dev/null
+apt-get install -y -q rocm-core=7.1.0.70100-38~24.04 rocminfo=1.0.0.70100-38~24.04 \\
+  rocm-smi-lib=7.8.0.70100-38~24.04 hip-runtime-amd=7.1.25424.70100-38~24.04 >/dev/null
+# the patched RCCL, built by hand in the owner's home (the collection's P2P-level patch, cmake)
+rm -rf {RCCL_DIR}
+as_owner "mkdir -p {RCCL_DIR} && tar -xzf $A/rccl-standin-2.27.7.tar.gz -C {RCCL_DIR} --strip-components=1"
+as_owner "cd {RCCL_DIR} && patch -s -p1 < {RCCL_PATCH}"
+as_owner "cmake -S {RCCL_DIR} -B {RCCL_DIR}/build -DCMAKE_CXX_COMPILER=/usr/bin/g++ -DGPU_TARGETS=gfx1201 \\
+  -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build {RCCL_DIR}/build -j 2 >/dev/null"
+test -f {RCCL_LIBRARY}
+{_venv_and_engine(bind, SEED_004_FLAGS, SEED_004_ENV, cuda=False)}\
 systemctl set-default multi-user.target >/dev/null 2>&1
 """
 
 
 def start_script(bind: str) -> str:
-    """Start the engine from its script with nohup, detached from the SSH session, and wait until it listens."""
+    """Start the engine from the owner's shell with nohup, detached from the SSH session, and wait until it
+    listens."""
     return f"""set -eu
-setsid nohup {ENGINE_SCRIPT} > /root/serve.log 2>&1 < /dev/null &
+su -s /bin/sh {OWNER} -c 'cd {HOME} && setsid nohup ./serve.sh > {ENGINE_LOG} 2>&1 < /dev/null &'
 for i in $(seq 1 60); do
   python3 -c "import socket; socket.create_connection(('{bind}', {ENGINE_PORT}), 2)" 2>/dev/null && exit 0
   sleep 1
 done
 echo "the engine did not listen on {bind}:{ENGINE_PORT} within 60 s:" >&2
-tail -n 20 /root/serve.log >&2
+tail -n 20 {ENGINE_LOG} >&2
 exit 1
 """
 
@@ -150,22 +287,49 @@ def _reboot(host, timeout: float = 180.0) -> None:
     machine.wait_ready([host], timeout=timeout)
 
 
-def handmade(name: str) -> int:
-    """Set lab host NAME up by hand (nvidia rigs). The host must be up and reachable as rigbook (not bare)."""
+def seed_000_tree(tree) -> None:
+    """Edit a host's recorded tree (TREE, on this machine) to what seed 000's box shows: the fork's modules where its
+    own `make modules_install` put them (not updates/dkms) and nvidia_uvm's HMM at the driver's default."""
+    for module_dir in sorted(tree.glob("lib/modules/*/updates/dkms")):
+        target = module_dir.parent.parent / FORK_INSTALL_DIR
+        target.mkdir(parents=True, exist_ok=True)
+        for ko in sorted(module_dir.glob("nvidia*.ko")):
+            ko.rename(target / ko.name)
+    hmm = tree / "sys/module/nvidia_uvm/parameters/uvm_disable_hmm"
+    if hmm.exists():
+        hmm.write_text("N\n")
+
+
+def handmade(name: str, seed: str | None = None) -> int:
+    """Set lab host NAME up by hand as seed SEED's owner did (000: NVIDIA rigs, 004: AMD rigs; default: the one of
+    the host's rig). The host must be up and reachable as rigbook (not bare)."""
     lab = state.load()
     if lab is None:
         raise UserError("the lab is not up: run `provision lab up` first")
     host = lab.host(name)
     if host.bare:
         raise UserError(f"{host.name} is bare: `provision bootstrap` it first (the lab reaches hosts as rigbook)")
-    rig = hardware_trees.load_rig(host.rig)
-    if rig.get("vendor") != "nvidia":
-        raise UserError(f"lab handmade: only NVIDIA rigs are set up by hand so far; {host.name} is rig {host.rig} "
-                        f"({rig.get('vendor')})")
-    progress(f"{host.name}: setting it up by hand (kernel .debs, dkms, a pip venv)")
-    _as_root(host, nvidia_script(host.address), "setting it up by hand")
+    vendor = hardware_trees.load_rig(host.rig).get("vendor")
+    if seed is None:
+        seed = next((s for s, v in SEEDS.items() if v == vendor), None)
+    if seed not in SEEDS or SEEDS[seed] != vendor:
+        raise UserError(f"lab handmade: {host.name} is rig {host.rig} ({vendor}); "
+                        + "; ".join(f"--as-seed {s} needs an {v} rig" for s, v in SEEDS.items()))
+    if seed == "000":
+        progress(f"{host.name}: setting it up by hand as seed 000 did (kernel .debs, the fork's make "
+                 "modules_install, a pip venv, a desktop)")
+        _as_root(host, nvidia_script(host.address), "setting it up by hand")
+        seed_000_tree(host.evidence)
+    else:
+        progress(f"{host.name}: setting it up by hand as seed 004 did (kernel .debs, amdgpu-install's apt sources, "
+                 "RCCL patched and built in the owner's home, a pip venv)")
+        patch = (paths.collection_root() / "roles/rccl/files/patches/p2p-level-user-last.patch").read_text()
+        _as_root(host, f"cat > {RCCL_PATCH} <<'{END}'\n{patch}{END}\nchmod 644 {RCCL_PATCH}\n",
+                 "copying the RCCL patch")
+        _as_root(host, amd_script(host.address), "setting it up by hand")
     progress(f"{host.name}: rebooting into {KERNEL}")
     _reboot(host)
-    _as_root(host, start_script(host.address), "starting the engine with nohup")
-    progress(f"{host.name}: set up by hand; the engine listens on {host.address}:{ENGINE_PORT} (no unit)")
+    _as_root(host, start_script(host.address), "starting the engine from the owner's shell with nohup")
+    progress(f"{host.name}: set up by hand as seed {seed}; the engine listens on {host.address}:{ENGINE_PORT} "
+             "(no unit)")
     return 0

@@ -73,7 +73,7 @@ EXAMPLES = r"""
 
 - name: Install the headers of the other installed kernels where the archive still has them
   rigbook.homelab.deb_packages:
-    if_available: [linux-headers-6.8.0-31-generic, linux-headers-6.8.0-90-generic]
+    if_available: [linux-headers-6.8.0-45-generic, linux-headers-6.8.0-90-generic]
 
 - name: Purge Ubuntu's prebuilt NVIDIA modules of every branch and kernel
   rigbook.homelab.deb_packages:

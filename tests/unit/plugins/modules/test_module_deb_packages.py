@@ -310,7 +310,8 @@ def test_an_interrupted_dpkg_that_cannot_be_finished_is_named(clock):
 # --- Ubuntu 24.04 (tests/fixtures/ubuntu/SOURCES.md says which outputs are recorded and which reconstructed) ---
 
 UBUNTU = Path(__file__).resolve().parents[3] / "fixtures" / "ubuntu"
-RUNNING, DROPPED = "linux-headers-6.8.0-90-generic", "linux-headers-6.8.0-31-generic"
+RUNNING, DROPPED = "linux-headers-6.8.0-90-generic", "linux-headers-6.8.0-45-generic"
+RELEASED = "linux-headers-6.8.0-31-generic"  # noble's release pocket: never dropped
 CUSTOM = "linux-headers-6.8.12-r9700-p2p-dma44"
 POLICY = ["apt-cache", "policy"]
 
@@ -359,6 +360,17 @@ def test_headers_with_a_candidate_are_installed_the_others_named(stale_index):
     ])
     assert not run.failed, run.msg
     assert run.result["installed"] == [other] and run.result["unavailable"] == [DROPPED] and run.result["changed"]
+
+
+def test_headers_of_the_release_kernel_stay_in_the_release_pocket_and_are_installed(stale_index):
+    run = run_module(deb_packages, {"if_available": [RELEASED]}, [
+        (query(RELEASED), dpkg(missing=[RELEASED])),
+        (POLICY + [RELEASED], ok(_ubuntu("apt-cache-policy-headers.txt"))),
+        (INSTALL + [RELEASED], ok()),
+        (query(RELEASED), dpkg((RELEASED, "ii ", "6.8.0-31.31"))),
+    ])
+    assert not run.failed, run.msg
+    assert run.result["installed"] == [RELEASED] and run.result["unavailable"] == [] and run.result["changed"]
 
 
 def test_a_fresh_index_is_not_refreshed_again_for_a_kernel_the_archive_dropped(stale_index):

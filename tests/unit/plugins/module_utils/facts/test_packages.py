@@ -79,7 +79,9 @@ def test_policy_names_the_candidate_and_none_where_the_archive_dropped_a_kernel(
         "sources": ["500 http://archive.ubuntu.com/ubuntu noble-updates/main amd64 Packages",
                     "500 http://security.ubuntu.com/ubuntu noble-security/main amd64 Packages",
                     "100 /var/lib/dpkg/status"]}
-    assert found["linux-headers-6.8.0-31-generic"] == {"installed": None, "candidate": None, "sources": []}
+    assert found["linux-headers-6.8.0-45-generic"] == {"installed": None, "candidate": None, "sources": []}
+    # the release kernel's headers: noble's release pocket is frozen, never pruned (sources: the installed version's)
+    assert found["linux-headers-6.8.0-31-generic"] == {"installed": None, "candidate": "6.8.0-31.31", "sources": []}
 
 
 def test_candidates_of_known_dropped_and_unknown_names_in_one_run():
@@ -89,7 +91,7 @@ def test_candidates_of_known_dropped_and_unknown_names_in_one_run():
         calls.append(argv)
         return 0, UBUNTU_POLICY
 
-    names = ["linux-headers-6.8.0-90-generic", "linux-headers-6.8.0-31-generic", "linux-headers-6.8.12-r9700-p2p-dma44"]
+    names = ["linux-headers-6.8.0-90-generic", "linux-headers-6.8.0-45-generic", "linux-headers-6.8.12-r9700-p2p-dma44"]
     assert packages.candidates(names, run=run) == {names[0]: "6.8.0-90.91", names[1]: None, names[2]: None}
     assert calls == [["apt-cache", "policy"] + names]
     assert packages.candidates([], run=run) == {} and len(calls) == 1

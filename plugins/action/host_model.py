@@ -17,6 +17,10 @@ It also computes the host model (plugins/module_utils/host_model.py) and returns
 sets it as the one fact rigbook_host, which every role reads; the task fails when a role this run applies (its
 --tags and --skip-tags considered) lacks an input, before any role has changed anything.
 
+With `secure_boot` (the preflight role's second call, after rigbook.homelab.boot_state read the box): what the roles
+of this run need of the box's Secure Boot (host_vars_schema.secure_boot_needs: the DKMS signing key enrolled, a kernel
+the owner built signed), failing before any package changes; `provision validate` cannot know it (docs/secure-boot.md).
+
 Not checked: extra variables (-e) and the variables the collection's own plays set or take as extra variables
 (RUNTIME_VARS); `provision validate` does not check those either.
 """
@@ -77,12 +81,35 @@ def model_of(host_vars, task_vars):
     return model
 
 
-def run_needs(model, task_vars, roles=None):
-    """The needs of the roles this run applies: ROLES (the play's; None: every role of the host), less those
-    --tags / --skip-tags leave out."""
+def run_roles(model, task_vars, roles=None):
+    """The roles this run applies: ROLES (the play's; None: every role of the host), less those --tags /
+    --skip-tags leave out."""
     chosen = host_model.roles_for_tags(task_vars.get("ansible_run_tags"), task_vars.get("ansible_skip_tags"))
-    return [need for role in model["roles"] if role in chosen and (roles is None or role in roles)
-            for need in model["readiness"][role]]
+    return [role for role in model["roles"] if role in chosen and (roles is None or role in roles)]
+
+
+def run_needs(model, task_vars, roles=None):
+    """The needs of the roles this run applies (run_roles)."""
+    return [need for role in run_roles(model, task_vars, roles) for need in model["readiness"][role]]
+
+
+def secure_boot_result(host, model, task_vars, args):
+    """The second call of the preflight role (with secure_boot): what the roles of this run need of the box's Secure
+    Boot (host_vars_schema.secure_boot_needs), after the box was read; fails naming them, nothing changed yet."""
+    needs, warnings, notes = host_vars_schema.secure_boot_needs(
+        model, plain(args.get("secure_boot")), plain(args.get("running_kernel") or ""),
+        run_roles(model, task_vars, args.get("roles")))
+    result = {"changed": False, "problems": [{"key_path": n["key"], "message": host_model.need_text(n)} for n in needs],
+              "notes": notes}
+    if warnings:
+        result["warnings"] = ["%s: %s" % (host, warning) for warning in warnings]
+    if needs:
+        result["failed"] = True
+        result["msg"] = "%s: not ready: %d thing%s only the owner can do at the box (nothing was changed): %s" % (
+            host, len(needs), "" if len(needs) == 1 else "s", "; ".join(n["text"] for n in needs))
+    else:
+        result["msg"] = "%s: %s" % (host, "; ".join(notes + warnings) or "Secure Boot: nothing to check")
+    return result
 
 
 def failure_message(host, problems):
@@ -95,13 +122,19 @@ def failure_message(host, problems):
 class ActionModule(ActionBase):
     _requires_connection = False
     _supports_check_mode = True
-    _VALID_ARGS = frozenset(("roles",))
+    _VALID_ARGS = frozenset(("roles", "secure_boot", "running_kernel"))
 
     def run(self, tmp=None, task_vars=None):
         task_vars = task_vars or {}
         result = super().run(tmp, task_vars)
         result["changed"] = False
         host = task_vars.get("inventory_hostname", "?")
+        if "secure_boot" in self._task.args:
+            model = plain(self._templar.template(task_vars.get("rigbook_host")))
+            if not isinstance(model, dict) or "roles" not in model:
+                return {**result, "failed": True, "msg": "%s: secure_boot is checked after the host model is set "
+                        "(rigbook_host, the preflight role's first tasks)" % host}
+            return {**result, **secure_boot_result(host, model, task_vars, self._task.args)}
         try:
             skip = set(load_extra_vars(self._loader))
         except Exception:  # noqa: BLE001 - no CLI arguments (an embedding caller): nothing to leave out

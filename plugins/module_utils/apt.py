@@ -8,7 +8,8 @@ archive cache (the lab's twins) take its lock in turn: apt-get then fails at onc
 `run_apt` retries such a run until LOCK_TIMEOUT seconds have passed (as ansible.builtin.apt's lock_timeout), and
 names the lock and its holder when it gives up. A run cut short inside dpkg (the connection dropped, Ctrl-C) leaves
 "dpkg was interrupted"; `run_apt` runs `dpkg --configure -a` once and retries, so the next run repairs it. Every
-command goes through facts/runner.py (the one command runner).
+command goes through facts/runner.py (the one command runner), with ENV: non-interactive, and needrestart told not to
+restart services (every apt-get of rigbook's modules runs here).
 
 What dpkg has installed and what apt could install are read in facts/packages.py (the one reader).
 """
@@ -20,7 +21,10 @@ import time
 
 from ansible_collections.rigbook.homelab.plugins.module_utils.facts import runner
 
-ENV = {"DEBIAN_FRONTEND": "noninteractive", "LC_ALL": "C"}
+# needrestart (on Ubuntu servers by default; its apt hook runs after every dpkg run) never restarts a service mid-play:
+# NEEDRESTART_SUSPEND makes the hook skip it, NEEDRESTART_MODE=l makes it only list if it runs anyway (needrestart(1),
+# ENVIRONMENT; the hook: needrestart's ex/apt/apt-pinvoke). docs/architecture.md says why.
+ENV = {"DEBIAN_FRONTEND": "noninteractive", "LC_ALL": "C", "NEEDRESTART_MODE": "l", "NEEDRESTART_SUSPEND": "1"}
 LOCK_TIMEOUT = 300
 RETRY_EVERY = 3
 LOCKED = re.compile(r"Could not get lock (\S+?)\.?(?:\s|$)|Unable to acquire the dpkg frontend lock \((\S+)\)"
@@ -31,10 +35,10 @@ CONFIGURE = ["dpkg", "--configure", "-a"]
 WAIT = (time.sleep, time.monotonic)  # (sleep, clock): replaced in tests
 
 
-def _run(argv):
-    """(rc, stdout, stderr) of ARGV through the one runner; rc None (the reason as stderr) when it could not
-    start."""
-    result = runner.run(argv, env=ENV)
+def _run(argv, cwd=None):
+    """(rc, stdout, stderr) of ARGV (in the folder CWD) through the one runner; rc None (the reason as stderr) when it
+    could not start."""
+    result = runner.run(argv, env=ENV, cwd=cwd)
     if result.rc is None:
         return None, result.stdout, result.error
     return result.rc, result.stdout, result.stderr
@@ -49,14 +53,14 @@ def lock_held(text):
     return next(g for g in found.groups() if g), holder.group(1) if holder else None
 
 
-def run_apt(argv, lock_timeout=LOCK_TIMEOUT):
-    """Run ARGV (apt-get or dpkg); (rc, out, err) of the last try, retrying while a lock is held. rc is None (the
-    reason in err) when it could not start at all."""
+def run_apt(argv, lock_timeout=LOCK_TIMEOUT, cwd=None):
+    """Run ARGV (apt-get or dpkg; in the folder CWD: apt-get download writes there); (rc, out, err) of the last try,
+    retrying while a lock is held. rc is None (the reason in err) when it could not start at all."""
     sleep, clock = WAIT
     deadline = clock() + max(0, lock_timeout)
     repaired = False
     while True:
-        rc, out, err = _run(argv)
+        rc, out, err = _run(argv, cwd)
         if rc == 0 or rc is None:
             return rc, out, err
         if INTERRUPTED in out + err and not repaired:

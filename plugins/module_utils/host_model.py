@@ -94,6 +94,9 @@ ROLES = (
     ("health", ("health",), "health"),
 )
 ROLE_TAGS = {name: tags for name, tags, _ in ROLES}
+# The roles that change what rigbook_manage can leave to the box's owner (a cloud VM, a cloud image): role -> the
+# rigbook_manage key. Left alone, readiness asks nothing of them and site.yml skips them; the ladder still judges.
+MANAGED = {"kernel": "kernel", "nvidia_p2p_driver": "nvidia_driver"}
 
 # RDNA4 (GC 12.0.x: gfx1200/gfx1201; the R9700 and RX 9070/9060) is driven by mainline amdgpu from Linux 6.11 (the
 # drm-next pull for 6.11-rc1: "GC 12.0 support"); a kernel series before that needs AMD's amdgpu-dkms or a kernel
@@ -134,27 +137,48 @@ def os_of(facts):
             "codename": as_str(facts.get("distribution_release"))}
 
 
-def _artifacts(vendor, pins):
-    """The artifacts site.yml checks by sha256 before anything is installed (each {url or path, sha256[, dest_dir]})."""
-    found = list(pins["kernel"]["debs"])
-    if vendor == "nvidia":
+def manage_of(raw, vendor, pins, p2p):
+    """What rigbook manages on the box, decided once: {"kernel", "nvidia_driver"} (bools). RAW is rigbook_manage (a
+    VM or cloud image whose kernel or driver is the provider's says false). The NVIDIA driver is also left alone where
+    no P2P is expected and the pin asks for nothing to build or install (a one-GPU box, or one declared without P2P, on
+    its stock driver: no pin, or its version alone, which the ladder judges); a pin of a fork or an installer
+    (host_pins.NVIDIA_DRIVER_BUILD) is managed either way (seed 000 runs the fork without working P2P, for its
+    speed)."""
+    raw = as_dict(raw)
+    driver = raw.get("nvidia_driver") is not False and vendor == "nvidia" and (
+        p2p["expected"] or pins["nvidia_driver"]["installs"])
+    return {"kernel": raw.get("kernel") is not False, "nvidia_driver": driver}
+
+
+def _artifacts(vendor, pins, manage):
+    """The artifacts site.yml checks by sha256 before anything is installed (each {url or path, sha256[, dest_dir]}):
+    only those of what rigbook manages (MANAGE)."""
+    found = list(pins["kernel"]["debs"]) if manage["kernel"] else []
+    if vendor == "nvidia" and manage["nvidia_driver"]:
         driver = pins["nvidia_driver"]
         found += [driver["source"]] if driver["source"].get("sha256") else []
         found += [driver["userspace_installer"]] if driver["userspace_installer"] else []
+    if vendor == "nvidia":
         found += [pins["nccl_tests"]["source"]] if pins["nccl_tests"]["source"].get("sha256") else []
     elif vendor == "amd":
         rocm, rccl = pins["rocm"], pins["rccl"]
         found += rocm["debs"]
         if rocm["repo"].get("key_url") and rocm["repo"].get("key_sha256"):
             found.append({"url": rocm["repo"]["key_url"], "sha256": rocm["repo"]["key_sha256"], "dest_dir": KEY_DIR})
+        amdgpu = rocm["amdgpu_repo"]
+        key = {"url": amdgpu.get("key_url"), "sha256": amdgpu.get("key_sha256"), "dest_dir": KEY_DIR}
+        if rocm["dkms"] and key["url"] and key["sha256"] and key not in found:
+            found.append(key)
         found += [rccl["source"]] if rccl["source"].get("sha256") else []
         found += [rccl["tests_source"]] if rccl["tests_source"].get("sha256") else []
     return found
 
 
-def _roles(vendor, pins, serve, health_on=False):
+def _roles(vendor, pins, serve, manage, health_on=False):
     roles = []
     for name, _tags, hosts in ROLES:
+        if name in MANAGED and not manage[MANAGED[name]]:
+            continue
         if isinstance(hosts, str) and hosts.startswith("pin:"):
             wanted = pins[hosts[len("pin:"):]]["pinned"]
         elif hosts == "serve":
@@ -187,6 +211,7 @@ def build(variables, facts=None):
     pins = host_pins.forward_pins(raw_pins, host_os["id"], python, p2p)  # every pin of host_pins.PINS, defaulted
     serve, serve_errors = serve_profile.normalize_all(variables.get("rigbook_serve"))
     health = health_settings(variables.get("rigbook_health"), bool(vendor))
+    manage = manage_of(variables.get("rigbook_manage"), vendor, pins, p2p)
     model = {
         "version": MODEL_VERSION,
         "vendor": vendor,
@@ -204,10 +229,12 @@ def build(variables, facts=None):
         "evidence_root": as_str(variables.get("rigbook_evidence_root")) or EVIDENCE_ROOT,
         "tolerance": expectations.tolerance(None, as_dict(variables.get("rigbook_tolerance"))),
         "pins": pins,
-        "artifacts": _artifacts(vendor, pins),
+        # what rigbook changes on the box (rigbook_manage, manage_of); the ladder judges the pins either way
+        "manage": manage,
+        "artifacts": _artifacts(vendor, pins, manage),
         "serve": serve,
         "serve_errors": serve_errors,
-        "roles": _roles(vendor, pins, serve, health["enabled"]),
+        "roles": _roles(vendor, pins, serve, manage, health["enabled"]),
         # where the collectives layer finds the tests the roles built (rccl-tests / nccl-tests), "" for none
         "collectives_tests_dir": collectives_tests_dir(vendor, pins),
         # where the rccl and nccl_tests roles keep their prefixes (<root>/<version>-<patch set>, <root>/current)
@@ -315,11 +342,12 @@ NAMED = {
                                                         "rigbook_pins.nvidia_driver.userspace_flags"),
     "cuda_toolchain": INPUTS["cuda_toolchain"] + ("rigbook_pins.cuda_toolchain.versions",),
     "amd_rocm": INPUTS["amd_rocm"] + ("rigbook_pins.rocm.debs", "rigbook_pins.rocm.packages", "rigbook_pins.rocm.dkms",
-                                      "rigbook_pins.rocm.build_packages"),
-    "rccl": INPUTS["rccl"] + ("rigbook_pins.rccl.patches[].path",),
+                                      "rigbook_pins.rocm.build_packages", "rigbook_pins.rocm.amdgpu_repo",
+                                      "rigbook_pins.rocm.amdgpu_repo.key_sha256"),
+    "rccl": INPUTS["rccl"] + ("rigbook_pins.rccl.patches[].path", "rigbook_pins.rccl.patches[].sha256"),
     "nccl_tests": INPUTS["nccl_tests"] + ("rigbook_pins.cuda_toolchain.versions",),
     "sglang": INPUTS["sglang"] + ("rigbook_pins.sglang.repo.commit", "rigbook_pins.sglang.lock",
-                                  "rigbook_pins.sglang.patches[].path"),
+                                  "rigbook_pins.sglang.patches[].path", "rigbook_pins.sglang.patches[].sha256"),
     "serve": INPUTS["serve"],
 }
 
@@ -426,11 +454,40 @@ def _rocm_needs(model):
                                "add their .debs (NAME_VERSION_amd64.deb from AMD's repository pool) to debs, or set "
                                "build_packages: [] on a box that never builds RCCL"))
     needs += _rdna4_driver_needs(model)
+    needs += _amdgpu_repo_needs(pin)
     if not pin["dkms"] and pin["dkms_package"] in pin["packages"]:
         needs.append(_need("amd_rocm", "rigbook_pins.rocm.packages",
                            "%s replaces the kernel's in-tree amdgpu (which carries the pinned kernel's P2P fixes)"
                            % pin["dkms_package"], "remove it from packages, or set dkms: true"))
     return needs
+
+
+def _amdgpu_repo_needs(pin):
+    """dkms: true: where amdgpu-dkms comes from. AMD publishes it in its graphics repository, not in the ROCm one; from
+    .debs, its own file among them."""
+    if not pin["dkms"]:
+        return []
+    files = [os.path.basename(as_str(d.get("path") or d.get("url"))) for d in pin["debs"] if isinstance(d, dict)]
+    if pin["debs"] and any(f.startswith(pin["dkms_package"] + "_") for f in files):
+        return []
+    repo = pin["amdgpu_repo"]
+    if not repo:
+        return [_need("amd_rocm", "rigbook_pins.rocm.amdgpu_repo",
+                      "dkms: true installs %s, which AMD publishes in its graphics repository "
+                      "(repo.radeon.com/amdgpu/<release>/ubuntu), not in the ROCm repository" % pin["dkms_package"],
+                      "amdgpu_repo: {url: https://repo.radeon.com/amdgpu/RELEASE/ubuntu, suite: noble, components: "
+                      "[main]}, RELEASE the driver release of your ROCm (amdgpu-install's "
+                      "/etc/apt/sources.list.d/amdgpu.list names it); AMD signs it with the ROCm repository's key, "
+                      "which it shares unless you give key_url and key_sha256%s"
+                      % ("" if pin["repo"] else "; offline, list %s_*.deb (and its firmware .deb) under debs instead"
+                         % pin["dkms_package"]))]
+    if not repo["key_url"] or not repo["key_sha256"]:
+        return [_need("amd_rocm", "rigbook_pins.rocm.amdgpu_repo.key_sha256",
+                      "the graphics repository's signing key is pinned by sha256, and there is no ROCm repository "
+                      "key to share (ROCm comes from .debs)",
+                      "key_url: https://repo.radeon.com/rocm/rocm.gpg.key (AMD signs both repositories with it), "
+                      "key_sha256: `curl -fsSL KEY_URL | sha256sum`")]
+    return []
 
 
 def kernel_series(release):
@@ -547,17 +604,28 @@ def _serve_needs(model):
 
 
 def _patch_needs(model, inventory_dir, exists):
+    """Each patch: its file on the controller (a path; INVENTORY_DIR None skips the look) and its sha256 (every patch
+    is checked against it before it is applied). A patch the owner supplies (seed 004's SGLang changes) is listed by
+    path before the file and its sha256 exist: one need says both."""
     needs = []
     for role in ("rccl", "sglang"):
         for index, patch in enumerate(model["pins"][role]["patches"]):
-            path = as_str(as_dict(patch).get("path"))
-            if not path or inventory_dir is None:
-                continue
-            full = path if os.path.isabs(path) else os.path.join(inventory_dir, path)
-            if not exists(full):
-                needs.append(_need(role, "rigbook_pins.%s.patches[%d].path" % (role, index),
-                                   "the patch %s is not on the controller" % full,
-                                   "put the patch file there, or fix the path"))
+            patch = as_dict(patch)
+            path, sha256 = as_str(patch.get("path")), as_str(patch.get("sha256"))
+            key = "rigbook_pins.%s.patches[%d]" % (role, index)
+            full = path if not path or os.path.isabs(path) or inventory_dir is None else os.path.join(inventory_dir,
+                                                                                                     path)
+            missing = bool(path) and inventory_dir is not None and not exists(full)
+            if missing:
+                needs.append(_need(role, key + ".path", "the patch %s is not on the controller%s" % (
+                    full, "" if sha256 else ", and it has no sha256 (every patch is checked against it before it is "
+                                            "applied)"),
+                    "put the patch file there, or fix the path" + ("" if sha256 else
+                                                                   "; then set sha256: `sha256sum %s`" % full)))
+            elif not sha256:
+                needs.append(_need(role, key + ".sha256",
+                                   "every patch is checked against its sha256 before it is applied",
+                                   "`sha256sum %s`" % (full or "PATCH")))
     return needs
 
 
@@ -618,7 +686,8 @@ def need_text(need):
 
 def box_paths(model):
     """[(path, key, why)]: what must already be on the box before site.yml changes anything there (the preflight
-    role checks them with stat): the serve profiles' models, the SGLang wheel directory."""
+    role checks them with stat): the serve profiles' models and their FP8 KV scales files, the SGLang wheel
+    directory."""
     found = []
     if model["pins"]["sglang"]["wheel_dir"] and "sglang" in model["roles"]:
         found.append((model["pins"]["sglang"]["wheel_dir"], "rigbook_pins.sglang.wheel_dir",
@@ -631,4 +700,11 @@ def box_paths(model):
         if draft:
             found.append((draft, "rigbook_serve[%d].speculative.draft_model_path" % index,
                           "the engine loads this draft model"))
+        scales = serve_profile.extra_value(profile, serve_profile.KV_SCALES_FLAG)
+        if scales and scales.startswith("/"):  # a relative one is an error of the profile's checks
+            at = [i for i, arg in enumerate(profile.get("extra_args") or [])
+                  if isinstance(arg, str) and arg.partition("=")[0] == serve_profile.KV_SCALES_FLAG][-1]
+            found.append((scales, "rigbook_serve[%d].extra_args[%d]" % (index, at),
+                          "the engine reads its FP8 KV cache scales from this file; without it every scale is 1.0, "
+                          "silently"))
     return [{"path": p, "key": k, "why": w} for p, k, w in found]

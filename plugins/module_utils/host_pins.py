@@ -51,6 +51,9 @@ NVIDIA_STOCK_UBUNTU = ("linux-modules-nvidia-*", "linux-objects-nvidia-*", "linu
                        "nvidia-headless-*", "nvidia-utils-*", "nvidia-compute-utils-*", "nvidia-firmware-*",
                        "xserver-xorg-video-nvidia-*", "libnvidia-*-[0-9]*")
 ROCM_DKMS_PACKAGE = "amdgpu-dkms"
+# The keys of rigbook_pins.nvidia_driver that ask the nvidia_p2p_driver role to build or install a driver: a pin
+# without any of them is the stock driver the box already has (host_model.manage_of).
+NVIDIA_DRIVER_BUILD = ("source", "fork_repo", "branch", "commit", "userspace_installer", "userspace_flags")
 
 
 def as_dict(value):
@@ -114,6 +117,9 @@ def nvidia_driver_pin(pins, kernel, os_id=""):
     major = version.split(".")[0] if version else ""
     return {
         "pinned": bool(raw),
+        # the pin asks for what the nvidia_p2p_driver role builds or installs (NVIDIA_DRIVER_BUILD: the fork, its
+        # userspace installer); a version (and userspace_version) alone pins the stock driver the ladder judges
+        "installs": any(name in raw for name in NVIDIA_DRIVER_BUILD),
         "version": version,
         "source": as_dict(raw.get("source")),
         "fork_repo": as_str(raw.get("fork_repo")),
@@ -181,6 +187,19 @@ def apt_regex(glob):
     return glob.replace(".", "\\.").replace("+", "\\+").replace("*", ".*").replace("?", ".")
 
 
+def amdgpu_repo(raw, rocm_repo):
+    """AMD's graphics repository, where amdgpu-dkms is published (repo.radeon.com/amdgpu/<release>/ubuntu, not the
+    ROCm repository): {url, suite, components, key_url, key_sha256} of RAW (rigbook_pins.rocm.amdgpu_repo), the key
+    the ROCm repository's (ROCM_REPO) unless RAW pins its own: AMD signs both with one key (docs/amd.md); {} unset."""
+    raw = as_dict(raw)
+    if not raw:
+        return {}
+    key = raw if raw.get("key_url") or raw.get("key_sha256") else as_dict(rocm_repo)
+    return {"url": as_str(raw.get("url")), "suite": as_str(raw.get("suite")),
+            "components": as_list(raw.get("components")) or ["main"],
+            "key_url": as_str(key.get("key_url")), "key_sha256": as_str(key.get("key_sha256"))}
+
+
 def rocm_pin(pins, p2p):
     raw = as_dict(pins.get("rocm"))
     version = as_str(raw.get("version"))
@@ -205,6 +224,8 @@ def rocm_pin(pins, p2p):
         "dkms": raw.get("dkms") is True,
         "dkms_declared": isinstance(raw.get("dkms"), bool),
         "dkms_package": ROCM_DKMS_PACKAGE,
+        # where amdgpu-dkms comes from when dkms is true (the amd_rocm role configures it then, and only then)
+        "amdgpu_repo": amdgpu_repo(raw.get("amdgpu_repo"), raw.get("repo")),
         "unattended_blacklist": unattended_blacklist(list(dict.fromkeys(packages + build_packages
                                                                         + [ROCM_DKMS_PACKAGE]))),
         "prefix": "/opt/rocm-%s" % version if version else "/opt/rocm",

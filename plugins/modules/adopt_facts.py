@@ -16,7 +16,15 @@ description:
     command line with an API key's value redacted, venv, systemd unit, GPU environment without secrets, the
     NCCL/RCCL and runtime libraries it has mapped with their sha256, its venv's packages, with O(wheels_dir) the
     wheel files of those packages with their sha256, the files of its sglang that differ from the sha256 its RECORD
-    lists and their diff from sglang's wheel).
+    lists and their diff from sglang's wheel). An engine is any process started as SGLang's server is
+    (C(python -m sglang.launch_server), C(sglang serve), C(python -m sglang.cli.main serve), a wrapper that execs
+    one of them).
+  - The NVIDIA driver however it got there (DKMS, C(make modules_install), a package, or none on disk), the loaded
+    module's version, srcversion, open or proprietary, its file and how that was installed, and the userspace
+    version from the versioned library the loader finds (LD_LIBRARY_PATH, C(ldconfig -p), /usr/local/nvidia/lib64,
+    /usr/lib*) or nvidia-smi (on the PATH or in /usr/local/nvidia/bin). How the box boots (/lib/modules of the
+    running release, EFI, GRUB). Every apt source (sources.list, sources.list.d's *.list and *.sources) and the
+    sha256 of each keyring they name.
   - What a box says is data from its local users too (a process's command line and environment, a venv's files).
     Only the engines of root and O(serve_user) are returned (another user's is skipped, named in the result, and
     nothing of its venv is read). A venv owned by a user other than root and the engine's user, or reached through
@@ -59,7 +67,8 @@ options:
   engine:
     description:
       - The inventory's serve_engine argv; a process started by it (any interpreter) is an engine too, besides
-        C(-m sglang.launch_server).
+        every way SGLang's server is started (C(-m sglang.launch_server), C(sglang serve), C(-m sglang.cli.main
+        serve)).
     type: list
     elements: str
     default: []
@@ -83,18 +92,22 @@ EXAMPLES = r"""
 RETURN = r"""
 facts:
   description:
-    - C({kernel, engines, ...}); see plugins/module_utils/collect/adopt.py. C(checks) holds C(notes) and
-      C(unpinned) (text) of what was skipped, refused, removed or cut.
+    - C({kernel, engines, ...}); see plugins/module_utils/collect/adopt.py. Besides, C(nvidia_driver) (the loaded
+      module, its version, srcversion, open, file, installed_by, userspace), C(boot) (modules_dir, efi, grub),
+      C(apt_sources) (facts/apt_sources entries) and C(apt_keyrings) (the sha256 of each keyring they name).
+      C(checks) holds C(notes) and C(unpinned) (text) of what was skipped, refused, removed or cut.
   returned: always
   type: dict
 """
 
 import math
+import os
 import re
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import adopt as collect
-from ansible_collections.rigbook.homelab.plugins.module_utils.facts import runner, text
+from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import apt_sources, files, kernel, runner, text
 from ansible_collections.rigbook.homelab.plugins.module_utils.host_pins import ENV_NAME, redact
 from ansible_collections.rigbook.homelab.plugins.module_utils.serve.profile import redacted_argv
 
@@ -188,12 +201,16 @@ def typed(facts):
     found = {"control": [], "cut": [], "redacted": [], "figure": [], "patch": []}
     facts = _clean(facts if isinstance(facts, dict) else {}, "", found)
     notes, unpinned = [], []
-    facts["kernel"] = facts.get("kernel") if isinstance(facts.get("kernel"), dict) else {}
-    for field in ("rocm", "cuda_venv"):
+    for field in ("kernel", "boot", "apt_keyrings"):
+        facts[field] = facts.get(field) if isinstance(facts.get(field), dict) else {}
+    for field in ("rocm", "cuda_venv", "nvidia_driver"):
         facts[field] = facts.get(field) if isinstance(facts.get(field), dict) else None
-    for field in ("dkms", "engines"):
+    for field in ("dkms", "engines", "apt_sources", "gpus"):
         items = facts.get(field) if isinstance(facts.get(field), list) else []
         facts[field] = [item for item in items if isinstance(item, dict)]
+    if not isinstance(facts["kernel"].get("cmdline"), list):
+        facts["kernel"]["cmdline"] = []
+    facts["kernel"]["cmdline"] = [word for word in facts["kernel"]["cmdline"] if isinstance(word, str)]
     engines, facts["engines"] = facts["engines"], []
     for engine in engines:
         engine["pid"] = text.integer(engine.get("pid"))
@@ -219,6 +236,86 @@ def typed(facts):
     return facts, notes, unpinned
 
 
+# --- what adopt_facts reads besides collect/adopt.py: the driver wherever it lives, how the box boots, apt sources --
+
+def _library_dirs(engines, live, run):
+    """The folders the loader looks in for the driver's libraries, in its order: the engines' LD_LIBRARY_PATH and, on
+    a live box, this process's; the loader's cache (ldconfig -p); then kernel.DRIVER_LIBRARY_DIRS."""
+    paths = [(e.get("env") or {}).get("LD_LIBRARY_PATH") for e in engines]
+    if live:
+        paths.append(os.environ.get("LD_LIBRARY_PATH"))
+    folders = [f for p in paths if isinstance(p, str) for f in p.split(":") if f.startswith("/")]
+    if live:
+        rc, out = run(kernel.LDCONFIG)
+        folders += kernel.parse_ldconfig(out if rc == 0 else "")
+    folders += list(kernel.DRIVER_LIBRARY_DIRS)
+    return list(dict.fromkeys(folders))
+
+
+def nvidia_driver(system, evidence_root, release, run, engines, gpus):
+    """The NVIDIA driver as the box runs it, however it got there, or None on a box with neither the module loaded
+    nor an NVIDIA GPU: {loaded, version, version_source, srcversion, open, file, file_source, installed_by,
+    userspace: {version, where, from: "library" or "nvidia-smi"} or None, userspace_smi}. The module as the ladder reads it
+    (static_evidence.collect_nvidia: /sys/module/nvidia/version, /proc/driver/nvidia/version, nvidia-smi), its
+    srcversion and file (facts/kernel), the userspace from the versioned library the loader finds, else nvidia-smi
+    (on the PATH, or /usr/local/nvidia/bin)."""
+    root = evidence_root or system
+    loaded = kernel.module_loaded(root, "nvidia")
+    if not loaded and not any(g.get("vendor") == "nvidia" for g in gpus or []):
+        return None
+    ladder = static_evidence.collect_nvidia(root, release)
+    version, source = text.matching(ladder.get("module_version"), kernel.DRIVER_VERSION), "/sys/module/nvidia/version"
+    if version is None:
+        version = text.matching(ladder.get("proc_module_version"), kernel.DRIVER_VERSION)
+        source = "/proc/driver/nvidia/version" if version else None
+    live = files.is_live(root)
+    path, file_source = kernel.module_file(root, release, "nvidia", run if live else None)
+    smi = kernel.parse_driver_version(ladder.get("userspace_version"))
+    smi_where = "nvidia-smi" if smi else None
+    if smi is None and files.is_live(system):
+        smi, smi_where = kernel.smi_userspace(system, run)
+    library = kernel.driver_userspace(system, _library_dirs(engines, files.is_live(system), run))
+    userspace = ({"version": library["version"], "where": library["path"], "from": "library"} if library else
+                 {"version": smi, "where": smi_where, "from": "nvidia-smi"} if smi else None)
+    return {"loaded": loaded, "version": version, "version_source": source,
+            "srcversion": ladder.get("srcversion"), "open": ladder.get("open_kernel_module"),
+            "file": path, "file_source": file_source, "installed_by": kernel.installed_by(path, release),
+            "userspace": userspace, "userspace_smi": smi}
+
+
+def _rocm_source(entry):
+    """An apt_sources entry in the shape rocm facts carry (host_pins reads it): signed_by "inline" for a key given
+    in the stanza itself."""
+    signed = entry["signed_by"]
+    return {"file": entry["file"], "types": entry["types"], "uris": entry["uris"], "suites": entry["suites"],
+            "components": entry["components"],
+            "signed_by": "inline" if signed == [apt_sources.INLINE_KEY] else signed}
+
+
+def box_facts(facts, system, evidence_root, run):
+    """FACTS (collect.adopt_facts') with the driver wherever it lives (nvidia_driver; nvidia_userspace the library
+    the loader finds first, else what nvidia-smi says), how the box boots (boot), every apt source
+    (facts/apt_sources, the one parser: apt_sources, apt_keyrings with each keyring's sha256) and ROCm's sources
+    read by that parser."""
+    release = (facts.get("kernel") or {}).get("release")
+    driver = nvidia_driver(system, evidence_root, release, run, facts.get("engines") or [], facts.get("gpus"))
+    facts["nvidia_driver"] = driver
+    userspace = (driver or {}).get("userspace")
+    if userspace and (userspace["from"] == "library" or not facts.get("nvidia_userspace")):
+        facts["nvidia_userspace"] = userspace["version"]  # the library the loader finds first, else nvidia-smi's
+    facts["boot"] = kernel.boot_facts(system, evidence_root, release)
+    # the CPU's physical address width (/proc/cpuinfo): whether HMM can confine host memory (judges/static_layers)
+    facts["cpu_address_bits"] = static_evidence.collect_cpu(evidence_root).get("address_bits")
+    sources = apt_sources.read_all(system)
+    facts["apt_sources"] = sources
+    keyrings = [{"signed_by": [p for p in e["signed_by"] if p.startswith("/")]} for e in sources if e["enabled"]]
+    facts["apt_keyrings"] = collect.keyring_digests(system, keyrings)
+    if isinstance(facts.get("rocm"), dict):
+        facts["rocm"]["sources"] = [_rocm_source(e) for e in sources if e["enabled"]]
+        facts["rocm"]["keyrings"] = facts["apt_keyrings"]
+    return facts
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(system=dict(type="path", default="/"), debs_dir=dict(type="path"),
@@ -236,6 +333,7 @@ def main():
         facts = collect.adopt_facts(params["system"], runner.rc_output, params["debs_dir"], params["engine"],
                                     params["evidence_root"], params["wheels_dir"], params["gpu_env_file"],
                                     params["serve_user"])
+        facts = box_facts(facts, params["system"], params["evidence_root"], runner.rc_output)
     except (OSError, ValueError) as exc:
         module.fail_json(msg="reading the box failed: %s" % CONTROL_OR_BREAK.sub("", str(exc))[:text.MAX_FIELD])
     facts, more_notes, more_unpinned = typed(facts)

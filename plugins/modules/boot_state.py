@@ -20,6 +20,10 @@ description:
     rigbook reboot a serving box.
   - With O(display), whether a display server holds the GPU (C(systemctl get-default) and
     C(systemctl show display-manager.service)), see RV(display_holds_gpu).
+  - With O(secure_boot), whether Secure Boot is on and, when it is (or cannot be told), whether the certificate DKMS
+    signs modules with is enrolled (module_utils/facts/secure_boot.py - the EFI variables under O(root), else
+    C(mokutil --sb-state); C(mokutil --test-key)), see RV(secure_boot). The preflight role reads it before any
+    package changes (docs/secure-boot.md).
   - Read-only; supports check mode.
 version_added: "1.0.0"
 author:
@@ -48,6 +52,17 @@ options:
     description: Also read the default boot target and the display manager's state (runs two systemctl reads).
     type: bool
     default: false
+  secure_boot:
+    description: Also read the Secure Boot state and the DKMS signing key's enrolment (see RV(secure_boot)).
+    type: bool
+    default: false
+  os_id:
+    description:
+      - The host's OS (the host model's C(os.id)). On C(ubuntu) DKMS signs with update-secureboot-policy's key
+        (/var/lib/shim-signed/mok/MOK.der), elsewhere with its own (/var/lib/dkms/mok.pub), unless
+        /etc/dkms/framework.conf names another.
+    type: str
+    default: ""
 extends_documentation_fragment:
   - rigbook.homelab.attributes.read_only
 """
@@ -57,6 +72,12 @@ EXAMPLES = r"""
   rigbook.homelab.boot_state:
     release: 6.1.0-47-amd64
     cmdline: [iommu=pt]
+  register: boot
+
+- name: Read whether Secure Boot is on and the DKMS signing key enrolled
+  rigbook.homelab.boot_state:
+    secure_boot: true
+    os_id: ubuntu
   register: boot
 """
 
@@ -117,6 +138,17 @@ display_holds_gpu:
     when none does or without O(display).
   returned: always
   type: str
+secure_boot:
+  description:
+    - "With O(secure_boot) (else null): C(state) C(on), C(off), C(not-efi) (no /sys/firmware/efi: Secure Boot cannot
+      be on) or C(unknown); C(why) (which variable or mokutil line decided); C(dkms_key) (null unless the state is
+      C(on) or C(unknown)): C({path, state, why}), state C(enrolled), C(pending) (in the enrolment request, confirmed
+      at the console at the next boot), C(not-enrolled), C(blocked), C(missing) (no certificate yet) or C(unknown)."
+  returned: always
+  type: dict
+  sample: {state: "on", why: "EFI variables: SecureBoot is 1, SetupMode 0",
+           dkms_key: {path: /var/lib/dkms/mok.pub, state: not-enrolled,
+                      why: "mokutil --test-key: /var/lib/dkms/mok.pub is not enrolled"}}
 """
 
 import glob
@@ -125,7 +157,7 @@ import re
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.rigbook.homelab.plugins.module_utils import display_state
-from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files, kernel
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files, kernel, secure_boot
 
 # Touched by packages' postinst scripts (Debian Policy's convention), read for information only.
 REBOOT_REQUIRED = "/run/reboot-required"
@@ -158,6 +190,8 @@ def main():
             cmdline=dict(type="list", elements="str", default=[]),
             paths=dict(type="list", elements="path", default=[]),
             display=dict(type="bool", default=False),
+            secure_boot=dict(type="bool", default=False),
+            os_id=dict(type="str", default=""),
         ),
         supports_check_mode=True,
     )
@@ -175,10 +209,11 @@ def main():
     if missing and (not pin or running == pin):
         reasons.append("kernel command line lacks %s" % " ".join(missing))
     default, manager, holds = display(module) if module.params["display"] else (None, None, None)
+    boot = secure_boot.read(root, module.params["os_id"]) if module.params["secure_boot"] else None
     module.exit_json(changed=False, running=running, cmdline=cmdline, installed=installed,
                      with_headers=with_headers, grub=grub, initramfs=bool(module.get_bin_path("update-initramfs")),
                      reboot_reasons=reasons, reboot_required_by=packages_asking_for_reboot(),
-                     default_target=default, display_manager=manager, display_holds_gpu=holds,
+                     default_target=default, display_manager=manager, display_holds_gpu=holds, secure_boot=boot,
                      exists=dict((path, os.path.exists(path)) for path in module.params["paths"]))
 
 

@@ -15,8 +15,17 @@ description:
     then C(dkms install)s O(name)/O(version) for each of O(kernels) that lacks it. A source tree there without
     rigbook's stamp that holds exactly the tarball's files (a C(.git) folder aside), as on a box set up by hand, is
     kept with its builds and stamped.
+  - A fork installed by hand for one of O(kernels) - its own C(make modules_install), which puts NVIDIA's open modules
+    in C(/lib/modules/<kernel>/kernel/drivers/video) (seed 000's way) - is said with the reason, in check mode too
+    (RV(hand_installed), C(msg), the diff). Before building, those files of the package's modules (its dkms.conf's
+    C(BUILT_MODULE_NAME)) are moved aside to C(/var/lib/rigbook/hand-installed/<name>-<version>/<kernel>) (kept, never
+    deleted; an earlier move is never overwritten) and C(depmod) re-run, so that C(dkms install) finds no module of the
+    same version in the kernel's tree; a failure after that puts them back.
   - Afterwards C(modinfo -k <kernel> -n <module>) must resolve each of O(modules) to the DKMS build (C(updates/dkms));
     stock copies that shadow it are deleted and C(depmod) re-run, and the task fails when the DKMS build still loses.
+  - After a build, rigbook's build stamp of each kernel's build (C(.rigbook-build.json) beside it in dkms's tree) holds
+    the source's sha256, the identity and each module's file and C(srcversion) (C(modinfo -F srcversion)), which the
+    ladder's driver_state layer holds the loaded module to.
   - Reads both C(dkms status) formats (dkms 2 C(name, version, kernel, arch) and dkms 3 C(name/version, kernel, arch)).
   - Supports check mode and diff mode. In check mode a missing O(src), C(dkms) or kernel headers (which earlier
     tasks would have installed) are reported as changes to come, not as failures.
@@ -111,6 +120,20 @@ shadowing_removed:
   returned: always
   type: list
   elements: str
+hand_installed:
+  description: "Kernel -> the module files installed by hand (make modules_install) that were (in check mode: would be)
+    moved aside."
+  returned: when there were any
+  type: dict
+moved_aside_to:
+  description: "Kernel -> the folder its hand-installed files were (would be) moved to."
+  returned: when there were any
+  type: dict
+build_stamps:
+  description: The build stamps written (one per kernel built, in dkms's tree beside the build).
+  returned: when modules were built
+  type: list
+  elements: str
 modinfo:
   description: "Kernel -> module -> the file C(modinfo -k <kernel> -n <module>) resolves to."
   returned: always
@@ -159,6 +182,7 @@ import tempfile
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.rigbook.homelab.plugins.module_utils import safe_untar
 from ansible_collections.rigbook.homelab.plugins.module_utils.facts import builds, files, runner
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import kernel as kernel_facts
 
 # Where sources are unpacked and where kernel headers live (module-level so unit tests can point them elsewhere).
 SRC_ROOT = "/usr/src"
@@ -296,6 +320,176 @@ META = ("dkms_binaries_only/PACKAGE_NAME", "dkms_binaries_only/PACKAGE_VERSION",
 def built_dir(name, version, kernel):
     """Where DKMS keeps the build of NAME/VERSION for KERNEL on this architecture (its module/ holds the modules)."""
     return os.path.join(DKMS_TREE, name, version, kernel, os.uname()[4])
+
+
+# Where a module built outside DKMS by its own `make modules_install` lands: NVIDIA's open kernel modules (and so the
+# P2P fork) install to kernel/drivers/video (NVIDIA/open-gpu-kernel-modules kernel-open/Makefile: INSTALL_MOD_DIR ?=
+# kernel/drivers/video), as NVIDIA's .run installer does; seed 000 installed its fork so ("the old DKMS module cleared,
+# then depmod"). No distribution package puts NVIDIA modules there (Ubuntu: kernel/nvidia-<branch>, DKMS: updates/dkms).
+HAND_INSTALL_DIR = "kernel/drivers/video"
+# Where hand-installed module files are moved aside to, one folder per package version and kernel: kept, never deleted,
+# and outside /lib/modules, so depmod no longer sees them (module-level so unit tests can point it elsewhere).
+BACKUP_ROOT = "/var/lib/rigbook/hand-installed"
+# The running system's root, for /sys/module and /proc (module-level so unit tests can point it elsewhere).
+LIVE_ROOT = "/"
+
+
+def built_module_names(conf_text):
+    """The BUILT_MODULE_NAME[] entries of a dkms.conf's text (the fork's: nvidia, nvidia-modeset, nvidia-drm,
+    nvidia-uvm, nvidia-peermem)."""
+    return re.findall(r"""^\s*BUILT_MODULE_NAME\[\d+\]\s*=\s*["']?([A-Za-z0-9_-]+)""", conf_text or "", re.M)
+
+
+def package_modules(module, name, modules, src, tree):
+    """The module names the package installs: BUILT_MODULE_NAME[] of the pinned source's dkms.conf (TREE: the
+    unpacked pinned source, or None to read it from SRC), and NAME and MODULES."""
+    if tree is None and os.path.isdir(src):
+        tree = src
+    if tree is not None:
+        conf = files.read_text(os.path.join(tree, "dkms.conf"), limit=1 << 16)
+    else:
+        tmp = tempfile.mkdtemp(prefix=".rigbook-", dir=SRC_ROOT)
+        try:
+            conf = files.read_text(os.path.join(extract(module, src, tmp), "dkms.conf"), limit=1 << 16)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return sorted(set(built_module_names(conf)) | set([name]) | set(modules or []))
+
+
+def _stem(file_name):
+    """A module file's module name in the kernel's spelling (nvidia-uvm.ko.zst -> nvidia_uvm), or None."""
+    for suffix in MODULE_SUFFIXES:
+        if file_name.endswith(suffix):
+            return file_name[:-len(suffix)].replace("-", "_")
+    return None
+
+
+def hand_installed(kernels, names=None, package=None):
+    """{kernel: [absolute paths]} of the module files a `make modules_install` put in each of KERNELS'
+    HAND_INSTALL_DIR: those of NAMES (the package's modules), or without them (its source not on the host yet, check
+    mode) those named PACKAGE or PACKAGE-<part> (the fork's nvidia, nvidia-uvm, ...; the kernel's own nvidiafb is not)."""
+    wanted = set(n.replace("-", "_") for n in names or [])
+    prefix = (package or "").replace("-", "_") + "_"
+
+    def ours(stem):
+        return stem in wanted if names else stem is not None and (stem + "_").startswith(prefix)
+
+    out = {}
+    for kernel in kernels:
+        found = []
+        for dirpath, _dirs, file_names in os.walk(os.path.join(MODULES_ROOT, kernel, HAND_INSTALL_DIR)):
+            found.extend(os.path.join(dirpath, f) for f in file_names if ours(_stem(f)))
+        if found:
+            out[kernel] = sorted(found)
+    return out
+
+
+def hand_installed_result(name, version, hand, kernels, check):
+    """The result keys and the message of HAND ({kernel: [paths]}), with the backup folder of each kernel."""
+    backups = dict((k, backup_folder(name, version, k)) for k in hand)
+    return (dict(hand_installed=hand, moved_aside_to=backups),
+            hand_installed_message(name, version, hand, backups, kernels, moved=not check))
+
+
+def backup_folder(name, version, kernel):
+    """Where KERNEL's hand-installed files of NAME/VERSION go: BACKUP_ROOT/NAME-VERSION/KERNEL, or the first of
+    KERNEL-2, KERNEL-3, ... that does not exist yet (an earlier move is never overwritten)."""
+    base = os.path.join(BACKUP_ROOT, "%s-%s" % (name, version), kernel)
+    folder, n = base, 1
+    while os.path.lexists(folder):
+        n += 1
+        folder = "%s-%d" % (base, n)
+    return folder
+
+
+def loaded_version(module_name):
+    """The version of MODULE_NAME loaded in the running kernel (/sys/module), or None."""
+    return files.read_text(os.path.join(LIVE_ROOT, "sys", "module", module_name.replace("-", "_"), "version"),
+                           limit=256)
+
+
+def hand_installed_message(name, version, hand, backups, kernels, moved):
+    """What the converge does (MOVED: did) about the hand-installed files HAND ({kernel: [paths]}), and why."""
+    running = kernel_facts.release(LIVE_ROOT)
+    where = []
+    for kernel in sorted(hand):
+        folder = os.path.join(MODULES_ROOT, kernel, HAND_INSTALL_DIR)
+        text = "%s (%s)" % (folder, ", ".join(os.path.relpath(f, folder) for f in hand[kernel]))
+        if kernel == running and loaded_version(name) == version:
+            text += ", the pinned %s %s loaded from there" % (name, version)
+        where.append(text)
+    return ("the fork is installed by hand (make modules_install) in %s; %s builds %s/%s with DKMS for every "
+            "installed kernel (%s) so that a kernel upgrade rebuilds it, and %s the hand-installed files aside to %s "
+            "(kept, not deleted)" % ("; ".join(where), "the converge" if not moved else "this run",
+                                     name, version, ", ".join(kernels), "moved" if moved else "moves",
+                                     ", ".join(backups[k] for k in sorted(hand))))
+
+
+def move_aside(module, dkms, hand, backups, moved):
+    """Move HAND's files ({kernel: [paths]}) into BACKUPS ({kernel: folder}), keeping their paths below
+    /lib/modules/<kernel>, and re-run depmod for each kernel; each move is added to MOVED [(from, to)] as it is made
+    (a failure puts back what MOVED holds)."""
+    for kernel in sorted(hand):
+        base = os.path.join(MODULES_ROOT, kernel)
+        for path in hand[kernel]:
+            target = os.path.join(backups[kernel], os.path.relpath(path, base))
+            try:
+                if not os.path.isdir(os.path.dirname(target)):
+                    os.makedirs(os.path.dirname(target), 0o700)
+                shutil.move(path, target)
+            except OSError as exc:
+                module.fail_json(msg="cannot move %s aside to %s: %s" % (path, target, exc))
+            moved.append((path, target))
+        dkms.run(["depmod", "-a", kernel], "depmod -a %s" % kernel)
+
+
+def put_back(moved):
+    """Move the files of MOVED back where they were (a later step failed) and re-run depmod; what happened, in words."""
+    if not moved:
+        return ""
+    kernels = set()
+    try:
+        for path, target in reversed(moved):
+            if not os.path.lexists(path):
+                shutil.move(target, path)
+            kernels.add(os.path.relpath(path, MODULES_ROOT).split(os.sep)[0])
+    except OSError as exc:
+        return "; putting the hand-installed files back failed (%s): they are in %s" % (
+            exc, ", ".join(sorted(set(os.path.dirname(t) for _p, t in moved))))
+    errors = [r.error for r in (runner.run(["depmod", "-a", k]) for k in sorted(kernels)) if r.rc != 0]
+    return "; the hand-installed files were put back%s" % (
+        " (depmod failed: %s)" % "; ".join(errors) if errors else " and depmod re-run")
+
+
+def srcversion_of(dkms, path):
+    """The srcversion `modinfo -F srcversion` reads from the module file PATH, or None."""
+    rc, out = dkms.run(["modinfo", "-F", "srcversion", path], "modinfo -F srcversion", check=False)
+    value = out.strip() if rc == 0 else ""
+    return value if re.match(r"[0-9A-F]{8,40}\Z", value) else None
+
+
+def write_build_stamps(dkms, name, version, kernels, modinfo, source, identity):
+    """rigbook's build stamp of each of KERNELS' builds (built by this call), in DKMS's tree beside the build
+    (built_dir/.rigbook-build.json): the package, the source's sha256, the identity and each module's file and
+    srcversion, which the ladder's driver_state layer holds the loaded module to. [paths written], [notes]."""
+    written, notes = [], []
+    for kernel in sorted(kernels):
+        folder = built_dir(name, version, kernel)
+        if not os.path.isdir(folder):
+            notes.append("no build stamp for %s: no build of %s/%s in %s (dkms's tree is expected there)"
+                         % (kernel, name, version, folder))
+            continue
+        stamp = dict(name=name, version=version, kernel=kernel, arch=os.uname()[4], source=source,
+                     identity_id=identity, modules=dict(
+                         (mod, dict(path=path, srcversion=srcversion_of(dkms, path)))
+                         for mod, path in sorted((modinfo.get(kernel) or {}).items()) if path))
+        path = os.path.join(folder, builds.BUILD_STAMP)
+        error = builds.write_stamp(path, stamp)
+        if error:
+            notes.append("no build stamp for %s: %s" % (kernel, error))
+        else:
+            written.append(path)
+    return written, notes
 
 
 def export(module, name, version, kernels, identity, folder, source):
@@ -462,9 +656,12 @@ def main():
     check = module.check_mode
     if not os.path.exists(src):
         if check:  # the fetch before this task did not copy it in check mode
+            hand = hand_installed(p["kernels"], package=name)
+            keys, said = hand_installed_result(name, version, hand, p["kernels"], check) if hand else ({}, None)
             module.exit_json(changed=True, built=list(p["kernels"]), removed=[], shadowing_removed=[], modinfo={},
                              status=[], identity_id="", archive_glob="",
-                             msg="%s is not on the host yet (check mode)" % src)
+                             msg="; ".join(filter(None, ["%s is not on the host yet (check mode)" % src, said])),
+                             **keys)
         module.fail_json(msg="DKMS source %s does not exist" % src)
     sha = "directory"
     if os.path.isfile(src):
@@ -474,8 +671,13 @@ def main():
                              % (src, sha, p["sha256"] or "(no sha256 given)"), sha256=sha)
     if not module.get_bin_path("dkms"):
         if check:
+            tree = os.path.join(SRC_ROOT, "%s-%s" % (name, version))
+            hand = hand_installed(p["kernels"], package_modules(module, name, p["modules"], src, tree if read_stamp(
+                tree) == sha else None))
+            keys, said = hand_installed_result(name, version, hand, p["kernels"], check) if hand else ({}, None)
             module.exit_json(changed=True, built=list(p["kernels"]), removed=[], shadowing_removed=[], modinfo={},
-                             status=[], identity_id="", archive_glob="", msg="dkms is not installed yet (check mode)")
+                             status=[], identity_id="", archive_glob="",
+                             msg="; ".join(filter(None, ["dkms is not installed yet (check mode)", said])), **keys)
         module.fail_json(msg="dkms is not installed")
     dkms = Dkms(module)
     dest = os.path.join(SRC_ROOT, "%s-%s" % (name, version))
@@ -518,6 +720,26 @@ def main():
     if not check and not any(r["version"] == version for r in now):
         dkms.run(["dkms", "add", "%s/%s" % (name, version)], "dkms add")
         now = None  # the tree changed
+    # A fork installed by hand (its own `make modules_install`, seed 000's way) for the kernels to build for: said, with
+    # the reason, in check mode too; moved aside (kept under BACKUP_ROOT) before DKMS builds, so that dkms install finds
+    # no module of the same version in the kernel's tree and the DKMS build is the one modprobe loads.
+    hand = hand_installed(p["kernels"], package_modules(module, name, p["modules"], src,
+                                                        None if check and result["unpacked"] else dest))
+    if hand:
+        keys, said = hand_installed_result(name, version, hand, p["kernels"], check)
+        result.update(keys)
+        notes.append(said)
+        if not check:
+            moved, real_fail = [], module.fail_json
+
+            def fail_put_back(msg, **kwargs):
+                """Every failure from here on puts the hand-installed files back first: the box keeps the driver it
+                ran with until a converge succeeds."""
+                module.fail_json = real_fail
+                real_fail(msg=msg + put_back(moved), **kwargs)
+
+            module.fail_json = fail_put_back
+            move_aside(module, dkms, hand, result["moved_aside_to"], moved)
     installed = set(r["kernel"] for r in (now or []) if r["version"] == version and r["state"] == "installed"
                     and not result["unpacked"])
     for kernel in p["kernels"]:
@@ -577,16 +799,25 @@ def main():
             if not check and (path is None or "/updates/dkms/" not in path):
                 module.fail_json(msg="after installing %s/%s for %s, modinfo -n %s resolves to %s, not the DKMS build"
                                  % (name, version, kernel, mod, path), **result)
-    touched = now is None or result["built"] or result["removed"] or result["shadowing_removed"]
+    if result["built"] and not check:
+        result["build_stamps"], stamp_notes = write_build_stamps(
+            dkms, name, version, result["built"], result["modinfo"], sha if sha != "directory" else tree_digest(src),
+            result["identity_id"])
+        notes.extend(stamp_notes)
+    touched = now is None or result["built"] or result["removed"] or result["shadowing_removed"] or hand
     result["status"] = dkms.status(name) if touched and not check else now
     result["changed"] = bool(result["built"] or result["removed"] or result["shadowing_removed"] or result["unpacked"]
-                             or result["stamped"])
+                             or result["stamped"] or hand)
     if notes:
         result["msg"] = "; ".join(notes)
-    if module._diff and (result["built"] or result["removed"] or result["shadowing_removed"] or result["unpacked"]):
+    if module._diff and (result["built"] or result["removed"] or result["shadowing_removed"] or result["unpacked"]
+                         or hand):
         result["diff"] = dict(
-            before="".join("%s/%s %s: %s\n" % (r["name"], r["version"], r["kernel"], r["state"]) for r in initial),
-            after="".join("%s/%s %s: installed\n" % (name, version, k) for k in p["kernels"]),
+            before="".join("%s/%s %s: %s\n" % (r["name"], r["version"], r["kernel"], r["state"]) for r in initial)
+            + "".join("%s (installed by hand)\n" % f for k in sorted(hand) for f in hand[k]),
+            after="".join("%s/%s %s: installed\n" % (name, version, k) for k in p["kernels"])
+            + "".join("%s (moved aside)\n" % os.path.join(result["moved_aside_to"][k], os.path.relpath(
+                f, os.path.join(MODULES_ROOT, k))) for k in sorted(hand) for f in hand[k]),
             before_header="dkms status", after_header="dkms status")
     module.exit_json(**result)
 

@@ -19,6 +19,10 @@ description:
   - An action plugin - runs on the controller only, contacts no host. Needs the Python package jsonschema on the
     controller.
   - Extra variables (C(-e)) and the variables the collection's plays set themselves are not checked.
+  - With O(secure_boot) (the preflight role's second call, after M(rigbook.homelab.boot_state) read the box) it fails,
+    before any package changes, naming what the roles of this run need of the box's Secure Boot - the DKMS signing
+    key enrolled (C(mokutil --import), confirmed at the console), a kernel the owner built signed by a key shim
+    trusts; the host model is read from C(rigbook_host) (docs/secure-boot.md).
 version_added: "1.0.0"
 author:
   - rigbook developers
@@ -27,6 +31,15 @@ options:
     description: The roles of the play whose inputs are checked; omitted - every role site.yml applies to the host.
     type: list
     elements: str
+  secure_boot:
+    description:
+      - The box's Secure Boot as M(rigbook.homelab.boot_state) returns it (its return value C(secure_boot)).
+        Given, only the Secure Boot needs are checked.
+    type: dict
+  running_kernel:
+    description: The running kernel's release (boot_state's C(running)); a kernel already running with Secure Boot on
+      is signed by a key shim trusts.
+    type: str
 attributes:
   action:
     support: full
@@ -60,6 +73,11 @@ problems:
   returned: when the variables could be read
   type: list
   elements: dict
+notes:
+  description: With O(secure_boot), what was found fine (Secure Boot off, the DKMS signing key enrolled, ...).
+  returned: with O(secure_boot)
+  type: list
+  elements: str
 host_model:
   description: The host model, with C(readiness) ({role - [need]}).
   returned: when the variables are valid and every role of this run has its inputs

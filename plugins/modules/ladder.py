@@ -24,8 +24,23 @@ description:
   - Under a recorded O(root) the saved outputs are judged (lab hosts, replays) with the same code.
   - The task fails when a layer fails, with that layer's measured and expected values and remedy in the
     message; C(warn) and C(unknown) verdicts are reported as warnings.
-  - Only reads and measures (device memory the probe allocates is freed); runs the same in check mode. The
-    serving layer keeps the last seen C(NRestarts) per unit in O(serving_state) (not written in check mode).
+  - Reads and measures (device memory the probe allocates is freed). The serving layer keeps the last seen
+    C(NRestarts) per unit in O(serving_state) (not written in check mode).
+  - Runtime phase on a box whose serve units run (the host model's C(rigbook-serve-*.service), nothing else) - the
+    engine holds most of the GPUs' memory and serves traffic, so with O(serving=stop) the units that run are stopped
+    for the runtime layers only and started again after them, also when a layer fails (C(systemctl reset-failed),
+    C(systemctl start), then the serve role's readiness wait - C(/health_generate) until 200 and one chat completion
+    within the profile's C(startup_timeout_s)); the result's C(notes) say it ("stopped U for the runtime layers,
+    started again, ready in N s") and a unit not ready again fails the task with its last journal lines. The hold is
+    kept in O(hold_state) while it lasts and SIGHUP is ignored meanwhile, so that a run cut short leaves nothing
+    stopped for long (O(serving=resume), the next runtime phase).
+  - What runs beside the layers - every unit in check mode or with O(serving=keep), an engine under no serve unit
+    of this host (started by hand, or a unit of the owner's; never stopped) - is named, with the GPUs' memory in
+    use, on C(p2p_bandwidth) and C(collectives) (their figures may be low); a layer that came out unknown because
+    the GPU ran out of memory beside it is a C(skip) saying so and what to do, not a failure.
+  - O(serving_when=changed) (site.yml's ladder) - on a box whose serve units run, the runtime layers are measured
+    only when O(changes) names what changed under the engine in this run or O(layers) / O(run_tags) name a runtime
+    layer; otherwise each is a C(skip) saying why, and nothing is stopped.
   - The runtime layers are watched for hardware errors (PCIe AER, NVIDIA Xid, amdgpu resets, IOMMU faults);
     O(error_state) says how, live and under a recorded O(root). Replays and in-process climbs keep no state.
 version_added: "1.0.0"
@@ -152,6 +167,37 @@ options:
     description: Serving phase. JSON file keeping the last seen C(NRestarts) per unit, to tell a crash loop.
       Omitted - C(/var/lib/rigbook/serving-state.json).
     type: path
+  serving:
+    description:
+      - Runtime phase. V(stop) - stop this host's serve units that run for the runtime layers and start them again
+        after, waiting until each is ready; V(keep) - measure beside them; V(resume) - climb nothing, only start again
+        the units a runtime phase cut short left stopped (O(hold_state)).
+      - Check mode never stops or starts a unit.
+    type: str
+    choices: [stop, keep, resume]
+    default: stop
+  serving_when:
+    description:
+      - Runtime phase, on a box whose serve units run. V(always) measures the runtime layers; V(changed) only when
+        O(changes) is not empty or O(layers) / O(run_tags) name a runtime layer (each layer a C(skip) otherwise).
+    type: str
+    choices: [always, changed]
+    default: always
+  changes:
+    description: Runtime phase. What changed under the engine in this run (the roles' reboot reasons, a GPU library
+      build switched), read with O(serving_when=changed).
+    type: list
+    elements: str
+    default: []
+  engine:
+    description: The serve engine's command prefix (the inventory's C(serve_engine)), to recognise an engine under no
+      serve unit of this host besides C(python -m sglang.launch_server) and C(sglang serve).
+    type: list
+    elements: str
+  hold_state:
+    description: Runtime phase. JSON file naming the serve units this run stopped while it holds them (its pid, start
+      time and boot), removed once they are started again. Omitted - C(/var/lib/rigbook/serving-hold.json).
+    type: path
   error_state:
     description:
       - Runtime phase. JSON file keeping the last reading of the hardware error counters (not written in check
@@ -168,8 +214,14 @@ options:
         class are judged (those counters reset at boot). A kernel log that cannot be read is unknown, never 0.
     type: path
     default: /var/lib/rigbook/error-counters.json
-extends_documentation_fragment:
-  - rigbook.homelab.attributes.read_only
+attributes:
+  check_mode:
+    support: full
+    description: Runs the same checks; never stops or starts a serve unit (the runtime layers are then judged as
+      measured beside a serving engine) and writes no state file.
+  diff_mode:
+    support: none
+    description: Nothing to diff.
 """
 
 EXAMPLES = r"""
@@ -213,9 +265,22 @@ ladder:
     metrics: {description: "Figures by name, for the baseline (runtime layers).", type: dict}
 evidence:
   description: "What was judged, as far as the ladder got: the static evidence (C(gpus), C(kernel), ...) and
-    C(probe), C(collectives), C(nccl_transport) and C(serving) (per serve profile, never the API key)."
+    C(probe), C(collectives), C(nccl_transport) and C(serving) (per serve profile, never the API key);
+    C(beside_engine) when an engine ran beside the runtime layers."
   returned: always
   type: dict
+serving_hold:
+  description: "The serve units around the runtime layers: C(stopped), C(started) (each C({unit, ready, seconds,
+    why})), C(not_stopped) (unit -> why), C(left_by) (the record of an earlier run cut short whose units this run
+    started), C(settled), C(busy), C(notes), C(problems)."
+  returned: runtime phase, when the runtime layers run on the GPUs
+  type: dict
+notes:
+  description: What the run did around the layers, one line each, for the summary (e.g. "stopped
+    rigbook-serve-qwen.service for the runtime layers, started again, ready in 41 s").
+  returned: with serving_hold
+  type: list
+  elements: str
 """
 
 from ansible_collections.rigbook.homelab.plugins.module_utils.ladder.ansible_module import run_ladder_module

@@ -29,7 +29,7 @@ import re
 import sys
 
 from ansible_collections.rigbook.homelab.plugins.module_utils import host_model
-from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files, secure_boot, text
 from ansible_collections.rigbook.homelab.plugins.module_utils.serve import profile as serve_profile
 
 PREFIX = "rigbook_"
@@ -255,3 +255,118 @@ def readiness_problems(model, roles=None, inventory_dir=None):
     (host_model.readiness), worded as `provision validate` words them."""
     return [(need["key"], host_model.need_text(need))
             for need in host_model.readiness(model, roles, inventory_dir)]
+
+
+# --- Secure Boot: what only the box can say --------------------------------------------------------------------
+# `provision validate` cannot know it (it contacts no host): the preflight role reads the box (rigbook.homelab.
+# boot_state secure_boot, plugins/module_utils/facts/secure_boot.py) and names these needs before any package changes.
+SECURE_BOOT_KEY = "Secure Boot"
+DKMS_BUILDS = {"nvidia_p2p_driver": "the P2P driver fork the nvidia_p2p_driver role builds with DKMS",
+               "amd_rocm": "amdgpu-dkms, which the amd_rocm role installs and DKMS builds (rigbook_pins.rocm.dkms: "
+                           "true)"}
+ENROL = "mokutil --import %s, then reboot and confirm at the console (MokManager: Enroll MOK, Continue, Yes, the " \
+        "password given to mokutil)"
+
+
+def _secure_boot_need(role, why, how):
+    need = {"role": role, "key": SECURE_BOOT_KEY, "why": why, "how": how}
+    need["text"] = "%s: %s" % (SECURE_BOOT_KEY, host_model.need_text(need))
+    return need
+
+
+def custom_kernel(model):
+    """The pinned kernel's release when it is one no distribution signs (from .debs: a release of no distribution's
+    shape, or linux-image-unsigned-* packages), else ""."""
+    pin = model["pins"]["kernel"]
+    if pin["source"] != "debs" or not pin["release"]:
+        return ""
+    names = [os.path.basename(host_model.as_str(deb.get("path") or deb.get("url")))
+             for deb in pin["debs"] if isinstance(deb, dict)]
+    unsigned = any(name.startswith("linux-image-unsigned-") for name in names)
+    return pin["release"] if unsigned or not host_model.DISTRO_KERNEL.match(pin["release"]) else ""
+
+
+def _dkms_need(role, key):
+    path, state = key.get("path") or "its certificate", key.get("state")
+    what = DKMS_BUILDS[role]
+    if state == "not-enrolled":
+        return _secure_boot_need(role, "Secure Boot is on and the DKMS signing key %s is not enrolled (%s): the kernel "
+                                 "refuses %s" % (path, key.get("why"), what), "enrol it: " + ENROL % path)
+    if state == "pending":
+        return _secure_boot_need(role, "Secure Boot is on and the DKMS signing key %s waits in the enrolment request, "
+                                 "not enrolled yet: the kernel would refuse %s" % (path, what),
+                                 "reboot and confirm it at the console (MokManager: Enroll MOK, Continue, Yes, the "
+                                 "password given to mokutil), then run again")
+    if state == "missing":
+        return _secure_boot_need(role, "Secure Boot is on and there is no DKMS signing key yet (%s): DKMS would make "
+                                 "one at its first build, and the kernel would refuse %s, signed by a key nobody "
+                                 "enrolled" % (path, what),
+                                 "make the key first (DKMS 3.1 and later: `dkms generate_mok`; Ubuntu: "
+                                 "`update-secureboot-policy --new-key`), then enrol it: " + ENROL % path)
+    if state == "blocked":
+        return _secure_boot_need(role, "Secure Boot is on and the DKMS signing key %s is blocked (%s): the kernel "
+                                 "refuses %s" % (path, key.get("why"), what),
+                                 "have DKMS sign with another key (mok_signing_key and mok_certificate in "
+                                 "/etc/dkms/framework.conf), then enrol that certificate: " + ENROL % "CERTIFICATE")
+    return _secure_boot_need(role, "Secure Boot is on and whether the DKMS signing key %s is enrolled cannot be told "
+                             "(%s): the kernel refuses %s unless it is" % (path, key.get("why"), what),
+                             "install mokutil and run again (`mokutil --test-key %s` must say it is already "
+                             "enrolled), or enrol it: %s" % (path, ENROL % path))
+
+
+def box_secure_boot(found):
+    """FOUND (what boot_state returned: the box's word, untrusted) typed and bounded again on the controller: states
+    outside facts/secure_boot's words read as unknown, texts one bounded line, a key path an absolute path or ""."""
+    found = found if isinstance(found, dict) else {}
+    key = found.get("dkms_key") if isinstance(found.get("dkms_key"), dict) else None
+    return {
+        "state": found.get("state") if found.get("state") in secure_boot.STATES else "unknown",
+        "why": text.line(found.get("why") if isinstance(found.get("why"), str) else "", 600) or "not read",
+        "dkms_key": None if key is None else {
+            "path": text.matching(key.get("path"), secure_boot.KEY_PATH) or "",
+            "state": key.get("state") if key.get("state") in secure_boot.KEY_STATES else "unknown",
+            "why": text.line(key.get("why") if isinstance(key.get("why"), str) else "", 600) or "not read"},
+    }
+
+
+def secure_boot_needs(model, box, running="", roles=None):
+    """(needs, warnings, notes) of a box whose Secure Boot state is BOX (facts/secure_boot.read, as the preflight
+    role's boot_state returns it; bounded again here) and whose running kernel is RUNNING, for the roles ROLES
+    (default: the model's). Needs, worded as host_model.readiness words them ({role, key, why, how, text}): with
+    Secure Boot on, the DKMS signing key enrolled where a role builds a module with DKMS (nvidia_p2p_driver; amd_rocm
+    with rigbook_pins.rocm.dkms), and a kernel the owner built (custom_kernel) signed by a key shim trusts - known
+    when it already runs with Secure Boot on. Warnings: Secure Boot could not be told where it would matter.
+    Notes: what was found fine."""
+    found = box_secure_boot(box)
+    state, why = found["state"], found["why"]
+    wanted = [role for role in model["roles"] if roles is None or role in roles]
+    builds = [role for role in wanted if role == "nvidia_p2p_driver"
+              or (role == "amd_rocm" and model["pins"]["rocm"]["dkms"])]
+    kernel = custom_kernel(model) if "kernel" in wanted else ""
+    if state in ("off", "not-efi"):
+        return [], [], ["Secure Boot is off (%s)" % why]
+    if not builds and not kernel:
+        return [], [], ["Secure Boot is %s (%s): no role of this run builds a kernel module with DKMS or installs a "
+                        "kernel you built" % (state, why)]
+    if state != "on":
+        uses = " and ".join([DKMS_BUILDS[role] for role in builds] + (["the kernel %s you built" % kernel]
+                                                                       if kernel else []))
+        return [], ["Secure Boot could not be told (%s): if it is on, %s need%s a key shim trusts "
+                    "(docs/secure-boot.md)" % (why, uses, "s" if len(builds) + bool(kernel) == 1 else "")], []
+    needs, notes = [], []
+    key = found["dkms_key"] or {}
+    for role in builds:
+        if key.get("state") == "enrolled":
+            notes.append("Secure Boot is on and the DKMS signing key %s is enrolled (%s): %s will load"
+                         % (key.get("path"), key.get("why"), DKMS_BUILDS[role]))
+        else:
+            needs.append(_dkms_need(role, key))
+    if kernel and running == kernel:
+        notes.append("Secure Boot is on and the pinned kernel %s runs: it is signed by a key shim trusts" % kernel)
+    elif kernel:
+        needs.append(_secure_boot_need(
+            "kernel", "Secure Boot is on and the pinned kernel %s is one you built (from .debs no distribution "
+            "signs): shim will not boot it" % kernel,
+            "a kernel you built is not signed by a key shim trusts: sign it (sbsign) with an enrolled MOK, or turn "
+            "Secure Boot off in the firmware (a signed kernel booted once by hand is seen running and passes)"))
+    return needs, [], notes

@@ -354,6 +354,8 @@ echo rigbook-root-ok
 step() { n=$1; s=$2; shift 2; echo "rigbook-step $n $s $*"; }
 fail() { n=$1; shift; echo "rigbook-fail $n $*"; exit 1; }
 export DEBIAN_FRONTEND=noninteractive
+# needrestart (Ubuntu 24.04 restarts services after an upgrade on its own) only lists: never sshd mid-bootstrap
+export NEEDRESTART_MODE=l NEEDRESTART_SUSPEND=1
 apt_install() {  # apt_install STEP PACKAGE: waits up to $lock_timeout s for the dpkg lock
   out=$(apt-get -q -o DPkg::Lock::Timeout="$lock_timeout" update 2>&1 \
         && apt-get -q -y -o DPkg::Lock::Timeout="$lock_timeout" install "$2" 2>&1) && return 0

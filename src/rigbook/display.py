@@ -232,6 +232,8 @@ def print_summary(tracker: Tracker, console: Console, run_dir) -> None:
         h = tracker.hosts[name]
         if h.ladder:
             print_ladder(console, name, h.ladder)
+        for note in h.notes:
+            console.print(Text(terminal_safe(f"{name}: {note['msg']}")))
         for failure in h.failures:
             what = "UNREACHABLE" if failure.get("unreachable") else "FAILED"
             console.print(Text(terminal_safe(f"{name}: {what} at task '{failure['task']}': {failure['msg']}",

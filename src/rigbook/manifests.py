@@ -2,7 +2,8 @@
 
 `provision manifest -i INV` runs playbooks/manifest.yml (module rigbook.homelab.host_manifest) and stores each
 host's manifest as <run>/manifests/<host>.json. `provision diff A B` compares two manifests (a host of the last
-manifest run, or a saved manifest file), grouped by ladder layer / role, with host-unique items apart; it exits 1
+manifest run, or a saved manifest file), grouped by ladder layer / role, with host-unique items apart, each build's
+hash and each stored .deb the distribution kernel was installed from with its sha256 (kernel_debs); it exits 1
 when a pinned item differs and 0 when only host-unique items do. `provision diff -i INV A B`: A and B are hosts of
 the inventory INV (validated as every command validates it), each compared by its newest manifest stored by a
 `provision manifest` run of that inventory (the run's run.json names it), or saved manifest files. Every value is
@@ -48,7 +49,7 @@ ITEM_RULES = (
     (r"gpu\.[0-9a-f:.]+\.(?:model|vbios)", "firmware", False, False, False),
     (r"gpu\.[0-9a-f:.]+\.link", "pcie_link", False, False, False),
     (r"gpu\.[0-9a-f:.]+\.bars", "dma_window", False, False, False),
-    (r"kernel\.(?:running|cmdline|config|default|installed|held)", "kernel_state", False, False, False),
+    (r"kernel\.(?:running|cmdline|config|default|installed|held|debs)", "kernel_state", False, False, False),
     (r"(?P<build>dkms\..+)\.modules_sha256", "driver_state", False, True, True),
     (r"dkms\..+", "driver_state", False, False, False),
     (r"packages\.held", "packages", False, False, False),
@@ -172,10 +173,33 @@ def resolve_inventory_side(spec: str, inv, stored: dict, given: str) -> tuple:
                     f"(hosts: {', '.join(inv.hosts) or 'none'})")
 
 
+def kernel_debs(a: dict, b: dict) -> list:
+    """[{package, a, b, equal}] of the kernel's stored .debs on either side (the item kernel.debs: {package: {version,
+    sha256}} from the kernel role's note, module_utils/deb_store): each package's version and sha256 as "VERSION
+    sha256 HEX", None where a side has none. A side whose item is no such mapping lists nothing of its own."""
+    def packages_of(manifest: dict) -> dict:
+        value = ((manifest.get("items") or {}).get("kernel.debs") or {}).get("value")
+        return value if isinstance(value, dict) else {}
+
+    def shown(entry) -> str | None:
+        if not isinstance(entry, dict):
+            return None
+        return f"{entry.get('version')} sha256 {entry.get('sha256')}"
+
+    left, right = packages_of(a), packages_of(b)
+    rows = []
+    for package in sorted(set(left) | set(right)):
+        row = {"package": str(package), "a": shown(left.get(package)), "b": shown(right.get(package))}
+        rows.append({**row, "equal": row["a"] is not None and row["a"] == row["b"]})
+    return rows
+
+
 def diff(a: dict, b: dict) -> dict:
     """{"pinned": {group: [{item, a, b}]}, "unique": [{item, group, a, b}], "same": N, "builds": [{build, a, b,
-    equal}]} of two manifests; builds: each build's hash on either side (equal: one group build). What each item is
-    comes from label_of (its name), never from the labels the manifests carry."""
+    equal}], "kernel_debs": [{package, a, b, equal}]} of two manifests; builds: each build's hash on either side
+    (equal: one group build); kernel_debs: the sha256 of each stored .deb the kernel was installed from (kernel.debs
+    is a pinned item too). What each item is comes from label_of (its name), never from the labels the manifests
+    carry."""
     items_a, items_b = a.get("items") or {}, b.get("items") or {}
     pinned, unique, same, builds = {}, [], 0, []
     for key in sorted(set(items_a) | set(items_b)):
@@ -194,7 +218,7 @@ def diff(a: dict, b: dict) -> dict:
             unique.append({**row, "group": kind["group"]})
         else:
             pinned.setdefault(kind["group"], []).append(row)
-    return {"pinned": pinned, "unique": unique, "same": same, "builds": builds}
+    return {"pinned": pinned, "unique": unique, "same": same, "builds": builds, "kernel_debs": kernel_debs(a, b)}
 
 
 def _show(value) -> str:
@@ -216,6 +240,9 @@ def print_diff(result: dict, label_a: str, label_b: str, stream) -> None:
         said = (f"equal, sha256 {build['a']}" if build["equal"]
                 else f"{_show(build['a'])} / {_show(build['b'])}")
         say(f"build {build['build']}: {said}")
+    for row in result.get("kernel_debs") or []:
+        said = f"equal, {row['a']}" if row["equal"] else f"{_show(row['a'])} / {_show(row['b'])}"
+        say(f"kernel package {row['package']}: {said}")
     for group in sorted(pinned):
         say(f"[{group}]")
         for row in pinned[group]:

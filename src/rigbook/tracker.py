@@ -22,6 +22,7 @@ class HostState:
     counts: dict = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
     failures: list = field(default_factory=list)  # {"task", "action", "msg"}
     warnings: list = field(default_factory=list)  # {"task", "msg"}: what a task warned (at most MAX_WARNINGS)
+    notes: list = field(default_factory=list)  # {"task", "msg"}: what a task did that the summary says (its `notes`)
     ladder: list = field(default_factory=list)  # verdict dicts from the ladder module's runs
     reboot_requested: bool = False
     interrupted_in: str = ""  # the task a Ctrl-C cut short on this host
@@ -55,6 +56,15 @@ def _keep_warnings(h, task: str, res) -> None:
     for text in said if isinstance(said, list) else []:
         if isinstance(text, str) and len(h.warnings) < MAX_WARNINGS:
             h.warnings.append({"task": task, "msg": " ".join(text.split())[:500]})
+
+
+def _keep_notes(h, task: str, res) -> None:
+    """The notes of a task's result (a list of strings: the ladder's "stopped rigbook-serve-x for the runtime layers,
+    started again, ready in 41 s") kept on H for the summary, like its warnings."""
+    said = res.get("notes") if isinstance(res, dict) else None
+    for text in said if isinstance(said, list) else []:
+        if isinstance(text, str) and len(h.notes) < MAX_WARNINGS:
+            h.notes.append({"task": task, "msg": " ".join(text.split())[:500]})
 
 
 def _message(res: dict) -> str:
@@ -168,6 +178,7 @@ class Tracker:
         h.task_started = None
         h.ladder.extend(_verdicts(res))
         _keep_warnings(h, task, res)
+        _keep_notes(h, task, res)
         if isinstance(res, dict) and res.get("reboot_required"):
             h.reboot_requested = True
         action = data.get("task_action", "")
@@ -241,6 +252,8 @@ class Tracker:
                 entry["failures"] = h.failures
             if h.ladder:
                 entry["ladder"] = h.ladder
+            if h.notes:
+                entry["notes"] = h.notes
             if h.reboot_requested:
                 entry["reboot_requested"] = True
             if h.interrupted_in:

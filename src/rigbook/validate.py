@@ -12,10 +12,16 @@ the other vendor's gpu_vendor_<vendor> play group of site.yml, is an error namin
 profile with a key on a host whose SGLang pin lacks the patch that keeps keys out of the engine's log is an error too
 (serve/profile.key_log_problems). Errors stop the command (exit 2, naming file, host and key path); warnings are
 printed on stderr and do not stop it.
+
+Apart from both: the values an inventory's author guessed (rigbook_unconfirmed, key paths of host variables the
+owner's write-up or box did not give) are listed as "unconfirmed" with their values until the owner confirms each by
+removing it from that list; a key path there that names no value of the host is a warning (a host's own variables
+may replace its group's).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from dataclasses import dataclass
@@ -57,6 +63,22 @@ class Problem:
 
     def __str__(self) -> str:
         return f"{self.file}: {self.owner}: {self.key_path}: {self.message}"
+
+
+@dataclass(frozen=True)
+class Unconfirmed:
+    """A value the inventory's author guessed (rigbook_unconfirmed), not yet confirmed by the owner."""
+
+    file: Path
+    host: str
+    key_path: str
+    value: object
+    why: str
+
+    def __str__(self) -> str:
+        shown = json.dumps(self.value, default=str, ensure_ascii=False)  # one line: control characters escaped
+        shown = shown if len(shown) <= 100 else shown[:97] + "..."
+        return f"{self.file}: host {self.host}: {self.key_path} = {shown}" + (f": {self.why}" if self.why else "")
 
 
 class InventoryInvalid(UserError):
@@ -261,6 +283,70 @@ def _play_group_problems(inv, host: str) -> list:
     return problems
 
 
+UNCONFIRMED = "rigbook_unconfirmed"
+KEY_STEP = re.compile(r"\.([^.\[\]]+)|\[([0-9]+)\]")
+
+
+def lookup(variables: dict, key_path: str) -> tuple:
+    """(True, value) of KEY_PATH (name.key[index]...) in VARIABLES, or (False, None) when it names nothing."""
+    name = re.match(r"^[^.\[]+", key_path or "")
+    if not name or name.group(0) not in variables:
+        return False, None
+    node, rest = variables[name.group(0)], key_path[name.end():]
+    for step in KEY_STEP.finditer(rest):
+        key, index = step.group(1), step.group(2)
+        if key is not None and isinstance(node, dict) and key in node:
+            node = node[key]
+        elif index is not None and isinstance(node, list) and int(index) < len(node):
+            node = node[int(index)]
+        else:
+            return False, None
+    if "".join(m.group(0) for m in KEY_STEP.finditer(rest)) != rest:
+        return False, None
+    return True, node
+
+
+def _unconfirmed_items(merged: dict) -> list:
+    """[(key path, why)] of the host's rigbook_unconfirmed (its items: a key path, or {key, why})."""
+    items = merged.get(UNCONFIRMED)
+    found = []
+    for item in items if isinstance(items, list) else []:
+        if isinstance(item, dict):
+            found.append((str(item.get("key") or ""), " ".join(str(item.get("why") or "").split())))
+        else:
+            found.append((str(item), ""))
+    return found
+
+
+def unconfirmed(inv) -> tuple:
+    """([Unconfirmed], [Problem]): every guessed value each host's rigbook_unconfirmed names, with its value, and a
+    Problem (a warning) for an item that names no value of the host: a wrong key path, or a value the host's own
+    variables replaced."""
+    found, problems = [], []
+    for host in sorted(inv.hosts):
+        merged = inv.host_vars(host)
+        file = _file_of(inv, host, UNCONFIRMED)
+        for index, (key_path, why) in enumerate(_unconfirmed_items(merged)):
+            there, value = lookup(merged, key_path)
+            if there:  # named with the file that sets the value
+                variable = re.match(r"^[^.\[]+", key_path).group(0)
+                found.append(Unconfirmed(_file_of(inv, host, variable), host, key_path, value, why))
+            else:
+                problems.append(Problem(file, f"host {host}", f"{UNCONFIRMED}[{index}]",
+                                        f"{key_path!r} names no value of this host (a wrong key path, or a value "
+                                        "the host's own variables replaced): not listed as unconfirmed"))
+    return found, problems
+
+
+def unconfirmed_text(items) -> str:
+    """The listing `provision validate` prints of ITEMS (Unconfirmed), apart from the inputs the play needs."""
+    if not items:
+        return ""
+    return (f"unconfirmed: {len(items)} value{'s' if len(items) != 1 else ''} of the inventory guessed, not the "
+            "owner's (rigbook_unconfirmed); check each on the box, correct it if it is wrong, then remove it from "
+            "rigbook_unconfirmed:\n  " + "\n  ".join(str(item) for item in items))
+
+
 def _serve_findings(inv, host: str) -> tuple:
     """(errors, warnings) as Problems: the host's rigbook_serve traps, judged with what its inventory says."""
     shared = _shared()
@@ -300,12 +386,19 @@ def check(inventory_path: Path, roles=None, extra_vars=(), limit=None) -> tuple:
 
 def validate(inventory_path: Path, warn=None, roles=None, extra_vars=(), limit=None):
     """Load and validate; returns the Inventory or raises InventoryInvalid / UserError (exit 2). ROLES: the roles
-    of the play about to run, whose missing inputs are problems too (None: the variables only). Warnings are
-    printed on WARN (default stderr, so a --json stdout stays JSON) and do not stop anything."""
+    of the play about to run, whose missing inputs are problems too (None: the variables only). Warnings, then the
+    unconfirmed guesses (unconfirmed_text), are printed on WARN (default stderr, so a --json stdout stays JSON) and
+    do not stop anything."""
     inv, problems, warnings = check(inventory_path, roles, extra_vars, limit)
     stream = warn if warn is not None else sys.stderr
     for warning in warnings:
         print(f"warning: {warning}", file=stream, flush=True)
+    guessed, stale = unconfirmed(inv)
+    for warning in stale:
+        print(f"warning: {warning}", file=stream, flush=True)
+    listing = unconfirmed_text(guessed)
+    if listing:
+        print(listing, file=stream, flush=True)
     if problems:
         raise InventoryInvalid(problems)
     return inv

@@ -25,8 +25,8 @@ from helpers.lab_host import leftovers
 from rigbook.lab import artifacts, state
 
 # The step of each fixture, the most particular first: fresh_lab, converged_lab and lab_last all ask for `lab`.
-STEPS = (("no_lab", 5), ("four_hosts", 5), ("adopted_pair", 5), ("lab_last", 4), ("converged_lab", 3),
-         ("fresh_lab", 1), ("lab", 2))
+STEPS = (("no_lab", 5), ("four_hosts", 5), ("adopted_pair", 5), ("seed_004_box", 5), ("lab_last", 4),
+         ("converged_lab", 3), ("fresh_lab", 1), ("lab", 2))
 
 
 def _step(item) -> int | None:
@@ -38,7 +38,8 @@ def _step(item) -> int | None:
 # Lab groups: scripts/test runs each group's lab tests in a pytest process of its own, side by side, each with its
 # own state directory and address block (RIGBOOK_TEST_LAB_GROUP, RIGBOOK_LAB_ADDRESS_BLOCK), so no two tests ever
 # touch one lab at once. A test asking for `no_lab` or `four_hosts` brings up labs of its own ("own"); the adopt tests
-# (`adopted_pair`) bring up their own pair in a process of their own ("adopt": the longest module, beside "own"); the
+# (`adopted_pair`, `seed_004_box`) bring up their own labs, one after the other, in a process of their own ("adopt",
+# beside "own"); the
 # files of CONVERGED start from a converged session lab of their own; the NVIDIA role tests converge lab-3080 on a lab
 # of their own ("nvidia"); every other lab test (the lab's own checks, the AMD role tests, the faults of a run on the
 # AMD host) shares the session's lab in block 0 ("amd"). Without RIGBOOK_TEST_LAB_GROUP every lab test runs, on one
@@ -54,7 +55,7 @@ def lab_group(item) -> str | None:
     if _step(item) is None:
         return None
     names = set(getattr(item, "fixturenames", ()))
-    if "adopted_pair" in names:
+    if {"adopted_pair", "seed_004_box"} & names:
         return "adopt"
     if {"no_lab", "four_hosts"} & names:
         return "own"
@@ -156,6 +157,14 @@ def adopted_pair(tmp_path_factory):
     tests/integration/test_adopt_lab.py, up once for that module in a state directory of its own; yields that state
     directory's generated inventory. The session's lab is taken down first."""
     yield from _own_lab(tmp_path_factory, "adopted-pair", ["--hosts", "2", "--rig", "x99-3080"])
+
+
+@pytest.fixture(scope="module")
+def seed_004_box(tmp_path_factory):
+    """One fresh x99-r9700 lab host (lab-r9700, to be set up by hand as seed 004's owner did) for
+    tests/integration/test_adopt_seed_004_lab.py, in a state directory of its own (after the adopt pair's lab is
+    down: the same lab group); yields that state directory's generated inventory."""
+    yield from _own_lab(tmp_path_factory, "seed-004", ["--hosts", "1", "--rig", "x99-r9700"])
 
 
 def _own_lab(tmp_path_factory, name: str, up_args: list):

@@ -1,17 +1,20 @@
 """`provision adopt` of a box set up by hand, on a two-host lab of its own (marker: lab): lab-3080 set up the way seed
-000's owner did it, outside rigbook's roles (`provision lab handmade`: kernel .debs with dpkg -i, the driver fork
-cloned and built with dkms by hand, one pip venv, the engine stand-in started with nohup), and lab-3080-2, a fresh
-host that becomes its twin. In order, each test building on the one before:
+000's owner did it, outside rigbook's roles (`provision lab handmade --as-seed 000`: kernel .debs with dpkg -i, the
+driver fork built and installed with its own `make modules_install`, HMM at the driver's default, one pip venv, a
+display manager and graphical.target, the engine started as `sglang serve` with the seed's flags from the owner's
+shell), and lab-3080-2, a fresh host that becomes its twin. In order, each test building on the one before:
 
 1. adopt reads the box and changes nothing on it (a listing of its whole tree, every file's sha256, before and after
    is equal), and writes the group's pins and serve profile with where each value was read; what it could not pin
    (the fork's source tarball and the userspace installer: files on the owner's side) is listed, and filled in here
    as the list says, from the lab's artifacts.
 2. check mode on the adopted box changes only rigbook's own files (its GRUB drop-in, apt preferences, modprobe and
-   environment files, stamps, state file, unit) and holds the kernel: no package installed, no module built, no venv
-   made, no reboot; the converge then adds those files and restarts the engine once (the one started by hand is
-   stopped, the unit's serves), the ladder passes, a re-run changes nothing, and the first baseline is recorded from
-   the adopted box.
+   environment files, stamps, state file, unit), holds the kernel, and says, with its reason, each thing the converge
+   changes beyond them: the hand-installed fork moved to DKMS (its files kept aside), the default boot target made
+   multi-user.target (the seed's own advice: a reboot, never gdm stopped at runtime); no package installed, no
+   module built, no venv made; the converge then does exactly that with one reboot, and the engine runs as the
+   unit's (the one started by hand gone), the ladder passes, a re-run changes nothing, and the first baseline is
+   recorded from the adopted box.
 3. the twin converged from the adopted pins: `provision diff` of the two is clean apart from host-unique items, and
    the twin is judged by the group baseline.
 
@@ -32,13 +35,15 @@ from rigbook.adopt import emit
 from rigbook.lab import handmade
 
 pytestmark = LAB_MARKS
-# the engine stand-in's processes (an interpreter running the script), not a shell whose command line names it
-ENGINES = "pgrep -f '^[^ ]*python[^ ]* /var/cache/rigbook/artifacts/sglang-standin.py'"
+# the engine stand-in's processes (an interpreter running the script, or the lab's `sglang serve` console script as
+# the owner started it), not a shell whose command line names it
+ENGINES = ("pgrep -f '^[^ ]*python[^ ]* (/var/cache/rigbook/artifacts/sglang-standin.py|"
+           f"{handmade.CONSOLE} serve)'")
 BOX, TWIN, GROUP = "lab-3080", "lab-3080-2", "x99_3080"
 # What may change on a host while adopt reads it: logins (journal, lastlog, wtmp), Ansible's temporary files, the
 # runtime folders, the engine's own log.
 VOLATILE = ("proc", "sys", "dev", "run", "tmp", "var/tmp", "var/log", "home/rigbook/.ansible", "root/.ansible",
-            "root/serve.log", "var/lib/systemd")
+            handmade.ENGINE_LOG.lstrip("/"), "var/lib/systemd")
 # The tasks that may report a change on the adopted box in check mode: rigbook's own files and the kernel's hold.
 RIGBOOKS_OWN = {
     "Install and hold the pinned kernel",  # held, nothing installed (asserted below)
@@ -49,7 +54,8 @@ RIGBOOKS_OWN = {
     "Keep unattended-upgrades from replacing the pinned kernel",
     "Blacklist nouveau",
     "Check the fork's DKMS builds for every installed kernel",  # stamped only (asserted below)
-    "Disable HMM in nvidia-uvm (iommu=pt)",
+    "Say why the fork installed by hand moves to DKMS",  # said with its reason (asserted below)
+    "Report the default boot target change (check mode)",  # the seed's own advice: set-default, then a reboot
     "Create rigbook's state directory",
     "Record which kernels carry the fork",
     "Link lib64 to lib (nvcc.profile links from lib64)",
@@ -79,6 +85,8 @@ def _inventory(generated: str) -> Path:
     # the hand-made box has no collectives tool (no NCCL wheel, no nccl-tests): its owner allows that layer unknown,
     # as the ladder's failure on it says to
     group["rigbook_verify"] = {"allow_unknown": ["collectives"]}
+    # the owner runs the engine as themselves: adopt reads that user's engines, the unit runs as them
+    group["serve_user"] = handmade.OWNER
     (inv / f"group_vars/{GROUP}.yml").write_text("---\n" + yaml.safe_dump(group, sort_keys=False))
     hosts = yaml.safe_load((Path(generated) / "hosts.yml").read_text())
     for entry in hosts["all"]["children"]["lab"]["children"][GROUP]["hosts"].values():
@@ -101,7 +109,9 @@ def test_adopt_reads_a_box_set_up_by_hand_and_changes_nothing_on_it(adopted_pair
     before = tree_listing(box.host.root, skip=[box.host.root / p for p in VOLATILE])
     adopt = provision("adopt", BOX, "-i", inv, "--group", "--debs-dir", "/root/kernel-debs", timeout=600)
     after = tree_listing(box.host.root, skip=[box.host.root / p for p in VOLATILE])
-    assert adopt.returncode == 1, adopt.stdout[-3000:] + adopt.stderr[-3000:]  # written, not ready yet: see below
+    # written and ready as it is: a driver pinned by its version alone on a box without P2P is left as the owner
+    # installed it (the host model); naming the fork's source below hands it to the nvidia_p2p_driver role
+    assert adopt.returncode == 0, adopt.stdout[-3000:] + adopt.stderr[-3000:]
     changed = sorted(p for p in set(before) | set(after) if before.get(p) != after.get(p))
     assert changed == [], changed[:20]
     assert int(box.out(ENGINES).strip()) == by_hand  # the engine kept running
@@ -114,32 +124,41 @@ def test_adopt_reads_a_box_set_up_by_hand_and_changes_nothing_on_it(adopted_pair
                               "packages": [f"linux-image-{handmade.KERNEL}", f"linux-headers-{handmade.KERNEL}"],
                               "cmdline": ["intel_iommu=on", "iommu=pt"]}
     driver = pins["nvidia_driver"]
-    assert (driver["version"], (driver["fork_repo"], driver["branch"])) == (handmade.DRIVER, handmade.seed_fork())
-    assert driver["userspace_version"] == handmade.DRIVER and driver["uvm_disable_hmm"] is True
-    assert len(driver["commit"]) == 40
+    # the fork installed with its own make modules_install: the loaded module is the pin, HMM kept as the box has it
+    # (its E5 v3's 46-bit addresses: judges/static_layers.hmm_confines_host_memory), no DKMS source to read
+    assert driver == {"version": handmade.DRIVER, "userspace_version": handmade.DRIVER, "uvm_disable_hmm": False}
     assert pins["cuda_toolchain"] == {"version": handmade.CUDA, "venv": handmade.VENV,
                                       "packages": ["nvidia-cuda-nvcc", "nvidia-cuda-crt", "nvidia-nvvm"]}
     assert pins["sglang"]["version"] == handmade.SGLANG and pins["sglang"]["venv"] == handmade.VENV
     lock = (inv / pins["sglang"]["lock"]).read_text()
     assert f"sglang=={handmade.SGLANG}" in lock and f"nvidia-cuda-nvcc=={handmade.CUDA}" in lock
+    # `sglang serve` with the seed's flags, from the owner's shell
     [profile] = data["rigbook_serve"]
-    assert profile == {"name": "engine", "model_path": "/srv/models/standin-model", "served_model_name": "standin",
-                       "tp_size": 2, "mem_fraction_static": 0.88, "context_length": 32768,
-                       "max_total_tokens": 30000, "custom_all_reduce": False, "bind": box.host.address,
-                       "port": handmade.ENGINE_PORT, "env": handmade.ENGINE_ENV}
-    # where each value was read
-    assert "# dkms status: nvidia/615.71.09" in text and f"# {handmade.VENV}" in text
+    assert {k: profile.get(k) for k in ("name", "model_path", "tp_size", "mem_fraction_static", "context_length",
+                                        "max_total_tokens", "custom_all_reduce", "bind", "port", "env")} == {
+        "name": "engine", "model_path": handmade.MODEL, "tp_size": 2, "mem_fraction_static": 0.88,
+        "context_length": 200000, "max_total_tokens": 185000, "custom_all_reduce": False, "bind": box.host.address,
+        "port": handmade.ENGINE_PORT, "env": handmade.LAB_ENV}
+    extra = profile["extra_args"]
+    scales = f"{handmade.HOME}/{handmade.SCALES}"  # relative on the command line, absolute in the profile
+    assert extra[extra.index("--quantization-param-path") + 1] == scales
+    assert '{"reasoning_effort": "medium"}' in extra and "--enable-hierarchical-cache" in extra
+    # where each value was read, and how the driver got there
+    assert "# /sys/module/nvidia/version: the loaded module" in text and f"# {handmade.VENV}" in text
     assert "(started from a shell, no unit)" in text
-    # what could not be pinned, named, and the readiness check that says the same
-    assert "rigbook_pins.nvidia_driver.source and userspace_installer" in adopt.stdout
-    assert "userspace_installer: needed by the nvidia_p2p_driver role" in adopt.stderr
+    said = adopt.stdout
+    assert f"{handmade.FORK_INSTALL_DIR}/nvidia.ko" in said and "installed by make modules_install" in said
+    assert "is relative to the folder the engine was started in" in said
+    # what could not be pinned, named
+    assert "rigbook_pins.nvidia_driver: fork_repo and commit (or source: the fork's tarball)" in said
 
     # The owner fills in what the list names (the fork's tarball and the userspace installer), and where a twin gets
     # its wheels: files on the owner's side, as inventory/lab has them (the lab has no GPU: SGLang without its GPU
     # dependencies and no import check, as inventory/lab installs it).
     lab = yaml.safe_load((REPO / f"inventory/lab/group_vars/{GROUP}.yml").read_text())["rigbook_pins"]
     pins["nvidia_driver"].update(source=lab["nvidia_driver"]["source"],
-                                 userspace_installer=lab["nvidia_driver"]["userspace_installer"])
+                                 userspace_installer=lab["nvidia_driver"]["userspace_installer"],
+                                 userspace_flags=lab["nvidia_driver"]["userspace_flags"])
     pins["cuda_toolchain"]["wheel_dir"] = lab["cuda_toolchain"]["wheel_dir"]
     pins["sglang"].update(wheel_dir=lab["sglang"]["wheel_dir"], no_deps=True, import_check=False)
     written.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -160,15 +179,22 @@ def test_check_mode_changes_only_rigbooks_files_and_the_converge_restarts_the_en
     assert set(names) <= RIGBOOKS_OWN, sorted(set(names) - RIGBOOKS_OWN)
     results = dict(tasks)
     assert results["Install and hold the pinned kernel"]["installed"] == []
-    assert results["Check the fork's DKMS builds for every installed kernel"]["stamped"] is True
-    assert results["Check the fork's DKMS builds for every installed kernel"]["built"] == []
+    moved = results["Say why the fork installed by hand moves to DKMS"]["msg"]
+    assert "installed by hand (make modules_install)" in moved and "/var/lib/rigbook/hand-installed" in moved
+    assert "multi-user.target (now graphical.target) and ask for a reboot" in (
+        results["Report the default boot target change (check mode)"]["msg"])
     assert results["Check the SGLang venv (versions, commit, patches, stamp)"]["adopted"] is True
     units = results["Check the serve units (profiles, files, unit states)"]["units"]
     assert [p["pid"] for p in units["engine"]["stops_by_hand"]] == [by_hand]
+    assert box.boots() == boots and int(box.out(ENGINES).strip()) == by_hand  # check mode touched nothing
 
     site = provision("site.yml", "-i", inv, "--limit", BOX, "--json", timeout=1800)
     assert site.returncode == 0, site.stdout[-3000:] + site.stderr[-3000:]
-    assert box.boots() == boots  # no reboot
+    assert box.boots() == boots + 1  # the boot target's reboot, the one the check said
+    assert box.out("systemctl get-default").strip() == "multi-user.target"
+    assert box.run(f"test -e /lib/modules/{handmade.KERNEL}/{handmade.FORK_INSTALL_DIR}/nvidia.ko",
+                   check=False).returncode != 0  # moved aside (kept under /var/lib/rigbook/hand-installed)
+    assert box.out(f"ls /lib/modules/{handmade.KERNEL}/updates/dkms/").split() == ["nvidia.ko"]
     ladder = json.loads(site.stdout)["hosts"][BOX]["ladder"]
     assert {v["layer"]: v["status"] for v in ladder}["serving"] == "pass", ladder
     assert not [v for v in ladder if v["status"] == "fail"], ladder

@@ -203,8 +203,24 @@ def run_tests(binaries, root, size, iters, gpus, timeout, env, env_file=None, ab
     return data
 
 
+def log_summary(text):
+    """What an NCCL/RCCL INFO log says of the path between the GPUs (parse/nccl.parse_log): {all_direct_p2p,
+    all_cuda_p2p, path, transports, nccl_version}; the collectives layer judges the run's own log with it."""
+    parsed = parse_nccl.parse_log(text or "")
+    return {key: parsed[key] for key in ("all_direct_p2p", "all_cuda_p2p", "path", "transports", "nccl_version")}
+
+
 def collect_collectives(root, python=None, nccl_tests_dir=None, size=256 << 20, iters=10, gpus=2, timeout=300,
                         env=None, env_file=None, ab=False):  # fmt: skip
+    """The collectives run (see _collect_collectives), with `log`: the log_summary of its own NCCL INFO log when it
+    kept one (the tests' output, the bundled benchmark's NCCL_DEBUG_FILE, a recorded run's nccl_log)."""
+    data = _collect_collectives(root, python, nccl_tests_dir, size, iters, gpus, timeout, env, env_file, ab)
+    if isinstance(data.get("nccl_log"), str) and data["nccl_log"].strip():
+        data["log"] = log_summary(data["nccl_log"])
+    return data
+
+
+def _collect_collectives(root, python, nccl_tests_dir, size, iters, gpus, timeout, env, env_file, ab):
     built = _built_tests(nccl_tests_dir)
     if built:  # the tests named by nccl_tests_dir run on any root (a lab host runs its built stand-ins)
         return run_tests(built, root, size, iters, gpus, timeout, env, env_file, ab)

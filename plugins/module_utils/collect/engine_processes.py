@@ -4,9 +4,12 @@
 """The SGLang engines running on a box, read from /proc (standard library only; read-only): what `provision adopt`
 turns into serve profiles and pins on a box that was set up by hand.
 
-Per engine process (a command line that starts sglang.launch_server, serve/profile.py engine_args): its pid, its
-argv (an API key's value replaced by ********: serve/profile.py redacted_argv), the interpreter (/proc/PID/exe),
-the virtual environment it runs from (the folder holding pyvenv.cfg above the interpreter named in argv[0]), the
+Per engine process (a command line that starts SGLang's server: `python -m sglang.launch_server`, `sglang serve`,
+`python -m sglang.cli.main serve`, a wrapper that execs one of them; serve/profile.py engine_args decides, the one
+place): its pid, its argv (an API key's value replaced by ********: serve/profile.py redacted_argv), the interpreter
+(/proc/PID/exe), the virtual environment it runs from (the folder holding pyvenv.cfg above the interpreter named in
+argv[0]: as written, a console script's shebang gives its venv's python; a bare name such as `python3` found as the
+shell found it, in the PATH of the process's environment; a relative one from its working folder), the
 systemd unit that started it (/proc/PID/cgroup; None for a process started from a shell), the GPU environment it
 was given (environ: the variables of GPU_ENV_PREFIXES and GPU_ENV_NAMES; a variable whose name looks like a secret
 is never read into the result, only named), and the NCCL/RCCL and GPU runtime libraries it has mapped
@@ -14,8 +17,9 @@ is never read into the result, only named), and the NCCL/RCCL and GPU runtime li
 through /proc/PID/map_files) with each file's sha256.
 
 Everything is read under ROOT ("/" on a box; a recorded tree in tests), so a process's paths are ROOT + path. Worker
-processes of one engine (the scheduler and detokenizer children carry the same command line) are one engine: the
-process whose parent is not an engine too.
+processes of one engine are one engine: forked children carry the same command line (the process whose parent is not
+an engine too is the engine), spawned ones run `python -c "from multiprocessing.spawn import ..."` and renamed ones
+(sglang::scheduler) start no engine.
 """
 
 from __future__ import annotations
@@ -87,6 +91,64 @@ def venv_of(root, interpreter):
     return top if os.path.isfile(_under(root, os.path.join(top, "pyvenv.cfg"))) else None
 
 
+def interpreter_path(root, pid, word, environ):
+    """The absolute path of ARGV[0] WORD of process PID as it was started: WORD itself when absolute; a name without
+    a folder looked up as the shell did, in the PATH of the process's ENVIRON words (the first such file under
+    ROOT); a relative path from the process's working folder (/proc/PID/cwd); None when it cannot be told."""
+    if not word:
+        return None
+    if word.startswith("/"):
+        return word
+    if "/" in word:
+        try:
+            cwd = os.readlink(_under(root, "proc/%s/cwd" % pid))
+        except OSError:
+            return None
+        return os.path.normpath(os.path.join(cwd, word)) if cwd.startswith("/") else None
+    for entry in environ:
+        if entry.startswith("PATH="):
+            for folder in entry[5:].split(":"):
+                if folder.startswith("/") and os.path.isfile(_under(root, os.path.join(folder, word))):
+                    return os.path.join(folder, word)
+    return None
+
+
+# The engine's flags whose value is a file or folder on the box (SGLang's server args): a relative one is read from
+# the engine's working folder, which a unit does not share.
+PATH_FLAGS = frozenset(("--model-path", "--model", "--tokenizer-path", "--quantization-param-path",
+                        "--speculative-draft-model-path", "--chat-template", "--config"))
+
+
+def absolute_path_args(root, pid, args):
+    """(ARGS with each relative value of a PATH_FLAGS flag made absolute from process PID's working folder, where that
+    path exists under ROOT; [(flag, given, absolute)] of what was changed). A value that names nothing there (a model
+    id such as Qwen/Qwen3-8B) is left as given."""
+    try:
+        cwd = os.readlink(_under(root, "proc/%s/cwd" % pid))
+    except OSError:
+        return list(args), []
+    if not cwd.startswith("/"):
+        return list(args), []
+    out, changed = [], []
+    for i, word in enumerate(args):
+        flag, eq, inline = word.partition("=")
+        previous = args[i - 1] if i else ""
+        if eq and flag in PATH_FLAGS:
+            value, prefix = inline, flag + "="
+        elif not eq and previous in PATH_FLAGS and not word.startswith("--"):
+            value, prefix, flag = word, "", previous
+        else:
+            out.append(word)
+            continue
+        full = os.path.normpath(os.path.join(cwd, value))
+        if value and not value.startswith(("/", "~")) and os.path.exists(_under(root, full)):
+            out.append(prefix + full)
+            changed.append((flag, value, full))
+        else:
+            out.append(word)
+    return out, changed
+
+
 def mapped_libraries(root, pid, maps_text):
     """[{path, sha256}] of the NCCL/RCCL and GPU runtime libraries in process PID's /proc/PID/maps text MAPS_TEXT,
     each once, in order (libraries.parse_maps); sha256 None when the file cannot be read (libraries.mapping_digest:
@@ -116,7 +178,7 @@ def _parent(root, pid):
 
 def engines(root="/", engine=None, keep=None):
     """[{pid, argv, args, interpreter, venv, unit, env, secret_env, libraries}] of the engines running under ROOT,
-    by pid; ENGINE: the inventory's serve_engine argv, recognised besides `-m sglang.launch_server`. KEEP(pid, an
+    by pid; ENGINE: the inventory's serve_engine argv, recognised besides SGLang's own (engine_args). KEEP(pid, an
     int), when given, is asked of each engine once its cmdline and status (its parent; the owner's line) are read
     and before anything else of it is: an engine it refuses is left out unread (no environ, exe, cgroup, maps,
     libraries or venv), its workers with it."""
@@ -136,18 +198,21 @@ def engines(root="/", engine=None, keep=None):
             continue  # a worker of an engine: listed with it, or left out with it
         if keep is not None and not keep(int(pid)):
             continue
-        env, secret = gpu_environment(_words(_read(os.path.join(proc, pid, "environ"))))
+        environ = _words(_read(os.path.join(proc, pid, "environ")))
+        env, secret = gpu_environment(environ)
         try:
             exe = os.readlink(os.path.join(proc, pid, "exe"))
         except OSError:
             exe = None
         cgroup = _read(os.path.join(proc, pid, "cgroup")) or ""
+        args, relative = absolute_path_args(root, pid, engine_args(argv, engine))
         found.append({
             "pid": int(pid),
             "argv": redacted_argv(argv),
-            "args": redacted_argv(engine_args(argv, engine)),
+            "args": redacted_argv(args),
+            "relative_paths": relative,
             "interpreter": exe,
-            "venv": venv_of(root, argv[0]) or venv_of(root, exe),
+            "venv": venv_of(root, interpreter_path(root, pid, argv[0], environ)) or venv_of(root, exe),
             "unit": unit_of(cgroup),
             "env": env,
             "secret_env": secret,

@@ -24,7 +24,7 @@ from ansible_collections.rigbook.homelab.plugins.module_utils.probe import hip a
 
 PCI_ATTRS = (
     "vendor", "device", "class", "subsystem_vendor", "subsystem_device", "resource", "numa_node",
-    "current_link_speed", "max_link_speed", "current_link_width", "max_link_width",
+    "current_link_speed", "max_link_speed", "current_link_width", "max_link_width", "dma_mask_bits",
 )  # fmt: skip
 SCRUB = [
     (re.compile(r"^(\s*(?:Serial Number|GPU UUID|Board Part Number|Module Id|GPU Part Number)\s*:).*$", re.M),
@@ -32,7 +32,7 @@ SCRUB = [
     (re.compile(r"^(\s*(?:Capabilities: \[[0-9a-f]+\] )?Device Serial Number).*$", re.M), r"\1 [scrubbed]"),
     (re.compile(r"GPU-[0-9a-fA-F-]{36}"), "GPU-[scrubbed]"),
 ]  # fmt: skip
-CPUINFO_KEYS = ("vendor_id", "cpu family", "model", "model name")
+CPUINFO_KEYS = ("vendor_id", "cpu family", "model", "model name", "address sizes")
 
 
 def scrub(text):
@@ -119,7 +119,8 @@ def capture(root, dest, label, probe=True):
         os.makedirs(os.path.join(dest, "sys", "firmware", "efi"))
     release = kernel.release(root)
     plain = ["proc/cmdline", "proc/sys/kernel/osrelease", "proc/driver/nvidia/version", "opt/rocm/.info/version",
-             "sys/module/nvidia/version", "sys/module/nvidia_uvm/parameters/uvm_disable_hmm",
+             "sys/module/nvidia/version", "sys/module/nvidia/srcversion",
+             "sys/module/nvidia_uvm/parameters/uvm_disable_hmm",
              "sys/module/amdgpu/version"]  # fmt: skip
     for rel in plain:
         files.append(_copy(root, dest, rel))
@@ -132,6 +133,8 @@ def capture(root, dest, label, probe=True):
         for name in ("nvidia", "amdgpu"):
             for rel in evidence.module_files(root, release, name):
                 files.append(_write(dest, os.path.join("lib", "modules", release, rel), ""))
+        for stamp in evidence.nvidia_build_stamps(root, release)[0]:  # rigbook's stamp of the DKMS build (srcversion)
+            files.append(_copy(root, dest, stamp["path"]))
     for conf in glob.glob(os.path.join(root, "etc", "modprobe.d", "*.conf")):
         files.append(_copy(root, dest, os.path.relpath(conf, root), _module_options))
     for props in glob.glob(os.path.join(root, "sys", "class", "kfd", "kfd", "topology", "nodes", "*", "properties")):

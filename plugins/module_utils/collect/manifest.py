@@ -9,10 +9,11 @@ packages, the serve units' and environment files' sha256, GPU models, VBIOS, PCI
 equal on two twins; host-unique items (serials, MACs, machine-id, hostname, addresses) differ by nature and are
 marked "unique": true. Hardware facts (the running kernel and its cmdline, sysfs, DMI, nvidia-smi) are read under
 ROOT like the other collectors ("/" on a real box, a recorded tree on a lab host); what the roles installed (boot/,
-dpkg, DKMS, /opt/rigbook, /etc/rigbook, the serve units) and the host's identity are read under SYSTEM, "/" but
-in tests. Commands (dkms status, dpkg-query, nvidia-smi -q, ip addr) run live when their root is "/", and are read
-from var/lib/rigbook/commands/<name>.txt under any other root (facts/runner.recorded_or_live); files are read through
-facts/ (files, kernel, packages, builds).
+dpkg, DKMS, /opt/rigbook, /etc/rigbook, the serve units, the kernel's stored .debs: kernel.debs, each package's
+version and sha256 from the kernel role's note, module_utils/deb_store) and the host's identity are read under
+SYSTEM, "/" but in tests. Commands (dkms status, dpkg-query, nvidia-smi -q, ip addr) run live when their root is
+"/", and are read from var/lib/rigbook/commands/<name>.txt under any other root (facts/runner.recorded_or_live); files
+are read through facts/ (files, kernel, packages, builds).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import hashlib
 import os
 import re
 
-from ansible_collections.rigbook.homelab.plugins.module_utils import host_model
+from ansible_collections.rigbook.homelab.plugins.module_utils import deb_store, host_model
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import static_evidence as evidence
 from ansible_collections.rigbook.homelab.plugins.module_utils.facts import builds, files, kernel, packages, runner
 
@@ -96,6 +97,9 @@ def kernel_items(root, system):
         "kernel.default": _item("kernel_state", default_kernel(system)),
         "kernel.installed": _item("kernel_state", installed),
     }
+    # the stored .debs the kernel role installed the distribution kernel from: {package: {version, sha256}}
+    debs, why = deb_store.read_box_record(system, "kernel")
+    items["kernel.debs"] = _item("kernel_state", debs if why is None else "unreadable: %s" % why)
     dkms_text, _source = runner.recorded_or_live(system, "dkms-status", COMMANDS["dkms-status"])
     for kernel_name, modules in sorted(parse_dkms_status(dkms_text).items()):
         items["dkms.%s" % kernel_name] = _item("driver_state", modules)

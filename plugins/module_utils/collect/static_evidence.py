@@ -18,6 +18,7 @@ import re
 
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import pci
 from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files, kernel, runner
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import text as fact_text
 
 # name -> argv, run on a live root only (runner.recorded_or_live: the recording NAME.txt elsewhere)
 COMMANDS = {
@@ -36,6 +37,12 @@ GIB = 1 << 30
 MIB = 1 << 20
 GEN_SPEED_GTS = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
 KERNEL_CONFIG_KEYS = ("CONFIG_PCI_P2PDMA", "CONFIG_HSA_AMD_P2P", "CONFIG_DMABUF_MOVE_NOTIFY", "CONFIG_PCI_IOV")
+# Where DKMS keeps the fork's builds (its default dkms_tree) and the package name the nvidia_p2p_driver role gives it:
+# rigbook's build stamp of each kernel's build sits there (plugins/modules/dkms_module.py writes it).
+DKMS_TREE = ("var", "lib", "dkms")
+NVIDIA_DKMS_PACKAGE = "nvidia"
+SRCVERSION = r"[0-9A-F]{8,40}"  # modpost's digest of a module's sources (24 hex digits)
+VERSION = r"[0-9A-Za-z][0-9A-Za-z.+~_-]{0,63}"
 
 
 def probe_output(root, name, live_fn):
@@ -164,6 +171,9 @@ def collect_gpus(root):
         gpu["link"] = read_link(root, gpu["slot"])
         gpu["chain"] = upstream_chain(root, gpu["slot"])
         gpu["host_bridge"] = host_bridge(root, gpu["chain"])
+        # the DMA mask the bound driver set (the PCI core's default of 32 bits before any driver binds)
+        gpu["dma_mask_bits"] = parse_int(files.read_text(files.path(root, "sys", "bus", "pci", "devices", gpu["slot"],
+                                                                    "dma_mask_bits")))
     return gpus, error
 
 
@@ -224,6 +234,41 @@ def uvm_disable_hmm_configured(root):
     return bool(re.search(r"^\s*options\s+nvidia[-_]uvm\s+.*uvm_disable_hmm=1", modprobe_options(root), re.M))
 
 
+def srcversion_of(text):
+    """A module's srcversion (the hex digest modpost writes) from TEXT, or None for anything else."""
+    return fact_text.matching(text, SRCVERSION)
+
+
+def nvidia_build_stamps(root, release):
+    """(stamps, error) of rigbook's build stamps of the P2P fork's DKMS builds for RELEASE (one per version DKMS holds
+    for it, normally one): [{path, version, modules: {module: {path, srcversion}}}]; ([], None) when rigbook built none
+    for it (no stamp in DKMS's tree); ERROR names each stamp that could not be read."""
+    if not release:
+        return [], None
+    # deferred: facts/builds (tarfile, gzip) costs ~4 ms to import; only the NVIDIA driver's part reads a stamp
+    from ansible_collections.rigbook.homelab.plugins.module_utils.facts import builds
+
+    pattern = files.path(root, *DKMS_TREE + (NVIDIA_DKMS_PACKAGE, "*", release, "*", builds.BUILD_STAMP))
+    found = sorted(glob.glob(pattern))
+    errors, stamps = [], []
+    for path in found:
+        stamp, error = builds.read_stamp(path)
+        rel = os.path.relpath(path, files.path(root))
+        if error or not stamp:
+            errors.append("%s: %s" % (rel, error or "empty"))
+            continue
+        modules = stamp.get("modules") if isinstance(stamp.get("modules"), dict) else {}
+        stamps.append({
+            "path": rel,
+            "version": fact_text.matching(stamp.get("version"), VERSION),
+            "modules": {fact_text.line(name, 64): {"path": fact_text.line(entry.get("path"), 512)
+                                                   if isinstance(entry.get("path"), str) else None,
+                                                   "srcversion": srcversion_of(entry.get("srcversion"))}
+                        for name, entry in sorted(modules.items())[:16] if isinstance(entry, dict)},
+        })
+    return stamps, "; ".join(errors) or None
+
+
 def collect_nvidia(root, release, userspace_too=True):
     proc_version = files.read_text(files.path(root, "proc", "driver", "nvidia", "version"))
     smi_text, smi_source = (runner.recorded_or_live(root, "nvidia-smi-version", COMMANDS["nvidia-smi-version"])
@@ -237,9 +282,13 @@ def collect_nvidia(root, release, userspace_too=True):
         m = re.search(r"^\s*(?:Driver Version|KMD Version)\s*:\s*(\S+)", q_text or "", re.M)
         userspace = m.group(1) if m else None
     m = re.search(r"Kernel Module(?: for \S+)?\s+([0-9.]+)", proc_version or "")
+    stamps, stamp_error = nvidia_build_stamps(root, release)
     return {
         "loaded": os.path.isdir(files.path(root, "sys", "module", "nvidia")),
         "module_version": files.read_text(files.path(root, "sys", "module", "nvidia", "version")),
+        "srcversion": srcversion_of(files.read_text(files.path(root, "sys", "module", "nvidia", "srcversion"))),
+        "build_stamps": stamps,
+        "build_stamp_error": stamp_error,
         "proc_version": proc_version,
         "proc_module_version": m.group(1) if m else None,
         "open_kernel_module": ("Open Kernel Module" in proc_version) if proc_version else None,
@@ -284,10 +333,14 @@ def collect_cpu(root):
     vendor = re.search(r"^vendor_id\s*:\s*(\S+)", text, re.M)
     family = re.search(r"^cpu family\s*:\s*(\d+)", text, re.M)
     model = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
+    sizes = re.search(r"^address sizes\s*:\s*(\d+) bits physical", text, re.M)
     return {
         "vendor": vendor.group(1) if vendor else None,
         "family": int(family.group(1)) if family else None,
         "model": model.group(1).strip() if model else None,
+        # the CPU's physical address width: the top of the physical address space the kernel hands out (HMM's
+        # device-private regions land just below it)
+        "address_bits": int(sizes.group(1)) if sizes and 0 < int(sizes.group(1)) <= 64 else None,
     }
 
 

@@ -68,6 +68,41 @@ def _sendrecv_of_peer(rows, probe, tol):
     return "pass", text
 
 
+DIRECT_P2P_REMEDY = {
+    "amd": None,  # shm_remedy: the GPU environment file's NCCL_P2P_LEVEL, then RCCL's P2P-level patch
+    "nvidia": ("NCCL found no direct P2P path between the GPUs within NCCL_P2P_LEVEL: check the layers below "
+               "(peer_access: the P2P driver fork loaded, a large BAR1; driver_state), then NCCL_P2P_LEVEL in the GPU "
+               "environment file (newer NCCL on a box whose GPUs sit under different host bridges picks P2P only "
+               "with NCCL_P2P_LEVEL=SYS)."),
+}
+
+
+def _direct_p2p(data, ladder_view, measured, expected):
+    """(why, remedy) when the collectives run's own NCCL/RCCL log says isAllDirectP2p 0 on a box whose P2P is
+    expected (seed 004: "the final log confirms isAllDirectP2p 1 via P2P/IPC", not SHM); None otherwise. Where P2P is
+    declared unavailable isAllDirectP2p 0 is the path the box is held to (seed 000: SHM)."""
+    log = data.get("log") or {}
+    direct = log.get("all_direct_p2p")
+    if direct is None:
+        return None
+    measured["isAllDirectP2p"] = "%d in the run's own log (%s)" % (direct, log.get("path"))
+    if not expectations.p2p_expected(ladder_view):
+        measured["isAllDirectP2p"] += ", as expected: %s" % expectations.declared(ladder_view)
+        return None
+    expected["isAllDirectP2p"] = 1
+    if direct:
+        return None
+    vendor = (ladder_view.get("gpu") or {}).get("vendor")
+    remedy = DIRECT_P2P_REMEDY.get(vendor) or shm_remedy(data.get("p2p_level"),
+                                                          (ladder_view.get("p2p") or {}).get("nccl_p2p_level"),
+                                                          data.get("env_file"))
+    library = "NCCL/RCCL %s" % log["nccl_version"] if log.get("nccl_version") else "NCCL/RCCL"
+    channels = ", ".join(log.get("transports") or []) or "none logged"
+    return ("the collectives run's own %s log says isAllDirectP2p 0 (channels via %s): the library found no direct "
+            "P2P between the GPUs, so these figures are not the P2P path's (seed 004 accepts only \"isAllDirectP2p 1 "
+            "via P2P/IPC\", not SHM)" % (library, channels), remedy)
+
+
 SENDRECV_REMEDY = (
     "SendRecv runs well below the peer copy the GPUs themselves make: check nccl_transport (a silent SHM fallback: "
     "NCCL_P2P_LEVEL=PHB in the GPU environment file, and the P2P-level patch for RCCL 2.27.7 on Intel hosts), then "
@@ -115,6 +150,8 @@ def judge_collectives(data, ladder_view, baseline_metrics=None, tolerance=None, 
         return make(layer, "fail", measured, expected, why,
                     "Wrong collective results mean corruption on the peer path: disable P2P (NCCL_P2P_DISABLE=1) "
                     "until the lower layers and the integrity test (peer_access) pass.", metrics=metrics)
+    # the path the collectives took: P2P gain over NCCL_P2P_DISABLE=1 (with ab), and the run's own log
+    no_p2p, remedy = [], None
     ab = data.get("ab")
     if ab:
         if ab.get("gain") is not None:
@@ -125,10 +162,15 @@ def judge_collectives(data, ladder_view, baseline_metrics=None, tolerance=None, 
         if expectations.p2p_expected(ladder_view) and ab.get("gain") is not None and ab["gain"] < AB_MIN_GAIN:
             expected["p2p_gain"] = ">= %.1fx" % AB_MIN_GAIN
             want = (ladder_view.get("p2p") or {}).get("nccl_p2p_level")
-            return make(layer, "fail", measured, expected,
-                        "P2P gain %.2fx over NCCL_P2P_DISABLE=1, below %.1fx: the collectives did not use P2P"
-                        % (ab["gain"], AB_MIN_GAIN), shm_remedy(data.get("p2p_level"), want, data.get("env_file")),
-                        metrics=metrics)
+            no_p2p.append("P2P gain %.2fx over NCCL_P2P_DISABLE=1, below %.1fx: the collectives did not use P2P"
+                          % (ab["gain"], AB_MIN_GAIN))
+            remedy = shm_remedy(data.get("p2p_level"), want, data.get("env_file"))
+    direct = _direct_p2p(data, ladder_view, measured, expected)
+    if direct:
+        no_p2p.append(direct[0])
+        remedy = remedy or direct[1]
+    if no_p2p:
+        return make(layer, "fail", measured, expected, "; ".join(no_p2p), remedy, metrics=metrics)
     missing = [op for op in REQUIRED_OPS if op not in rows]
     if missing and data.get("error"):
         return make(layer, "unknown", measured, expected, "%s not measured: %s" % (", ".join(missing), data["error"]),
@@ -188,6 +230,7 @@ def judge_nccl_transport(parsed, ladder_view):
         "path": parsed["path"],
         "channels": ", ".join("%d via %s" % (n, t) for t, n in sorted(by_transport.items())),
         "isAllDirectP2p": parsed.get("all_direct_p2p"),
+        "isAllCudaP2p": parsed.get("all_cuda_p2p"),
         "NCCL_P2P_LEVEL": parsed.get("p2p_level"),
         "nccl_version": parsed.get("nccl_version"),
     }
@@ -199,7 +242,8 @@ def judge_nccl_transport(parsed, ladder_view):
             problems.append("%d of %d channels go through %s, not P2P: NCCL fell back silently"
                             % (len(not_p2p), len(channels), ", ".join(kinds)))
         if parsed.get("all_direct_p2p") is False:
-            notes.append("isAllDirectP2p 0")
+            problems.append("isAllDirectP2p 0: the library found no direct P2P between the GPUs (seed 004 accepts "
+                            "only \"isAllDirectP2p 1 via P2P/IPC\")")
     else:
         if parsed["path"] == "net":
             problems.append("channels go through the network transport")

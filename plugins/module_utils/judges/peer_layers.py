@@ -21,8 +21,11 @@ GBS_PER_LANE = {1: 0.25, 2: 0.5, 3: 8 * 128 / 130 / 8, 4: 16 * 128 / 130 / 8, 5:
 # Thresholds as data (the tolerance option overrides any of them):
 #   over_staged: a peer copy must beat the unpipelined host-staged copy by this factor to count as P2P;
 #   link_warn_below: warn when a peer copy reaches less than this share of the link's limit;
+#   link_fail_below: fail below this share: seed 004 stops there ("if TransferBench Push / DMA gives only 2-3 GB/s,
+#     do not go on tuning RCCL above it"; 2-3 GB/s is 13-19% of its Gen3 x16 link's 15.75 GB/s, its healthy 10.29 GB/s
+#     is 65%), and a Gen3 x16 peer copy below 3.94 GB/s is below even seed 000's host-staged 6.0 GB/s;
 #   bidir_warn_below: warn when both directions at once give less than this times one direction.
-RUNTIME_TOLERANCE = {"over_staged": 1.1, "link_warn_below": 0.5, "bidir_warn_below": 1.3}
+RUNTIME_TOLERANCE = {"over_staged": 1.1, "link_warn_below": 0.5, "link_fail_below": 0.25, "bidir_warn_below": 1.3}
 METRIC_PREFIXES = ("peer_gbs_", "host_staged_gbs_", "bidir_gbs_", "h2d_gbs_", "d2h_gbs_")
 ENABLE_OK = ("ok", "already enabled")
 
@@ -276,7 +279,8 @@ def judge_p2p_bandwidth(probe, ladder_view, baseline_metrics=None, tolerance=Non
     if expected_p2p:
         expected["peer"] = "> %.1fx the host-staged copy" % tol["over_staged"]
         if limit:
-            expected["peer"] += ", >= %d%% of the %s limit %.2f GB/s" % (100 * tol["link_warn_below"], link_name, limit)
+            expected["peer"] += ", >= %d%% of the %s limit %.2f GB/s (fails below %d%%)" % (
+                100 * tol["link_warn_below"], link_name, limit, 100 * tol["link_fail_below"])
     else:
         expected["path"] = "host-staged (%s)" % expectations.declared(ladder_view)
     verdict = _unavailable(layer, probe, ladder_view, expected)
@@ -327,7 +331,12 @@ def judge_p2p_bandwidth(probe, ladder_view, baseline_metrics=None, tolerance=Non
         elif peer <= staged * tol["over_staged"]:
             found.problem("%s: the peer copy (%.2f GB/s) is no faster than the host-staged copy (%.2f GB/s): "
                           "no real P2P" % (label, peer, staged), NO_P2P_REMEDY)
-        if limit and peer < limit * tol["link_warn_below"]:
+        if limit and peer < limit * tol["link_fail_below"]:
+            found.problem("%s: %.2f GB/s is %d%% of the %s limit (%.2f GB/s), below %d%%: the peer path is broken, not "
+                          "slow (seed 004: with TransferBench Push / DMA at only 2-3 GB/s, do not go on to tune the "
+                          "collectives)" % (label, peer, round(100 * peer / limit), link_name, limit,
+                                            round(100 * tol["link_fail_below"])), LINK_REMEDY)
+        elif limit and peer < limit * tol["link_warn_below"]:
             found.note("%s: %.2f GB/s is %d%% of the %s limit (%.2f GB/s)"
                        % (label, peer, round(100 * peer / limit), link_name, limit), LINK_REMEDY)
         elif limit and peer > limit * 1.05:

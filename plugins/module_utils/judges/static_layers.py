@@ -404,7 +404,8 @@ def _fork_for(evidence, vendor, release):
 
 
 def judge_kernel_state(evidence, ladder_view):
-    """Running kernel and cmdline as pinned; P2PDMA built and allowed (AMD); uvm HMM off with iommu=pt."""
+    """Running kernel and cmdline as pinned; P2PDMA built and allowed (AMD); nvidia_uvm's HMM off with iommu=pt where
+    the open driver would then confine its host allocations to ZONE_DMA32 (hmm_confines_host_memory)."""
     layer = "kernel_state"
     kernel = evidence.get("kernel") or {}
     pins = ladder_view.get("pins") or {}
@@ -493,22 +494,75 @@ def p2pdma_host_bridges(evidence):
     return sorted({(g.get("host_bridge") or {}).get("ids") or "unknown" for g in gpus})
 
 
+# The public source for HMM off with iommu=pt: a bug of NVIDIA's open driver (not of the P2P patches). With HMM on,
+# nvidia_uvm registers each GPU's memory as device-private memory at the top of the physical address space; the
+# driver's largest system address (nv_get_max_sysmem_address, kernel-open/nvidia/nv-vm.c) then exceeds the GPU's DMA
+# mask, and under iommu=pt (direct DMA) nv_compute_gfp_mask adds GFP_DMA32: every cuMem host allocation comes from
+# the ~2 GiB ZONE_DMA32 and NCCL >= 2.26.3's SHM transport crashes ("Error while attaching to shared memory segment
+# /dev/shm/nccl-..."). It needs all of: the open driver, HMM on (its default), iommu=pt, and a physical address space
+# that reaches beyond the GPU's DMA mask (the source's EPYC: 52 bits; an X99 Xeon E5 v3/v4 has 46, within an NVIDIA
+# GPU's 47: seed 000's box runs HMM at its default and works).
+HMM_SOURCE = ("WU-CVGL/cluster-setup docs/05_GPU_P2P_RTX4090.md, \"HMM breaks host cuMem allocations under IOMMU "
+              "passthrough\" (NVIDIA/nccl#2190)")
+HMM_REMEDY = ("Add `options nvidia-uvm uvm_disable_hmm=1` in /etc/modprobe.d (the driver role writes it while "
+              "rigbook_pins.nvidia_driver.uvm_disable_hmm is true, its default with iommu=pt) and reboot: with HMM on "
+              "and iommu=pt the open driver takes every cuMem host allocation from the ~2 GiB ZONE_DMA32 on this CPU, "
+              "and NCCL's SHM transport crashes (%s)." % HMM_SOURCE)
+
+
+def gpu_dma_mask_bits(evidence):
+    """The narrowest DMA mask the NVIDIA driver set on the GPUs (sysfs dma_mask_bits; a mask of 32 bits or none is the
+    PCI core's default before a driver binds), else NVIDIA's 47 bits."""
+    masks = [g.get("dma_mask_bits") for g in evidence.get("gpus") or [] if g.get("vendor") == "nvidia"]
+    masks = [bits for bits in masks if isinstance(bits, int) and 32 < bits <= 64]
+    return min(masks) if masks else DMA_REACH_BITS["nvidia"]
+
+
+def hmm_confines_host_memory(open_module, cpu_address_bits, gpu_dma_bits=DMA_REACH_BITS["nvidia"]):
+    """Whether nvidia_uvm with HMM on would, under iommu=pt, confine the driver's host allocations to ZONE_DMA32 (the
+    cited failure, HMM_SOURCE): False with NVIDIA's proprietary module (the cited bug is the open driver's) or
+    where the CPU's physical addresses (CPU_ADDRESS_BITS, /proc/cpuinfo "address sizes") end within the GPU's DMA mask
+    (GPU_DMA_BITS: the device-private regions HMM registers lie below the top of the physical address space); True
+    where they reach beyond it; None when the CPU's address width is not known."""
+    if open_module is False:
+        return False
+    if not cpu_address_bits:
+        return None
+    return cpu_address_bits > gpu_dma_bits
+
+
 def _judge_uvm_hmm(evidence, found, measured, expected):
     nvidia = evidence.get("nvidia") or {}
     value = nvidia.get("uvm_disable_hmm")
+    bits = (evidence.get("cpu") or {}).get("address_bits")
+    dma_bits = gpu_dma_mask_bits(evidence)
+    confines = hmm_confines_host_memory(nvidia.get("open_kernel_module"), bits, dma_bits)
+    if confines is False and nvidia.get("open_kernel_module") is False:
+        why_not = "the loaded module is NVIDIA's proprietary one and the cited bug is the open driver's"
+    elif confines is False:
+        why_not = ("this CPU's %d-bit physical addresses end within the GPUs' %d-bit DMA mask, so the driver does "
+                   "not confine host allocations to ZONE_DMA32" % (bits, dma_bits))
+    elif confines:
+        why = ("this CPU's %d-bit physical addresses reach beyond the GPUs' %d-bit DMA mask: the open driver takes "
+               "cuMem host allocations from ZONE_DMA32" % (bits, dma_bits))
+    else:
+        why = "this CPU's physical address width is not known (no \"address sizes\" in /proc/cpuinfo)"
     measured["uvm_disable_hmm"] = value
-    expected["uvm_disable_hmm"] = "Y (with iommu=pt)"
-    remedy = (
-        "Add `options nvidia-uvm uvm_disable_hmm=1` in /etc/modprobe.d (the driver role does) and reboot: "
-        "HMM with iommu=pt breaks NCCL's SHM transport."
-    )
+    expected["uvm_disable_hmm"] = "Y with iommu=pt, unless the CPU's physical addresses fit the GPUs' DMA mask"
     if value is None:
         if nvidia.get("modprobe_uvm_disable_hmm"):
             measured["uvm_disable_hmm"] = "set in modprobe.d (nvidia_uvm not loaded)"
+        elif confines is False:
+            measured["uvm_disable_hmm"] = "nvidia_uvm not loaded; HMM need not be off here: %s" % why_not
         else:
-            found.note("nvidia_uvm is not loaded and no modprobe.d option disables HMM", remedy)
+            found.note("nvidia_uvm is not loaded and no modprobe.d option disables HMM (%s)" % why, HMM_REMEDY)
     elif value.upper() not in ("Y", "1"):
-        found.problem("nvidia_uvm runs with HMM enabled (uvm_disable_hmm=%s) while iommu=pt" % value, remedy)
+        if confines is False:
+            measured["uvm_disable_hmm"] = "%s: HMM on (the driver's default), not the cited failure here: %s (%s)" % (
+                value, why_not, HMM_SOURCE)
+        else:
+            found.problem("nvidia_uvm runs with HMM enabled (uvm_disable_hmm=%s) while iommu=pt: %s" % (value, why),
+                          HMM_REMEDY)
 
 
 def judge_driver_state(evidence, ladder_view):
@@ -523,26 +577,71 @@ def judge_driver_state(evidence, ladder_view):
     )
 
 
+# Where an nvidia.ko under lib/modules/<release> came from, by its folder: DKMS installs the fork to updates/dkms (its
+# dkms.conf DEST_MODULE_LOCATION); the fork's own `make modules_install` and NVIDIA's .run installer to
+# kernel/drivers/video (NVIDIA/open-gpu-kernel-modules kernel-open/Makefile: INSTALL_MOD_DIR ?= kernel/drivers/video;
+# seed 000's way: built, installed, "the old DKMS module cleared, then depmod"); Ubuntu's prebuilt
+# linux-modules-nvidia-* packages to kernel/nvidia-<branch>.
+MODULE_ORIGINS = (
+    ("updates/dkms/", "a DKMS build"),
+    ("kernel/drivers/video/", "installed by hand (the fork's make modules_install, or NVIDIA's .run installer)"),
+    ("kernel/nvidia-", "a distribution package's prebuilt module"),
+)
+
+
+def module_origin(rel):
+    """What installed the module file REL (relative to lib/modules/<release>), in words (MODULE_ORIGINS)."""
+    for prefix, words in MODULE_ORIGINS:
+        if rel.startswith(prefix):
+            return words
+    return "installed outside DKMS"
+
+
+def pinned_open(pin):
+    """Whether the driver pin asks for NVIDIA's open kernel modules: its `open` when the pin says it; True when it
+    names the P2P fork's source (`source` or `fork_repo`: the fork is a patched build of the open kernel modules);
+    None when it says neither (the module kind is then not judged)."""
+    if isinstance(pin.get("open"), bool):
+        return pin["open"]
+    if pin.get("source") or pin.get("fork_repo"):
+        return True
+    return None
+
+
+def _stamp_of(nv, version):
+    """rigbook's build stamp of VERSION for the running kernel (static_evidence.nvidia_build_stamps), or None."""
+    for stamp in nv.get("build_stamps") or []:
+        if stamp.get("version") == version:
+            return stamp
+    return None
+
+
 def _judge_nvidia_driver(evidence, ladder_view):
+    """The LOADED module against the pin: loaded at all, its version, open or proprietary (where the pin says), the
+    srcversion of the DKMS build rigbook made and stamped for the running kernel; userspace equal. Where its file sits
+    (DKMS, or installed by hand as seed 000 did) is a note: the hand-installed fork works until the next kernel."""
     layer = "driver_state"
     nv = evidence.get("nvidia") or {}
     pin = (ladder_view.get("pins") or {}).get("nvidia_driver") or {}
     release = (evidence.get("kernel") or {}).get("release")
     found = Findings()
     loaded = nv.get("module_version") or nv.get("proc_module_version")
+    files = nv.get("module_files") or []
     measured = {
         "module": loaded,
         "open": nv.get("open_kernel_module"),
-        "files": nv.get("module_files"),
+        "srcversion": nv.get("srcversion"),
+        "files": ["%s (%s)" % (f, module_origin(f)) for f in files] if files else nv.get("module_files"),
         "userspace": nv.get("userspace_version"),
     }
     expected = {"module": pin.get("version"), "userspace": pin.get("userspace_version") or pin.get("version")}
     rebuild = (
         "Re-run provision: the driver role builds the pinned fork through DKMS for every installed kernel "
-        "(dkms autoinstall -k %s), removes shadowing copies, and asks for a reboot." % (release or "<kernel>")
+        "(dkms autoinstall -k %s), moves copies installed by hand aside, and asks for a reboot."
+        % (release or "<kernel>")
     )
     if not nv.get("loaded") and not loaded:
-        if not nv.get("module_files"):
+        if not files:
             found.problem("no nvidia module is installed for the running kernel %s" % release, rebuild)
         else:
             found.problem(
@@ -553,14 +652,26 @@ def _judge_nvidia_driver(evidence, ladder_view):
         found.gap("the nvidia module is loaded but its version is not readable")
     elif pin.get("version") and loaded != pin["version"]:
         found.problem("the loaded nvidia module is %s, pinned %s" % (loaded, pin["version"]), rebuild)
-    files = nv.get("module_files") or []
-    if files and pin.get("version"):
-        preferred = [f for f in files if f.startswith("updates/")]
-        stock = [f for f in files if not f.startswith("updates/")]
-        if not preferred:
-            found.problem(
-                "nvidia.ko for %s is only in %s, not under updates/dkms" % (release, ", ".join(stock)), rebuild
-            )
+    want_open = pinned_open(pin)
+    if want_open is not None and loaded:
+        expected["open"] = want_open
+        kind = {True: "NVIDIA's open kernel module", False: "NVIDIA's proprietary kernel module"}
+        if nv.get("open_kernel_module") is None:
+            found.gap("whether the loaded module is the open or the proprietary one is not readable "
+                      "(/proc/driver/nvidia/version)")
+        elif nv["open_kernel_module"] != want_open:
+            found.problem("the loaded nvidia module is %s, the pin is %s%s" % (
+                kind[nv["open_kernel_module"]], kind[want_open],
+                " (the P2P fork is a patched build of the open modules)" if want_open else ""), rebuild)
+    _judge_srcversion(nv, loaded, release, found, measured, expected)
+    if files and pin.get("version") and not [f for f in files if f.startswith("updates/dkms/")]:
+        found.note(
+            "nvidia.ko for %s is %s (%s), not a DKMS build: it runs, but a kernel upgrade does not rebuild it"
+            % (release, module_origin(files[0]), ", ".join(files)),
+            "The converge (nvidia_p2p_driver role) builds the pinned fork with DKMS for every installed kernel, so a "
+            "kernel upgrade rebuilds it, and moves the hand-installed files aside (under /var/lib/rigbook); "
+            "`provision -i INVENTORY site.yml --check --diff` says so before anything changes.",
+        )
     userspace = nv.get("userspace_version")
     want_user = pin.get("userspace_version") or pin.get("version")
     if userspace is None and loaded:
@@ -576,6 +687,34 @@ def _judge_nvidia_driver(evidence, ladder_view):
             "Install the pinned userspace with --no-kernel-modules.",
         )
     return found.verdict(layer, measured, expected, ok_text="the pinned driver build is loaded, userspace matches")
+
+
+def _judge_srcversion(nv, loaded, release, found, measured, expected):
+    """The loaded nvidia module's srcversion (/sys/module/nvidia/srcversion) against the DKMS build rigbook made for
+    the running kernel, when it made one of the loaded version (its build stamp in DKMS's tree): another copy of the
+    same version loaded instead (one installed by hand, or the module from before the build, still in memory) is the
+    build's srcversion no more. nvidia.ko's srcversion covers its kernel interface layer (WU-CVGL/cluster-setup
+    docs/05_GPU_P2P_RTX4090.md), so this tells builds apart, not every patch of the core."""
+    if nv.get("build_stamp_error"):
+        measured["build_stamp"] = "unreadable: %s" % nv["build_stamp_error"]
+    stamp = _stamp_of(nv, loaded) if loaded else None
+    if stamp is None:
+        return
+    want = ((stamp.get("modules") or {}).get("nvidia") or {}).get("srcversion")
+    measured["build_stamp"] = stamp.get("path")
+    if not want:
+        return
+    expected["srcversion"] = "%s (rigbook's DKMS build for %s)" % (want, release)
+    have = nv.get("srcversion")
+    if have is None:
+        found.gap("the loaded nvidia module's srcversion is not readable (/sys/module/nvidia/srcversion)")
+    elif have != want:
+        found.problem(
+            "the loaded nvidia module %s (srcversion %s) is not the DKMS build rigbook made for %s (srcversion %s): "
+            "another copy of that version is loaded" % (loaded, have, release, want),
+            "Reboot so the DKMS build loads (or modprobe -r nvidia_uvm nvidia_drm nvidia_modeset nvidia, then "
+            "modprobe nvidia); if it still differs, find the copy that wins: modinfo -n nvidia.",
+        )
 
 
 def _judge_amd_driver(evidence, ladder_view):

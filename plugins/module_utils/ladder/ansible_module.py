@@ -9,14 +9,15 @@ task passes the host model (`host`) and what is its own (phase, layers, baseline
 the tolerance, the GPU environment file, the collectives tests and their Python, the benchmark's environment and the
 serve profiles are the model's (model_options), an option given only overriding one. The task fails at the first
 failing layer with its measured and expected values and remedy; warn and unknown verdicts are reported as warnings.
-Read-only: check mode runs the same.
+A runtime climb on the GPUs runs inside a hold of this host's serve units (ladder/serving_hold.py: stopped for the
+layers, started again after, whatever the layers did); check mode runs the same checks and stops nothing.
 """
 
 from __future__ import annotations
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.rigbook.homelab.plugins.module_utils import host_model
-from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import registry
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import beside_engine, registry
 from ansible_collections.rigbook.homelab.plugins.module_utils.ladder.climb import (
     OPTION_DEFAULTS,
     Context,
@@ -51,6 +52,12 @@ ARGUMENT_SPEC = dict(
     serving_state=dict(type="path"),  # None: collect/serving_evidence.STATE_FILE
     error_state=dict(type="path", default="/var/lib/rigbook/error-counters.json"),  # collect/error_counters.STATE_FILE
     allow_unknown=dict(type="list", elements="str", default=[]),
+    # This host's serve units around the runtime layers (ladder/serving_hold.py)
+    serving=dict(type="str", choices=["stop", "keep", "resume"], default="stop"),
+    serving_when=dict(type="str", choices=["always", "changed"], default="always"),
+    changes=dict(type="list", elements="str", default=[]),
+    engine=dict(type="list", elements="str"),
+    hold_state=dict(type="path"),  # None: ladder/serving_hold.STATE_FILE
 )
 
 
@@ -98,16 +105,41 @@ def context_of(params, check_mode=False):
                    params.get("tolerance"), options)
 
 
-def finish_ladder(module, verdicts, evidence):
-    """Fail the task on a fail verdict (the climb stopped there), warn on warn/unknown, exit otherwise."""
+def asked_for_runtime(params):
+    """Whether this run names a runtime layer itself: the layers option, or --tags (run_tags)."""
+    if params["layers"] is not None:
+        return bool(registry.select(registry.RUNTIME, params["layers"])[0])
+    return bool(registry.select(registry.RUNTIME, params["run_tags"] or [])[0])
+
+
+def hold_of(params, ctx, check_mode):
+    """The hold of this host's serve units around the runtime layers (ladder/serving_hold.py), begun."""
+    # deferred: serving_hold imports the readiness wait (HTTP) and the engine reader (/proc); a static or serving
+    # climb needs neither
+    from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import serving_hold
+
+    host = params["host"] if isinstance(params["host"], dict) else {}
+    return serving_hold, serving_hold.Hold(
+        ctx.options.get("serve"), params["serving"], check_mode, params["hold_state"], params["engine"],
+        ctx.root, host.get("vendor") or (ctx.ladder_view.get("gpu") or {}).get("vendor")).begin()
+
+
+def finish_ladder(module, verdicts, evidence, hold=None):
+    """Fail the task on a fail verdict (the climb stopped there) or a serve unit not ready again after the runtime
+    layers, warn on warn/unknown and on a layer skipped because an engine beside it held the memory, exit
+    otherwise. HOLD: the serve units' report (serving_hold), returned as serving_hold, its notes as notes."""
     result = dict(changed=False, ladder=verdicts, evidence=evidence,
                   msg="; ".join(message(v) for v in verdicts) or "no layer selected")
+    problems = []
+    if hold is not None:
+        result.update(serving_hold=hold, notes=hold["notes"])
+        problems = hold["problems"] + ([hold["busy"]] if hold["busy"] else [])
     failed = [v for v in verdicts if v["status"] == "fail"]
-    if failed:
-        result["msg"] = message(failed[0])
+    if failed or problems:
+        result["msg"] = "; ".join(([message(failed[0])] if failed else []) + problems)
         module.fail_json(**result)
     for verdict in verdicts:
-        if verdict["status"] in ("warn", "unknown"):
+        if verdict["status"] in ("warn", "unknown") or (verdict["status"] == "skip" and verdict.get("beside")):
             module.warn(message(verdict))
     module.exit_json(**result)
 
@@ -115,6 +147,21 @@ def finish_ladder(module, verdicts, evidence):
 def run_ladder_module():
     """main() of rigbook.homelab.ladder."""
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    params = module.params
     layers = selected_layers(module)
-    verdicts, evidence = climb(layers, context_of(module.params, module.check_mode))
-    finish_ladder(module, verdicts, evidence)
+    ctx = context_of(params, module.check_mode)
+    if params["serving"] != "resume" and not beside_engine.gpu_work(layers, ctx.options):
+        verdicts, evidence = climb(layers, ctx)
+        finish_ladder(module, verdicts, evidence)
+        return
+    serving_hold, hold = hold_of(params, ctx, module.check_mode)
+    if hold.busy:
+        finish_ladder(module, [], {"root": ctx.root}, hold.report())
+        return
+    if params["serving"] == "resume":  # the role's always task: start what a run cut short left stopped, climb nothing
+        hold.release()
+        finish_ladder(module, [], {"root": ctx.root}, hold.report())
+        return
+    verdicts, evidence = serving_hold.climb_around(layers, ctx, climb, hold, params["serving_when"],
+                                                   params["changes"], asked_for_runtime(params))
+    finish_ladder(module, verdicts, evidence, hold.report())

@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 from ansible_collections.rigbook.homelab.plugins.module_utils.judges import expectations
-from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import error_watch, registry
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import beside_engine, error_watch, registry
 from ansible_collections.rigbook.homelab.plugins.module_utils.probe import defaults as probe_defaults
 
 # The runtime and serving layers' options (the ladder module's argument spec gives them their types) and their
@@ -35,6 +35,8 @@ OPTION_DEFAULTS = {
     "check_mode": False,
     "allow_unknown": [],  # layers allowed to stay unknown on this run, besides the host model's (--allow-unknown)
     "serving_figures": True,  # false (the health timer): no chat requests, one readiness poll, no figures judged
+    "beside": None,  # what ran beside the runtime layers (an engine not stopped: ladder/beside_engine.py); set by the
+    # ladder module around its runtime climb (ladder/serving_hold.py)
 }
 
 
@@ -69,7 +71,9 @@ def climb(layers, ctx, stop_at_fail=True, evidence=None):
     counter rose gets the fail / warn. The "expected layer unknown fails" rule (unknown_expected) judges what the
     layer itself measured, before that modifier, and the modifier only ever raises a status
     (judges/verdict.SEVERITY): an expected layer that measured nothing fails unless allowed, whatever the counters
-    did."""
+    did. Before that rule, a runtime layer measured while an engine ran beside it (option "beside") is judged so
+    (ladder/beside_engine.judged): an unknown whose own evidence ran out of GPU memory is a skip naming the engine
+    and its memory; a figures layer says it was measured beside the engine."""
     wanted = set(layer if isinstance(layer, str) else layer.name for layer in layers)
     verdicts = []
     replay = evidence is not None
@@ -86,6 +90,8 @@ def climb(layers, ctx, stop_at_fail=True, evidence=None):
             watch.start(evidence)
         collect(layer.needs, ctx, evidence, collected)
         verdict = layer.judge(evidence, ctx)
+        if layer.phase == registry.RUNTIME and not replay:
+            verdict = beside_engine.judged(verdict, layer.needs, evidence, ctx.options.get("beside"))
         if not replay:
             verdict = unknown_expected(verdict, ctx)
         if watch is not None and layer.phase == registry.RUNTIME:

@@ -11,8 +11,11 @@ health_main.py) and a systemd timer that runs it with the config the role wrote 
 - the hardware error counters (AER, Xid, GPU resets, IOMMU faults) against the last run's reading;
 - with serve profiles, the serving layer without its figures: the unit, one readiness poll, the served model and
   the engine's own transport line from its journal (a box that fell back to SHM shows here). It never runs the
-  peer probe, the bandwidth or the collectives tests, and never sends the engine a request beyond /health and
-  /v1/models, so a serving engine is not disturbed;
+  peer probe, the bandwidth or the collectives tests, never sends the engine a request beyond one readiness poll
+  (/health_generate) and /v1/models, and never stops, starts or restarts a unit, so a serving engine is not
+  disturbed. While a ladder run holds the serve units stopped for its runtime layers (ladder/serving_hold.py: its
+  record on the host, its holder still running), the serving layer is a skip that says so, not a fail of an engine
+  stopped on purpose;
 
 then writes node_exporter textfile metrics (one file, atomically) and one journal line per layer (stdout).
 """
@@ -24,6 +27,7 @@ import sys
 import time
 
 from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges import verdict as verdict_mod
 from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import climb as climb_mod
 from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import error_watch, registry
 
@@ -61,11 +65,34 @@ def check(config, climb=None, take=None, now=None):
     ctx = climb_mod.Context(config.get("evidence_root") or "/", config.get("ladder_view") or {},
                             options={"serve": config.get("serve") or [], "serving_figures": False,
                                      "serving_state": state_dir + "/" + SERVING_STATE})
-    verdicts, evidence = (climb or climb_mod.climb)(layers_of(config), ctx, stop_at_fail=False)
+    layers, held = layers_of(config), None
+    if registry.SERVING in layers:
+        held = held_serving(config)
+        if held is not None:
+            layers = [name for name in layers if name != registry.SERVING]
+    verdicts, evidence = (climb or climb_mod.climb)(layers, ctx, stop_at_fail=False)
+    if held is not None:
+        verdicts.append(held)
     errors = error_counters(ctx, evidence, state_dir + "/" + ERROR_COUNTERS_STATE, take)
     ended = clock()
     return {"host": config.get("host") or "", "time": ended, "duration_s": round(ended - started, 3),
             "layers": verdicts, "error_counters": errors}
+
+
+def held_serving(config):
+    """The serving layer's skip while a ladder run holds the serve units stopped for its runtime layers, else None
+    (the hold's record: config's hold_state, else ladder/serving_hold.STATE_FILE)."""
+    # deferred: only a box with serve profiles reads the hold (with the serving collectors it shares its imports)
+    from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import serving_hold
+
+    record = serving_hold.held_now(config.get("hold_state") or serving_hold.STATE_FILE)
+    if record is None:
+        return None
+    return verdict_mod.make(
+        registry.SERVING, "skip", measured={"held_by": record["pid"], "units": record["units"],
+                                            "since": record["since"]},
+        why="a ladder run (pid %s) stopped %s at %s for its runtime layers and starts them again after them: not "
+            "judged this run" % (record["pid"], ", ".join(record["units"]), record["since"]))
 
 
 def error_counters(ctx, evidence, state_path, take=None):

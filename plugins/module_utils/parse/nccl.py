@@ -126,7 +126,13 @@ _CHANNEL_RE = re.compile(
     r"(?P<to>\d+)(?:\[(?P<todev>[0-9a-fA-Fx]+)\])?"
     r"(?:\s*\[(?P<dir>send|receive)\])?\s+via\s+(?P<via>.+)$"
 )
-_DIRECT_RE = re.compile(r"isAllDirectP2p\s+(\d+)")
+# The "Check P2P Type" line: NCCL's ncclTransportCheckP2pType (NVIDIA/nccl src/transport.cc@081eafaf: "Check P2P Type
+# isAllDirectP2p %d directMode %d isAllCudaP2p %d"; RCCL 2.27 prints "isAllDirectP2p %d directMode %d"; older RCCL
+# (ROCm/rccl src/transport.cc@47da6731) the same flag as "intraNodeP2pSupport %d directMode %d"). isAllDirectP2p is 1
+# when every pair of local ranks can use the P2P transport within NCCL_P2P_LEVEL, with no intermediate GPU; isAllCudaP2p
+# is 1 when every pair has CUDA P2P at all, whatever the distance.
+_DIRECT_RE = re.compile(r"\b(?:isAllDirectP2p|intraNodeP2pSupport)\s+(\d+)")
+_CUDA_P2P_RE = re.compile(r"\bisAllCudaP2p\s+(\d+)")
 
 
 def _transport(via: str) -> str:
@@ -159,6 +165,7 @@ class LogReader:
         self.channels = []
         self.transports = []
         self.direct = []
+        self.cuda_p2p = []
 
     def feed(self, raw: str) -> None:
         if self.version is None:
@@ -168,6 +175,9 @@ class LogReader:
         m = _DIRECT_RE.search(raw)
         if m:
             self.direct.append(m.group(1) != "0")
+        m = _CUDA_P2P_RE.search(raw)
+        if m:
+            self.cuda_p2p.append(m.group(1) != "0")
         m = _CHANNEL_RE.search(raw)
         if not m:
             return
@@ -197,6 +207,7 @@ class LogReader:
             "channels": channels,
             "transports": self.transports,
             "all_direct_p2p": (all(self.direct) if self.direct else None),
+            "all_cuda_p2p": (all(self.cuda_p2p) if self.cuda_p2p else None),
             "path": path,
         }
 

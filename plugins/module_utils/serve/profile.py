@@ -512,7 +512,15 @@ def owned_flag(flag):
 INT_FIELDS = frozenset(("tp_size", "context_length", "max_total_tokens", "port", "speculative.num_steps",
                         "speculative.eagle_topk", "speculative.num_draft_tokens"))
 FLOAT_FIELDS = frozenset(("mem_fraction_static",))
-ENGINE_MODULES = ("sglang.launch_server",)
+# Every way SGLang's server is started, each decided by engine_args: {python module: the subcommand words that
+# follow it}: `python -m sglang.launch_server ARGS`, `python -m sglang.cli.main serve ARGS` (the console entry point
+# sglang.cli.main:main); ENGINE_COMMANDS: {console script: subcommand words}, `sglang serve ARGS` as the kernel shows
+# a console script started through its shebang: [<venv>/bin/python3, <venv>/bin/sglang, serve, ARGS...].
+ENGINE_MODULES = {"sglang.launch_server": (), "sglang.cli.main": ("serve",)}
+ENGINE_COMMANDS = {"sglang": ("serve",)}
+PYTHON = re.compile(r"^python[0-9.]*$")
+# Python's own options that take the next word as their value (-W ignore, -X dev, --check-hash-based-pycs always)
+PYTHON_VALUE_OPTIONS = ("W", "X")
 
 
 def _typed(field, text):
@@ -527,19 +535,76 @@ def _typed(field, text):
     return text
 
 
+def _python_target(argv):
+    """(module, None, the words after it) or (None, script, the words after it) of a Python command line ARGV
+    (argv[0] an interpreter: python, python3, python3.12, a path to one), read as Python reads its options; None
+    for another program, `-c` (a command string: multiprocessing's spawn workers and resource tracker) or nothing
+    to run."""
+    if not argv or not PYTHON.match(argv[0].rsplit("/", 1)[-1]):
+        return None
+    i = 1
+    while i < len(argv):
+        word = argv[i]
+        if word == "--check-hash-based-pycs":
+            i += 2
+            continue
+        if word == "--":
+            return (None, argv[i + 1], argv[i + 2:]) if i + 1 < len(argv) else None
+        if word == "-":
+            return None  # the program on stdin
+        if word.startswith("--"):
+            i += 1  # --help, --version, ...
+            continue
+        if word.startswith("-"):
+            cluster = word[1:]
+            for at, flag in enumerate(cluster):
+                rest = cluster[at + 1:]
+                if flag == "c":
+                    return None
+                if flag == "m":
+                    if rest:
+                        return rest, None, argv[i + 1:]
+                    return (argv[i + 1], None, argv[i + 2:]) if i + 1 < len(argv) else None
+                if flag in PYTHON_VALUE_OPTIONS:
+                    i += 0 if rest else 1
+                    break
+            i += 1
+            continue
+        return None, word, argv[i + 1:]
+    return None
+
+
+def _after(words, expected):
+    """The words after EXPECTED (the subcommand words) at the start of WORDS, or None."""
+    expected = list(expected)
+    return words[len(expected):] if words[:len(expected)] == expected else None
+
+
 def engine_args(argv, engine=None):
-    """The engine's own arguments in a process's ARGV, or None when ARGV does not start an engine: the words after
-    `-m sglang.launch_server` (["/v/bin/python3", "-m", "sglang.launch_server", ...]), or, with ENGINE (the
-    inventory's serve_engine argv, e.g. the lab's stand-in script), the words after ENGINE's own words past its
-    interpreter (any interpreter: a box set up by hand runs it from a venv of its own)."""
+    """The engine's own arguments in a process's ARGV, or None when ARGV does not start an engine. The one place
+    that decides what starts SGLang (ENGINE_MODULES, ENGINE_COMMANDS):
+    - `python -m sglang.launch_server ARGS` and `python -m sglang.cli.main serve ARGS`;
+    - the console command `sglang serve ARGS`: [<venv>/bin/python3, <venv>/bin/sglang, "serve", ARGS] as the kernel
+      starts a script through its shebang, or `python3 /path/bin/sglang serve ARGS` typed as such;
+    - a wrapper script that execs one of them: the process is then the exec'd command line, read as above (a shell
+      that runs one without exec is a parent whose own command line, [bash, start.sh], starts no engine);
+    - with ENGINE (the inventory's serve_engine argv, e.g. the lab's stand-in script), the words after ENGINE's own
+      words past its interpreter (any interpreter: a box set up by hand runs it from a venv of its own).
+    Python's -c (multiprocessing's spawn workers, its resource tracker) starts no engine, nor does a process that
+    renamed itself (SGLang's schedulers: sglang::scheduler)."""
     argv = [a for a in argv or [] if isinstance(a, str)]
-    for i, word in enumerate(argv[:-1]):
-        if word == "-m" and argv[i + 1] in ENGINE_MODULES:
-            return argv[i + 2:]
     own = [a for a in engine or [] if isinstance(a, str)][1:]
     if own and own != ["-m"] and argv[1:1 + len(own)] == own:
         return argv[1 + len(own):]
-    return None
+    target = _python_target(argv)
+    if target is not None:
+        module, script, rest = target
+        if module is not None:
+            return _after(rest, ENGINE_MODULES[module]) if module in ENGINE_MODULES else None
+        name = script.rsplit("/", 1)[-1]
+        return _after(rest, ENGINE_COMMANDS[name]) if name in ENGINE_COMMANDS else None
+    name = argv[0].rsplit("/", 1)[-1] if argv else ""
+    return _after(argv[1:], ENGINE_COMMANDS[name]) if name in ENGINE_COMMANDS else None
 
 
 def redacted_argv(argv):

@@ -22,14 +22,21 @@ module types and bounds every value (`typed`: control characters replaced by U+F
 characters, credentials removed from URLs, environment names shell names, key values hidden), and mapping applies
 `typed` again to what the run stored. What was skipped, refused, removed or cut is said as a note or as not pinned.
 
-Read so far: the kernel (release, source: distro or debs with each .deb's sha256, the command line's own
-parameters), each running SGLang engine's command line as a serve profile (flags the schema does not know in
-extra_args, named; an API key or admin API key on the command line never copied) and its GPU environment, the
-SGLang version of its venv, the NVIDIA driver as DKMS built it, the CUDA toolchain wheels (the role's default venv,
-else the engine's), the engine's venv as a requirements lock written beside the pins (hashes of the wheels found in
---wheels-dir) and sglang's local changes as a patch, ROCm (release, packages, apt repository and keyring sha256,
-amdgpu-dkms, HSA_* environment), and the mapped RCCL from rigbook's build stamp. What cannot be pinned is listed
-with the reason.
+Read so far: the kernel (release, source: distro or debs with each .deb's sha256, of the command line's own
+parameters only those the P2P stack reads: facts/kernel.p2p_words, the rest named as left alone), each running
+SGLang engine however it was started (`python -m sglang.launch_server`, `sglang serve`, `python -m sglang.cli.main
+serve`, a wrapper that execs one: serve/profile.engine_args) with its command line as a serve profile (flags the
+schema does not know in extra_args, named; an API key or admin API key on the command line never copied) and its
+GPU environment, the SGLang version of its venv, the NVIDIA driver as the kernel has it loaded (its version pinned
+whatever put its file there: DKMS, make modules_install, a package, none on disk; the DKMS source's repository and
+commit when DKMS built the loaded module; the userspace version from the library the loader finds), the CUDA
+toolchain wheels (the role's default venv, else the engine's), the engine's venv as a requirements lock written
+beside the pins (hashes of the wheels found in --wheels-dir) and sglang's local changes as a patch, ROCm (release,
+packages, apt repository and keyring sha256, AMD's graphics repository, amdgpu-dkms, HSA_* environment; the
+existing apt sources named), and the mapped RCCL from rigbook's build stamp. A box its host boots (no
+/lib/modules/<release>, no EFI, no GRUB) gets `rigbook_manage: {kernel: false, nvidia_driver: false}` instead of a
+kernel pin. What cannot be pinned is listed with the reason, an NVIDIA box's driver and CUDA toolchain included.
+The closing check reads the inventory with what was written (`-o FILE` as the host's host_vars).
 """
 
 from __future__ import annotations

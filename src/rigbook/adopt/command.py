@@ -5,10 +5,16 @@ them, all or none, then check the inventory with them (the readiness check site.
 
 from __future__ import annotations
 
+import dataclasses
+import io
 import json
+import os
 import sys
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
+from rigbook import inventory as inventory_mod
 from rigbook import runs, statefile
 from rigbook.adopt.emit import render
 from rigbook.adopt.mapping import adopt_of
@@ -91,6 +97,99 @@ def write_together(files: dict) -> None:
     facts("files").write_many([(str(path), text) for path, text in files.items()], mode=0o644, make_parents=True)
 
 
+ADOPTED_LAST = "~~adopted-by-rigbook.yml"  # sorts after every other file of a vars folder: its values win
+
+
+def _link_tree(source: Path, dest: Path, moved: dict) -> None:
+    """DEST made a folder of links to every file under SOURCE (same relative paths), each link noted in MOVED
+    {link: the file it stands for}."""
+    for top, _dirs, names in os.walk(source):
+        folder = dest / Path(top).relative_to(source)
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in names:
+            (folder / name).symlink_to(Path(top, name).absolute())
+            moved[folder / name] = Path(top, name)
+
+
+@contextmanager
+def inventory_with(path: Path, target: Path, kind: str, name: str):
+    """(inventory path, {path there: the path it stands for}) of PATH read with TARGET's values as KIND ("host" or
+    "group") variables of NAME, as Ansible would read them from KIND_vars/NAME beside the inventory: PATH itself when
+    it reads TARGET already, else a folder of links to PATH's files where KIND_vars/NAME/ also holds TARGET, read
+    last (its keys replace the same keys of NAME's own files). Removed on leaving."""
+    if any(Path(s.file).resolve() == target.resolve() and s.owner == f"{kind} {name}"
+           for s in inventory_mod.load(path).sources):
+        yield path, {}
+        return
+    base = path if path.is_dir() else path.parent
+    with tempfile.TemporaryDirectory(prefix="rigbook-adopt-check-") as scratch:
+        top, moved = Path(scratch) / "inventory", {}
+        top.mkdir()
+        moved[top] = base
+        for entry in base.iterdir():
+            if entry.name != f"{kind}_vars":
+                (top / entry.name).symlink_to(entry.absolute())
+                moved[top / entry.name] = entry
+        folder = top / f"{kind}_vars"
+        folder.mkdir()
+        own = name_file(name, "")
+        original = base / f"{kind}_vars"
+        for entry in sorted(original.iterdir()) if original.is_dir() else []:
+            if entry.name == own and entry.is_dir():
+                _link_tree(entry, folder / own, moved)
+            elif entry.name in (own + ".yml", own + ".yaml"):
+                (folder / own).mkdir(exist_ok=True)
+                (folder / own / entry.name).symlink_to(entry.absolute())
+                moved[folder / own / entry.name] = entry
+            else:
+                (folder / entry.name).symlink_to(entry.absolute())
+                moved[folder / entry.name] = entry
+        (folder / own).mkdir(exist_ok=True)
+        (folder / own / ADOPTED_LAST).symlink_to(target.absolute())
+        moved[folder / own / ADOPTED_LAST] = target
+        yield (top if path.is_dir() else top / path.name), moved
+
+
+def _as_given(err: InventoryInvalid, moved: dict) -> InventoryInvalid:
+    """ERR with each problem's file named as the user knows it (MOVED: inventory_with's links)."""
+    def real(file):
+        file = Path(file)
+        if file in moved:
+            return moved[file]
+        for link, original in sorted(moved.items(), key=lambda item: -len(str(item[0]))):
+            if link in file.parents:
+                return original / file.relative_to(link)
+        return file
+    return InventoryInvalid([dataclasses.replace(p, file=real(p.file)) for p in err.problems])
+
+
+def check_written(path: Path, inventory: str, target: Path, host: str, group: str | None, stream) -> int:
+    """The readiness check site.yml makes before contacting the host, of the inventory PATH (-i INVENTORY) with what
+    adopt wrote (TARGET; with -o outside the folders Ansible reads, read as HOST's host_vars, or GROUP's group_vars
+    with --group): 0 ready, 1 with what is still missing named."""
+    kind, name = ("group", group) if group else ("host", host)
+    warnings = io.StringIO()
+    with inventory_with(path, target, kind, name) as (checked, moved):
+        try:
+            validate(checked, warn=warnings, roles=run_roles(resolve_playbook("site.yml")), limit=host)
+            err = None
+        except InventoryInvalid as exc:
+            err = _as_given(exc, moved)
+    for line in warnings.getvalue().splitlines():
+        for link, original in sorted(moved.items(), key=lambda item: -len(str(item[0]))):
+            line = line.replace(str(link), str(original))
+        print(line, file=sys.stderr)
+    written = f"{target} (read as {kind}_vars of {name})" if moved else target.name
+    if err is not None:
+        print(f"adopt: the inventory with {written} does not validate yet:\n{err}", file=sys.stderr)
+        return 1
+    where = f"{path if path.is_dir() else path.parent}/{kind}_vars/{name_file(name, '')}/"
+    print(f"adopt: {path} validates with {written}; next: "
+          + (f"copy {target} into {where}, then " if moved else "")
+          + f"provision site.yml -i {inventory} --limit {host} --check --diff", file=stream)
+    return 0
+
+
 def adopt_command(host: str, inventory: str, output: str | None = None, group: bool = False, force: bool = False,
                   debs_dir: str | None = None, wheels_dir: str | None = None, stream=None) -> int:
     """`provision adopt HOST -i INV`: read HOST (adopt.yml, read-only), write its pins and serve profiles, then
@@ -156,11 +255,5 @@ def adopt_command(host: str, inventory: str, output: str | None = None, group: b
         print(f"  note: {_shown(text)}", file=stream)
     for text in unpinned:
         print(f"  not pinned: {_shown(text)}", file=stream)
-    try:  # the readiness check site.yml makes before contacting the host: every input its roles need
-        validate(Path(path), roles=run_roles(resolve_playbook("site.yml")), limit=host)
-    except InventoryInvalid as err:
-        print(f"adopt: the inventory with {target.name} does not validate yet:\n{err}", file=sys.stderr)
-        return 1
-    print(f"adopt: {path} validates with {target.name}; next: provision site.yml -i {inventory} --limit {host} "
-          "--check --diff", file=stream)
-    return 0
+    # the readiness check site.yml makes before contacting the host: every input its roles need, with what was written
+    return check_written(Path(path), inventory, target, host, chosen_group, stream)

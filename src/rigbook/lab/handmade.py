@@ -19,8 +19,9 @@ Seed 000 (an NVIDIA rig; the write-up's section 二 and 三), with the lab's sta
    `sglang serve ...` with the seed's flags: no systemd unit. The lab's `sglang` command is a console script of
    the engine stand-in (/usr/local/bin/sglang, run by the venv's python: the process's command line is the one
    `sglang serve` gives on the seed's box); the venv's own bin/sglang needs torch, which the lab does not install.
-The host's recorded tree is edited to what that box shows: the nvidia modules under kernel/drivers/video and
-nvidia_uvm's uvm_disable_hmm at the driver's default (N).
+The host's recorded tree is edited to what that box shows: nvidia_uvm's uvm_disable_hmm at the driver's default (N)
+and its CPU (/proc/cpuinfo: an E5-2666 v3, 46-bit physical addresses). The fork's modules are the host's real ones
+(kernel/drivers/video), which the tree shows once the host booted the installed kernel (the lab's boot hook).
 
 Seed 004 (an AMD rig; the write-up's 第一部分): the custom kernel from .debs (the lab's stand-in kernel), ROCm from
 amdgpu-install's own apt sources (/etc/apt/sources.list.d/rocm.list and amdgpu.list, keyring
@@ -63,7 +64,10 @@ FORK_DIR = f"{HOME}/open-gpu-kernel-modules"
 FORK_INSTALL_DIR = "kernel/drivers/video"  # where the fork's own `make modules_install` puts its modules
 SCALES = "scales/qwen38-fp8-kv-scales-per-head.json"  # relative to the owner's shell's folder, as the seed runs it
 MODEL = "/srv/models/standin-model"  # the lab's stand-in model (every lab host has it); the seed: ~/models/...
-# Seed 000's command line (section 四), its models the lab's stand-in model (the draft too: the stand-in loads none)
+# Seed 000's command line (section 四), its models the lab's stand-in model (the draft too: the stand-in loads none),
+# and its host KV cache scaled to a lab host's memory: --hicache-size 15 (GB a rank, on the seed's 62 GB box) would
+# not fit the lab machine's 24 GiB, and serve_units refuses it there as it would on such a box (LAB_HICACHE_GB).
+LAB_HICACHE_GB = "4"
 SEED_000_FLAGS = [
     "--model-path", MODEL, "--tp-size", "2",
     "--quantization", "compressed-tensors", "--kv-cache-dtype", "fp8_e4m3",
@@ -74,7 +78,7 @@ SEED_000_FLAGS = [
     "--max-running-requests", "4", "--cuda-graph-max-bs-decode", "4",
     "--mem-fraction-static", "0.88", "--mamba-ssm-dtype", "bfloat16",
     "--mamba-radix-cache-strategy", "extra_buffer_lazy", "--disable-custom-all-reduce",
-    "--enable-hierarchical-cache", "--hicache-ratio", "2", "--hicache-size", "15",
+    "--enable-hierarchical-cache", "--hicache-ratio", "2", "--hicache-size", LAB_HICACHE_GB,
     "--hicache-io-backend", "direct", "--hicache-mem-layout", "page_first_direct",
     "--hicache-write-policy", "write_through", "--page-size", "64",
     "--default-chat-template-kwargs", '{"reasoning_effort": "medium"}',
@@ -287,17 +291,23 @@ def _reboot(host, timeout: float = 180.0) -> None:
     machine.wait_ready([host], timeout=timeout)
 
 
+# Seed 000's CPU as /proc/cpuinfo shows it (RECONSTRUCTED: an E5-2666 v3 is Haswell-EP, family 6 model 63, 46-bit
+# physical addresses): what the HMM rule reads (judges/static_layers.hmm_confines_host_memory).
+SEED_000_CPUINFO = ("processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 63\n"
+                    "model name\t: Intel(R) Xeon(R) CPU E5-2666 v3 @ 2.90GHz\n"
+                    "address sizes\t: 46 bits physical, 48 bits virtual\n\n")
+
+
 def seed_000_tree(tree) -> None:
-    """Edit a host's recorded tree (TREE, on this machine) to what seed 000's box shows: the fork's modules where its
-    own `make modules_install` put them (not updates/dkms) and nvidia_uvm's HMM at the driver's default."""
-    for module_dir in sorted(tree.glob("lib/modules/*/updates/dkms")):
-        target = module_dir.parent.parent / FORK_INSTALL_DIR
-        target.mkdir(parents=True, exist_ok=True)
-        for ko in sorted(module_dir.glob("nvidia*.ko")):
-            ko.rename(target / ko.name)
+    """Edit a host's recorded tree (TREE, on this machine) to what seed 000's box shows: nvidia_uvm's HMM at the
+    driver's default and its CPU. (Where the fork's modules sit needs no edit: after the reboot into the installed
+    kernel the lab's boot hook links the tree's lib/modules/<release> to the host's real one, where `make
+    modules_install` put them.)"""
     hmm = tree / "sys/module/nvidia_uvm/parameters/uvm_disable_hmm"
     if hmm.exists():
         hmm.write_text("N\n")
+    (tree / "proc").mkdir(parents=True, exist_ok=True)
+    (tree / "proc/cpuinfo").write_text(SEED_000_CPUINFO)
 
 
 def handmade(name: str, seed: str | None = None) -> int:

@@ -585,19 +585,19 @@ def _attack(mark):
 
 
 MARKS = ("MARK_argv", "MARK_served", "MARK_extra", "MARK_env", "MARK_venv", "MARK_git", "MARK_branch", "MARK_origin",
-         "MARK_release", "MARK_cmdline", "MARK_deb")
+         "MARK_release", "MARK_cmdline", "MARK_deb", "MARK_amdgpu")
 
 
 def _hostile_facts():
     """What adopt_facts returns on a box where a local user started a process whose command line and environment
-    hold Jinja2, and the venv path, the DKMS source's git remote, an apt source (a package origin) and the kernel's
-    strings do too (constructed in adopt_facts' shapes)."""
+    hold Jinja2, and the venv path, the DKMS source's git remote, apt sources (a package origin, AMD's graphics
+    repository) and the kernel's strings do too (constructed in adopt_facts' shapes)."""
     release = "6.8.12-" + _attack("MARK_release")
     origin = "file:///r/" + _attack("MARK_origin")
     rocm = dict(ROCM, policy=[f"500 {origin.replace('file:///', 'file:/')} noble/main amd64 Packages"],
                 sources=[dict(ROCM["sources"][1], uris=[origin])])
     return {
-        "kernel": {"release": release, "cmdline": ["iommu=pt", "x=" + _attack("MARK_cmdline")], "packages": [
+        "kernel": {"release": release, "cmdline": ["iommu=pt", "pci=" + _attack("MARK_cmdline")], "packages": [
             {"name": f"linux-image-{release}", "version": "1", "origin": "local",
              "sources": ["100 /var/lib/dpkg/status"],
              "deb": {"path": "/srv/debs/" + _attack("MARK_deb"), "sha256": "a" * 64}}]},
@@ -612,6 +612,12 @@ def _hostile_facts():
                      "env": {"NCCL_DEBUG": _attack("MARK_env")}, "secret_env": [],
                      "packages": [{"name": "sglang", "version": "0.5.23", "install": "index"}]}],
         "rocm": rocm,
+        # AMD's graphics repository as amdgpu-install's amdgpu.list names it: its version segment is the box's text
+        "apt_sources": [{"file": "/etc/apt/sources.list.d/amdgpu.list", "format": "one-line", "types": ["deb"],
+                         "uris": ["https://repo.radeon.com/amdgpu/" + _attack("MARK_amdgpu") + "/ubuntu"],
+                         "suites": ["noble"], "components": ["main"], "signed_by": ["/etc/apt/keyrings/rocm.gpg"],
+                         "enabled": True}],
+        "apt_keyrings": {"/etc/apt/keyrings/rocm.gpg": LAB_KEY_SHA},
     }
 
 
@@ -745,3 +751,181 @@ def test_stored_facts_of_the_wrong_shape_are_read_past_without_a_traceback():
     # typed twice (on the box, then on what the run stored) says nothing more the second time
     once, said, _ = adopt_facts.typed({"dkms": [{"git": {"repo": "https://u:p@h/r\x1b"}}], "engines": []})
     assert said and adopt_facts.typed(once)[1:] == ([], [])
+
+
+# --- the closing check reads the inventory with what adopt wrote (issue 35, defect 1 of the real VM run) -------------
+
+def _vm_inventory(tmp_path, fixtures, own_host_vars=None):
+    """The real VM run's inventory (tests/fixtures/adopt/h200-vm-hosts.yml), OWN_HOST_VARS its host_vars/h200.yml."""
+    inv = tmp_path / "inv"
+    inv.mkdir()
+    (inv / "hosts.yml").write_text((fixtures / "adopt/h200-vm-hosts.yml").read_text())
+    if own_host_vars is not None:
+        (inv / "host_vars").mkdir()
+        (inv / "host_vars/h200.yml").write_text(own_host_vars)
+    return inv
+
+
+def test_the_check_after_adopt_o_file_reads_the_file_as_the_hosts_variables(tmp_path, fixtures, capsys):
+    """What adopt wrote on the VM before issue 35 (recorded, tests/fixtures/adopt/h200-vm-adopted.yml) pins
+    kernel.release: the check of `adopt -o FILE` named it missing all the same (the inventory read without FILE)."""
+    written = tmp_path / "out/adopted.yml"
+    written.parent.mkdir()
+    written.write_text((fixtures / "adopt/h200-vm-adopted.yml").read_text())
+    inv = _vm_inventory(tmp_path, fixtures, own_host_vars="rigbook_pins:\n  kernel:\n    release: 6.8.0-90-generic\n"
+                                                           "rigbook_tolerance: {}\n")
+    assert command.check_written(inv, str(inv), written, "h200", None, io.StringIO()) == 1
+    err = capsys.readouterr().err
+    assert f"adopt: the inventory with {written} (read as host_vars of h200) does not validate yet" in err
+    assert "rigbook_pins.kernel.release" not in err  # FILE pins it, over the inventory's own host_vars
+    # what is still missing, named in the user's files (FILE, the inventory), never the check's scratch copy
+    assert (f"{written}: host h200: rigbook_pins.kernel.debs: " in err and "6.18.44-fc-v1252-gpu is no distribution "
+            "kernel" in err)
+    assert "rigbook-adopt-check" not in err and "6.8.0-90-generic" not in err
+    assert not list(tmp_path.glob("**/~~adopted-by-rigbook.yml"))
+    # the same file as host_vars/h200.yml of the inventory: read there, the same missing inputs
+    (inv / "host_vars/h200.yml").write_text(written.read_text())
+    assert command.check_written(inv, str(inv), inv / "host_vars/h200.yml", "h200", None, io.StringIO()) == 1
+    err = capsys.readouterr().err
+    assert "adopt: the inventory with h200.yml does not validate yet" in err
+    assert "rigbook_pins.kernel.release" not in err and "rigbook_pins.kernel.debs" in err
+
+
+def test_adopt_o_file_names_only_what_the_file_leaves_missing(tmp_path, monkeypatch, fixtures):
+    facts = {"kernel": {"release": "6.1.0-47-amd64", "cmdline": ["intel_iommu=on", "iommu=pt", "console=ttyS0"],
+                        "packages": [{"name": "linux-image-6.1.0-47-amd64", "version": "6.1.170-3",
+                                      "origin": "archive", "sources": ["500 http://deb.debian.org/debian bookworm/main "
+                                                                       "amd64 Packages"]}]},
+             "engines": [], "boot": {"modules_dir": True, "efi": True, "grub": ["/etc/default/grub"]}}
+    inv = _vm_inventory(tmp_path, fixtures)
+    monkeypatch.setenv("RIGBOOK_STATE_DIR", str(tmp_path / "state"))
+
+    def stored(options):
+        folder = runs.runs_dir() / "adopt-recorded" / command.FACTS_DIR
+        folder.mkdir(parents=True)
+        (folder / "h200.json").write_text(json.dumps(facts))
+        return 0
+
+    monkeypatch.setattr(command, "run_playbook", stored)
+    out, err = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    code = command.adopt_command("h200", str(inv), output=str(tmp_path / "adopted.yml"), stream=out)
+    written = emit.load((tmp_path / "adopted.yml").read_text())
+    assert written["rigbook_pins"]["kernel"]["cmdline"] == ["intel_iommu=on", "iommu=pt"]
+    assert "note: rigbook_pins.kernel.cmdline: left alone (not what the P2P stack reads" in out.getvalue()
+    assert code == 1 and "rigbook_pins.kernel" not in err.getvalue()  # kernel.release and its packages: pinned
+    assert "rigbook_pins.cuda_toolchain.version" in err.getvalue()  # not read: still missing, named
+    assert f"{tmp_path / 'adopted.yml'} (read as host_vars of h200)" in err.getvalue()
+
+
+# --- the driver however it got there (issue 35) -----------------------------------------------------------------------
+
+def _loaded(version="615.71.09", file="/lib/modules/6.8.12/kernel/drivers/video/nvidia.ko",
+            way="make modules_install", userspace="615.71.09"):
+    """adopt_facts' nvidia_driver reading of a loaded module (constructed in its shape)."""
+    return {"loaded": True, "version": version, "version_source": "/sys/module/nvidia/version",
+            "srcversion": "5C0F3B1E9A7D2C4B8E6F1A3D", "open": True, "file": file,
+            "file_source": "/lib/modules/6.8.12/modules.dep", "installed_by": way,
+            "userspace": {"version": userspace, "where": f"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{userspace}",
+                          "from": "library"} if userspace else None, "userspace_smi": None}
+
+
+DKMS_FORK = {"module": "nvidia", "version": "615.71.09", "kernels": {"6.8.12": "installed"},
+             "source": "/usr/src/nvidia-615.71.09",
+             "git": {"repo": "https://github.com/aikitoria/open-gpu-kernel-modules", "branch": "615.71.09-p2p",
+                     "commit": "3f2b1c0a"}}
+
+
+def test_the_dkms_fork_that_is_loaded_keeps_its_source_and_says_where_its_file_is():
+    facts = {"kernel": {}, "engines": [], "dkms": [DKMS_FORK],
+             "nvidia_driver": _loaded(file="/lib/modules/6.8.12/updates/dkms/nvidia.ko.zst", way="dkms")}
+    variables, comments, unpinned, notes = adopt.variables_of(facts)
+    assert variables["rigbook_pins"]["nvidia_driver"] == {
+        "version": "615.71.09", "fork_repo": "https://github.com/aikitoria/open-gpu-kernel-modules",
+        "branch": "615.71.09-p2p", "commit": "3f2b1c0a", "userspace_version": "615.71.09"}
+    assert comments[("rigbook_pins", "nvidia_driver", "version")].startswith("dkms status: nvidia/615.71.09")
+    assert any("updates/dkms/nvidia.ko.zst" in n and "installed by DKMS" in n for n in notes)
+    assert any(u.startswith("rigbook_pins.nvidia_driver.source and userspace_installer") for u in unpinned)
+
+
+def test_a_loaded_module_that_is_not_dkmss_is_the_pin_and_nothing_of_dkmss_source_is_kept():
+    facts = {"kernel": {}, "engines": [], "dkms": [DKMS_FORK],
+             "nvidia_driver": _loaded(version="580.95.05", file="/lib/modules/6.8.12/kernel/nvidia-580/nvidia.ko",
+                                      way="package", userspace="580.95.05")}
+    variables, comments, unpinned, notes = adopt.variables_of(facts)
+    assert variables["rigbook_pins"]["nvidia_driver"] == {"version": "580.95.05", "userspace_version": "580.95.05"}
+    assert comments[("rigbook_pins", "nvidia_driver", "version")] == "/sys/module/nvidia/version: the loaded module"
+    assert any("DKMS's nvidia/615.71.09 is not the loaded module (580.95.05)" in n for n in notes)
+    assert any("installed by a distribution package" in n for n in notes)
+    assert not [u for u in unpinned if u.startswith("rigbook_pins.nvidia_driver.source and")]
+    assert any(u.startswith("rigbook_pins.nvidia_driver: fork_repo and commit") and "installed by package" in u
+               for u in unpinned)
+
+
+def test_hmm_left_at_the_drivers_default_is_pinned_so_where_it_cannot_confine_host_memory():
+    """Seed 000's box: the open fork, HMM at the driver's default, an E5 v3 (46-bit physical addresses): the pin keeps
+    HMM as the box has it, so the converge writes no modprobe option; a CPU whose addresses reach past the GPUs' DMA
+    mask, or one whose width is unknown, gets no such pin (the host model's default: off with iommu=pt)."""
+    facts = {"kernel": {}, "engines": [], "nvidia_driver": _loaded(), "cpu_address_bits": 46}
+    variables, comments, _, _ = adopt.variables_of(facts)
+    assert variables["rigbook_pins"]["nvidia_driver"]["uvm_disable_hmm"] is False
+    assert "46-bit physical addresses end within" in comments[("rigbook_pins", "nvidia_driver", "uvm_disable_hmm")]
+    for bits in (52, None):
+        variables, *_ = adopt.variables_of(dict(facts, cpu_address_bits=bits))
+        assert "uvm_disable_hmm" not in variables["rigbook_pins"]["nvidia_driver"], bits
+    variables, *_ = adopt.variables_of(dict(facts, uvm_disable_hmm=True))  # the owner's modprobe.d option: kept
+    assert variables["rigbook_pins"]["nvidia_driver"]["uvm_disable_hmm"] is True
+
+
+def test_an_nvidia_box_without_a_driver_or_toolchain_to_pin_says_so():
+    facts = {"kernel": {}, "engines": [], "gpus": [{"slot": "0000:03:00.0", "vendor": "nvidia"}],
+             "nvidia_driver": {"loaded": False, "version": None}}
+    variables, _, unpinned, _ = adopt.variables_of(facts)
+    assert "rigbook_pins" not in variables
+    assert any(u.startswith("rigbook_pins.nvidia_driver: no nvidia module is loaded and DKMS has none") for u in
+               unpinned)
+    assert any(u.startswith("rigbook_pins.cuda_toolchain: no nvidia-cuda-nvcc wheel") for u in unpinned)
+    # an AMD box names neither
+    _, _, unpinned, _ = adopt.variables_of({"kernel": {}, "engines": [], "gpus": [{"vendor": "amd"}]})
+    assert not [u for u in unpinned if "nvidia_driver" in u or "cuda_toolchain" in u]
+
+
+def test_what_the_box_said_of_its_driver_is_checked_before_it_is_a_pin():
+    bad = _loaded(version="615.71.09\nExecStartPre=+/bin/sh", userspace="{{ lookup('pipe','id') }}")
+    variables, comments, unpinned, notes = adopt.variables_of({"kernel": {}, "engines": [], "nvidia_driver": bad})
+    assert "rigbook_pins" not in variables
+    assert any(u.startswith("rigbook_pins.nvidia_driver.version: the loaded module says") for u in unpinned)
+    text = adopt.render("box", variables, comments, unpinned, notes)  # nothing but comments: no value came of it
+    assert emit.load(text) is None and all(line == "---" or line.startswith("#") for line in text.splitlines())
+    # stored facts of the wrong shape are read past
+    for shape in ([1], "x", {"loaded": True, "version": "615.71.09", "userspace": "x"}):
+        variables, *_ = adopt.variables_of({"kernel": {}, "engines": [], "nvidia_driver": shape,
+                                            "apt_sources": ["x", {"uris": "https://repo.radeon.com/rocm/apt/7.1"}],
+                                            "boot": "y", "gpus": "z"})
+        assert "rigbook_manage" not in variables
+
+
+def test_a_box_read_before_the_boot_reading_is_not_taken_for_a_vm():
+    facts = {"kernel": {"release": "6.1.0-47-amd64", "cmdline": ["iommu=pt"]}, "engines": []}
+    variables, _, _, _ = adopt.variables_of(facts)
+    assert "rigbook_manage" not in variables and variables["rigbook_pins"]["kernel"]["cmdline"] == ["iommu=pt"]
+    for boot in ({"modules_dir": True, "efi": False, "grub": []}, {"modules_dir": False, "efi": True, "grub": []},
+                 {"modules_dir": False, "efi": False, "grub": ["/etc/default/grub"]}):
+        assert "rigbook_manage" not in adopt.variables_of(dict(facts, boot=boot))[0]
+    variables, _, _, _ = adopt.variables_of(dict(facts, boot={"modules_dir": False, "efi": False, "grub": []}))
+    assert variables["rigbook_manage"] == {"kernel": False, "nvidia_driver": False}
+    assert "kernel" not in variables.get("rigbook_pins", {})
+
+
+def test_a_relative_path_the_box_resolved_is_pinned_absolute_and_said():
+    scales = "/home/owner/scales/qwen38-fp8-kv-scales-per-head.json"
+    engine = {"pid": 4242, "args": ["--model-path", "/srv/models/m", "--quantization-param-path", scales],
+              "relative_paths": [["--quantization-param-path", "scales/qwen38-fp8-kv-scales-per-head.json", scales]]}
+    variables, _, _, notes = adopt.variables_of({"kernel": {}, "engines": [engine]})
+    [profile] = variables["rigbook_serve"]
+    assert profile["extra_args"] == ["--quantization-param-path", scales]
+    assert any("--quantization-param-path scales/qwen38-fp8-kv-scales-per-head.json is relative to the folder the "
+               "engine was started in: written as " + scales in n for n in notes)
+    # a stored reading of the wrong shape is read past
+    variables, *_ = adopt.variables_of({"kernel": {}, "engines": [dict(engine, relative_paths="x")]})
+    assert variables["rigbook_serve"][0]["extra_args"] == ["--quantization-param-path", scales]

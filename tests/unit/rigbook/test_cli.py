@@ -71,10 +71,11 @@ def test_help_lists_commands_and_exit_codes():
 
 def test_validate_homelab_names_what_only_its_owners_can_supply():
     """Everything the two write-ups state is in inventory/homelab; what they do not publish is named, each with its
-    key path, and nothing else (exit 2, no traceback); what must be on the boxes is listed first."""
+    key path, and nothing else (exit 2, no traceback); what must be on the boxes is listed first, then the values the
+    inventory guessed (rigbook_unconfirmed), apart from the owners' inputs."""
     proc = provision("validate", "-i", "homelab")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    named = re.findall(r"host (rig-[0-9a-z]+): (rigbook_[a-z_.]+): needed by the ([a-z_0-9]+) role: .+; how: .+",
+    named = re.findall(r"host (rig-[0-9a-z]+): (rigbook_[a-z_.\[\]0-9]+): needed by the ([a-z_0-9]+) role: .+; how: .+",
                        proc.stderr)
     assert named == [
         ("rig-3080", "rigbook_pins.nvidia_driver.commit", "nvidia_p2p_driver"),
@@ -85,12 +86,18 @@ def test_validate_homelab_names_what_only_its_owners_can_supply():
         ("rig-r9700", "rigbook_pins.rocm.dkms", "amd_rocm"),  # RDNA4 on a 6.8 kernel: said, not defaulted
         ("rig-r9700", "rigbook_pins.rccl.source", "rccl"),
         ("rig-r9700", "rigbook_pins.rccl.tests.source", "rccl"),
+        ("rig-r9700", "rigbook_pins.sglang.patches[0].path", "sglang"),  # BF16 PV, the owner's
+        ("rig-r9700", "rigbook_pins.sglang.patches[1].path", "sglang"),  # RDNA4 Patch065, the owner's
     ], proc.stderr
-    assert "inventory is not ready: 8 inputs the play needs are missing (nothing was contacted)" in proc.stderr
-    boxes = proc.stderr.split("error:")[0]
+    assert "inventory is not ready: 10 inputs the play needs are missing (nothing was contacted)" in proc.stderr
+    boxes, rest = proc.stderr.split("\nunconfirmed: ")
+    guessed, _errors = rest.split("\nerror: ")
     for path in ("/srv/models/Qwen3.8-27B-AWQ ", "/srv/models/Qwen3.8-27B-DFlash2-W4A16 ",
+                 "/srv/models/scales/qwen38-fp8-kv-scales-per-head.json ",
                  "/srv/wheels/sglang-0.5.18-rocm7.1 ", "/srv/models/Qwen3.8-27B-AWQ-MTP "):
         assert path in boxes, boxes
+    assert guessed.startswith("21 values of the inventory guessed") and "needed by the" not in guessed
+    assert "host rig-r9700: rigbook_serve[0].context_length = 196608: " in guessed
 
 
 def test_validate_the_lab_is_ready():

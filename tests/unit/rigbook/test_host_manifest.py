@@ -175,6 +175,52 @@ def test_a_pinned_difference_is_grouped_by_layer_or_role(twins):
     assert row["item"] == "kernel.cmdline" and "iommu=pt" in row["a"] and "iommu=on" in row["b"]
 
 
+# The kernel role's note of the stored .debs it installed the distribution kernel from (plugins/modules/deb_packages.py
+# writes it from the controller's store record: module_utils/deb_store.box_record); the sha256 values reconstructed.
+KERNEL_NOTE = {"release": "7.0.0-31-generic", "architecture": "amd64", "packages": {
+    "linux-image-7.0.0-31-generic": {"version": "7.0.0-31.31", "sha256": "5b" * 32},
+    "linux-modules-extra-7.0.0-31-generic": {"version": "7.0.0-31.31", "sha256": "7c" * 32}}}
+
+
+def test_the_kernel_s_stored_debs_are_shown_with_their_sha256_and_other_bytes_are_a_pinned_difference(twins, capsys):
+    a, b = twins
+    assert collect(a)["items"]["kernel.debs"] == {"group": "kernel_state", "value": None, "unique": False}
+    for root in twins:
+        write(root, "var/lib/rigbook/debs/kernel.json", json.dumps(KERNEL_NOTE))
+    assert collect(a)["items"]["kernel.debs"] == {"group": "kernel_state", "value": KERNEL_NOTE["packages"],
+                                                  "unique": False}
+    result = manifests.diff(collect(a), collect(b))
+    assert result["pinned"] == {} and [row["equal"] for row in result["kernel_debs"]] == [True, True]
+    manifests.print_diff(result, "rig-a", "rig-b", os.sys.stdout)
+    out = capsys.readouterr().out
+    assert f"kernel package linux-image-7.0.0-31-generic: equal, 7.0.0-31.31 sha256 {'5b' * 32}\n" in out
+    assert f"kernel package linux-modules-extra-7.0.0-31-generic: equal, 7.0.0-31.31 sha256 {'7c' * 32}\n" in out
+    # the twin's modules-extra came from other bytes of the same version
+    other = json.loads(json.dumps(KERNEL_NOTE))
+    other["packages"]["linux-modules-extra-7.0.0-31-generic"]["sha256"] = "00" * 32
+    write(b, "var/lib/rigbook/debs/kernel.json", json.dumps(other))
+    result = manifests.diff(collect(a), collect(b))
+    assert [row["item"] for row in result["pinned"]["kernel_state"]] == ["kernel.debs"]
+    manifests.print_diff(result, "rig-a", "rig-b", os.sys.stdout)
+    out = capsys.readouterr().out
+    assert (f'kernel package linux-modules-extra-7.0.0-31-generic: "7.0.0-31.31 sha256 {"7c" * 32}" / '
+            f'"7.0.0-31.31 sha256 {"00" * 32}"\n') in out
+    # a twin the store gave nothing (a plain ansible-playbook run): its side is absent, a pinned difference too
+    (b / "var/lib/rigbook/debs/kernel.json").unlink()
+    result = manifests.diff(collect(a), collect(b))
+    assert [row["item"] for row in result["pinned"]["kernel_state"]] == ["kernel.debs"]
+    assert {row["b"] for row in result["kernel_debs"]} == {None}
+
+
+def test_a_garbled_kernel_note_is_a_reason_never_a_value(twins):
+    write(twins[0], "var/lib/rigbook/debs/kernel.json",
+          json.dumps({"packages": {"linux-image-x": {"version": "\x1b[2J", "sha256": "5b" * 32}}}))
+    value = collect(twins[0])["items"]["kernel.debs"]["value"]
+    assert value == ("unreadable: var/lib/rigbook/debs/kernel.json: the entry 'linux-image-x' is no package with a "
+                     "version and sha256")
+    assert manifests.kernel_debs(collect(twins[0]), collect(twins[1])) == []
+
+
 def save(path: Path, manifest: dict) -> Path:
     path.write_text(json.dumps(manifest))
     return path

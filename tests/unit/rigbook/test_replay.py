@@ -88,7 +88,15 @@ def test_live_static_ladder_on_the_h200_matches_the_replay_of_its_snapshot(fixtu
     assert list(live_ladder) == ["firmware", "pcie_link", "dma_window", "kernel_state", "driver_state"]
     proc = replay(fixtures / "device" / "h200-snapshot.tar.gz")
     replayed = {v["layer"]: (v["status"], v["measured"]) for v in json.loads(proc.stdout)["hosts"]["h200"]["ladder"]}
-    assert {layer: replayed[layer] for layer in live_ladder} == live_ladder
+    for layer, (status, measured) in live_ladder.items():
+        got_status, got = replayed[layer]
+        assert got_status == status, layer
+        if not isinstance(measured, dict):
+            assert got == measured, layer
+            continue
+        assert {key: got.get(key) for key in measured} == measured, layer
+        # what a judge measures since the snapshot was taken (driver_state's srcversion) is unknown in it, not made up
+        assert all(got[key] is None for key in set(got) - set(measured)), layer
 
 
 def test_device_run_of_the_two_task_ladder(fixtures):

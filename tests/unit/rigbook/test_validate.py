@@ -613,3 +613,108 @@ def test_the_hostile_matrixs_inventory_is_valid_and_ready_as_it_is(tmp_path):
     inv = _lab(tmp_path)
     proc = provision("validate", "-i", inv, env={"RIGBOOK_STATE_DIR": str(tmp_path / "state")}, timeout=120)
     assert proc.returncode == 0 and "valid and ready for site.yml" in proc.stdout, proc.stdout + proc.stderr
+
+
+# --- inventory/homelab: the owners' inputs and the guesses listed apart -------------------------------------------
+
+def _site_roles():
+    from rigbook.run import resolve_playbook
+    from rigbook.validate import run_roles
+
+    return run_roles(resolve_playbook("site.yml"))
+
+
+def test_homelab_lists_the_owners_inputs_and_the_unconfirmed_guesses_apart(tmp_path):
+    import io
+
+    stream = io.StringIO()
+    with pytest.raises(InventoryInvalid) as info:
+        validate(HOMELAB, warn=stream, roles=_site_roles())
+    # what the play needs and the write-ups do not publish: the owners' inputs, each with how to get it
+    assert all(p.message.startswith("needed by the ") for p in info.value.problems), info.value.problems
+    inputs = [(p.owner, p.key_path) for p in info.value.problems]
+    assert ("host rig-r9700", "rigbook_pins.sglang.patches[0].path") in inputs  # BF16 PV, the owner's
+    assert ("host rig-r9700", "rigbook_pins.sglang.patches[1].path") in inputs  # RDNA4 Patch065
+    # the guesses: listed with their values, none of them an input
+    listing = stream.getvalue()
+    head, *lines = listing.strip().splitlines()
+    assert head.startswith("unconfirmed: 21 values of the inventory guessed, not the owner's (rigbook_unconfirmed)")
+    guessed = {tuple(re.match(r"^\s+\S+: (host \S+): (\S+) = ", line).groups()) for line in lines}
+    assert ("host rig-3080", "rigbook_pins.kernel.release") in guessed
+    assert ("host rig-3080", "rigbook_serve[0].extra_args[2]") in guessed  # the scales file's place
+    assert ("host rig-r9700", "rigbook_serve[0].model_path") in guessed
+    assert not guessed & set(inputs)
+    assert 'hosts.yml: host rig-r9700: ansible_user = "rigbook": ' in listing  # named with the file that sets it
+
+
+def test_a_confirmed_guess_leaves_the_listing_and_a_stale_one_is_a_warning(tmp_path):
+    import io
+
+    inv = _copy(tmp_path)
+
+    def confirm(data):
+        data["rigbook_unconfirmed"] = [item for item in data["rigbook_unconfirmed"]
+                                       if item["key"] != "rigbook_pins.kernel.release"]
+        data["rigbook_unconfirmed"].append("rigbook_pins.nvidia_driver.nothing_here")
+
+    _edit(inv, G3080, confirm)
+    stream = io.StringIO()
+    validate(inv, warn=stream)
+    out = stream.getvalue()
+    assert "rigbook_pins.kernel.release" not in out and "unconfirmed: 20 values" in out
+    assert ("warning: " in out and "rigbook_unconfirmed[10]: 'rigbook_pins.nvidia_driver.nothing_here' names no value "
+            "of this host") in out
+
+
+@pytest.mark.parametrize("item", ["rigbook_pins..kernel", "rigbook_serve[x]", {"why": "no key"},
+                                  {"key": "ansible_user", "why": "two\nlines"}], ids=str)
+def test_an_unconfirmed_item_that_is_no_key_path_is_refused(tmp_path, item):
+    inv = _copy(tmp_path)
+    _edit(inv, G3080, set_key("rigbook_unconfirmed", [item]))
+    with pytest.raises(InventoryInvalid) as info:
+        validate(inv)
+    assert [p.key_path.split("]")[0] for p in info.value.problems] == ["rigbook_unconfirmed[0"], info.value.problems
+
+
+def test_a_box_that_leaves_its_kernel_to_its_provider_is_not_asked_for_kernel_debs(tmp_path):
+    inv = _copy(tmp_path)
+    _edit(inv, G9700, set_key("rigbook_manage", {"kernel": False}))
+    with pytest.raises(InventoryInvalid) as info:
+        validate(inv, roles=_site_roles())
+    keys = [p.key_path for p in info.value.problems]
+    assert "rigbook_pins.kernel.debs" not in keys and "rigbook_pins.rocm.version" in keys
+    _edit(inv, G9700, set_key("rigbook_manage", {"kernel": "no"}))
+    with pytest.raises(InventoryInvalid, match=r"rigbook_manage\.kernel: bad value \"no\" \(str\): must be a boolean"):
+        validate(inv)
+
+
+def test_a_one_gpu_box_declared_without_p2p_on_its_stock_driver_is_ready(tmp_path):
+    """The single-H200 cloud VM (shared/research/real-gpu-run.md): no P2P driver fork, no userspace installer, no
+    kernel .debs asked for."""
+    inv = tmp_path / "vm"
+    inv.mkdir()
+    (inv / "hosts.yml").write_text("all:\n  hosts:\n    h200-vm:\n      ansible_host: 127.0.0.1\n")
+    edit_yaml(inv / "host_vars" / "h200-vm.yml", lambda data: data.update({
+        "rigbook_gpu": {"vendor": "nvidia", "model": "H200", "count": 1},
+        "rigbook_p2p": {"expected": False, "reason": "one GPU"},
+        "rigbook_manage": {"kernel": False},
+        "rigbook_pins": {"kernel": {"release": "6.8.0-1030-aws"}, "nvidia_driver": {"version": "580.159.04"},
+                         "cuda_toolchain": {"version": "13.0.88"}}}))
+    loaded = validate(inv, roles=_site_roles())
+    assert "h200-vm" in loaded.hosts
+
+
+def test_amdgpu_dkms_names_its_repository(tmp_path):
+    inv = _copy(tmp_path)
+    _edit(inv, G9700, set_key("rigbook_pins.rocm.dkms", True))
+    with pytest.raises(InventoryInvalid) as info:
+        validate(inv, roles=_site_roles())
+    (need,) = [p for p in info.value.problems if p.key_path.startswith("rigbook_pins.rocm.amdgpu")]
+    assert need.key_path == "rigbook_pins.rocm.amdgpu_repo" and "graphics repository" in need.message
+    _edit(inv, G9700, set_key("rigbook_pins.rocm.amdgpu_repo", {"url": "https://repo.radeon.com/amdgpu/7.1/ubuntu",
+                                                               "key_url": "https://repo.radeon.com/rocm/rocm.gpg.key"}))
+    with pytest.raises(InventoryInvalid) as info:
+        validate(inv)
+    assert {p.key_path for p in info.value.problems} == {"rigbook_pins.rocm.amdgpu_repo"}
+    assert {m for p in info.value.problems for m in ("suite", "key_sha256") if m in p.message} == {"suite",
+                                                                                                  "key_sha256"}

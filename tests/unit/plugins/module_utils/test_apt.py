@@ -87,3 +87,14 @@ def test_a_command_that_cannot_start_is_no_lock_to_wait_for(box):
     rc, out, err = apt.run_apt(INSTALL)
     assert rc is None and err == "could not start" and box["sleeps"] == []
     assert apt.lock_message("apt-get install", rc, out, err, 300) == "apt-get install could not run: could not start"
+
+
+def test_needrestart_is_told_to_list_only_and_its_apt_hook_to_stay_out(box):
+    """Ubuntu's needrestart apt hook restarts services after a dpkg run (24.04's default); mid-play that would restart
+    the serving engine (20-30 GB of weights reloaded) or sshd. needrestart(1), ENVIRONMENT: NEEDRESTART_MODE overrides
+    the restart mode, NEEDRESTART_SUSPEND makes the apt-get hook skip needrestart (its ex/apt/apt-pinvoke)."""
+    assert apt.ENV["NEEDRESTART_MODE"] == "l" and apt.ENV["NEEDRESTART_SUSPEND"] == "1"
+    assert apt.ENV["DEBIAN_FRONTEND"] == "noninteractive"
+    box["script"] = [(INSTALL, 0, "")]
+    assert apt.run_apt(INSTALL) == (0, "", "")
+    assert box["envs"] == [apt.ENV]

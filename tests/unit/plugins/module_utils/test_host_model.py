@@ -405,9 +405,10 @@ def test_an_rdna4_box_on_a_kernel_before_6_11_must_say_whether_amdgpu_dkms_drive
     assert [n["key"] for n in needs] == ["rigbook_pins.rocm.dkms"]
     assert "6.8.12-r9700-p2p-dma44 is a 6.8 kernel: mainline amdgpu drives GC 12.0 from Linux 6.11" in needs[0]["text"]
     assert "modinfo -F firmware amdgpu | grep gc_12_0_1" in needs[0]["how"]
-    for said in (True, False):  # the owner's answer, either way, is the decision
+    for said in (True, False):  # the owner's answer, either way, is the decision (true: where amdgpu-dkms comes from)
         variables["rigbook_pins"]["rocm"]["dkms"] = said
-        assert host_model.readiness(host_model.build(variables), roles=["amd_rocm"]) == []
+        assert [n["key"] for n in host_model.readiness(host_model.build(variables), roles=["amd_rocm"])] == (
+            ["rigbook_pins.rocm.amdgpu_repo"] if said else [])
     variables["rigbook_pins"]["rocm"].pop("dkms")
     variables["rigbook_pins"]["kernel"]["release"] = "6.14.0-37-generic"  # Ubuntu 24.04's HWE kernel: in-tree
     assert host_model.readiness(host_model.build(variables), roles=["amd_rocm"]) == []
@@ -418,3 +419,156 @@ def test_an_rdna4_box_on_a_kernel_before_6_11_must_say_whether_amdgpu_dkms_drive
     variables["rigbook_gpu"]["model"] = "Radeon RX 9070 XT"  # the model alone says RDNA4
     assert [n["key"] for n in host_model.readiness(host_model.build(variables), roles=["amd_rocm"])] == [
         "rigbook_pins.rocm.dkms"]
+
+
+# --- amdgpu-dkms from AMD's graphics repository ------------------------------------------------------------------
+
+AMDGPU_REPO = {"url": "https://repo.radeon.com/amdgpu/7.1/ubuntu", "suite": "noble"}
+
+
+def test_amdgpu_dkms_comes_from_the_graphics_repository_with_the_rocm_key():
+    """dkms: true needs AMD's graphics repository (amdgpu-dkms is not in the ROCm one); its key is the ROCm
+    repository's unless pinned apart, and the sha256 pre-check fetches that key once."""
+    variables = _vars(LAB, "x99_r9700")
+    rocm = variables["rigbook_pins"]["rocm"]
+    rocm["dkms"] = True
+    needs = host_model.readiness(host_model.build(variables), roles=["amd_rocm"])
+    assert [n["key"] for n in needs] == ["rigbook_pins.rocm.amdgpu_repo"]
+    assert "repo.radeon.com/amdgpu/<release>/ubuntu), not in the ROCm repository" in needs[0]["why"]
+    assert "amdgpu_repo: {url: https://repo.radeon.com/amdgpu/RELEASE/ubuntu, suite: noble" in needs[0]["how"]
+    rocm["amdgpu_repo"] = dict(AMDGPU_REPO)
+    model = host_model.build(variables)
+    assert host_model.readiness(model, roles=["amd_rocm"]) == []
+    assert model["pins"]["rocm"]["amdgpu_repo"] == {**AMDGPU_REPO, "components": ["main"],
+                                                     "key_url": rocm["repo"]["key_url"],
+                                                     "key_sha256": rocm["repo"]["key_sha256"]}
+    keys = [a for a in model["artifacts"] if a.get("dest_dir") == host_model.KEY_DIR]
+    assert keys == [{"url": rocm["repo"]["key_url"], "sha256": rocm["repo"]["key_sha256"],
+                     "dest_dir": host_model.KEY_DIR}]  # one key, checked once
+    rocm["amdgpu_repo"].update(key_url="https://repo.radeon.com/rocm/rocm.gpg.key", key_sha256="b" * 64)
+    model = host_model.build(variables)
+    assert model["pins"]["rocm"]["amdgpu_repo"]["key_sha256"] == "b" * 64
+    assert [a["sha256"] for a in model["artifacts"] if a.get("dest_dir") == host_model.KEY_DIR] == [
+        rocm["repo"]["key_sha256"], "b" * 64]
+    rocm["dkms"] = False  # not asked for: neither configured nor its key fetched
+    assert [a for a in host_model.build(variables)["artifacts"] if a.get("sha256") == "b" * 64] == []
+
+
+def test_amdgpu_dkms_offline_is_a_deb_or_a_repository_with_its_own_key():
+    debs = [{"path": "/srv/rocm/rocm-core_7.1.0.70100-38~24.04_amd64.deb", "sha256": "0" * 64}]
+
+    def needs(**rocm):
+        model = host_model.build({"rigbook_gpu": {"vendor": "amd"},
+                                  "rigbook_pins": {"rocm": {"version": "7.1.0", "dkms": True, "build_packages": [],
+                                                            **rocm}}})
+        return [n["key"] for n in host_model.readiness(model, roles=["amd_rocm"])]
+
+    assert needs(debs=debs) == ["rigbook_pins.rocm.amdgpu_repo"]
+    assert needs(debs=debs + [{"path": "/srv/rocm/amdgpu-dkms_6.16.13.30300400-2_all.deb", "sha256": "1" * 64}]) == []
+    assert needs(debs=debs, amdgpu_repo=AMDGPU_REPO) == ["rigbook_pins.rocm.amdgpu_repo.key_sha256"]  # no key to share
+    assert needs(debs=debs, amdgpu_repo={**AMDGPU_REPO, "key_url": "https://repo.radeon.com/rocm/rocm.gpg.key",
+                                         "key_sha256": "c" * 64}) == []
+
+
+# --- a box whose kernel or driver rigbook does not manage (issue 35: the H200 cloud VM) ---------------------------
+
+# The single-H200 cloud VM of shared/research/real-gpu-run.md: driver 580.159.04 from the image, no DKMS.
+H200_VM = {"rigbook_gpu": {"vendor": "nvidia", "model": "H200", "count": 1},
+           "rigbook_p2p": {"expected": False, "reason": "one GPU"},
+           "rigbook_pins": {"kernel": {"release": "6.1.0-47-amd64"}, "nvidia_driver": {"version": "580.159.04"}}}
+
+
+def test_a_box_that_leaves_its_kernel_and_driver_to_its_provider_is_asked_nothing_of_them():
+    variables = copy.deepcopy(H200_VM)
+    variables["rigbook_p2p"] = {"expected": True}  # even where P2P is expected
+    variables["rigbook_gpu"]["count"] = 8
+    variables["rigbook_pins"]["kernel"].update(release="6.8.12-custom", debs=[{"path": "/k.deb", "sha256": "0" * 64}])
+    variables["rigbook_manage"] = {"kernel": False, "nvidia_driver": False}
+    model = host_model.build(variables)
+    assert model["manage"] == {"kernel": False, "nvidia_driver": False}
+    assert "kernel" not in model["roles"] and "nvidia_p2p_driver" not in model["roles"]
+    assert "cuda_toolchain" in model["roles"] and "p2p_verify" in model["roles"]
+    assert not any(n["role"] in ("kernel", "nvidia_p2p_driver") for n in host_model.readiness(model))
+    assert model["artifacts"] == []  # the kernel .debs are not checked: nothing installs them
+    view = host_model.ladder_view(model)  # the ladder still judges what runs against the pins
+    assert view["pins"]["kernel"]["release"] == "6.8.12-custom" and view["pins"]["nvidia_driver"]["version"] == (
+        "580.159.04")
+    variables["rigbook_manage"] = {"kernel": False}
+    model = host_model.build(variables)
+    assert model["manage"] == {"kernel": False, "nvidia_driver": True}
+    assert [n["key"] for n in host_model.readiness(model) if n["role"] == "nvidia_p2p_driver"] == [
+        "rigbook_pins.nvidia_driver.source", "rigbook_pins.nvidia_driver.userspace_installer"]
+
+
+def test_a_one_gpu_box_without_p2p_is_not_asked_for_a_p2p_fork():
+    """A box that expects no P2P (one GPU; or declared without it) on its stock driver: no pin or a version alone;
+    a pin that asks for a build (seed 000's fork, which it runs without working P2P) is still managed."""
+    adopted = copy.deepcopy(H200_VM)  # what adopt reads of a stock driver: its version and its userspace's
+    adopted["rigbook_pins"]["nvidia_driver"]["userspace_version"] = "580.159.04"
+    for variables in (H200_VM, {k: v for k, v in H200_VM.items() if k != "rigbook_p2p"}, adopted,
+                      {**H200_VM, "rigbook_pins": {"kernel": H200_VM["rigbook_pins"]["kernel"]}}):
+        model = host_model.build(copy.deepcopy(variables))
+        assert model["manage"]["nvidia_driver"] is False and "nvidia_p2p_driver" not in model["roles"]
+        assert not [n for n in host_model.readiness(model) if n["role"] == "nvidia_p2p_driver"]
+    forked = copy.deepcopy(H200_VM)
+    forked["rigbook_pins"]["nvidia_driver"]["fork_repo"] = "https://github.com/aikitoria/open-gpu-kernel-modules"
+    model = host_model.build(forked)
+    assert "nvidia_p2p_driver" in model["roles"]
+    assert "rigbook_pins.nvidia_driver.commit" in [n["key"] for n in host_model.readiness(model)]
+    seed_000 = host_model.build(_vars(HOMELAB, "x99_3080"))  # P2P declared unavailable, the fork pinned
+    assert seed_000["manage"] == {"kernel": True, "nvidia_driver": True} and "nvidia_p2p_driver" in seed_000["roles"]
+    two = host_model.build({"rigbook_gpu": {"vendor": "nvidia", "count": 2}})  # P2P expected: the fork is asked for
+    assert [n["key"] for n in host_model.readiness(two, roles=["nvidia_p2p_driver"])] == [
+        "rigbook_pins.nvidia_driver.version"]
+
+
+def test_site_yml_runs_a_role_the_model_can_leave_out_only_where_the_model_says():
+    """Every role of MANAGED (rigbook_manage) is gated on rigbook_host.roles in every play of site.yml that has it."""
+    for play in yaml.safe_load((REPO / "playbooks" / "site.yml").read_text()):
+        for entry in play.get("roles") or []:
+            short = entry["role"].rsplit(".", 1)[-1]
+            if short in host_model.MANAGED:
+                assert entry.get("when") == f"'{short}' in rigbook_host.roles", (play["name"], entry)
+
+
+# --- seed 004's SGLang patches the owner supplies; the FP8 KV scales file among the box paths ------------------------
+
+def test_patches_the_owner_supplies_are_named_until_the_file_and_its_sha256_are_there(tmp_path):
+    variables = _vars(HOMELAB, "x99_r9700")
+    model = host_model.build(variables)
+    needs = [n for n in host_model.readiness(model, roles=["sglang"], inventory_dir=str(tmp_path))]
+    assert [n["key"] for n in needs] == ["rigbook_pins.sglang.patches[0].path", "rigbook_pins.sglang.patches[1].path"]
+    assert "sglang-bf16-pv.patch is not on the controller, and it has no sha256" in needs[0]["why"]
+    (tmp_path / "patches").mkdir()
+    (tmp_path / "patches" / "sglang-bf16-pv.patch").write_text("--- a\n+++ b\n")
+    (tmp_path / "patches" / "sglang-rdna4-patch065.patch").write_text("--- a\n+++ b\n")
+    needs = host_model.readiness(model, roles=["sglang"], inventory_dir=str(tmp_path))
+    assert [n["key"] for n in needs] == ["rigbook_pins.sglang.patches[0].sha256",
+                                         "rigbook_pins.sglang.patches[1].sha256"]
+    assert "sha256sum %s" % (tmp_path / "patches" / "sglang-bf16-pv.patch") in needs[0]["how"]
+    for patch in variables["rigbook_pins"]["sglang"]["patches"]:
+        patch["sha256"] = "d" * 64
+    assert host_model.readiness(host_model.build(variables), roles=["sglang"], inventory_dir=str(tmp_path)) == []
+
+
+def test_the_fp8_kv_scales_file_is_among_the_box_paths():
+    paths = {p["key"]: p for p in host_model.build(_vars(HOMELAB, "x99_3080"))["box_paths"]}
+    scales = paths["rigbook_serve[0].extra_args[2]"]
+    assert scales["path"] == "/srv/models/scales/qwen38-fp8-kv-scales-per-head.json"
+    assert "FP8 KV cache scales" in scales["why"]
+    assert not [p for p in host_model.build(_vars(HOMELAB, "x99_r9700"))["box_paths"] if "scales" in p["path"]]
+
+
+def test_seed_004s_profile_is_what_the_write_up_runs():
+    """BF16 KV, num_kv_splits=8, MTP steps=3 top_k=1 draft_tokens=4, PHB, IPC not legacy; nothing the write-up says
+    its final configuration does not need (HSA_FORCE_FINE_GRAIN_PCIE)."""
+    model = host_model.build(_vars(HOMELAB, "x99_r9700"))
+    (profile,) = model["serve"]
+    assert "--kv-cache-dtype=bf16" in profile["extra_args"]
+    assert "--triton-attention-num-kv-splits=8" in profile["extra_args"]
+    assert {k: profile["speculative"][k] for k in ("num_steps", "eagle_topk", "num_draft_tokens")} == {
+        "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4}
+    assert profile["env"]["HSA_ENABLE_IPC_MODE_LEGACY"] == "0" and profile["env"]["NCCL_P2P_LEVEL"] == "PHB"
+    assert model["pins"]["rocm"]["env"] == {"HSA_ENABLE_IPC_MODE_LEGACY": "0", "NCCL_P2P_LEVEL": "PHB"}
+    assert [p["path"] for p in model["pins"]["sglang"]["patches"]] == ["patches/sglang-bf16-pv.patch",
+                                                                      "patches/sglang-rdna4-patch065.patch"]

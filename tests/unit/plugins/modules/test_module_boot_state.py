@@ -125,3 +125,26 @@ def test_the_display_rule(default, active, holds):
     found = display_state.holds_gpu(default, manager)
     assert (found is None) if holds is None else (holds in found)
     assert display_state.holds_gpu(default, dict(manager, load_state="not-found")) is None
+
+
+def test_secure_boot_is_read_only_when_asked(tmp_path):
+    """With secure_boot, the reader of facts/secure_boot.py under the root (a tree: the variables are its files,
+    mokutil its recording); without it, nothing of Secure Boot is read."""
+    root = _root(tmp_path)
+    efivars = root / "sys/firmware/efi/efivars"
+    efivars.mkdir(parents=True)
+    (efivars / "SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c").write_bytes(b"\x06\0\0\0\x01")
+    (efivars / "SetupMode-8be4df61-93ca-11d2-aa0d-00e098032b8c").write_bytes(b"\x06\0\0\0\0")
+    (root / "var/lib/shim-signed/mok").mkdir(parents=True)
+    (root / "var/lib/shim-signed/mok/MOK.der").write_bytes(b"certificate")
+    recording = Path(runner.recording_path(str(root), "mokutil-test-key"))
+    recording.parent.mkdir(parents=True)
+    recording.write_text("/var/lib/shim-signed/mok/MOK.der is already enrolled\n")
+    run = run_module(boot_state, {"root": str(root), "secure_boot": True, "os_id": "ubuntu"})
+    assert not run.failed, run.msg
+    assert run.result["secure_boot"] == {
+        "state": "on", "why": "EFI variables: SecureBoot is 1, SetupMode 0",
+        "dkms_key": {"path": "/var/lib/shim-signed/mok/MOK.der", "state": "enrolled",
+                     "why": "mokutil --test-key: /var/lib/shim-signed/mok/MOK.der is already enrolled"}}
+    assert run.result["running"] == "6.1.0-47-amd64" and run.result["changed"] is False
+    assert run_module(boot_state, {"root": str(root)}).result["secure_boot"] is None

@@ -3,9 +3,12 @@ order, `changed`, the result and the messages."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from ansible_collections.rigbook.homelab.plugins.modules import deb_packages
@@ -16,7 +19,7 @@ NAMES = [IMAGE, HEADERS]
 APT = ["apt-get", "-y", "-q", "-o", "Dpkg::Options::=--force-confdef", "-o", "Dpkg::Options::=--force-confold"]
 INSTALL = APT + ["install", "--no-install-recommends"]
 UPDATE = ["apt-get", "-q", "update"]
-ENV = {"DEBIAN_FRONTEND": "noninteractive", "LC_ALL": "C"}
+ENV = {"DEBIAN_FRONTEND": "noninteractive", "LC_ALL": "C", "NEEDRESTART_MODE": "l", "NEEDRESTART_SUSPEND": "1"}
 
 
 def query(*names):
@@ -429,3 +432,278 @@ def test_globs_matching_nothing_installed_change_nothing():
 def test_a_glob_is_refused_for_an_install():
     run = run_module(deb_packages, {"name": ["nvidia-dkms-*"]})
     assert run.failed and "glob" in run.msg
+
+
+# --- the controller's store of a distribution kernel's .debs (module_utils/deb_store.py) ----------------------------
+# A kernel the archive dropped: the apt-cache policy and apt-cache show outputs are RECONSTRUCTED in apt 2.7's formats
+# (tests/unit/plugins/module_utils/test_deb_store_rules.py holds a recorded apt-cache show).
+
+R, KV = "7.0.0-31-generic", "7.0.0-31.31~24.04.1"
+K_IMAGE, K_MODULES, K_EXTRA, K_HEADERS = (f"linux-image-{R}", f"linux-modules-{R}", f"linux-modules-extra-{R}",
+                                          f"linux-headers-{R}")
+K_COMMON = "linux-hwe-7.0-headers-7.0.0-31"
+KERNEL = [K_IMAGE, K_MODULES, K_EXTRA, K_HEADERS]
+KEEP = KERNEL + ["linux-*headers-7.0.0-31", "linux-headers-7.0.0-31-common"]
+ARCH = ["dpkg", "--print-architecture"]
+KDEBS = {n: f"!<arch>\n{n}".encode() for n in KERNEL + [K_COMMON]}
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def store_record(names=(*KERNEL, K_COMMON), arch="amd64"):
+    """What the controller hands a box (deb_store's records): each package's version, architecture and sha256."""
+    return {"release": R, "architecture": arch, "packages": {
+        n: {"version": KV, "architecture": "all" if n == K_COMMON else "amd64", "sha256": sha(KDEBS[n])}
+        for n in names}}
+
+
+def policy(*names, candidate):
+    return "".join(f"{n}:\n  Installed: (none)\n  Candidate: {candidate or '(none)'}\n  Version table:\n"
+                   + (f"     {candidate} 500\n        500 http://archive.ubuntu.com/ubuntu noble-updates/main amd64 "
+                      "Packages\n" if candidate else "") for n in names)
+
+
+def cache_show(name, version, sha256, arch="amd64"):
+    return (f"Package: {name}\nArchitecture: {arch}\nVersion: {version}\nPriority: optional\nSection: kernel\n"
+            f"Filename: pool/main/l/linux-hwe-7.0/{name}_{version}_{arch}.deb\nSize: 100\nSHA256: {sha256}\n"
+            "Description: the kernel\n\n")
+
+
+def installed_rows(*names, status="hi "):
+    return [(n, status, KV) for n in names]
+
+
+@pytest.fixture
+def boxdirs(tmp_path, monkeypatch):
+    """apt's archive cache and the box's note folder, under tmp_path."""
+    from ansible_collections.rigbook.homelab.plugins.module_utils import deb_store
+
+    archives, notes = tmp_path / "archives", tmp_path / "notes"
+    archives.mkdir()
+    monkeypatch.setattr(deb_store, "ARCHIVES", str(archives))
+    monkeypatch.setattr(deb_store, "BOX_RECORD_DIR", str(notes))
+    return SimpleNamespace(archives=archives, notes=notes, keep=tmp_path / "keep")
+
+
+@pytest.fixture
+def fresh_index(monkeypatch, tmp_path):
+    index = tmp_path / "lists"
+    index.mkdir()
+    monkeypatch.setattr(deb_packages, "INDEX", str(index))
+    return index
+
+
+def test_a_dropped_kernel_is_not_installed_from_the_archive_the_stored_files_are_named(boxdirs, fresh_index):
+    """apt-cache policy: no candidate for the stored version -> nothing installed, nothing held; from_store."""
+    record = store_record()
+    lacking = sorted(record["packages"])
+    run = run_module(deb_packages, {"name": KERNEL, "hold": True, "store": [record], "keep": KEEP,
+                                    "record": "kernel"}, [
+        (ARCH, ok("amd64\n")),
+        (query(*KERNEL, K_COMMON, *KEEP[4:]), dpkg(missing=[*KERNEL, K_COMMON])),
+        (POLICY + lacking, ok(policy(*lacking, candidate=None))),
+    ], diff=True)
+    assert not run.failed, run.msg
+    assert run.result["from_store"] == lacking and run.result["installed"] == [] and run.result["held"] == []
+    assert run.result["changed"] is False and run.result["architecture"] == "amd64"
+    assert f"{K_IMAGE} {KV} (to install from the controller's store, sha256 {sha(KDEBS[K_IMAGE])})\n" in \
+        run.result["diff"]["after"]
+    assert not boxdirs.notes.exists()
+
+
+def test_check_mode_says_the_kernel_comes_from_the_store_as_a_change(boxdirs, stale_index):
+    """--check --diff shows what the converge will do: no index refresh, the stored versions and sha256 diffed."""
+    record = store_record([K_IMAGE])
+    run = run_module(deb_packages, {"name": [K_IMAGE], "store": [record], "record": "kernel"}, [
+        (ARCH, ok("amd64\n")),
+        (query(K_IMAGE), dpkg(missing=[K_IMAGE])),
+        (POLICY + [K_IMAGE], ok(policy(K_IMAGE, candidate=None))),
+    ], check_mode=True, diff=True)
+    assert not run.failed, run.msg
+    assert run.result["from_store"] == [K_IMAGE] and run.result["changed"] is True
+    assert run.result["diff"] == {
+        "before": f"{K_IMAGE} (not installed)\n",
+        "after": f"{K_IMAGE} {KV} (to install from the controller's store, sha256 {sha(KDEBS[K_IMAGE])})\n",
+        "before_header": "packages", "after_header": "packages"}
+
+
+def test_a_reupload_of_the_same_abi_is_not_what_the_store_holds_either(boxdirs, fresh_index):
+    record = store_record([K_IMAGE])
+    run = run_module(deb_packages, {"name": [K_IMAGE], "store": [record], "record": "kernel"}, [
+        (ARCH, ok("amd64\n")),
+        (query(K_IMAGE), dpkg(missing=[K_IMAGE])),
+        (POLICY + [K_IMAGE], ok(policy(K_IMAGE, candidate="7.0.0-31.32~24.04.1"))),
+    ])
+    assert not run.failed and run.result["from_store"] == [K_IMAGE]
+
+
+def test_a_stale_index_is_refreshed_before_the_store_is_chosen(boxdirs, stale_index):
+    record = store_record([K_IMAGE])
+    run = run_module(deb_packages, {"name": [K_IMAGE], "store": [record], "record": "kernel"}, [
+        (ARCH, ok("amd64\n")),
+        (query(K_IMAGE), dpkg(missing=[K_IMAGE])),
+        (POLICY + [K_IMAGE], ok(policy(K_IMAGE, candidate=None))),
+        (UPDATE, ok()),
+        (POLICY + [K_IMAGE], ok(policy(K_IMAGE, candidate=KV))),  # the fresh index offers it
+        (INSTALL + [K_IMAGE], ok()),
+        (query(K_IMAGE), dpkg(*installed_rows(K_IMAGE, status="ii "))),
+    ])
+    assert not run.failed, run.msg
+    assert run.result["from_store"] == [] and run.result["installed"] == [K_IMAGE]
+    # installed from the archive at the stored version: the note names the stored sha256
+    assert json.loads((boxdirs.notes / "kernel.json").read_text()) == {
+        "release": R, "architecture": "amd64", "packages": {K_IMAGE: {"version": KV, "sha256": sha(KDEBS[K_IMAGE])}}}
+    assert run.result["recorded"] == str(boxdirs.notes / "kernel.json")
+
+
+def test_the_stored_files_are_installed_held_and_noted(boxdirs, tmp_path):
+    record = store_record()
+    files = {}
+    for name, data in KDEBS.items():
+        path = tmp_path / f"{name}_{KV}.deb"
+        path.write_bytes(data)
+        files[name] = str(path)
+    order = [*KERNEL, K_COMMON]
+    run = run_module(deb_packages, {"name": KERNEL, "debs": [files[n] for n in order], "hold": True,
+                                    "store": [record], "record": "kernel"}, [
+        *[(show(files[n]), ok(f"{n}\t{KV}\n")) for n in order],
+        (ARCH, ok("amd64\n")),
+        (query(*order), dpkg(missing=order)),
+        (INSTALL + [files[n] for n in order], ok()),
+        (query(*order), dpkg(*installed_rows(*order, status="ii "))),
+        (["apt-mark", "hold", *order], ok()),
+    ])
+    assert not run.failed, run.msg
+    assert run.result["installed"] == order and run.result["held"] == order and run.result["from_store"] == []
+    note = json.loads((boxdirs.notes / "kernel.json").read_text())
+    assert note["packages"] == {n: {"version": KV, "sha256": sha(KDEBS[n])} for n in order}
+    assert UPDATE not in run.commands and POLICY + [K_IMAGE] not in run.commands
+
+
+def test_a_converged_box_with_its_note_runs_two_read_only_commands_and_changes_nothing(boxdirs):
+    record = store_record()
+    note = boxdirs.notes / "kernel.json"
+    note.parent.mkdir()
+    note.write_text(json.dumps({"release": R, "architecture": "amd64", "packages": {
+        n: {"version": KV, "sha256": sha(KDEBS[n])} for n in record["packages"]}}))
+    before = note.stat().st_mtime_ns
+    rows = dpkg(*installed_rows(*KERNEL, K_COMMON))
+    run = run_module(deb_packages, {"name": KERNEL, "hold": True, "store": [record], "keep": KEEP,
+                                    "record": "kernel"}, [(ARCH, ok("amd64\n")),
+                                                          (query(*KERNEL, K_COMMON, *KEEP[4:]), rows)])
+    assert not run.failed, run.msg
+    assert run.result["changed"] is False and run.result["kept"] == [] and run.result["recorded"] is None
+    assert note.stat().st_mtime_ns == before
+
+
+def test_the_first_box_keeps_the_debs_apt_kept_with_the_index_s_sha256(boxdirs):
+    """No record yet: every installed package of the release is kept, from apt's own cache."""
+    for name in (K_IMAGE, K_COMMON):
+        arch = "all" if name == K_COMMON else "amd64"
+        (boxdirs.archives / f"{name}_{KV}_{arch}.deb").write_bytes(KDEBS[name])
+    keep = [K_IMAGE, "linux-*headers-7.0.0-31"]
+    run = run_module(deb_packages, {"name": [K_IMAGE], "keep": keep, "record": "kernel"}, [
+        (ARCH, ok("amd64\n")),
+        (query(K_IMAGE, keep[1]), dpkg(*installed_rows(K_IMAGE, K_COMMON))),
+        (["apt-cache", "show", f"{K_COMMON}={KV}"], ok(cache_show(K_COMMON, KV, sha(KDEBS[K_COMMON]), arch="all"))),
+        (["apt-cache", "show", f"{K_IMAGE}={KV}"], ok(cache_show(K_IMAGE, KV, sha(KDEBS[K_IMAGE])))),
+    ])
+    assert not run.failed, run.msg
+    assert run.result["kept"] == [
+        {"name": K_COMMON, "version": KV, "architecture": "all",
+         "path": str(boxdirs.archives / f"{K_COMMON}_{KV}_all.deb"), "sha256": sha(KDEBS[K_COMMON]),
+         "index_sha256": [sha(KDEBS[K_COMMON])]},
+        {"name": K_IMAGE, "version": KV, "architecture": "amd64",
+         "path": str(boxdirs.archives / f"{K_IMAGE}_{KV}_amd64.deb"), "sha256": sha(KDEBS[K_IMAGE]),
+         "index_sha256": [sha(KDEBS[K_IMAGE])]}]
+    assert run.result["changed"] is False and run.result["recorded"] is None  # no record to note yet
+
+
+def test_a_deb_apt_no_longer_kept_is_downloaded_again_by_apt(boxdirs):
+    def download(argv):
+        boxdirs.keep.joinpath(f"{K_IMAGE}_{KV}_amd64.deb").write_bytes(KDEBS[K_IMAGE])
+        return ok(f"Get:1 http://archive.ubuntu.com/ubuntu noble-updates/main amd64 {K_IMAGE} amd64 {KV}\n")
+    run = run_module(deb_packages, {"name": [K_IMAGE], "keep": [K_IMAGE], "keep_dir": str(boxdirs.keep)}, [
+        (ARCH, ok("amd64\n")),
+        (query(K_IMAGE), dpkg(*installed_rows(K_IMAGE))),
+        (["apt-cache", "show", f"{K_IMAGE}={KV}"], ok(cache_show(K_IMAGE, KV, sha(KDEBS[K_IMAGE])))),
+        (["apt-get", "-q", "download", f"{K_IMAGE}={KV}"], download),
+    ])
+    assert not run.failed, run.msg
+    assert run.result["kept"][0]["path"] == str(boxdirs.keep / f"{K_IMAGE}_{KV}_amd64.deb")
+    assert run.environs[-1] == ENV  # through the one apt runner, needrestart told to stay out
+
+
+def test_a_keep_dir_that_cannot_be_written_is_said_not_a_traceback(boxdirs, tmp_path):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    run = run_module(deb_packages, {"name": [K_IMAGE], "keep": [K_IMAGE], "keep_dir": str(blocked / "keep")}, [
+        (ARCH, ok("amd64\n")),
+        (query(K_IMAGE), dpkg(*installed_rows(K_IMAGE))),
+        (["apt-cache", "show", f"{K_IMAGE}={KV}"], ok(cache_show(K_IMAGE, KV, sha(KDEBS[K_IMAGE])))),
+    ])
+    assert not run.failed, run.msg
+    assert run.result["kept"] == [] and run.result["not_kept"][0]["why"].startswith(
+        f"its .deb cannot be read or fetched again into {blocked / 'keep'}: ")
+
+
+def test_a_version_no_index_lists_is_not_kept_and_said(boxdirs):
+    status_only = (f"Package: {K_IMAGE}\nStatus: install ok installed\nArchitecture: amd64\nVersion: {KV}\n"
+                   "Description: the kernel\n\n")
+    run = run_module(deb_packages, {"name": [K_IMAGE], "keep": [K_IMAGE], "keep_dir": str(boxdirs.keep)}, [
+        (ARCH, ok("amd64\n")),
+        (query(K_IMAGE), dpkg(*installed_rows(K_IMAGE))),
+        (["apt-cache", "show", f"{K_IMAGE}={KV}"], ok(status_only)),
+    ])
+    assert not run.failed, run.msg
+    assert run.result["kept"] == [] and run.result["not_kept"] == [{
+        "name": K_IMAGE, "version": KV,
+        "why": f"no package index lists {K_IMAGE} {KV} (apt-cache show): nothing vouches for its .deb"}]
+    assert not boxdirs.keep.exists()  # nothing downloaded for a version no index vouches for
+
+
+def test_check_mode_keeps_nothing_and_writes_no_note(boxdirs):
+    run = run_module(deb_packages, {"name": [K_IMAGE], "store": [store_record([K_IMAGE])], "keep": [K_IMAGE],
+                                    "record": "kernel"},
+                     [(ARCH, ok("amd64\n")), (query(K_IMAGE), dpkg(*installed_rows(K_IMAGE)))], check_mode=True)
+    assert not run.failed, run.msg
+    assert run.result["recorded"] == str(boxdirs.notes / "kernel.json") and run.result["changed"] is True
+    assert not boxdirs.notes.exists()
+
+
+def test_another_architecture_s_record_is_not_this_box_s(boxdirs, fresh_index):
+    run = run_module(deb_packages, {"name": [K_IMAGE], "store": [store_record([K_IMAGE], arch="arm64")],
+                                    "record": "kernel"}, [
+        (ARCH, ok("amd64\n")),
+        (query(K_IMAGE), dpkg(missing=[K_IMAGE])),
+        (INSTALL + [K_IMAGE], ok()),
+        (query(K_IMAGE), dpkg(*installed_rows(K_IMAGE, status="ii "))),
+    ])
+    assert not run.failed and run.result["from_store"] == [] and run.result["recorded"] is None
+
+
+def test_the_store_options_are_refused_with_state_absent_and_a_bad_note_name():
+    absent = run_module(deb_packages, {"name": [K_IMAGE], "state": "absent", "keep": [K_IMAGE]})
+    assert absent.failed and absent.commands == []
+    assert absent.msg == "store, keep and record are for installing: they cannot be used with state=absent"
+    bad = run_module(deb_packages, {"name": [K_IMAGE], "record": "../etc/passwd"})
+    assert bad.failed and bad.commands == [] and bad.msg == "record must be a short lowercase name, not '../etc/passwd'"
+
+
+def test_every_apt_command_runs_with_needrestart_told_to_list_only():
+    """apt's needrestart hook (Ubuntu) must not restart the engine or sshd mid-play: every apt-get, apt-mark and
+    apt-cache of this module runs with module_utils/apt.ENV."""
+    run = run_module(deb_packages, {"name": NAMES, "hold": True}, [
+        (query(*NAMES), dpkg(missing=NAMES)),
+        (INSTALL + NAMES, fail(100, f"E: Unable to locate package {HEADERS}\n")),
+        (UPDATE, ok()),
+        (INSTALL + NAMES, ok()),
+        (query(*NAMES), dpkg((IMAGE, "ii ", "6.1.176-1"), (HEADERS, "ii ", "6.1.176-1"))),
+        (["apt-mark", "hold", *NAMES], ok()),
+    ])
+    assert not run.failed, run.msg
+    apt_runs = [env for argv, env in zip(run.commands, run.environs) if argv[0].startswith("apt")]
+    assert len(apt_runs) == 4
+    assert all(env["NEEDRESTART_MODE"] == "l" and env["NEEDRESTART_SUSPEND"] == "1" for env in apt_runs)

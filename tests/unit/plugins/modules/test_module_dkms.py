@@ -76,6 +76,9 @@ def host(tmp_path, monkeypatch):
     (modules / K / "build").mkdir(parents=True)
     monkeypatch.setattr(dkms_module, "SRC_ROOT", str(src_root))
     monkeypatch.setattr(dkms_module, "MODULES_ROOT", str(modules))
+    monkeypatch.setattr(dkms_module, "DKMS_TREE", str(tmp_path / "var" / "lib" / "dkms"))
+    monkeypatch.setattr(dkms_module, "BACKUP_ROOT", str(tmp_path / "var" / "lib" / "rigbook" / "hand-installed"))
+    monkeypatch.setattr(dkms_module, "LIVE_ROOT", str(tmp_path / "live"))
     src = tarball(tmp_path / "artifacts" / "nvidia-fork-615.71.09.tar.gz", FORK)
     return SimpleNamespace(tmp=tmp_path, src_root=src_root, modules=modules, src=src, sha=sha256(src),
                            dest=src_root / "nvidia-615.71.09")
@@ -93,7 +96,9 @@ def unpacked(host, sha=None):
     (host.dest / builds.SOURCE_STAMP).write_text((sha or host.sha) + "\n")
 
 
-def stock_module(host, kernel=K, rel="kernel/drivers/video/nvidia.ko") -> Path:
+def stock_module(host, kernel=K, rel="updates/p2p/nvidia.ko") -> Path:
+    """A copy of the module that wins over the DKMS build (a depmod override to updates/p2p, as one public runbook
+    installs the fork: WU-CVGL/cluster-setup docs/05_GPU_P2P_RTX4090.md)."""
     path = host.modules / kernel / rel
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("stock")
@@ -447,10 +452,19 @@ def identity(host, kernels=(K,)):
     return run.result["identity_id"]
 
 
+SRCVERSION = "9C1D5A3B7E2F04A6D8B1C3E"
+
+
+def srcversion(path=DKMS_KO, value=SRCVERSION):
+    """`modinfo -F srcversion PATH` answering VALUE: what the build stamp records of each built module."""
+    return ["modinfo", "-F", "srcversion", path], ok(value + "\n")
+
+
 def export_run(host, out, kernels=(K,)):
     return run_module(dkms_module, args(host, kernels=list(kernels), export_dir=str(out)), [
         (STATUS, ok("nvidia/615.71.09: added\n"))] + [(install(k), ok()) for k in kernels]
-        + [(modinfo(k), ok(DKMS_KO + "\n")) for k in kernels] + [(STATUS, installed(*kernels))])
+        + [(modinfo(k), ok(DKMS_KO + "\n")) for k in kernels] + [srcversion() for _k in kernels]
+        + [(STATUS, installed(*kernels))])
 
 
 def manifest(path: Path) -> dict:
@@ -528,11 +542,12 @@ def test_a_twin_installs_only_the_checked_modules_and_no_dkms_command_reads_the_
         (STATUS, ok("nvidia/615.71.09: added\n")),
         (STATUS, ok(f"nvidia/615.71.09, {K}, {ARCH}: built\n")),  # dkms sees the modules put in its tree
         (["dkms", "install", PKG, "-k", K], ok()),  # no --force: the loaded build is installed, not rebuilt
-        (modinfo(K), ok(DKMS_KO + "\n")), (STATUS, installed(K))])
+        (modinfo(K), ok(DKMS_KO + "\n")), srcversion(), (STATUS, installed(K))])
     assert not run.failed, run.msg
     assert run.result["installed_from"] == str(archive) and run.result["built"] == [K]
     loaded = host.dkms / "nvidia" / "615.71.09" / K / ARCH
-    assert sorted(p.relative_to(loaded).as_posix() for p in loaded.rglob("*")) == ["module", "module/nvidia.ko"]
+    assert sorted(p.relative_to(loaded).as_posix() for p in loaded.rglob("*")) == [
+        ".rigbook-build.json", "module", "module/nvidia.ko"]  # the modules, and rigbook's stamp of the build
     assert (loaded / "module" / "nvidia.ko").read_bytes() == f"\x7fELF nvidia.ko for {K}\n".encode()
     assert (host.dest / "dkms.conf").read_text() == FORK["nvidia-615.71.09/dkms.conf"]  # the source untouched
     assert not [p for p in host.dkms.iterdir() if p.name.startswith(".rigbook-")]
@@ -671,3 +686,153 @@ def test_an_archive_that_is_not_this_build_is_refused_before_anything_is_loaded(
             "package": "615.71.08", "unsafe": "unsafe archive", "name": "not a DKMS build archive",
             "manifest out": "install_files: '../../etc/shadow'"}[problem] in run.msg, run.msg
     assert not (host.dkms / "nvidia" / "615.71.09" / K).exists()
+
+
+# --- a fork installed by hand (seed 000's way) moves to DKMS ------------------------------------------------------
+# Seed 000 built the fork and installed it the fork's own way ("the old DKMS module cleared, then depmod"): `make
+# modules_install` puts NVIDIA's open modules in /lib/modules/<kernel>/kernel/drivers/video
+# (NVIDIA/open-gpu-kernel-modules kernel-open/Makefile: INSTALL_MOD_DIR ?= kernel/drivers/video). The fork's
+# dkms.conf names its five modules (aikitoria/open-gpu-kernel-modules dkms.conf@03b25e5c, its BUILT_MODULE_NAME lines).
+FORK_MODULES = ["nvidia", "nvidia-modeset", "nvidia-drm", "nvidia-uvm", "nvidia-peermem"]
+FORK_CONF = ('PACKAGE_NAME="nvidia"\nPACKAGE_VERSION="615.71.09"\n'
+             + "".join(f'BUILT_MODULE_NAME[{i}]="{m}"\nBUILT_MODULE_LOCATION[{i}]="kernel-open"\n'
+                       f'DEST_MODULE_LOCATION[{i}]="/updates/dkms"\n' for i, m in enumerate(FORK_MODULES))
+             + 'AUTOINSTALL="yes"\n')
+FIVE = ["nvidia-drm.ko", "nvidia-modeset.ko", "nvidia-peermem.ko", "nvidia-uvm.ko", "nvidia.ko"]
+DEPMOD = ["depmod", "-a", K]
+
+
+def fork_by_hand(host, kernel=K, running=True):
+    """The fork's five modules where its `make modules_install` put them for KERNEL, the pinned tarball carrying the
+    fork's dkms.conf, and (RUNNING) the running kernel with the pinned nvidia loaded (LIVE_ROOT's /proc and /sys)."""
+    pinned(host, tarball(host.tmp / "artifacts" / "fork.tar.gz", {
+        "nvidia-615.71.09/dkms.conf": FORK_CONF, "nvidia-615.71.09/nvidia.c": "/* stand-in */\n"}))
+    folder = host.modules / kernel / "kernel" / "drivers" / "video"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "fbdev").mkdir(exist_ok=True)
+    (folder / "fbdev" / "vesafb.ko").write_text("in-tree")  # the kernel's own module there is left alone
+    for name in FIVE:
+        (folder / name).write_text(f"hand-built {name}")
+    live = host.tmp / "live"
+    (live / "proc" / "sys" / "kernel").mkdir(parents=True, exist_ok=True)
+    (live / "proc" / "sys" / "kernel" / "osrelease").write_text(kernel + "\n")
+    if running:
+        (live / "sys" / "module" / "nvidia").mkdir(parents=True, exist_ok=True)
+        (live / "sys" / "module" / "nvidia" / "version").write_text("615.71.09\n")
+    return folder
+
+
+def backup_of(host, kernel=K, n=""):
+    return host.tmp / "var" / "lib" / "rigbook" / "hand-installed" / "nvidia-615.71.09" / (kernel + n)
+
+
+@pytest.mark.parametrize("diff", [False, True])
+def test_check_mode_says_the_hand_installed_fork_moves_to_dkms_with_the_reason_and_changes_nothing(host, diff):
+    folder = fork_by_hand(host)
+    by_hand = f"{folder}/nvidia.ko"
+    run = run_module(dkms_module, args(host), [(STATUS, ok()), (modinfo(K), ok(by_hand + "\n"))],
+                     check_mode=True, diff=diff)
+    assert not run.failed, run.msg
+    assert read_only(run.commands)
+    assert run.result["changed"] is True and run.result["built"] == [K]
+    assert run.result["hand_installed"] == {K: [f"{folder}/{name}" for name in FIVE]}
+    assert run.result["moved_aside_to"] == {K: str(backup_of(host))}
+    assert (f"the fork is installed by hand (make modules_install) in {folder} ({', '.join(FIVE)}), the pinned nvidia "
+            f"615.71.09 loaded from there; the converge builds nvidia/615.71.09 with DKMS for every installed kernel "
+            f"({K}) so that a kernel upgrade rebuilds it, and moves the hand-installed files aside to "
+            f"{backup_of(host)} (kept, not deleted)") in run.msg
+    assert sorted(p.name for p in folder.iterdir() if p.is_file()) == FIVE  # nothing moved
+    assert not backup_of(host).parent.exists() and not host.dest.exists()
+    assert run.result["shadowing_removed"] == []  # the build to come wins over them: nothing deleted either
+    assert no_leftover_temp_dirs(host)
+    if diff:
+        assert f"{folder}/nvidia.ko (installed by hand)" in run.result["diff"]["before"]
+        assert f"{backup_of(host)}/kernel/drivers/video/nvidia.ko (moved aside)" in run.result["diff"]["after"]
+
+
+def test_a_real_run_moves_the_hand_installed_files_aside_runs_depmod_then_builds_and_stamps(dkms_tree):
+    host = dkms_tree
+    folder = fork_by_hand(host)
+
+    def dkms_installs(argv):
+        built_tree(host)  # what `dkms install` leaves in dkms's tree
+        return ok()
+
+    run = run_module(dkms_module, args(host), [
+        (STATUS, ok()), (ADD, ok()), (DEPMOD, ok()), (install(K), dkms_installs),
+        (modinfo(K), ok(DKMS_KO + "\n")), srcversion(), (STATUS, installed(K))])
+    assert not run.failed, run.msg
+    assert run.commands.index(DEPMOD) < run.commands.index(install(K))  # moved aside before dkms install looks
+    assert "this run builds nvidia/615.71.09 with DKMS" in run.msg and "moved the hand-installed files aside" in run.msg
+    kept = backup_of(host) / "kernel" / "drivers" / "video"
+    assert sorted(p.name for p in kept.iterdir()) == FIVE
+    assert (kept / "nvidia.ko").read_text() == "hand-built nvidia.ko"  # kept, byte for byte
+    assert [p.name for p in folder.iterdir() if p.is_file()] == [] and (folder / "fbdev" / "vesafb.ko").exists()
+    stamp = json.loads((host.dkms / "nvidia" / "615.71.09" / K / ARCH / builds.BUILD_STAMP).read_text())
+    assert stamp["modules"] == {"nvidia": {"path": DKMS_KO, "srcversion": SRCVERSION}}
+    assert stamp["version"] == "615.71.09" and stamp["kernel"] == K and stamp["source"] == host.sha
+    assert run.result["build_stamps"] == [str(host.dkms / "nvidia" / "615.71.09" / K / ARCH / builds.BUILD_STAMP)]
+    # converged: the next run finds nothing by hand and builds nothing
+    again = run_module(dkms_module, args(host), [(STATUS, installed(K)), (modinfo(K), ok(DKMS_KO + "\n"))])
+    assert again.result["changed"] is False and "hand_installed" not in again.result
+
+
+def test_a_build_that_fails_after_the_move_puts_the_hand_installed_files_back(host):
+    folder = fork_by_hand(host)
+    run = run_module(dkms_module, args(host), [
+        (STATUS, ok()), (ADD, ok()), (DEPMOD, ok()),
+        (install(K), fail(10, "Error! Bad return status for module build")), (DEPMOD, ok())])
+    assert run.failed
+    assert run.msg.startswith(f"dkms install {PKG} -k {K} failed (rc 10): Error! Bad return status")
+    assert run.msg.endswith("; the hand-installed files were put back and depmod re-run")
+    assert sorted(p.name for p in folder.iterdir() if p.is_file()) == FIVE  # the box keeps the driver it ran with
+
+
+def test_a_second_hand_install_is_moved_beside_the_first_never_over_it(host):
+    fork_by_hand(host, running=False)
+    backup_of(host).mkdir(parents=True)
+    (backup_of(host) / "earlier").write_text("an earlier move")
+    run = run_module(dkms_module, args(host), [(STATUS, ok()), (modinfo(K), fail(1))], check_mode=True)
+    assert run.result["moved_aside_to"] == {K: str(backup_of(host, n="-2"))}
+    assert "loaded from there" not in run.msg  # the pinned nvidia is not loaded: not claimed
+
+
+def test_only_the_kernels_to_build_for_lose_their_hand_installed_fork(host):
+    fork_by_hand(host)
+    other = fork_by_hand(host, kernel=K2)  # no headers for K2: not among the kernels the fork is built for
+    run = run_module(dkms_module, args(host), [(STATUS, ok()), (modinfo(K), fail(1))], check_mode=True)
+    assert list(run.result["hand_installed"]) == [K]
+    assert sorted(p.name for p in other.iterdir() if p.is_file()) == FIVE
+
+
+def test_the_fork_dkms_conf_names_its_five_modules():
+    assert dkms_module.built_module_names(FORK_CONF) == FORK_MODULES
+    assert dkms_module.built_module_names("MAKE=make\n") == []
+
+
+@pytest.mark.parametrize("missing", ["src", "dkms"])
+def test_check_mode_says_it_before_the_source_or_dkms_is_there(host, missing):
+    """The first check-mode converge of seed 000's box: the fork's tarball is not fetched yet (check mode), or dkms is
+    not installed yet. Without the source's dkms.conf the package's files are those named nvidia or nvidia-<part>
+    (the kernel's own nvidiafb is not one)."""
+    folder = fork_by_hand(host)
+    fbdev = folder / "fbdev" / "nvidia"
+    fbdev.mkdir(parents=True)
+    (fbdev / "nvidiafb.ko").write_text("in-tree")
+    src = str(host.tmp / "not-fetched.tar.gz") if missing == "src" else str(host.src)
+    run = run_module(dkms_module, args(host, src=src), [], check_mode=True, bins={"dkms": None})
+    assert not run.failed and run.commands == []
+    assert run.result["hand_installed"] == {K: [f"{folder}/{name}" for name in FIVE]}
+    assert "(check mode); the fork is installed by hand (make modules_install)" in run.msg
+    assert "moves the hand-installed files aside to" in run.msg
+    assert sorted(p.name for p in folder.iterdir() if p.is_file()) == FIVE and no_leftover_temp_dirs(host)
+
+
+def test_a_depmod_that_fails_after_the_move_puts_the_files_back(host):
+    folder = fork_by_hand(host)
+    run = run_module(dkms_module, args(host), [
+        (STATUS, ok()), (ADD, ok()), (DEPMOD, fail(1, "depmod: ERROR: could not open directory")), (DEPMOD, ok())])
+    assert run.failed and run.msg.startswith(f"depmod -a {K} failed (rc 1): depmod: ERROR")
+    assert run.msg.endswith("the hand-installed files were put back and depmod re-run")
+    assert sorted(p.name for p in folder.iterdir() if p.is_file()) == FIVE
+    assert [p for p in backup_of(host).rglob("*") if p.is_file()] == []

@@ -7,6 +7,10 @@ from __future__ import annotations
 import builtins
 import hashlib
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import engine_processes as ep
@@ -156,3 +160,100 @@ def test_an_engine_keep_refuses_is_read_no_further_than_its_cmdline_and_status(t
     del touched[:]
     assert [e["pid"] for e in ep.engines(str(root))] == [4100, 5100]
     assert {"environ", "exe", "cgroup", "maps"} <= _of(touched, root, 5100)
+
+
+# --- a wrapper script, as an owner writes one: real processes, their real /proc/PID/cmdline -------------------------
+
+def _started(argv, tmp_path):
+    """ARGV started in a session of its own (ended by the test that started it)."""
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            cwd=tmp_path, start_new_session=True)
+
+
+def _cmdline(pid):
+    with open(f"/proc/{pid}/cmdline", "rb") as handle:
+        return [w.decode() for w in handle.read().split(b"\0") if w]
+
+
+def _children(pid):
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/status") as handle:
+                status = handle.read()
+        except OSError:
+            continue
+        if entry.isdigit() and f"\nPPid:\t{pid}\n" in status:
+            found.append(int(entry))
+    return found
+
+
+def _until(check, seconds=20.0):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError("the started process did not get there in time")
+
+
+def test_a_wrapper_that_execs_is_the_engine_and_one_that_does_not_is_its_shell_parent(tmp_path):
+    """`sglang serve` as a venv's console script (its shebang the venv's python), started by two wrapper scripts: one
+    that execs it (the process becomes [python, .../bin/sglang, serve, ARGS]) and one that runs it as a child (the
+    shell stays, its own command line [/bin/sh, start.sh, ARGS], the engine below it). Both read from the kernel's
+    own /proc, then laid out as a tree for engines()."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    script = venv / "bin/sglang"
+    script.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(60)\n")
+    script.chmod(0o755)
+    args = ["--model-path", "/srv/models/m", "--tp-size", "2"]
+    for name, line in (("exec.sh", f'exec "{script}" serve "$@"\n'), ("child.sh", f'"{script}" serve "$@"\nexit 0\n')):
+        (tmp_path / name).write_text("#!/bin/sh\n" + line)
+        (tmp_path / name).chmod(0o755)
+    started = [_started([str(tmp_path / "exec.sh"), *args], tmp_path),
+               _started([str(tmp_path / "child.sh"), *args], tmp_path)]
+    try:
+        execd, shell = started[0].pid, started[1].pid
+        _until(lambda: _cmdline(execd)[1:2] == [str(script)])
+        [child] = _until(lambda: [c for c in _children(shell) if _cmdline(c)[1:2] == [str(script)]])
+        seen = {pid: _cmdline(pid) for pid in (execd, shell, child)}
+        # the kernel shows the exec'd console script as its interpreter, its path, then its words
+        assert seen[execd] == [sys.executable, str(script), "serve", *args]
+        assert seen[shell] == ["/bin/sh", str(tmp_path / "child.sh"), *args]
+        assert ep.engine_args(seen[execd]) == args and ep.engine_args(seen[child]) == args
+        assert ep.engine_args(seen[shell]) is None  # the shell parent is no engine
+        root = tmp_path / "root"
+        for pid, argv in seen.items():
+            _process(root, pid, argv, ppid=shell if pid == child else 1)
+        assert sorted(e["pid"] for e in ep.engines(str(root))) == sorted([execd, child])
+    finally:
+        for process in started:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=30)
+
+
+def test_a_relative_path_flag_is_made_absolute_from_the_engines_folder_where_it_exists(tmp_path):
+    """Seed 000 starts its engine from its home with `--quantization-param-path scales/...json` (a path relative to
+    that folder): a unit starts elsewhere, so the engine's args carry the absolute path; a model id that names no
+    folder there stays as given."""
+    root = tmp_path / "root"
+    scales = root / "home/owner/scales/qwen38-fp8-kv-scales-per-head.json"
+    scales.parent.mkdir(parents=True)
+    scales.write_text("{}")
+    argv = ["/opt/sglang/bin/python3", "/opt/sglang/bin/sglang", "serve", "--model-path", "Qwen/Qwen3-8B",
+            "--quantization-param-path", "scales/qwen38-fp8-kv-scales-per-head.json", "--chat-template=scales"]
+    _process(root, 300, argv)
+    os.symlink("/home/owner", root / "proc/300/cwd")
+    [engine] = ep.engines(str(root))
+    assert engine["args"] == ["--model-path", "Qwen/Qwen3-8B", "--quantization-param-path",
+                              "/home/owner/scales/qwen38-fp8-kv-scales-per-head.json", "--chat-template=/home/owner/scales"]
+    assert engine["relative_paths"] == [
+        ("--quantization-param-path", "scales/qwen38-fp8-kv-scales-per-head.json",
+         "/home/owner/scales/qwen38-fp8-kv-scales-per-head.json"),
+        ("--chat-template", "scales", "/home/owner/scales")]
+    # no readable working folder: the args as given
+    os.unlink(root / "proc/300/cwd")
+    [engine] = ep.engines(str(root))
+    assert engine["args"][3] == "scales/qwen38-fp8-kv-scales-per-head.json" and engine["relative_paths"] == []

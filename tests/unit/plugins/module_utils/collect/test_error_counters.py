@@ -187,6 +187,17 @@ def test_resets_and_iommu_faults_fail_with_their_remedy():
     assert dmar["status"] == "fail" and "iommu=pt" in dmar["remedies"][0] and "DMA window" in dmar["remedies"][0]
 
 
+def test_seed_004s_musts_aer_dmar_and_gpu_resets_zero():
+    """seed 004 marked its P2P path passed only with "AER error = 0, DMAR error = 0, GPU reset = 0" during the
+    tests: each that loses or corrupts data fails; a correctable AER (corrected by a replay) warns (docs/evidence.md
+    says why)."""
+    assert judges.judge(_delta())["status"] == "pass"
+    for delta in (_delta({GPU0: {"nonfatal": 1}}), _delta({PORT0: {"rootport_fatal": 1}}),
+                  _delta(log_text=_log("dmar_tt_umd_1814")), _delta(log_text=_log("amdgpu_reset_rocm_6273"))):
+        assert judges.judge(delta)["status"] == "fail", delta
+    assert judges.judge(_delta({GPU0: {"correctable": 1}}))["status"] == "warn"
+
+
 def test_since_boot_judges_the_fail_class_only():
     quiet = _delta({GPU0: {"correctable": 900}}, _log("xid_gpud_pr46"), since_boot=True)
     assert judges.judge(quiet)["status"] == "pass"  # correctable and non-critical Xid since boot say nothing

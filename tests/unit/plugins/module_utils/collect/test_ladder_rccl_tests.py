@@ -103,11 +103,18 @@ def test_level_missing_from_the_env_file_fails_naming_the_amd_rocm_role(tmp_path
     assert str(tmp_path / "gpu.env") in verdicts[0]["remedy"]
 
 
-def test_without_ab_the_shm_run_fails_at_transport_with_the_run_log(tmp_path, tree):
+def test_without_ab_the_shm_run_fails_collectives_on_its_own_log(tmp_path, tree):
+    """seed 004's must: the log must say isAllDirectP2p 1 via P2P/IPC; the run's own log says 0, via SHM."""
     tdir = make_tests_dir(tmp_path, patched=False)
     verdicts, _ = runtime(tmp_path, tree, tdir, env_file(tmp_path, GOOD_ENV), ab=False)
-    assert [v["status"] for v in verdicts] == ["pass", "fail"]
-    assert "through SHM" in verdicts[1]["why"] and "re-run the rccl role" in verdicts[1]["remedy"]
+    assert [(v["layer"], v["status"]) for v in verdicts] == [("collectives", "fail")]
+    assert "isAllDirectP2p 0 (channels via SHM/direct/direct)" in verdicts[0]["why"]
+    assert "re-run the rccl role" in verdicts[0]["remedy"]
+    # the transport layer above it reads that same log and says the same
+    transport = climb(["collectives", "nccl_transport"], Context(str(tree), LADDER_VIEW, options=dict(
+        nccl_tests_dir=str(tdir), env_file=str(env_file(tmp_path, GOOD_ENV)))), stop_at_fail=False)[0][1]
+    assert transport["status"] == "fail" and "through SHM" in transport["why"]
+    assert "re-run the rccl role" in transport["remedy"]
 
 
 def test_ab_on_a_box_without_p2p_only_reports_the_gain(tmp_path, tree):

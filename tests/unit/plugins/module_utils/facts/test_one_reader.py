@@ -182,6 +182,9 @@ RULES = {
     "stamp names": {"home": {FACTS + "builds.py"},
                     "finder": _word(r"^\.rigbook-(build\.json|venv\.json|source-sha256|bundled)$", "facts/builds")},
     "status order": {"home": {"plugins/module_utils/judges/verdict.py"}, "finder": _status_order},
+    "Secure Boot reader": {"home": {FACTS + "secure_boot.py"},
+                           "finder": _word(r"^SecureBoot-8be4df61|^--sb-state$|^--test-key$",
+                                           "facts/secure_boot")},
 }
 # Places that look like a second reader and are something else.
 ALLOWED = {
@@ -211,7 +214,8 @@ def test_the_guard_finds_what_it_guards():
                         "def h(p):\n    d = hashlib.sha256()\n"
                         "    with open(p, 'rb') as f:\n        d.update(f.read())\n"
                         "os.replace('a', 'b')\nx = {'pass': 0, 'warn': 1, 'fail': 2, 'unknown': 3}\n"
-                        "y = 'x'.startswith(('libnccl.so', 'librccl.so'))\nz = ['systemctl', 'show', 'u']\n")
+                        "y = 'x'.startswith(('libnccl.so', 'librccl.so'))\nz = ['systemctl', 'show', 'u']\n"
+                        "m = ['mokutil', '--sb-state']\n")
     for name in ("runner: subprocess", "sha256 file loop", "atomic write", "status order", "NCCL/RCCL identity",
-                 "systemctl show"):
+                 "systemctl show", "Secure Boot reader"):
         assert list(RULES[name]["finder"](planted)), name

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -204,3 +205,74 @@ def test_a_held_all_gather_that_was_not_measured_warns():
     verdict = judge_collectives(SEED_004, P2P, SEED_004_ALL_BASELINE, probe=SEED_004_PROBE)
     assert verdict["status"] == "warn" and "not measured: all_gather" in verdict["why"]
     assert judge_collectives(SEED_004, P2P, SEED_004_BASELINE, probe=SEED_004_PROBE)["status"] == "pass"
+
+
+# isAllDirectP2p in the collectives run's own log (seed 004's must: "the final log confirms isAllDirectP2p 1 via
+# P2P/IPC", not SHM). The "Check P2P Type" line in NCCL's format (NVIDIA/nccl src/transport.cc,
+# ncclTransportCheckP2pType) put in front of real logs of the fixtures (tests/fixtures/parse/SOURCES.md).
+CHECK_LINE = "host:1:1 [0] NCCL INFO Check P2P Type isAllDirectP2p {} directMode 0 isAllCudaP2p 1\n"
+
+
+def with_run_log(data, fixture, direct):
+    text = CHECK_LINE.format(direct) + (LOGS / f"{fixture}.txt").read_text()
+    return {**data, "nccl_log": text, "log": collectives.log_summary(text)}
+
+
+def test_is_all_direct_p2p_0_in_the_runs_own_log_fails_collectives_where_p2p_is_expected():
+    data = with_run_log(SEED_004, "nccl1817_shm_8gpu", 0)
+    verdict = judge_collectives(data, {**P2P, "gpu": {"count": 2, "vendor": "amd"}}, SEED_004_BASELINE,
+                                probe=SEED_004_PROBE)
+    assert verdict["status"] == "fail", verdict
+    assert "isAllDirectP2p 0 (channels via SHM/direct/direct)" in verdict["why"]
+    assert "isAllDirectP2p 1 via P2P/IPC" in verdict["why"]
+    assert verdict["expected"]["isAllDirectP2p"] == 1 and verdict["measured"]["isAllDirectP2p"].startswith("0 ")
+    assert "NCCL_P2P_LEVEL" in verdict["remedy"]  # the amd remedy: the environment file, then RCCL's patch
+    assert verdict["metrics"]["sendrecv_busbw_gbs"] == 9.75  # the figures are still recorded
+    nvidia = judge_collectives(data, {**P2P, "gpu": {"count": 2, "vendor": "nvidia"}}, SEED_004_BASELINE)
+    assert nvidia["status"] == "fail" and "P2P driver fork" in nvidia["remedy"]
+
+
+def test_is_all_direct_p2p_1_passes_and_is_shown():
+    data = with_run_log(SEED_004, "nccl_tests29_old_ring_ipc", 1)
+    verdict = judge_collectives(data, P2P, SEED_004_BASELINE, probe=SEED_004_PROBE)
+    assert verdict["status"] == "pass", verdict
+    assert verdict["measured"]["isAllDirectP2p"] == "1 in the run's own log (p2p)"
+
+
+def test_is_all_direct_p2p_0_is_the_expected_state_where_p2p_is_declared_unavailable():
+    """seed 000's box: P2P declared unavailable, the collectives held to their SHM path."""
+    shm = {"available": True, "results": [{"op": "sendrecv", "busbw_gbs": 6.0, "wrong": 0},
+                                          {"op": "all_reduce", "busbw_gbs": 5.8, "wrong": 0}]}
+    verdict = judge_collectives(with_run_log(shm, "nccl1817_shm_8gpu", 0), NO_P2P,
+                                {"sendrecv_busbw_gbs": 6.0, "all_reduce_busbw_gbs": 5.8})
+    assert verdict["status"] == "pass", verdict
+    assert "declared unavailable" in verdict["measured"]["isAllDirectP2p"] and "isAllDirectP2p" not in \
+        verdict["expected"]
+
+
+def test_a_run_without_the_check_line_is_not_judged_on_it():
+    text = (LOGS / "nccl1817_shm_8gpu.txt").read_text()  # older NCCL: no "Check P2P Type" line
+    data = {**SEED_004, "nccl_log": text, "log": collectives.log_summary(text)}
+    verdict = judge_collectives(data, P2P, SEED_004_BASELINE)
+    assert verdict["status"] == "pass" and "isAllDirectP2p" not in verdict["measured"]
+
+
+def test_the_collector_summarises_a_recorded_runs_own_log(tmp_path):
+    commands = tmp_path / "var" / "lib" / "rigbook" / "commands"
+    commands.mkdir(parents=True)
+    text = CHECK_LINE.format(0) + (LOGS / "nccl1817_shm_8gpu.txt").read_text()
+    (commands / "collectives.json").write_text(json.dumps({**SEED_004, "nccl_log": text}))
+    data = collectives.collect_collectives(str(tmp_path))
+    assert data["log"] == {"all_direct_p2p": False, "all_cuda_p2p": True, "path": "shm",
+                           "transports": ["SHM/direct/direct"], "nccl_version": None}
+    (commands / "collectives.json").write_text(json.dumps(SEED_004))
+    assert "log" not in collectives.collect_collectives(str(tmp_path))
+
+
+def test_nccl_transport_fails_on_is_all_direct_p2p_0_where_p2p_is_expected():
+    text = CHECK_LINE.format(0) + (LOGS / "nccl_tests29_old_ring_ipc.txt").read_text()
+    verdict = judge_nccl_transport(collectives.transport_evidence(text, "test"), P2P)
+    assert verdict["status"] == "fail" and "isAllDirectP2p 0" in verdict["why"], verdict
+    assert verdict["measured"]["isAllCudaP2p"] is True
+    shm = CHECK_LINE.format(0) + (LOGS / "nccl1817_shm_8gpu.txt").read_text()
+    assert judge_nccl_transport(collectives.transport_evidence(shm, "test"), NO_P2P)["status"] == "pass"

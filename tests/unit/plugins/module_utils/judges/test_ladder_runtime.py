@@ -182,6 +182,24 @@ def test_tolerance_is_data():
     assert loose["status"] == "pass"
 
 
+def test_a_peer_copy_of_2_to_3_gbs_on_gen3_x16_fails_where_seed_004_would_stop():
+    """seed 004: "if TransferBench Push / DMA gives only 2-3 GB/s, do not go on tuning RCCL". Faster than the
+    host-staged copy here (1.5 GB/s), so only the link share can catch it."""
+    slow = seed004(peer=(2.8,), staged=1.5, bidir=5.0)
+    v = R.judge_p2p_bandwidth(slow, R9700)
+    assert v["status"] == "fail", v
+    assert "GPU0->GPU1: 2.80 GB/s is 18% of the Gen3 x16 limit (15.75 GB/s), below 25%" in v["why"]
+    assert "2-3 GB/s" in v["why"] and "TransferBench" in v["remedy"]
+    assert "fails below 25%" in v["expected"]["peer"]
+    # a third of the link (the lab's p2p-bandwidth-half figure) is slow, not broken: a warning without a baseline
+    third = R.judge_p2p_bandwidth(seed004(peer=(5.15,), staged=1.5, bidir=9.85), R9700)
+    assert third["status"] == "warn" and "33% of the Gen3 x16 limit" in third["why"]
+    # the line is tolerance data
+    assert R.judge_p2p_bandwidth(slow, R9700, tolerance={"link_fail_below": 0.1})["status"] == "warn"
+    # a box declared without P2P is held to its host-staged baseline only
+    assert R.judge_p2p_bandwidth(slow, {**R9700, "p2p": {"expected": False}})["status"] == "pass"
+
+
 def test_ipc_failure_fails_peer_access_with_the_ipc_remedy():
     bad = seed004()
     bad["pairs"][1]["ipc"] = {"ok": False, "error": "hipIpcOpenMemHandle: hipErrorInvalidDevicePointer",

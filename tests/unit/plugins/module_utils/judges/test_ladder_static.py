@@ -269,13 +269,174 @@ def test_module_missing_after_kernel_upgrade_fails_driver_state():
     assert "dkms autoinstall -k 7.0.0-40-generic" in verdict["remedy"]
 
 
-def test_stock_module_shadowing_and_version_mismatch():
+def test_a_wrong_version_fails_wherever_its_file_sits():
     ev = x3080_evidence()
     ev["nvidia"].update(module_version="580.95.05", module_files=["kernel/drivers/video/nvidia.ko"])
     verdict = L.judge_driver_state(ev, X3080)
     assert verdict["status"] == "fail"
     assert "loaded nvidia module is 580.95.05, pinned 615.71.09" in verdict["why"]
-    assert "not under updates/dkms" in verdict["why"]
+    assert "installed by hand" in verdict["why"]  # the file's place is said too, as a note
+
+
+# --- driver_state: the loaded module against the pin, for each way the driver got onto the box ------------------
+# seed 000 installed the fork the fork's way (make modules_install into kernel/drivers/video, the old DKMS module
+# cleared, depmod); rigbook builds it with DKMS (updates/dkms); Ubuntu's prebuilt packages sit in
+# kernel/nvidia-<branch>; the H200 cloud VM of shared/research/real-gpu-run.md has no /lib/modules at all.
+INSTALLS = {
+    "dkms": ["updates/dkms/nvidia.ko.zst"],
+    "make modules_install": ["kernel/drivers/video/nvidia.ko"],
+    "distribution package": ["kernel/nvidia-615/nvidia.ko"],
+    "no /lib/modules": [],
+}
+FORK_PIN = {**X3080["pins"]["nvidia_driver"], "fork_repo": "https://github.com/aikitoria/open-gpu-kernel-modules",
+            "commit": "0" * 40}
+X3080_FORK = {**X3080, "pins": {**X3080["pins"], "nvidia_driver": FORK_PIN}}
+SRCVERSION = "9C1D5A3B7E2F04A6D8B1C3E"
+
+
+def installed_by(method):
+    ev = x3080_evidence()
+    ev["nvidia"]["module_files"] = list(INSTALLS[method])
+    return ev
+
+
+def test_a_fork_installed_by_hand_runs_and_is_a_note_not_a_failure():
+    verdict = L.judge_driver_state(installed_by("make modules_install"), X3080_FORK)
+    assert verdict["status"] == "warn", verdict
+    assert "nvidia.ko for 7.0.0-31-generic is installed by hand (the fork's make modules_install" in verdict["why"]
+    assert "a kernel upgrade does not rebuild it" in verdict["why"]
+    assert "moves the hand-installed files aside" in verdict["remedy"] and "--check --diff" in verdict["remedy"]
+    assert verdict["measured"]["files"] == ["kernel/drivers/video/nvidia.ko (installed by hand (the fork's make "
+                                            "modules_install, or NVIDIA's .run installer))"]
+
+
+@pytest.mark.parametrize("method,status", [("dkms", "pass"), ("make modules_install", "warn"),
+                                           ("distribution package", "warn"), ("no /lib/modules", "pass")])
+def test_each_install_method_of_the_pinned_version_loaded_is_never_a_failure(method, status):
+    verdict = L.judge_driver_state(installed_by(method), X3080_FORK)
+    assert verdict["status"] == status, verdict
+    if method == "distribution package":
+        assert "a distribution package's prebuilt module" in verdict["why"]
+
+
+@pytest.mark.parametrize("method", list(INSTALLS))
+def test_the_real_failures_stay_failures_for_each_install_method(method):
+    wrong = installed_by(method)
+    wrong["nvidia"].update(module_version="610.43.03", proc_module_version="610.43.03")
+    assert "loaded nvidia module is 610.43.03, pinned 615.71.09" in L.judge_driver_state(wrong, X3080_FORK)["why"]
+    mismatch = installed_by(method)
+    mismatch["nvidia"]["userspace_version"] = "615.80.01"
+    assert "Driver/library version mismatch" in L.judge_driver_state(mismatch, X3080_FORK)["why"]
+    unloaded = installed_by(method)
+    unloaded["nvidia"].update(loaded=False, module_version=None, proc_module_version=None)
+    verdict = L.judge_driver_state(unloaded, X3080_FORK)
+    assert verdict["status"] == "fail"
+    assert ("installed for 7.0.0-31-generic but not loaded" if INSTALLS[method] else
+            "no nvidia module is installed for the running kernel 7.0.0-31-generic") in verdict["why"]
+    for broken in (wrong, mismatch, unloaded):
+        assert L.judge_driver_state(broken, X3080_FORK)["status"] == "fail"
+
+
+def test_open_or_proprietary_is_judged_where_the_pin_says():
+    proprietary = installed_by("dkms")
+    proprietary["nvidia"]["open_kernel_module"] = False
+    verdict = L.judge_driver_state(proprietary, X3080_FORK)  # the pin names the P2P fork: the open modules
+    assert verdict["status"] == "fail", verdict
+    assert "NVIDIA's proprietary kernel module, the pin is NVIDIA's open kernel module" in verdict["why"]
+    assert verdict["expected"]["open"] is True
+    assert L.judge_driver_state(proprietary, X3080)["status"] == "pass"  # a pin without a source says nothing
+    said = {**X3080, "pins": {**X3080["pins"], "nvidia_driver": {**X3080["pins"]["nvidia_driver"], "open": False}}}
+    assert L.judge_driver_state(proprietary, said)["status"] == "pass"
+    assert L.judge_driver_state(installed_by("dkms"), said)["status"] == "fail"
+    unreadable = installed_by("dkms")
+    unreadable["nvidia"]["open_kernel_module"] = None
+    assert L.judge_driver_state(unreadable, X3080_FORK)["status"] == "unknown"
+
+
+def stamped(srcversion=SRCVERSION, version="615.71.09", loaded=SRCVERSION):
+    ev = installed_by("dkms")
+    ev["nvidia"]["srcversion"] = loaded
+    ev["nvidia"]["build_stamps"] = [{
+        "path": f"var/lib/dkms/nvidia/{version}/7.0.0-31-generic/x86_64/.rigbook-build.json", "version": version,
+        "modules": {"nvidia": {"path": "/lib/modules/7.0.0-31-generic/updates/dkms/nvidia.ko.zst",
+                               "srcversion": srcversion}}}]
+    return ev
+
+
+def test_the_srcversion_of_rigbooks_build_is_the_loaded_ones():
+    ok = L.judge_driver_state(stamped(), X3080_FORK)
+    assert ok["status"] == "pass", ok
+    assert ok["expected"]["srcversion"] == SRCVERSION + " (rigbook's DKMS build for 7.0.0-31-generic)"
+    other = L.judge_driver_state(stamped(loaded="0A1B2C3D4E5F60718293A4B"), X3080_FORK)
+    assert other["status"] == "fail", other
+    assert ("the loaded nvidia module 615.71.09 (srcversion 0A1B2C3D4E5F60718293A4B) is not the DKMS build rigbook "
+            f"made for 7.0.0-31-generic (srcversion {SRCVERSION})") in other["why"]
+    assert "Reboot" in other["remedy"]
+    assert L.judge_driver_state(stamped(loaded=None), X3080_FORK)["status"] == "unknown"
+    # a stamp of another version (an older build DKMS still holds) says nothing of the loaded module
+    assert L.judge_driver_state(stamped(version="610.43.03", loaded="0A1B2C3D4E5F60718293A4B"),
+                                X3080_FORK)["status"] == "pass"
+
+
+# --- kernel_state: nvidia_uvm's HMM with iommu=pt ---------------------------------------------------------------
+
+
+def with_hmm(value="N", address_bits=None, open_module=True, dma_mask_bits=None):
+    ev = x3080_evidence()
+    ev["nvidia"].update(uvm_disable_hmm=value, open_kernel_module=open_module)
+    ev["cpu"]["address_bits"] = address_bits
+    for g in ev["gpus"]:
+        g["dma_mask_bits"] = dma_mask_bits
+    return ev
+
+
+def test_hmm_on_is_harmless_where_the_cpus_addresses_fit_the_gpus_dma_mask():
+    """seed 000: Xeon E5-2666 v3 (46-bit physical addresses), HMM left at the driver's default, iommu=pt: works."""
+    verdict = L.judge_kernel_state(with_hmm(address_bits=46), X3080)
+    assert verdict["status"] == "pass", verdict
+    assert "46-bit physical addresses end within the GPUs' 47-bit DMA mask" in verdict["measured"]["uvm_disable_hmm"]
+    assert "WU-CVGL/cluster-setup" in verdict["measured"]["uvm_disable_hmm"]
+
+
+def test_hmm_on_fails_where_the_cited_failure_applies_and_names_the_source():
+    verdict = L.judge_kernel_state(with_hmm(address_bits=48), X3080)
+    assert verdict["status"] == "fail", verdict
+    assert "48-bit physical addresses reach beyond the GPUs' 47-bit DMA mask" in verdict["why"]
+    assert "WU-CVGL/cluster-setup docs/05_GPU_P2P_RTX4090.md" in verdict["remedy"]
+    assert "NVIDIA/nccl#2190" in verdict["remedy"] and "uvm_disable_hmm=1" in verdict["remedy"]
+    unknown = L.judge_kernel_state(with_hmm(address_bits=None), X3080)
+    assert unknown["status"] == "fail" and "physical address width is not known" in unknown["why"]
+
+
+def test_hmm_rule_reads_the_gpus_own_dma_mask_and_the_driver_kind():
+    # a GPU whose driver set a 52-bit mask (sysfs dma_mask_bits) reaches all of a 48-bit address space
+    assert L.judge_kernel_state(with_hmm(address_bits=48, dma_mask_bits=52), X3080)["status"] == "pass"
+    # 32 bits is the PCI core's default before a driver binds: NVIDIA's 47 bits are assumed then
+    assert L.judge_kernel_state(with_hmm(address_bits=48, dma_mask_bits=32), X3080)["status"] == "fail"
+    assert L.judge_kernel_state(with_hmm(address_bits=48, open_module=False), X3080)["status"] == "pass"
+    off = L.judge_kernel_state(with_hmm(value="Y", address_bits=52), X3080)
+    assert off["status"] == "pass" and off["measured"]["uvm_disable_hmm"] == "Y"
+    no_pt = with_hmm(address_bits=52)
+    no_pt["kernel"]["cmdline"] = ["ro", "quiet"]
+    assert "uvm_disable_hmm" not in L.judge_kernel_state(no_pt, {**X3080, "pins": {}})["measured"]
+
+
+def test_hmm_confines_host_memory_is_the_one_rule():
+    assert L.hmm_confines_host_memory(True, 46) is False
+    assert L.hmm_confines_host_memory(True, 48) is True
+    assert L.hmm_confines_host_memory(None, 52) is True
+    assert L.hmm_confines_host_memory(True, None) is None
+    assert L.hmm_confines_host_memory(False, None) is False
+    assert L.hmm_confines_host_memory(True, 48, 52) is False
+
+
+def test_nvidia_uvm_not_loaded_is_a_note_only_where_hmm_would_matter():
+    ev = with_hmm(value=None, address_bits=48)
+    ev["nvidia"]["modprobe_uvm_disable_hmm"] = False
+    verdict = L.judge_kernel_state(ev, X3080)
+    assert verdict["status"] == "warn" and "no modprobe.d option disables HMM" in verdict["why"]
+    ev["cpu"]["address_bits"] = 46
+    assert L.judge_kernel_state(ev, X3080)["status"] == "pass"
 
 
 def test_userspace_kernel_mismatch():

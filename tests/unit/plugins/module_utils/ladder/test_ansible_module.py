@@ -13,7 +13,8 @@ from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import ansi
 
 ROLE = Path(__file__).resolve().parents[5] / "roles" / "p2p_verify"
 # What a task of the role may pass besides the model: the run's own choices.
-RUNS_OWN = {"phase", "run_tags", "layers", "allow_unknown", "baseline", "python", "ab", "unit"}
+RUNS_OWN = {"phase", "run_tags", "layers", "allow_unknown", "baseline", "python", "ab", "unit", "serving",
+            "serving_when", "changes", "engine"}
 
 
 def params(**given):
@@ -36,7 +37,9 @@ def model():
 
 
 def test_the_role_passes_the_host_model_and_only_what_is_the_runs_own():
-    tasks = yaml.safe_load((ROLE / "tasks" / "main.yml").read_text())
+    entries = yaml.safe_load((ROLE / "tasks" / "main.yml").read_text())
+    tasks = [task for entry in entries for task in entry.get("block", [entry]) + entry.get("always", [])]
+    assert len(tasks) == 4  # one per phase, and the runtime phase's always task
     for task in tasks:
         args = task["rigbook.homelab.ladder"]
         assert args["host"] == "{{ rigbook_host }}", task["name"]

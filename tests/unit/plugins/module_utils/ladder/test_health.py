@@ -4,10 +4,12 @@ the entry point's bad input. Recorded hardware trees only (src/rigbook/lab/rigs)
 
 from __future__ import annotations
 
+import http.server
 import itertools
 import json
 import os
 import tempfile
+import threading
 
 import pytest
 
@@ -17,7 +19,8 @@ from rigbook.snapshots import judge_tree, ladder_view_of
 from rigbook.validate import validate
 
 link_collection()
-from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import health  # noqa: E402
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import runner  # noqa: E402
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import health, registry  # noqa: E402
 
 INV = validate("inventory/lab")
 
@@ -149,3 +152,97 @@ def test_a_link_at_the_metrics_file_itself_is_replaced_never_written_through(tmp
     code, victim, _opened = _planted_run(tmp_path, monkeypatch, ["aaaa"], ["rigbook.prom"])
     assert code == 2 and "symbolic link" in capsys.readouterr().err
     assert victim.read_text() == "root's file\n" and (tmp_path / "prom/rigbook.prom").is_symlink()
+
+
+# --- the health timer beside a serving engine: request-free, never stops it ------------------------------------------
+
+class _Engine(http.server.BaseHTTPRequestHandler):
+    """A serving engine on loopback that keeps every request it gets."""
+
+    requests = []
+
+    def _answer(self, body):
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        _Engine.requests.append(("GET", self.path))
+        self._answer({"data": [{"id": "standin"}]} if self.path == "/v1/models" else {})
+
+    def do_POST(self):  # noqa: N802
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        _Engine.requests.append(("POST", self.path))
+        self._answer({"usage": {"completion_tokens": 8}})
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def serving(tmp_path, monkeypatch):
+    """(config, commands): a health run's config whose serve profile is an engine of this test on loopback, and every
+    command the run asks the runner for (systemctl answering that the unit runs, journalctl with the engine's log)."""
+    _Engine.requests = []
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Engine)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    commands = []
+
+    def run(argv, timeout=None, **kwargs):
+        argv = [str(a) for a in argv]
+        commands.append(argv)
+        if argv[:2] == ["systemctl", "show"]:
+            return runner.Result(argv, 0, "Id=rigbook-serve-standin.service\nLoadState=loaded\nActiveState=active\n"
+                                          "SubState=running\nNRestarts=0\nMainPID=0\n", "", None, False)
+        return runner.Result(argv, 0, "NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC\n", "", None, False)
+
+    monkeypatch.setattr(runner, "run", run)
+    tree = hardware_trees.materialize("x99-r9700", tmp_path / "tree")
+    config = _config(tmp_path, tree)
+    config["serve"] = [{"name": "standin", "unit": "rigbook-serve-standin.service", "bind": "127.0.0.1",
+                        "port": server.server_address[1], "startup_timeout_s": 900, "served_model_name": "standin"}]
+    config["hold_state"] = str(tmp_path / "hold.json")
+    yield config, commands
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_health_run_sends_no_chat_request_and_never_stops_starts_or_measures_the_gpus(serving):
+    config, commands = serving
+    result = health.check(config)
+    assert [v["layer"] for v in result["layers"]] == registry.names(registry.STATIC) + ["serving"]
+    # one readiness poll and the model list: no chat completion, nothing that generates beyond the health check
+    assert _Engine.requests == [("GET", "/health_generate"), ("GET", "/v1/models")]
+    assert not any(a[0] == "systemctl" and a[1] in ("stop", "start", "restart", "kill", "reset-failed")
+                   for a in commands), commands
+    assert {a[0] for a in commands} <= {"systemctl", "journalctl"}  # no probe, no collectives test, no benchmark
+    assert not os.path.exists(config["hold_state"])
+
+
+def test_while_a_ladder_run_holds_the_units_the_serving_layer_is_a_skip_that_says_so(serving):
+    config, commands = serving
+    from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import serving_hold
+
+    # the hold of a run that still runs (this process stands in for it)
+    record = {"units": ["rigbook-serve-standin.service"], "pid": os.getpid(),
+              "started": serving_hold.process_start(os.getpid()), "boot_id": serving_hold.boot_id(),
+              "since": "2025-12-05T01:00:00+0000"}
+    with open(config["hold_state"], "w") as handle:
+        json.dump(record, handle)
+    result = health.check(config)
+    serving_verdict = result["layers"][-1]
+    assert serving_verdict["layer"] == "serving" and serving_verdict["status"] == "skip"
+    assert serving_verdict["why"] == (f"a ladder run (pid {os.getpid()}) stopped rigbook-serve-standin.service at "
+                                      "2025-12-05T01:00:00+0000 for its runtime layers and starts them again after "
+                                      "them: not judged this run")
+    assert _Engine.requests == [] and commands == []
+    assert 'rigbook_layer_status{layer="serving"} 4' in health.prometheus_text(result)
+    # a holder that has ended (killed mid-run, its pid since reused): the serving layer is judged again as usual
+    with open(config["hold_state"], "w") as handle:
+        json.dump(dict(record, started=record["started"] + 1), handle)
+    again = health.check(config)["layers"][-1]
+    assert again["layer"] == "serving" and again["status"] != "skip"
+    assert _Engine.requests == [("GET", "/health_generate"), ("GET", "/v1/models")]

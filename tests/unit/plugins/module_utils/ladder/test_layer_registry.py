@@ -25,14 +25,28 @@ H200 = {"gpu": {"vendor": "nvidia", "count": 1, "vram_gib": 141, "pcie": {"gen":
 ROLE = Path(__file__).resolve().parents[5] / "roles" / "p2p_verify"
 
 
+def _phase_tasks(tasks):
+    """(phase, the entry that carries its tags and when, its ladder task) of the role's tasks: a task, or a block
+    around its phase's ladder task (the runtime phase's, with the serve units around it: its always task, which
+    climbs nothing, is not a phase's)."""
+    for entry in tasks:
+        for task in entry.get("block", [entry]):
+            args = task.get("rigbook.homelab.ladder")
+            if args:
+                yield args["phase"], entry, task
+
+
 def test_the_role_tags_each_task_with_the_layers_of_its_phase():
     tasks = yaml.safe_load((ROLE / "tasks" / "main.yml").read_text())
-    by_phase = {task["rigbook.homelab.ladder"]["phase"]: task for task in tasks}
-    assert set(by_phase) == set(registry.PHASES)
-    for phase, task in by_phase.items():
-        assert task["tags"] == registry.names(phase), phase
+    by_phase = {phase: (entry, task) for phase, entry, task in _phase_tasks(tasks)}
+    assert set(by_phase) == set(registry.PHASES) and len(list(_phase_tasks(tasks))) == len(registry.PHASES)
+    for phase, (entry, task) in by_phase.items():
+        assert entry["tags"] == registry.names(phase), phase
         assert task["rigbook.homelab.ladder"]["run_tags"] == "{{ ansible_run_tags }}"
-        assert task["when"] == f"'{phase}' in p2p_verify_phases"  # each phase runs only when named
+        assert entry["when"] == f"'{phase}' in p2p_verify_phases"  # each phase runs only when named
+    # the always task that starts again what a cut-short runtime phase left stopped carries the block's tags and when
+    [block] = [entry for entry in tasks if "block" in entry]
+    assert [t["rigbook.homelab.ladder"]["serving"] for t in block["always"]] == ["resume"]
 
 
 def test_the_role_runs_serving_by_default_only_where_serve_profiles_exist():

@@ -53,6 +53,22 @@ def test_log_all_direct_p2p():
     assert parse_nccl.parse_log(line.format(0) + base)["all_direct_p2p"] is False
     assert parse_nccl.parse_log(line.format(1) + base)["all_direct_p2p"] is True
     assert parse_nccl.parse_log(base)["all_direct_p2p"] is None
+    assert parse_nccl.parse_log(line.format(1) + base)["all_cuda_p2p"] is True
+    assert parse_nccl.parse_log(base)["all_cuda_p2p"] is None
+
+
+def test_log_direct_p2p_line_of_rccl_and_older_rccl():
+    # RCCL 2.27 prints the line without isAllCudaP2p (the lab's x99-r9700 rig records it so, seed 004's "isAllDirectP2p
+    # 1"); older RCCL names the same flag intraNodeP2pSupport (ROCm/rccl src/transport.cc@47da6731,
+    # ncclTransportCheckP2pType: "Check P2P Type intraNodeP2pSupport %d directMode %d").
+    rccl = "rig:3120:3154 [0] NCCL INFO Check P2P Type isAllDirectP2p {} directMode 0\n"
+    older = "rig:3120:3154 [0] NCCL INFO Check P2P Type intraNodeP2pSupport {} directMode 0\n"
+    for line in (rccl, older):
+        assert parse_nccl.parse_log(line.format(0))["all_direct_p2p"] is False
+        assert parse_nccl.parse_log(line.format(1))["all_direct_p2p"] is True
+        assert parse_nccl.parse_log(line.format(1))["all_cuda_p2p"] is None
+    # one communicator of several without direct P2P is no direct P2P
+    assert parse_nccl.parse_log(rccl.format(1) + rccl.format(0))["all_direct_p2p"] is False
 
 
 def test_log_crlf_ansi_tabs():
@@ -66,4 +82,4 @@ def test_log_crlf_ansi_tabs():
 def test_log_unparseable():
     result = parse_nccl.parse_log("hello\n")
     assert result == {"nccl_version": None, "library": None, "channels": [], "transports": [],
-                      "all_direct_p2p": None, "path": "unknown"}
+                      "all_direct_p2p": None, "all_cuda_p2p": None, "path": "unknown"}

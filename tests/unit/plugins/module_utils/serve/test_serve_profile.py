@@ -444,9 +444,11 @@ def test_seed_004_profile_argv_and_env():
     profile = _seed(G9700)
     argv = serve.engine_argv(profile, ENGINE)
     assert argv == ENGINE + ["--model-path", "/srv/models/Qwen3.8-27B-AWQ-MTP", "--tp-size", "2",
+                             "--context-length", "196608",  # its MTP_FAST route: <=192K
                              "--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
                              "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
-                             "--host", "127.0.0.1", "--port", "30000", "--triton-attention-num-kv-splits=8"]
+                             "--host", "127.0.0.1", "--port", "30000", "--kv-cache-dtype=bf16",
+                             "--triton-attention-num-kv-splits=8"]
     assert profile["env"]["HSA_ENABLE_IPC_MODE_LEGACY"] == "0" and profile["env"]["NCCL_P2P_LEVEL"] == "PHB"
 
 

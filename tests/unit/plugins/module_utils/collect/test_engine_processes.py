@@ -248,7 +248,8 @@ def test_a_relative_path_flag_is_made_absolute_from_the_engines_folder_where_it_
     os.symlink("/home/owner", root / "proc/300/cwd")
     [engine] = ep.engines(str(root))
     assert engine["args"] == ["--model-path", "Qwen/Qwen3-8B", "--quantization-param-path",
-                              "/home/owner/scales/qwen38-fp8-kv-scales-per-head.json", "--chat-template=/home/owner/scales"]
+                              "/home/owner/scales/qwen38-fp8-kv-scales-per-head.json",
+                              "--chat-template=/home/owner/scales"]
     assert engine["relative_paths"] == [
         ("--quantization-param-path", "scales/qwen38-fp8-kv-scales-per-head.json",
          "/home/owner/scales/qwen38-fp8-kv-scales-per-head.json"),

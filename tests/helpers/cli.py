@@ -54,13 +54,14 @@ def tree_listing(root: Path, skip=()) -> dict:
     return seen
 
 
-def changed_tasks(run_dir) -> dict:
+def changed_tasks(run_dir, changed_only: bool = True) -> dict:
     """{host: [(task name, its result)]} of the tasks that reported a change (or would, in check mode) in the run
-    stored in RUN_DIR, in order (ansible-runner's job events)."""
+    stored in RUN_DIR, in order (ansible-runner's job events); CHANGED_ONLY false: every task that ran ok."""
     events = []
     for path in Path(run_dir).glob("artifacts/*/job_events/*.json"):
         event = json.loads(path.read_text())
-        if event.get("event") == "runner_on_ok" and (event["event_data"].get("res") or {}).get("changed"):
+        if event.get("event") == "runner_on_ok" and (
+                not changed_only or (event["event_data"].get("res") or {}).get("changed")):
             events.append((event["counter"], event["event_data"]))
     found: dict = {}
     for _, data in sorted(events, key=lambda e: e[0]):

@@ -24,12 +24,12 @@ Only 127.0.0.0/8 is contacted.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import yaml
 from helpers.cli import REPO, changed_tasks, provision, tree_listing
 from helpers.lab_host import LAB_MARKS, LabHost
+from helpers.owner_inventory import owner_inventory
 
 from rigbook.adopt import emit
 from rigbook.lab import handmade
@@ -54,8 +54,10 @@ RIGBOOKS_OWN = {
     "Keep unattended-upgrades from replacing the pinned kernel",
     "Blacklist nouveau",
     "Check the fork's DKMS builds for every installed kernel",  # stamped only (asserted below)
-    "Say why the fork installed by hand moves to DKMS",  # said with its reason (asserted below)
     "Report the default boot target change (check mode)",  # the seed's own advice: set-default, then a reboot
+    "Reboot once into the new kernel, driver and boot target",  # that reboot, said
+    # the one package the converge adds: DKMS itself (seed 000 built the fork without it; asserted below)
+    "Install DKMS, the pinned kernel's headers and those of the other installed kernels the archive still has",
     "Create rigbook's state directory",
     "Record which kernels carry the fork",
     "Link lib64 to lib (nvcc.profile links from lib64)",
@@ -74,25 +76,12 @@ def _inventory(generated: str) -> Path:
     """The inventory an owner of these two boxes writes: the lab's hosts and connection, the group's rig, GPUs and
     P2P (inventory/lab's x99_3080.yml without its pins and serve profile: adopt writes those), each host's serve
     address of its own (the lab's hosts share this machine's network)."""
-    inv = Path(generated).parent / "adopted-inventory"
-    if inv.exists():
-        return inv
-    (inv / "group_vars").mkdir(parents=True)
-    shutil.copy(REPO / "inventory/lab/group_vars/lab.yml", inv / "group_vars/lab.yml")
-    group = yaml.safe_load((REPO / f"inventory/lab/group_vars/{GROUP}.yml").read_text())
-    for key in ("rigbook_pins", "rigbook_serve"):
-        group.pop(key)
-    # the hand-made box has no collectives tool (no NCCL wheel, no nccl-tests): its owner allows that layer unknown,
-    # as the ladder's failure on it says to
-    group["rigbook_verify"] = {"allow_unknown": ["collectives"]}
-    # the owner runs the engine as themselves: adopt reads that user's engines, the unit runs as them
-    group["serve_user"] = handmade.OWNER
-    (inv / f"group_vars/{GROUP}.yml").write_text("---\n" + yaml.safe_dump(group, sort_keys=False))
-    hosts = yaml.safe_load((Path(generated) / "hosts.yml").read_text())
-    for entry in hosts["all"]["children"]["lab"]["children"][GROUP]["hosts"].values():
-        entry.pop("rigbook_serve", None)
-    (inv / "hosts.yml").write_text(yaml.safe_dump(hosts, sort_keys=False))
-    return inv
+    return owner_inventory(generated, GROUP, {
+        # the hand-made box has no collectives tool (no NCCL wheel, no nccl-tests): its owner allows that layer
+        # unknown, as the ladder's failure on it says to
+        "rigbook_verify": {"allow_unknown": ["collectives"]},
+        # the owner runs the engine as themselves: adopt reads that user's engines, the unit runs as them
+        "serve_user": handmade.OWNER})
 
 
 def _adopted(inv: Path) -> Path:
@@ -179,10 +168,14 @@ def test_check_mode_changes_only_rigbooks_files_and_the_converge_restarts_the_en
     assert set(names) <= RIGBOOKS_OWN, sorted(set(names) - RIGBOOKS_OWN)
     results = dict(tasks)
     assert results["Install and hold the pinned kernel"]["installed"] == []
-    moved = results["Say why the fork installed by hand moves to DKMS"]["msg"]
+    said = dict(changed_tasks(json.loads(check.stdout)["run_dir"], changed_only=False)[BOX])
+    moved = said["Say why the fork installed by hand moves to DKMS"]["msg"]
     assert "installed by hand (make modules_install)" in moved and "/var/lib/rigbook/hand-installed" in moved
     assert "multi-user.target (now graphical.target) and ask for a reboot" in (
         results["Report the default boot target change (check mode)"]["msg"])
+    dkms = results["Install DKMS, the pinned kernel's headers and those of the other installed kernels the archive "
+                   "still has"]
+    assert "dkms" in json.dumps(dkms) and "linux-image" not in json.dumps(dkms), dkms
     assert results["Check the SGLang venv (versions, commit, patches, stamp)"]["adopted"] is True
     units = results["Check the serve units (profiles, files, unit states)"]["units"]
     assert [p["pid"] for p in units["engine"]["stops_by_hand"]] == [by_hand]

@@ -18,12 +18,12 @@ Only 127.0.0.0/8 is contacted.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import yaml
 from helpers.cli import REPO, changed_tasks, provision, tree_listing
 from helpers.lab_host import LAB_MARKS, LabHost
+from helpers.owner_inventory import owner_inventory
 
 from rigbook.adopt import emit
 from rigbook.lab import handmade
@@ -40,21 +40,7 @@ SOURCES = "/etc/apt/sources.list.d"
 def _inventory(generated: str) -> Path:
     """The inventory seed 004's owner writes: the lab's host and connection, the group's rig, GPUs and P2P
     (inventory/lab's x99_r9700.yml without its pins and serve profile: adopt writes those), the owner as serve_user."""
-    inv = Path(generated).parent / "adopted-inventory"
-    if inv.exists():
-        return inv
-    (inv / "group_vars").mkdir(parents=True)
-    shutil.copy(REPO / "inventory/lab/group_vars/lab.yml", inv / "group_vars/lab.yml")
-    group = yaml.safe_load((REPO / f"inventory/lab/group_vars/{GROUP}.yml").read_text())
-    for key in ("rigbook_pins", "rigbook_serve"):
-        group.pop(key)
-    group["serve_user"] = handmade.OWNER
-    (inv / f"group_vars/{GROUP}.yml").write_text("---\n" + yaml.safe_dump(group, sort_keys=False))
-    hosts = yaml.safe_load((Path(generated) / "hosts.yml").read_text())
-    for entry in hosts["all"]["children"]["lab"]["children"][GROUP]["hosts"].values():
-        entry.pop("rigbook_serve", None)
-    (inv / "hosts.yml").write_text(yaml.safe_dump(hosts, sort_keys=False))
-    return inv
+    return owner_inventory(generated, GROUP, {"serve_user": handmade.OWNER})
 
 
 def _adopted(inv: Path) -> Path:
@@ -89,6 +75,8 @@ def test_adopt_reads_seed_004s_box_and_changes_nothing_on_it(seed_004_box):
     assert profile["tp_size"] == 2 and profile["env"]["NCCL_P2P_LEVEL"] == "PHB"
     assert profile["env"]["HSA_ENABLE_IPC_MODE_LEGACY"] == "0"
     assert "p2pdma_allow" in adopt.stdout  # the custom kernel's P2PDMA allow list: not readable, named
+    assert profile["env"]["LD_PRELOAD"] == handmade.RCCL_LIBRARY  # the owner's RCCL in front: kept, and said
+    assert f"LD_PRELOAD puts {handmade.RCCL_LIBRARY} in front of the engine's own NCCL/RCCL" in adopt.stdout
     assert profile["speculative"] == {"algorithm": "NEXTN", "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4}
 
     # The owner fills in what the list names, as inventory/lab has it: the RCCL source the build in their home came
@@ -99,6 +87,8 @@ def test_adopt_reads_seed_004s_box_and_changes_nothing_on_it(seed_004_box):
     pins["kernel"]["p2pdma_allow"] = lab["rigbook_pins"]["kernel"]["p2pdma_allow"]
     pins["sglang"].update(wheel_dir=lab["rigbook_pins"]["sglang"]["wheel_dir"], no_deps=True, import_check=False)
     data["rccl_cxx_compiler"] = lab["rccl_cxx_compiler"]
+    # RCCL pinned: as the note says, the engine no longer preloads the hand-built one (it runs the verified build)
+    del data["rigbook_serve"][0]["env"]["LD_PRELOAD"]
     _adopted(inv).write_text(yaml.safe_dump(data, sort_keys=False))
     ready = provision("validate", "-i", inv)
     assert ready.returncode == 0, ready.stdout + ready.stderr
@@ -127,6 +117,8 @@ def test_the_converge_replaces_amdgpu_installs_sources_cleanly_and_serves(seed_0
     assert box.run(f"test -d /proc/{by_hand}", check=False).returncode != 0
     [engine] = box.out(ENGINES).split()
     assert box.out("systemctl show -p MainPID --value rigbook-serve-engine.service").strip() == engine
+    maps = box.out(f"cat /proc/{engine}/maps")
+    assert "librccl" in maps and handmade.RCCL_DIR not in maps  # the roles' RCCL, not the one built by hand
 
     again = provision("site.yml", "-i", inv, "--limit", BOX, "--json", timeout=900)
     assert again.returncode == 0 and json.loads(again.stdout)["hosts"][BOX]["changed"] == 0, again.stdout[-3000:]

@@ -55,6 +55,14 @@ def _kernel_facts():
     return kernel
 
 
+def _libraries():
+    """plugins/module_utils/facts/libraries: the one decision of which file is NCCL or RCCL."""
+    # deferred: ansible_collections.rigbook.homelab is importable only once link_collection() ran (validate runs it)
+    from ansible_collections.rigbook.homelab.plugins.module_utils.facts import libraries
+
+    return libraries
+
+
 def _hmm_rule():
     """plugins/module_utils/judges/static_layers.hmm_confines_host_memory: the one rule of when HMM must be off."""
     # deferred: ansible_collections.rigbook.homelab is importable only once link_collection() ran (validate runs it)
@@ -252,6 +260,13 @@ def _serve_profiles(facts: dict, comments: dict, unpinned: list, notes: list) ->
         if engine.get("env"):
             profile["env"] = dict(engine["env"])
             comments[("rigbook_serve", len(profiles), "env")] = f"/proc/{engine['pid']}/environ (GPU variables only)"
+            preloaded = [word for word in str(profile["env"].get("LD_PRELOAD", "")).replace(":", " ").split()
+                         if _libraries().is_collectives(word)]
+            if preloaded:
+                notes.append(f"{name}: LD_PRELOAD puts {', '.join(preloaded)} in front of the engine's own NCCL/RCCL: "
+                             "kept, so the engine runs what it runs today; once rigbook_pins.rccl (or the CUDA "
+                             "toolchain's NCCL) is pinned, remove LD_PRELOAD from this profile's env so the engine "
+                             "runs the library the roles build and verify")
         for secret in engine.get("secret_env") or []:
             notes.append(f"{name}: {secret} is in the engine's environment and looks like a secret: not copied")
         comments[("rigbook_serve", len(profiles))] = where

@@ -929,3 +929,14 @@ def test_a_relative_path_the_box_resolved_is_pinned_absolute_and_said():
     # a stored reading of the wrong shape is read past
     variables, *_ = adopt.variables_of({"kernel": {}, "engines": [dict(engine, relative_paths="x")]})
     assert variables["rigbook_serve"][0]["extra_args"] == ["--quantization-param-path", scales]
+
+
+def test_a_preloaded_collectives_library_is_kept_and_said():
+    engine = {"pid": 69, "args": ["--model-path", "/srv/models/m", "--tp-size", "2"],
+              "env": {"NCCL_P2P_LEVEL": "PHB", "LD_PRELOAD": "/home/owner/rccl/build/librccl.so.1"}}
+    variables, _, _, notes = adopt.variables_of({"kernel": {}, "engines": [engine]})
+    assert variables["rigbook_serve"][0]["env"]["LD_PRELOAD"] == "/home/owner/rccl/build/librccl.so.1"
+    assert any("LD_PRELOAD puts /home/owner/rccl/build/librccl.so.1 in front of the engine's own NCCL/RCCL" in n
+               for n in notes)
+    engine["env"]["LD_PRELOAD"] = "/usr/lib/libjemalloc.so.2"  # not a collectives library: nothing said
+    assert not [n for n in adopt.variables_of({"kernel": {}, "engines": [engine]})[3] if "LD_PRELOAD" in n]

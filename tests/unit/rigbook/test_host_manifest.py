@@ -367,6 +367,23 @@ def test_parsers_on_their_edges():
         == ["eno1 192.0.2.5/24"]
 
 
+DKMS_FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "dkms"  # recorded: tests/fixtures/dkms/SOURCES.md
+
+
+def test_recorded_dkms_status_outputs_of_both_forms_and_their_warnings():
+    read = collector.parse_dkms_status
+    assert read((DKMS_FIXTURES / "dkms-status-broken-entry.txt").read_text()) == {  # the error lines are read past
+        "6.12.10-76061203-generic": ["nvidia/570.172.08: installed"],
+        "6.16.3-76061603-generic": ["nvidia/570.172.08: installed"]}
+    assert read((DKMS_FIXTURES / "dkms-3.0.9-status-warnings.txt").read_text()) == {
+        "5.15.86-1-lts": ["rtl88x2bu/5.13.1.r179.a2ac3b2: installed", "rtl88x2bu/5.13.1: built",
+                          "rtl88x2bu/r142.549257e: built"],
+        "6.1.4-arch1-1": ["rtl88x2bu/5.13.1.r179.a2ac3b2: installed (WARNING! Missing some built modules!)",
+                          "rtl88x2bu/r142.549257e: built (WARNING! Missing some built modules!)"]}
+    assert read((DKMS_FIXTURES / "dkms-2-status.txt").read_text()) == {
+        "5.11.0-36-generic": ["nvidia/460.91.03: installed"]}
+
+
 @pytest.mark.parametrize("raw,problem", [
     (b'{"items": {"kernel.release": "6.8"}}', "item 'kernel.release' is not an object but str"),
     (b'{"items": ["kernel.release"]}', "no items object"),

@@ -212,6 +212,13 @@ def test_a_twin_from_the_adopted_pins_diffs_clean_and_is_held_to_the_group_basel
     hosts["all"]["children"]["lab"]["children"][GROUP]["hosts"][TWIN]["rigbook_serve"] = [
         {**p, "bind": twin.host.address} for p in profiles]
     (inv / "hosts.yml").write_text(yaml.safe_dump(hosts, sort_keys=False))
+    # the FP8 KV scales file the seed's command line names is a file of the owner's: preflight names it on the twin
+    # before anything changes, and the owner copies it there
+    scales = f"{handmade.HOME}/{handmade.SCALES}"
+    first = provision("site.yml", "-i", inv, "--limit", TWIN, "--json", timeout=900)
+    assert first.returncode != 0 and "not on the box yet (nothing was changed): rigbook_serve[0].extra_args" in (
+        first.stdout + first.stderr) and scales in first.stdout, first.stdout[-3000:]
+    twin.run(f"mkdir -p {Path(scales).parent} && cp /dev/null {scales}")
     site = provision("site.yml", "-i", inv, "--limit", TWIN, "--json", timeout=1800)
     assert site.returncode == 0, site.stdout[-3000:] + site.stderr[-3000:]
     assert json.loads(site.stdout)["hosts"][TWIN]["baseline_source"] == f"group {GROUP}"

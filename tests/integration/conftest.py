@@ -161,10 +161,10 @@ def adopted_pair(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def seed_004_box(tmp_path_factory):
-    """One fresh x99-r9700 lab host (lab-r9700, to be set up by hand as seed 004's owner did) for
-    tests/integration/test_adopt_seed_004_lab.py, in a state directory of its own (after the adopt pair's lab is
-    down: the same lab group); yields that state directory's generated inventory."""
-    yield from _own_lab(tmp_path_factory, "seed-004", ["--hosts", "1", "--rig", "x99-r9700"])
+    """Two fresh x99-r9700 lab hosts (lab-r9700, to be set up by hand as seed 004's owner did, and lab-r9700-2, its
+    twin to be) for tests/integration/test_adopt_seed_004_lab.py, in a state directory of its own (after the adopt
+    pair's lab is down: the same lab group); yields that state directory's generated inventory."""
+    yield from _own_lab(tmp_path_factory, "seed-004", ["--hosts", "2", "--rig", "x99-r9700"])
 
 
 def _own_lab(tmp_path_factory, name: str, up_args: list):

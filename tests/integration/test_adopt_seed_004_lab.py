@@ -1,4 +1,4 @@
-"""`provision adopt` of seed 004's box as its owner built it, on a one-host lab of its own (marker: lab): lab-r9700 set
+"""`provision adopt` of seed 004's box as its owner built it, on a two-host lab of its own (marker: lab): lab-r9700 set
 up by hand (`provision lab handmade --as-seed 004`: the kernel .debs with dpkg -i, ROCm from amdgpu-install's own
 apt sources - rocm.list, amdgpu.list, /etc/apt/keyrings/rocm.gpg -, the patched RCCL built in the owner's home, the
 engine started as `sglang serve` from the owner's shell with HSA_ENABLE_IPC_MODE_LEGACY=0, NCCL_P2P_LEVEL=PHB and the
@@ -11,6 +11,8 @@ patched RCCL preloaded). In order, each test building on the one before:
    disabled (apt refuses two entries for one repository with different keys); no package installed. The converge
    then leaves one source per repository (apt-get update works), keeps the owner's files as backups, runs the
    engine as rigbook's unit, passes the ladder (P2P expected: isAllDirectP2p 1), and a re-run changes nothing.
+3. lab-r9700-2, a fresh host, converged from the adopted pins (the ROCm key as the adopt note says: the box's own
+   keyring is a file of that box), and `provision diff` of the two is clean apart from host-unique items.
 
 Only 127.0.0.0/8 is contacted.
 """
@@ -31,7 +33,7 @@ from rigbook.lab import handmade
 pytestmark = LAB_MARKS
 ENGINES = ("pgrep -f '^[^ ]*python[^ ]* (/var/cache/rigbook/artifacts/sglang-standin.py|"
            f"{handmade.CONSOLE} serve)'")
-BOX, GROUP = "lab-r9700", "x99_r9700"
+BOX, TWIN, GROUP = "lab-r9700", "lab-r9700-2", "x99_r9700"
 VOLATILE = ("proc", "sys", "dev", "run", "tmp", "var/tmp", "var/log", "home/rigbook/.ansible", "root/.ansible",
             handmade.ENGINE_LOG.lstrip("/"), "var/lib/systemd")
 SOURCES = "/etc/apt/sources.list.d"
@@ -122,3 +124,28 @@ def test_the_converge_replaces_amdgpu_installs_sources_cleanly_and_serves(seed_0
 
     again = provision("site.yml", "-i", inv, "--limit", BOX, "--json", timeout=900)
     assert again.returncode == 0 and json.loads(again.stdout)["hosts"][BOX]["changed"] == 0, again.stdout[-3000:]
+
+
+def test_a_twin_from_the_adopted_pins_diffs_clean(seed_004_box):
+    inv = _inventory(seed_004_box)
+    twin = LabHost(TWIN)
+    data = emit.load(_adopted(inv).read_text())
+    # as adopt's note says: the box's keyring (/etc/apt/keyrings/rocm.gpg) is a file of that box; a twin gets the key
+    # from where it is published (here the lab's repository, as inventory/lab pins it)
+    lab = yaml.safe_load((REPO / f"inventory/lab/group_vars/{GROUP}.yml").read_text())["rigbook_pins"]["rocm"]["repo"]
+    data["rigbook_pins"]["rocm"]["repo"].update(key_url=lab["key_url"], key_sha256=lab["key_sha256"])
+    _adopted(inv).write_text(yaml.safe_dump(data, sort_keys=False))
+    hosts = yaml.safe_load((inv / "hosts.yml").read_text())
+    hosts["all"]["children"]["lab"]["children"][GROUP]["hosts"][TWIN]["rigbook_serve"] = [
+        {**p, "bind": twin.host.address} for p in data["rigbook_serve"]]  # its serve address is its own
+    (inv / "hosts.yml").write_text(yaml.safe_dump(hosts, sort_keys=False))
+    site = provision("site.yml", "-i", inv, "--limit", TWIN, "--json", timeout=1800)
+    assert site.returncode == 0, site.stdout[-3000:] + site.stderr[-3000:]
+
+    manifest = provision("manifest", "-i", inv, "--limit", GROUP, timeout=600)
+    assert manifest.returncode == 0, manifest.stdout[-2000:] + manifest.stderr[-2000:]
+    diff = provision("diff", BOX, TWIN, "--json")
+    assert diff.returncode == 0, diff.stdout[-3000:] + diff.stderr[-3000:]
+    result = json.loads(diff.stdout)
+    assert result["pinned"] == {}, result["pinned"]
+    assert {"host.hostname", "host.machine_id"} <= {row["item"] for row in result["unique"]}

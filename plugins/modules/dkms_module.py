@@ -348,7 +348,8 @@ def package_modules(module, name, modules, src, tree):
     if tree is not None:
         conf = files.read_text(os.path.join(tree, "dkms.conf"), limit=1 << 16)
     else:
-        tmp = tempfile.mkdtemp(prefix=".rigbook-", dir=SRC_ROOT)
+        # only read (check mode too): unpacked in the temporary folder, never beside the box's sources (/usr/src)
+        tmp = tempfile.mkdtemp(prefix=".rigbook-")
         try:
             conf = files.read_text(os.path.join(extract(module, src, tmp), "dkms.conf"), limit=1 << 16)
         finally:
@@ -689,7 +690,8 @@ def main():
     if have is None and sha != "directory" and os.path.isdir(dest):
         # no stamp: a tree put there by hand (a box set up by hand, then adopted). When it holds exactly the pinned
         # tarball's files, its DKMS builds are kept and only the stamp is written (no rebuild, no module change).
-        tmp = tempfile.mkdtemp(prefix=".rigbook-", dir=SRC_ROOT)
+        # Only read: unpacked in the temporary folder (check mode changes nothing under /usr/src).
+        tmp = tempfile.mkdtemp(prefix=".rigbook-")
         try:
             if same_tree(extract(module, src, tmp), dest):
                 result["stamped"] = True

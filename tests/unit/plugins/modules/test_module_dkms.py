@@ -730,10 +730,13 @@ def backup_of(host, kernel=K, n=""):
 def test_check_mode_says_the_hand_installed_fork_moves_to_dkms_with_the_reason_and_changes_nothing(host, diff):
     folder = fork_by_hand(host)
     by_hand = f"{folder}/nvidia.ko"
+    src_root_before = (sorted(host.src_root.iterdir()), host.src_root.stat().st_mtime_ns)
     run = run_module(dkms_module, args(host), [(STATUS, ok()), (modinfo(K), ok(by_hand + "\n"))],
                      check_mode=True, diff=diff)
     assert not run.failed, run.msg
     assert read_only(run.commands)
+    # the pinned source's dkms.conf is read without a folder made under /usr/src, even for a moment (check mode)
+    assert (sorted(host.src_root.iterdir()), host.src_root.stat().st_mtime_ns) == src_root_before
     assert run.result["changed"] is True and run.result["built"] == [K]
     assert run.result["hand_installed"] == {K: [f"{folder}/{name}" for name in FIVE]}
     assert run.result["moved_aside_to"] == {K: str(backup_of(host))}

@@ -49,7 +49,11 @@ def sshd_back() -> None:
 def converged_again() -> dict:
     proc, summary, changed, _ = LAB.site()
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert set(v["status"] for v in summary["ladder"]) <= {"pass", "warn"}, summary["ladder"]
+    # the runtime layers of a box whose engine serves are measured only when the stack under it changed in the run
+    # (site.yml's ladder); the same RCCL rebuilt, or nothing rebuilt, is no change: each is a skip that says so
+    for verdict in summary["ladder"]:
+        assert verdict["status"] in ("pass", "warn") or (
+            verdict["status"] == "skip" and "nothing under it changed in this run" in verdict["why"]), verdict
     return summary
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import yaml
 from helpers.cli import REPO, changed_tasks, provision, tree_listing
+from helpers.handmade_box import ENGINES, VOLATILE
 from helpers.lab_host import LAB_MARKS, LabHost
 from helpers.owner_inventory import owner_inventory
 
@@ -35,15 +36,7 @@ from rigbook.adopt import emit
 from rigbook.lab import handmade
 
 pytestmark = LAB_MARKS
-# the engine stand-in's processes (an interpreter running the script, or the lab's `sglang serve` console script as
-# the owner started it), not a shell whose command line names it
-ENGINES = ("pgrep -f '^[^ ]*python[^ ]* (/var/cache/rigbook/artifacts/sglang-standin.py|"
-           f"{handmade.CONSOLE} serve)'")
 BOX, TWIN, GROUP = "lab-3080", "lab-3080-2", "x99_3080"
-# What may change on a host while adopt reads it: logins (journal, lastlog, wtmp), Ansible's temporary files, the
-# runtime folders, the engine's own log.
-VOLATILE = ("proc", "sys", "dev", "run", "tmp", "var/tmp", "var/log", "home/rigbook/.ansible", "root/.ansible",
-            handmade.ENGINE_LOG.lstrip("/"), "var/lib/systemd")
 # The tasks that may report a change on the adopted box in check mode: rigbook's own files and the kernel's hold.
 RIGBOOKS_OWN = {
     "Install and hold the pinned kernel",  # held, nothing installed (asserted below)

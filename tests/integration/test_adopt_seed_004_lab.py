@@ -24,6 +24,7 @@ from pathlib import Path
 
 import yaml
 from helpers.cli import REPO, changed_tasks, provision, tree_listing
+from helpers.handmade_box import ENGINES, VOLATILE
 from helpers.lab_host import LAB_MARKS, LabHost
 from helpers.owner_inventory import owner_inventory
 
@@ -31,11 +32,7 @@ from rigbook.adopt import emit
 from rigbook.lab import handmade
 
 pytestmark = LAB_MARKS
-ENGINES = ("pgrep -f '^[^ ]*python[^ ]* (/var/cache/rigbook/artifacts/sglang-standin.py|"
-           f"{handmade.CONSOLE} serve)'")
 BOX, TWIN, GROUP = "lab-r9700", "lab-r9700-2", "x99_r9700"
-VOLATILE = ("proc", "sys", "dev", "run", "tmp", "var/tmp", "var/log", "home/rigbook/.ansible", "root/.ansible",
-            handmade.ENGINE_LOG.lstrip("/"), "var/lib/systemd")
 SOURCES = "/etc/apt/sources.list.d"
 
 

@@ -27,6 +27,10 @@ Not checked: extra variables (-e) and the variables the collection's own plays s
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+
 from ansible.plugins.action import ActionBase
 from ansible.utils.vars import load_extra_vars
 from ansible_collections.rigbook.homelab.plugins.module_utils import host_model
@@ -112,6 +116,97 @@ def secure_boot_result(host, model, task_vars, args):
     return result
 
 
+COLLECTION = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+COLLECTION_PARTS = ("meta", "playbooks", "plugins", "roles")
+_COLLECTION_DIGEST = []
+
+
+def collection_digest(top=COLLECTION):
+    """The sha256 over the collection's own files (meta, playbooks, plugins, roles: each file's path and content),
+    computed once per process."""
+    if _COLLECTION_DIGEST and top == COLLECTION:
+        return _COLLECTION_DIGEST[0]
+    digest = hashlib.sha256()
+    for part in COLLECTION_PARTS:
+        for parent, dirs, names in os.walk(os.path.join(top, part)):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            for name in sorted(names):
+                if name.endswith(".pyc"):
+                    continue
+                file_path = os.path.join(parent, name)
+                digest.update(os.path.relpath(file_path, top).encode("utf-8", "surrogateescape") + b"\0")
+                with open(file_path, "rb") as handle:
+                    digest.update(hashlib.sha256(handle.read()).digest())
+    value = digest.hexdigest()
+    if top == COLLECTION:
+        _COLLECTION_DIGEST.append(value)
+    return value
+
+
+def role_var_names(variables):
+    """The names of VARIABLES that set a role's variables (ROLE_*: the inventory's or -e's, templated before), and
+    the connection's user (the roles put it in groups)."""
+    prefixes = tuple(name + "_" for name, _, _ in host_model.ROLES) + ("group_build_",)
+    return sorted(k for k in variables if str(k).startswith(prefixes) or k == "ansible_user")
+
+
+# The run's own variables that change what a role does on a converged box: the controller's build store and whether
+# builds are verified again (--verify-builds).
+RECORDED_RUNTIME_VARS = ("rigbook_builds_dir", "rigbook_verify_builds")
+
+
+MAX_CONTROLLER_FILE = 256 << 20
+
+
+def controller_files(pins, inventory_dir):
+    """{path: sha256} of the controller's files the pins name for a role to copy to the box (a lock, a patch of the
+    inventory's: each "lock" or "path" that is a file here, relative to the inventory's folder); an unreadable one
+    maps to why."""
+    found = {}
+
+    def walk(value):
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if key in ("lock", "path") and isinstance(item, str) and item:
+                    where = item if os.path.isabs(item) else os.path.join(inventory_dir or ".", item)
+                    if os.path.isfile(where) and len(found) < 256:
+                        found[item] = _file_sha256(where)
+                else:
+                    walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    walk(pins)
+    return found
+
+
+def _file_sha256(file_path):
+    try:
+        if os.path.getsize(file_path) > MAX_CONTROLLER_FILE:
+            return "larger than %d bytes" % MAX_CONTROLLER_FILE
+        with open(file_path, "rb") as handle:
+            return hashlib.sha256(handle.read()).hexdigest()
+    except OSError as exc:
+        return "unreadable: %s" % (exc.strerror or exc)
+
+
+def forced_roles(run_tags):
+    """The roles this run's --tags names by one of its own tags ("all" names none): they run whatever their converged
+    state says."""
+    named = set(run_tags or ()) - {"all"}
+    return [name for name, tags, _ in host_model.ROLES if named & set(tags)]
+
+
+def inputs_digest(model, role_vars, collection):
+    """The digest of everything a converged role's tasks take from the controller: the host model (readiness left
+    out: it is derived), the role variables the inventory sets, the collection's files. A role whose converged state
+    on the box (plugins/module_utils/converged.py) carries another digest runs."""
+    data = {"model": dict((k, v) for k, v in model.items() if k != "readiness"), "role_vars": role_vars,
+            "collection": collection}
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=repr).encode("utf-8")).hexdigest()
+
+
 def failure_message(host, problems):
     count = len(problems)
     lines = "; ".join("%s: %s" % (where, message) for where, message in problems)
@@ -152,6 +247,17 @@ class ActionModule(ActionBase):
         if not problems:
             model = model_of(every, task_vars)
             result["host_model"] = model
+            try:
+                role_vars = {name: plain(self._templar.template(task_vars[name])) for name in role_var_names(task_vars)}
+                runtime = dict((name, plain(self._templar.template(task_vars[name])))
+                               for name in RECORDED_RUNTIME_VARS if name in task_vars)
+                copied = controller_files(model.get("pins"), task_vars.get("inventory_dir"))
+                result["inputs_digest"] = inputs_digest(model, {**role_vars, **runtime, "controller_files": copied},
+                                                        collection_digest())
+                result["forced_roles"] = forced_roles(task_vars.get("ansible_run_tags"))
+            except Exception as exc:  # noqa: BLE001 - a role variable that does not render: every role runs
+                result["inputs_digest"] = ""
+                result["inputs_unknown"] = "the role variables do not render (%s): every role runs" % exc
             roles = self._task.args.get("roles")
             problems = [(need["key"], host_model.need_text(need)) for need in run_needs(model, task_vars, roles)]
         result["problems"] = [{"key_path": where, "message": message} for where, message in problems]

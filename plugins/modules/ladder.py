@@ -183,6 +183,11 @@ options:
     type: str
     choices: [always, changed]
     default: always
+  serving_figures:
+    description:
+      - Serving phase. V(false) - each engine's unit, readiness, API, served model and log are judged without chat
+        requests (no TTFT or decode figures, as the health timer does); omitted or V(true) - with them.
+    type: bool
   changes:
     description: Runtime phase. What changed under the engine in this run (the roles' reboot reasons, a GPU library
       build switched), read with O(serving_when=changed).

@@ -355,6 +355,8 @@ def judge_serving(data, ladder_view, baseline_metrics=None, tolerance=None):
                                                                      data.get("verified_library"))
         metrics.update(item_metrics)
     ok_text = "; ".join(texts) or "every serve profile answers"
+    if any(item.get("figures") == "skipped" for item in items):
+        ok_text += " (TTFT and decode not measured: no chat request this run; `provision verify` measures them)"
     if texts and not any(baseline.get(name) for name in metrics):
         ok_text += "; record a baseline with `provision baseline record`"
     verdict = found.verdict(LAYER, measured, expected, ok_text=ok_text)

@@ -55,6 +55,7 @@ ARGUMENT_SPEC = dict(
     # This host's serve units around the runtime layers (ladder/serving_hold.py)
     serving=dict(type="str", choices=["stop", "keep", "resume"], default="stop"),
     serving_when=dict(type="str", choices=["always", "changed"], default="always"),
+    serving_figures=dict(type="bool"),  # serving phase: false - no chat requests, no TTFT or decode figures
     changes=dict(type="list", elements="str", default=[]),
     engine=dict(type="list", elements="str"),
     hold_state=dict(type="path"),  # None: ladder/serving_hold.STATE_FILE

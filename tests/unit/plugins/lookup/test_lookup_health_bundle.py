@@ -100,5 +100,5 @@ def test_a_folder_that_is_a_link_is_refused_and_its_target_untouched(dirs, tmp_p
 
 
 def test_the_roles_copy_task_installs_what_the_lookup_returns():
-    tasks = (MODULE_UTILS.parents[1] / "roles" / "health" / "tasks" / "main.yml").read_text()
+    tasks = (MODULE_UTILS.parents[1] / "roles" / "health" / "tasks" / "converge.yml").read_text()
     assert "src: \"{{ lookup('rigbook.homelab.health_bundle') }}\"" in tasks

@@ -1,0 +1,62 @@
+"""The digest of a run's inputs (action rigbook.homelab.host_model): what a role's converged state on the box must
+carry for the role to be skipped - the host model, the role variables, the controller's files the roles copy and
+the collection's own files; and the roles --tags names, which always run."""
+
+from __future__ import annotations
+
+from ansible_collections.rigbook.homelab.plugins.action import host_model as action
+
+MODEL = {"vendor": "amd", "roles": ["kernel", "rccl"], "pins": {"rccl": {"version": "2.27.7"}},
+         "readiness": {"kernel": []}}
+
+
+def test_the_digest_follows_the_model_the_role_variables_and_the_collection():
+    base = action.inputs_digest(MODEL, {}, "c1")
+    assert base == action.inputs_digest(dict(MODEL), {}, "c1")
+    assert len(base) == 64
+    assert action.inputs_digest({**MODEL, "pins": {"rccl": {"version": "2.27.8"}}}, {}, "c1") != base
+    assert action.inputs_digest(MODEL, {"rccl_jobs": 4}, "c1") != base
+    assert action.inputs_digest(MODEL, {}, "c2") != base
+    # readiness is derived from the model: it changes nothing by itself
+    assert action.inputs_digest({**MODEL, "readiness": {"kernel": ["x"]}}, {}, "c1") == base
+
+
+def test_role_variables_are_those_of_a_roles_prefix_and_the_connection_user():
+    names = action.role_var_names({"rccl_jobs": 4, "kernel_hold": False, "group_build_poll_s": 1,
+                                   "ansible_user": "rigbook", "ansible_host": "127.0.0.2", "rigbook_gpu": {},
+                                   "preflight_min_python": "3.9", "inventory_hostname": "x"})
+    assert names == ["ansible_user", "group_build_poll_s", "kernel_hold", "rccl_jobs"]
+
+
+def test_the_roles_tags_name_always_run():
+    assert action.forced_roles(["all"]) == []
+    assert action.forced_roles(None) == []
+    assert action.forced_roles(["rccl"]) == ["rccl"]
+    assert action.forced_roles(["serve"]) == ["sglang", "serve"]
+    assert action.forced_roles(["ladder"]) == ["p2p_verify"]
+
+
+def test_a_file_the_pins_name_on_the_controller_is_hashed_where_the_inventory_is(tmp_path):
+    (tmp_path / "locks").mkdir()
+    lock = tmp_path / "locks" / "sglang.lock"
+    lock.write_text("sglang==0.5.23\n")
+    pins = {"sglang": {"lock": "locks/sglang.lock", "patches": [{"name": "a.patch", "path": str(tmp_path / "p")}]},
+            "rccl": {"patches": [{"name": "in-the-collection.patch"}]}}
+    first = action.controller_files(pins, str(tmp_path))
+    assert set(first) == {"locks/sglang.lock"}  # the patch path names no file here
+    lock.write_text("sglang==0.5.24\n")
+    assert action.controller_files(pins, str(tmp_path)) != first
+
+
+def test_the_collection_digest_changes_with_a_file_of_its_own(tmp_path):
+    for part in action.COLLECTION_PARTS:
+        (tmp_path / part).mkdir()
+    task = tmp_path / "roles" / "main.yml"
+    task.write_text("- name: a\n")
+    (tmp_path / "plugins" / "__pycache__").mkdir()
+    (tmp_path / "plugins" / "__pycache__" / "x.pyc").write_bytes(b"\0")
+    first = action.collection_digest(str(tmp_path))
+    (tmp_path / "plugins" / "__pycache__" / "x.pyc").write_bytes(b"\1")
+    assert action.collection_digest(str(tmp_path)) == first
+    task.write_text("- name: b\n")
+    assert action.collection_digest(str(tmp_path)) != first

@@ -1,0 +1,70 @@
+"""rigbook.homelab.converged in-process on this machine's real files: a role's state written, then judged by the one
+read of every role; an edit, another inputs digest, --tags and check mode; bad arguments refused cleanly."""
+
+from __future__ import annotations
+
+from ansible_collections.rigbook.homelab.plugins.modules import converged as module
+
+from tests.helpers.modules import run_module_real
+
+INPUTS = "c" * 64
+
+
+def write(tmp_path, role, watch, check_mode=False, outputs=None):
+    args = {"inputs": INPUTS, "role": role, "watch": watch, "state_dir": str(tmp_path / "states")}
+    if outputs:
+        args["outputs"] = outputs
+    return run_module_real(module, args, check_mode=check_mode)
+
+
+def read(tmp_path, roles, inputs=INPUTS, force=()):
+    return run_module_real(module, {"inputs": inputs, "roles": roles, "force": list(force),
+                                    "state_dir": str(tmp_path / "states")})
+
+
+def test_written_then_read_converged_and_an_edit_runs_only_its_role(tmp_path):
+    dropin = tmp_path / "rigbook.cfg"
+    dropin.write_text('GRUB_CMDLINE_LINUX_DEFAULT="$GRUB_CMDLINE_LINUX_DEFAULT iommu=pt"\n')
+    env = tmp_path / "gpu.env"
+    env.write_text("NCCL_P2P_LEVEL=PHB\n")
+    result, failed, _ = write(tmp_path, "kernel", {"files": [str(dropin)], "packages": ["dpkg"]})
+    assert not failed and result["changed"] is False and result["watched"] == 2
+    result, failed, _ = write(tmp_path, "rccl", {"files": [str(env)]}, outputs={"prefix": "/opt/rigbook/rccl/x"})
+    assert not failed
+
+    result, failed, ran = read(tmp_path, ["kernel", "rccl", "health"])
+    assert not failed and result["changed"] is False
+    assert result["roles"]["kernel"]["converged"] and result["roles"]["rccl"]["converged"]
+    assert result["roles"]["rccl"]["outputs"] == {"prefix": "/opt/rigbook/rccl/x"}
+    assert result["roles"]["health"] == {"converged": False, "why": "no converged state on the box"}
+    assert result["pending"] == ["health"]
+    assert sum(1 for argv in ran if argv[0] == "dpkg-query") == 1
+
+    env.write_text("NCCL_P2P_LEVEL=SYS\n")
+    result, _, _ = read(tmp_path, ["kernel", "rccl"])
+    assert result["pending"] == ["rccl"]
+    assert result["roles"]["rccl"]["why"] == "changed since it converged: file:%s" % env
+    assert "outputs" not in result["roles"]["rccl"]
+
+
+def test_other_inputs_or_a_role_named_by_tags_run_the_role(tmp_path):
+    write(tmp_path, "health", {"files": [str(tmp_path)]})
+    result, _, _ = read(tmp_path, ["health"], inputs="d" * 64)
+    assert result["roles"]["health"]["why"].startswith("the inputs changed")
+    result, _, _ = read(tmp_path, ["health"], force=["health"])
+    assert result["roles"]["health"] == {"converged": False, "why": "named by --tags"}
+
+
+def test_check_mode_writes_nothing(tmp_path):
+    result, failed, _ = write(tmp_path, "serve", {"files": [str(tmp_path)]}, check_mode=True)
+    assert not failed and "check mode: not written" in result["msg"]
+    assert not (tmp_path / "states").exists()
+
+
+def test_bad_arguments_fail_with_a_message(tmp_path):
+    result, failed, _ = run_module_real(module, {"inputs": "not a digest", "roles": ["kernel"]})
+    assert failed and result["msg"].startswith("inputs: not a sha256 digest")
+    result, failed, _ = run_module_real(module, {"inputs": INPUTS, "roles": ["../../etc/passwd"],
+                                                 "state_dir": str(tmp_path)})
+    assert failed and result["msg"].startswith("not a role name")
+    assert not list(tmp_path.iterdir())

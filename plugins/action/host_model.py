@@ -34,6 +34,7 @@ import os
 from ansible.plugins.action import ActionBase
 from ansible.utils.vars import load_extra_vars
 from ansible_collections.rigbook.homelab.plugins.module_utils import host_model
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files
 from ansible_collections.rigbook.homelab.plugins.plugin_utils import host_vars_schema
 
 # Set by the collection's plays (set_fact) or passed by the CLI as extra variables: not host variables.
@@ -135,8 +136,7 @@ def collection_digest(top=COLLECTION):
                     continue
                 file_path = os.path.join(parent, name)
                 digest.update(os.path.relpath(file_path, top).encode("utf-8", "surrogateescape") + b"\0")
-                with open(file_path, "rb") as handle:
-                    digest.update(hashlib.sha256(handle.read()).digest())
+                digest.update(files.sha256_of(file_path).encode("ascii") + b"\n")
     value = digest.hexdigest()
     if top == COLLECTION:
         _COLLECTION_DIGEST.append(value)
@@ -153,9 +153,6 @@ def role_var_names(variables):
 # The run's own variables that change what a role does on a converged box: the controller's build store and whether
 # builds are verified again (--verify-builds).
 RECORDED_RUNTIME_VARS = ("rigbook_builds_dir", "rigbook_verify_builds")
-
-
-MAX_CONTROLLER_FILE = 256 << 20
 
 
 def controller_files(pins, inventory_dir):
@@ -182,13 +179,8 @@ def controller_files(pins, inventory_dir):
 
 
 def _file_sha256(file_path):
-    try:
-        if os.path.getsize(file_path) > MAX_CONTROLLER_FILE:
-            return "larger than %d bytes" % MAX_CONTROLLER_FILE
-        with open(file_path, "rb") as handle:
-            return hashlib.sha256(handle.read()).hexdigest()
-    except OSError as exc:
-        return "unreadable: %s" % (exc.strerror or exc)
+    digest, why = files.digest(file_path)
+    return digest or why
 
 
 def forced_roles(run_tags):

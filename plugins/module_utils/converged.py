@@ -143,6 +143,10 @@ def _boot_item(root="/"):
     return text.matching(value, r"[0-9a-f-]{36}")
 
 
+def _yes(value):
+    return value is True or (isinstance(value, str) and value.strip().lower() in ("true", "yes"))
+
+
 def watch_of(raw):
     """The watch spec RAW typed: {files, trees, packages, units, groups: [str]}, default_target and boot: bool;
     absolute paths only, names of their kinds' shapes; an entry of another shape is dropped."""
@@ -166,8 +170,8 @@ def watch_of(raw):
             if value not in kept:
                 kept.append(os.path.normpath(value) if kind in ("files", "trees") else value)
         spec[kind] = kept
-    spec["default_target"] = raw.get("default_target") is True
-    spec["boot"] = raw.get("boot") is True
+    spec["default_target"] = _yes(raw.get("default_target"))
+    spec["boot"] = _yes(raw.get("boot"))
     return spec
 
 

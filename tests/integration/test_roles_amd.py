@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers.cli import REPO, provision
+from helpers.cli import REPO, changed_tasks, provision
 from helpers.lab_host import LAB_MARKS, LabHost
 
 pytestmark = [*LAB_MARKS, pytest.mark.usefixtures("fresh_lab")]
@@ -126,6 +126,31 @@ def test_converge_then_rerun_changes_nothing(lab_artifacts):
     assert summary["changed"] == 0 and changed == [], changed
     assert boots() == 2
     print(f"converge {first:.1f} s, converged re-run {again:.1f} s")
+
+    # Every role noted what it left (the re-run noted again the roles that watch the boot): one read, no role's task.
+    pending, ran = read_and_ran()
+    assert pending == {}, pending
+    assert "Install and hold the pinned ROCm packages" not in ran, ran
+    assert "Check the RCCL build (sources, patches, stamp, prefix)" not in ran, ran
+    # A hand edit of one role's file runs that role alone, which puts the file back.
+    blacklist = "/etc/apt/apt.conf.d/51rigbook-unattended-rocm"
+    on_host(f"echo '// edited by hand' >> {blacklist}")
+    pending, ran = read_and_ran()
+    assert pending == {"amd_rocm": f"changed since it converged: file:{blacklist}"}, pending
+    assert ran["Keep unattended-upgrades from replacing the pinned ROCm release"]["changed"], ran
+    assert "Check the RCCL build (sources, patches, stamp, prefix)" not in ran
+    assert "edited by hand" not in on_host(f"cat {blacklist}")
+    assert read_and_ran()[0] == {}
+
+
+def read_and_ran() -> tuple:
+    """One site.yml run on HOST: ({role: why} of the roles its one read found not converged, {task: result} of every
+    task that ran)."""
+    proc = provision("site.yml", "-i", "lab", "--limit", HOST, "--json", timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ran = dict(changed_tasks(json.loads(proc.stdout)["run_dir"], changed_only=False)[HOST])
+    read = ran["Read which roles the box still holds as they last converged"]
+    return {role: read["roles"][role]["why"] for role in read["pending"]}, ran
 
 
 def test_apt_upgrade_does_not_move_the_pinned_rocm():

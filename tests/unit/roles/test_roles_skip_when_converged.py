@@ -30,7 +30,7 @@ def test_the_last_task_notes_what_the_role_watches(role):
     last = tasks(role, "converge.yml")[-1]
     args = last["rigbook.homelab.converged"]
     assert args["role"] == role
-    assert args["watch"] == "{{ %s_watch }}" % role
+    assert args["watch"] == "{{ " + role + "_watch }}"
     assert "not ansible_check_mode" in last["when"]
     watch = yaml.safe_load((ROLES / role / "vars" / "main.yml").read_text())[f"{role}_watch"]
     assert watch and set(watch) <= {"files", "trees", "packages", "units", "groups", "default_target", "boot"}

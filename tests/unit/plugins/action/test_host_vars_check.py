@@ -164,7 +164,9 @@ def test_preflight_runs_it_first():
     assert tasks[0]["ansible.builtin.import_tasks"] == "host_model.yml"
     model_tasks = yaml.safe_load((REPO / "roles" / "preflight" / "tasks" / "host_model.yml").read_text())
     assert "rigbook.homelab.host_model" in model_tasks[0] and "always" in model_tasks[0]["tags"]
-    assert model_tasks[1]["ansible.builtin.set_fact"] == {"rigbook_host": "{{ preflight_model.host_model }}"}
+    assert model_tasks[1]["ansible.builtin.set_fact"] == {
+        "rigbook_host": "{{ preflight_model.host_model }}",
+        "rigbook_inputs": "{{ preflight_model.inputs_digest | default('') }}"}
     assert "always" in model_tasks[1]["tags"]
 
 

@@ -86,7 +86,7 @@ def test_the_watch_keeps_only_absolute_paths_and_names_of_their_shape():
     watch = converged.watch_of({"files": ["/etc/x", "relative", "/etc/../shadow", 7, "/a\nb"],
                                 "packages": ["linux-image-6.8.0-45-generic", "bad name", "nvidia-dkms-*"],
                                 "units": ["rigbook-serve-qwen.service", "a b"], "groups": ["rigbook", "Bad!"],
-                                "boot": "yes", "default_target": True})
+                                "boot": "no", "default_target": "True"})
     assert watch["files"] == ["/etc/x"]
     assert watch["packages"] == ["linux-image-6.8.0-45-generic", "nvidia-dkms-*"]
     assert watch["units"] == ["rigbook-serve-qwen.service"]
@@ -98,7 +98,7 @@ def test_the_watch_keeps_only_absolute_paths_and_names_of_their_shape():
 def test_the_keys_of_a_state_read_back_as_the_watch_that_made_them(tmp_path):
     watch = spec(files=[str(tmp_path / "a")], trees=[str(tmp_path)], packages=["dkms"], units=["x.service"],
                  groups=["root"], boot=True, default_target=True)
-    keys = dict.fromkeys(["file:%s" % (tmp_path / "a"), "tree:%s" % tmp_path, "package:dkms", "unit:x.service",
+    keys = dict.fromkeys([f"file:{tmp_path / 'a'}", f"tree:{tmp_path}", "package:dkms", "unit:x.service",
                           "groups:root", "boot", "default_target"], "v")
     assert converged.spec_of_items(keys) == watch
 
@@ -119,7 +119,7 @@ def test_the_judgement(state, inputs, current, converged_, why):
 
 
 def test_many_changes_are_named_up_to_three():
-    items = {"file:/%d" % n: "x" for n in range(6)}
+    items = {f"file:/{n}": "x" for n in range(6)}
     _, why = converged.judge({"inputs": INPUTS, "items": items}, INPUTS, {})
     assert why == "changed since it converged: file:/0, file:/1, file:/2 and 3 more"
 
@@ -149,7 +149,7 @@ def test_a_thing_that_could_not_be_read_never_matches_again(tmp_path):
     {"role": "../etc", "inputs": INPUTS, "items": {}},
     {"role": "kernel", "inputs": INPUTS, "items": {"k": 3}},
     {"role": "kernel", "inputs": INPUTS, "items": {"k": "x" * 5000}},
-    {"role": "kernel", "inputs": INPUTS, "items": dict(("k%d" % n, "v") for n in range(converged.MAX_ITEMS + 1))},
+    {"role": "kernel", "inputs": INPUTS, "items": dict((f"k{n}", "v") for n in range(converged.MAX_ITEMS + 1))},
     {"role": "kernel", "inputs": INPUTS, "items": {}, "outputs": {"venv": 5}},
     {"role": "kernel", "inputs": INPUTS, "items": {}, "outputs": ["venv"]},
 ])

@@ -43,7 +43,7 @@ def test_written_then_read_converged_and_an_edit_runs_only_its_role(tmp_path):
     env.write_text("NCCL_P2P_LEVEL=SYS\n")
     result, _, _ = read(tmp_path, ["kernel", "rccl"])
     assert result["pending"] == ["rccl"]
-    assert result["roles"]["rccl"]["why"] == "changed since it converged: file:%s" % env
+    assert result["roles"]["rccl"]["why"] == f"changed since it converged: file:{env}"
     assert "outputs" not in result["roles"]["rccl"]
 
 

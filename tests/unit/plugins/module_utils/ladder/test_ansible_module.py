@@ -14,7 +14,7 @@ from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import ansi
 ROLE = Path(__file__).resolve().parents[5] / "roles" / "p2p_verify"
 # What a task of the role may pass besides the model: the run's own choices.
 RUNS_OWN = {"phase", "run_tags", "layers", "allow_unknown", "baseline", "python", "ab", "unit", "serving",
-            "serving_when", "changes", "engine"}
+            "serving_when", "changes", "engine", "serving_figures"}
 
 
 def params(**given):

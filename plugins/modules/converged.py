@@ -13,9 +13,9 @@ description:
   - With O(roles), reads the converged state of each role (C(/var/lib/rigbook/converged/ROLE.json)) and everything
     it watched, as the box is now, and says per role whether it is converged - its inputs digest equals O(inputs) and
     every watched thing reads as the role left it - and if not, why. A role in O(force) is never converged. One
-    module run for every role: site.yml runs a converged role's tasks not at all
+    module run for every role; site.yml runs a converged role's tasks not at all
     (plugins/module_utils/converged.py).
-  - With O(role) and O(watch), writes that role's converged state: O(inputs) and what each watched thing is now.
+  - With O(role) and O(watch), writes that role's converged state - O(inputs) and what each watched thing is now.
     The role's last task; nothing is written in check mode. The state is rigbook's own bookkeeping, reported as no
     change.
   - Supports check mode.

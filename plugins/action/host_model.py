@@ -71,9 +71,10 @@ def check(host_vars):
     return host_vars_schema.host_problems(host_vars)
 
 
-def findings(host_vars):
-    """(problems, warnings), each [(key path, message)]: check's problems, and the serve profiles' warnings."""
-    return host_vars_schema.host_findings(host_vars)
+def findings(host_vars, model_of=None):
+    """(problems, warnings), each [(key path, message)]: check's problems, and the serve profiles' warnings (judged
+    with the model MODEL_OF() gives, when given)."""
+    return host_vars_schema.host_findings(host_vars, model_of=model_of)
 
 
 def model_of(host_vars, task_vars):
@@ -230,14 +231,21 @@ class ActionModule(ActionBase):
         try:
             # Templated once: the schema checks the inventory's variables, the model reads them with any -e given.
             every = {name: plain(self._templar.template(task_vars[name])) for name in host_var_names(task_vars)}
-            problems, warnings = findings({name: every[name] for name in names})
+            built = []
+
+            def model_once():  # the host model of this run, built once: the serve checks read it, the run uses it
+                if not built:
+                    built.append(model_of(every, task_vars))
+                return built[0]
+
+            problems, warnings = findings({name: every[name] for name in names}, model_once)
         except host_vars_schema.SchemaUnavailable as exc:
             return {**result, "failed": True, "msg": "%s: %s" % (host, exc)}
         except Exception as exc:  # noqa: BLE001 - a template in a host variable's value that does not render
             return {**result, "failed": True, "msg": "%s: cannot read the rigbook_* variables: %s" % (host, exc)}
         result["checked"] = names
         if not problems:
-            model = model_of(every, task_vars)
+            model = model_once()
             result["host_model"] = model
             try:
                 role_vars = {name: plain(self._templar.template(task_vars[name])) for name in role_var_names(task_vars)}

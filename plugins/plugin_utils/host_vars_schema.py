@@ -233,14 +233,16 @@ def _key_and_text(message):
     return where, text
 
 
-def host_findings(merged, path=None):
+def host_findings(merged, path=None, model_of=None):
     """(problems, warnings), each [(key path, message)], for one host's merged variables: the schema first; when it
-    passes, the combinations and the serve profiles' errors (problems) and warnings."""
+    passes, the combinations and the serve profiles' errors (problems) and warnings. MODEL_OF: a callable giving the
+    host model the caller builds anyway (the preflight's action: built once per host and run), called only once the
+    schema passed; without it the model is built here."""
     problems = schema_problems(merged, path)
     if problems:
         return problems, []
     problems = [(where, message) for _, where, message in combination_problems(merged)]
-    serve_errors, serve_warnings = serve_findings(merged)
+    serve_errors, serve_warnings = serve_findings(merged, model_of() if model_of else None)
     return problems + serve_errors, serve_warnings
 
 

@@ -4,7 +4,13 @@ the collection's own files; and the roles --tags names, which always run."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import yaml
 from ansible_collections.rigbook.homelab.plugins.action import host_model as action
+from ansible_collections.rigbook.homelab.plugins.module_utils import host_model
+
+REPO = Path(__file__).resolve().parents[4]
 
 MODEL = {"vendor": "amd", "roles": ["kernel", "rccl"], "pins": {"rccl": {"version": "2.27.7"}},
          "readiness": {"kernel": []}}
@@ -60,3 +66,17 @@ def test_the_collection_digest_changes_with_a_file_of_its_own(tmp_path):
     assert action.collection_digest(str(tmp_path)) == first
     task.write_text("- name: b\n")
     assert action.collection_digest(str(tmp_path)) != first
+
+
+def test_the_serve_checks_read_the_model_the_run_builds_and_an_invalid_inventory_builds_none():
+    merged = yaml.safe_load((REPO / "inventory" / "homelab" / "group_vars" / "x99_3080.yml").read_text())
+    calls = []
+
+    def model_once():
+        calls.append(1)
+        return host_model.build(merged)
+
+    assert action.findings(merged, model_once) == action.findings(merged)
+    assert calls == [1]
+    assert action.findings({**merged, "rigbook_gpu": "not a mapping"}, model_once)[0]
+    assert calls == [1]

@@ -184,13 +184,6 @@ def _file_sha256(file_path):
     return digest or why
 
 
-def forced_roles(run_tags):
-    """The roles this run's --tags names by one of its own tags ("all" names none): they run whatever their converged
-    state says."""
-    named = set(run_tags or ()) - {"all"}
-    return [name for name, tags, _ in host_model.ROLES if named & set(tags)]
-
-
 def inputs_digest(model, role_vars, collection):
     """The digest of everything a converged role's tasks take from the controller: the host model (readiness left
     out: it is derived), the role variables the inventory sets, the collection's files. A role whose converged state
@@ -254,7 +247,7 @@ class ActionModule(ActionBase):
                 copied = controller_files(model.get("pins"), task_vars.get("inventory_dir"))
                 result["inputs_digest"] = inputs_digest(model, {**role_vars, **runtime, "controller_files": copied},
                                                         collection_digest())
-                result["forced_roles"] = forced_roles(task_vars.get("ansible_run_tags"))
+                result["forced_roles"] = host_model.roles_named_by_tags(task_vars.get("ansible_run_tags"))
             except Exception as exc:  # noqa: BLE001 - a role variable that does not render: every role runs
                 result["inputs_digest"] = ""
                 result["inputs_unknown"] = "the role variables do not render (%s): every role runs" % exc

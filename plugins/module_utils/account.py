@@ -11,6 +11,21 @@ import os
 import pwd
 
 
+def groups_of(user):
+    """The names of the groups USER is in (its primary group and every group listing it), or None when there is no
+    such user."""
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        return None
+    member = set(g.gr_name for g in grp.getgrall() if user in g.gr_mem)
+    try:
+        member.add(grp.getgrgid(entry.pw_gid).gr_name)
+    except KeyError:
+        pass
+    return member
+
+
 def changes(user, groups, home=None, create=False):
     """What is missing: [(what, argv or None)] in order - groups to make (groupadd --system), the user (useradd
     --system, only with CREATE), the user's membership, and (with HOME) the home directory owned by the user
@@ -29,12 +44,7 @@ def changes(user, groups, home=None, create=False):
             return todo + [("user %s (absent: create it first)" % user, False)]
         todo.append(("user %s" % user, ["useradd", "--system", "--user-group", "--home-dir", home or "/nonexistent",
                                         "--shell", "/usr/sbin/nologin", user]))
-    member = set(g.gr_name for g in grp.getgrall() if user in g.gr_mem)
-    if entry is not None:
-        try:
-            member.add(grp.getgrgid(entry.pw_gid).gr_name)
-        except KeyError:
-            pass
+    member = groups_of(user) or set()
     missing = [g for g in groups if g not in member]
     if missing:
         todo.append(("%s in %s" % (user, ",".join(missing)), ["usermod", "-aG", ",".join(missing), user]))

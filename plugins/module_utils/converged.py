@@ -31,14 +31,20 @@ root-only (0600) through the one atomic write.
 from __future__ import annotations
 
 import fnmatch
-import grp
 import hashlib
 import os
-import pwd
 import re
 import stat
 
-from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files, packages, runner, systemd, text
+from ansible_collections.rigbook.homelab.plugins.module_utils import account
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import (
+    files,
+    kernel,
+    packages,
+    runner,
+    systemd,
+    text,
+)
 
 STATE_DIR = "/var/lib/rigbook/converged"
 ROLE = r"[a-z][a-z0-9_]{0,63}"
@@ -114,15 +120,8 @@ def _tree_item(folder):
 
 
 def _groups_item(user):
-    try:
-        primary = pwd.getpwnam(user).pw_gid
-    except KeyError:
-        return "absent"
-    names = set()
-    for group in grp.getgrall():
-        if user in group.gr_mem or group.gr_gid == primary:
-            names.add(group.gr_name)
-    return " ".join(sorted(names))
+    member = account.groups_of(user)
+    return "absent" if member is None else " ".join(sorted(member))
 
 
 def _package_item(listing, name):
@@ -136,11 +135,6 @@ def _package_item(listing, name):
         return one(found) if found else "absent"
     matched = sorted("%s=%s" % (n, one(f)) for n, f in listing.items() if f and fnmatch.fnmatchcase(n, name))
     return ", ".join(matched) or "absent"
-
-
-def _boot_item(root="/"):
-    value = files.read_text(files.path(root, "proc/sys/kernel/random/boot_id"))
-    return text.matching(value, r"[0-9a-f-]{36}")
 
 
 def _yes(value):
@@ -199,7 +193,7 @@ def read_items(spec, run=None, root="/"):
     for user in spec["groups"]:
         items["groups:" + user] = _groups_item(user)
     if spec["boot"]:
-        items["boot"] = _boot_item(root)
+        items["boot"] = kernel.boot_id(root)
     return items
 
 

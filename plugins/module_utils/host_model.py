@@ -678,6 +678,13 @@ def roles_for_tags(run_tags, skip_tags=()):
     return chosen
 
 
+def roles_named_by_tags(run_tags):
+    """The roles of ROLES that --tags RUN_TAGS names by one of their own tags ("all" names none): they run whatever
+    their converged state says (docs/converged.md)."""
+    named = set(run_tags or ()) - {"all"}
+    return [name for name, tags, _ in ROLES if named & set(tags)]
+
+
 def need_text(need):
     return "needed by the %s role: %s; how: %s" % (need["role"], need["why"], need["how"])
 

@@ -43,6 +43,15 @@ def release(root):
     return parse_release(files.read_text(files.path(root, "proc", "sys", "kernel", "osrelease"), limit=4096))
 
 
+BOOT_ID = r"[0-9a-f-]{36}"
+
+
+def boot_id(root="/"):
+    """This boot's id under ROOT (/proc/sys/kernel/random/boot_id: a new one at every boot), or None."""
+    return text.matching(files.read_text(files.path(root, "proc", "sys", "kernel", "random", "boot_id"), limit=64),
+                         BOOT_ID)
+
+
 def parse_cmdline(value):
     """The words of a kernel command line (bounded in count and length), or None for None."""
     if value is None:

@@ -40,14 +40,13 @@ import signal
 import time
 
 from ansible_collections.rigbook.homelab.plugins.module_utils.collect import engine_processes
-from ansible_collections.rigbook.homelab.plugins.module_utils.facts import api_key, files, runner, systemd
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import api_key, files, kernel, runner, systemd
 from ansible_collections.rigbook.homelab.plugins.module_utils.facts import text as bounded
 from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import beside_engine, registry
 from ansible_collections.rigbook.homelab.plugins.module_utils.parse import sglang_log
 from ansible_collections.rigbook.homelab.plugins.module_utils.serve import readiness
 
 STATE_FILE = "/var/lib/rigbook/serving-hold.json"
-BOOT_ID = "/proc/sys/kernel/random/boot_id"
 STOP_TIMEOUT_S = 180.0  # the serve unit's TimeoutStopSec=120 (roles/serve), then systemd's SIGKILL of what is left
 COMMAND_TIMEOUT_S = 60.0
 SHOW = ("ActiveState", "SubState", "Result", "ControlGroup")
@@ -112,7 +111,7 @@ def gpu_memory(root, vendor):
 # --------------------------------------------------------------------------------------------- the hold's record
 
 def boot_id():
-    return bounded.line(files.read_text(BOOT_ID), 64) or None
+    return kernel.boot_id()
 
 
 def process_start(pid, proc="/proc"):

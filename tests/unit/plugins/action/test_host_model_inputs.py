@@ -1,6 +1,6 @@
 """The digest of a run's inputs (action rigbook.homelab.host_model): what a role's converged state on the box must
 carry for the role to be skipped - the host model, the role variables, the controller's files the roles copy and
-the collection's own files; and the roles --tags names, which always run."""
+the collection's own files."""
 
 from __future__ import annotations
 
@@ -32,14 +32,6 @@ def test_role_variables_are_those_of_a_roles_prefix_and_the_connection_user():
                                    "ansible_user": "rigbook", "ansible_host": "127.0.0.2", "rigbook_gpu": {},
                                    "preflight_min_python": "3.9", "inventory_hostname": "x"})
     assert names == ["ansible_user", "group_build_poll_s", "kernel_hold", "rccl_jobs"]
-
-
-def test_the_roles_tags_name_always_run():
-    assert action.forced_roles(["all"]) == []
-    assert action.forced_roles(None) == []
-    assert action.forced_roles(["rccl"]) == ["rccl"]
-    assert action.forced_roles(["serve"]) == ["sglang", "serve"]
-    assert action.forced_roles(["ladder"]) == ["p2p_verify"]
 
 
 def test_a_file_the_pins_name_on_the_controller_is_hashed_where_the_inventory_is(tmp_path):

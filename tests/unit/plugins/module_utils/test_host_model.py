@@ -572,3 +572,11 @@ def test_seed_004s_profile_is_what_the_write_up_runs():
     assert model["pins"]["rocm"]["env"] == {"HSA_ENABLE_IPC_MODE_LEGACY": "0", "NCCL_P2P_LEVEL": "PHB"}
     assert [p["path"] for p in model["pins"]["sglang"]["patches"]] == ["patches/sglang-bf16-pv.patch",
                                                                       "patches/sglang-rdna4-patch065.patch"]
+
+
+def test_the_roles_tags_name_always_run():
+    assert host_model.roles_named_by_tags(["all"]) == []
+    assert host_model.roles_named_by_tags(None) == []
+    assert host_model.roles_named_by_tags(["rccl"]) == ["rccl"]
+    assert host_model.roles_named_by_tags(["serve"]) == ["sglang", "serve"]
+    assert host_model.roles_named_by_tags(["ladder"]) == ["p2p_verify"]

@@ -200,3 +200,13 @@ def test_nvidia_smi_off_the_path_where_a_cloud_image_keeps_it(tmp_path):
     assert kernel.smi_userspace(str(tmp_path), smi) == ("580.159.04", "/usr/local/nvidia/bin/nvidia-smi")
     assert asked == [["/usr/local/nvidia/bin/nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]]
     assert kernel.smi_userspace(str(tmp_path), lambda argv: (9, "NVIDIA-SMI has failed")) == (None, None)
+
+
+def test_the_boot_id_is_read_under_the_root_and_typed(tmp_path):
+    folder = tmp_path / "proc" / "sys" / "kernel" / "random"
+    folder.mkdir(parents=True)
+    assert kernel.boot_id(str(tmp_path)) is None
+    (folder / "boot_id").write_text("3f2a8c1e-6d4b-4c55-9a0e-2b7d1f6e8a90\n")
+    assert kernel.boot_id(str(tmp_path)) == "3f2a8c1e-6d4b-4c55-9a0e-2b7d1f6e8a90"
+    (folder / "boot_id").write_text("not a boot id; rm -rf /\n")
+    assert kernel.boot_id(str(tmp_path)) is None

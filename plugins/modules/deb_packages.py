@@ -157,7 +157,8 @@ from_store:
   elements: str
 kept:
   description: Each .deb to keep in the controller's store, C({name, version, architecture, path, sha256,
-    index_sha256}) (sha256 is this box's claim; the controller hashes the file itself).
+    index_sha256, readable_by_anyone}) (sha256 is this box's claim; the controller hashes the file itself;
+    readable_by_anyone - the login user can fetch it without become, which would send it base64-encoded).
   returned: when store, keep or record is given
   type: list
   elements: dict
@@ -269,7 +270,7 @@ def keep_one(module, name, version, arch, keep_dir, lock_timeout):
     except OSError as exc:
         return None, "its .deb cannot be read or fetched again into %s: %s" % (keep_dir, exc.strerror or exc)
     return {"name": name, "version": version, "architecture": found_arch, "path": path, "sha256": claimed,
-            "index_sha256": index}, None
+            "index_sha256": index, "readable_by_anyone": files.readable_by_anyone(path)}, None
 
 
 def write_record(module, name, record, installed):

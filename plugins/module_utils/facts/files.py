@@ -112,6 +112,25 @@ def digest(file_path):
         return None, "cannot read %s: %s" % (file_path, getattr(exc, "strerror", None) or exc)
 
 
+def readable_by_anyone(file_path):
+    """True when any user of the box can read the regular file FILE_PATH (links followed, as a reader would): the file
+    is world-readable and every folder above it world-searchable. A file that cannot be stat-ed is not."""
+    try:
+        st = os.stat(file_path)
+        if not stat.S_ISREG(st.st_mode) or not st.st_mode & stat.S_IROTH:
+            return False
+        folder = os.path.dirname(os.path.realpath(file_path))
+        while True:
+            if not os.stat(folder).st_mode & stat.S_IXOTH:
+                return False
+            parent = os.path.dirname(folder)
+            if parent == folder:
+                return True
+            folder = parent
+    except OSError:
+        return False
+
+
 def _parts(rel):
     parts = [part for part in (rel or "").split("/") if part]
     if any(part in (".", "..") for part in parts):

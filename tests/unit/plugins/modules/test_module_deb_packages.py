@@ -614,10 +614,10 @@ def test_the_first_box_keeps_the_debs_apt_kept_with_the_index_s_sha256(boxdirs):
     assert run.result["kept"] == [
         {"name": K_COMMON, "version": KV, "architecture": "all",
          "path": str(boxdirs.archives / f"{K_COMMON}_{KV}_all.deb"), "sha256": sha(KDEBS[K_COMMON]),
-         "index_sha256": [sha(KDEBS[K_COMMON])]},
+         "index_sha256": [sha(KDEBS[K_COMMON])], "readable_by_anyone": False},  # under pytest's 0700 folder
         {"name": K_IMAGE, "version": KV, "architecture": "amd64",
          "path": str(boxdirs.archives / f"{K_IMAGE}_{KV}_amd64.deb"), "sha256": sha(KDEBS[K_IMAGE]),
-         "index_sha256": [sha(KDEBS[K_IMAGE])]}]
+         "index_sha256": [sha(KDEBS[K_IMAGE])], "readable_by_anyone": False}]
     assert run.result["changed"] is False and run.result["recorded"] is None  # no record to note yet
 
 

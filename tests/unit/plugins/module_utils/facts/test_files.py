@@ -7,6 +7,7 @@ import errno
 import hashlib
 import os
 import stat
+import tempfile
 import threading
 
 import pytest
@@ -63,6 +64,29 @@ def test_digest_refuses_a_deleted_mapping_and_names_the_unreadable(tmp_path):
     sha, why = files.digest(str(tmp_path / "missing"))
     assert sha is None and "cannot read" in why
     assert files.digest(str(tmp_path / "libnccl.so.2"))[0] == hashlib.sha256(b"new file under the old name").hexdigest()
+
+
+def test_readable_by_anyone_needs_the_file_world_readable_and_every_folder_above_searchable(tmp_path):
+    with tempfile.TemporaryDirectory(dir="/tmp") as top:  # /tmp and / are searchable by anyone; pytest's base is not
+        os.chmod(top, 0o755)
+        folder = os.path.join(top, "archives")
+        os.mkdir(folder, 0o755)
+        deb = os.path.join(folder, "linux-image.deb")
+        with open(deb, "wb") as handle:
+            handle.write(b"deb")
+        os.chmod(deb, 0o644)
+        assert files.readable_by_anyone(deb) is True
+        os.chmod(deb, 0o640)
+        assert files.readable_by_anyone(deb) is False
+        os.chmod(deb, 0o644)
+        os.chmod(folder, 0o750)
+        assert files.readable_by_anyone(deb) is False
+        os.chmod(folder, 0o755)
+        assert files.readable_by_anyone(folder) is False  # a folder is no file to fetch
+        assert files.readable_by_anyone(os.path.join(folder, "missing.deb")) is False
+    (tmp_path / "kept.deb").write_bytes(b"deb")
+    os.chmod(tmp_path / "kept.deb", 0o644)
+    assert files.readable_by_anyone(str(tmp_path / "kept.deb")) is False  # pytest's base folder is 0700
 
 
 def test_write_atomic_replaces_the_file_whole_with_its_mode(tmp_path):

@@ -35,7 +35,7 @@ from ansible.plugins.action import ActionBase
 from ansible.utils.vars import load_extra_vars
 from ansible_collections.rigbook.homelab.plugins.module_utils import host_model
 from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files
-from ansible_collections.rigbook.homelab.plugins.plugin_utils import host_vars_schema
+from ansible_collections.rigbook.homelab.plugins.plugin_utils import collection_files, host_vars_schema
 
 # Set by the collection's plays (set_fact) or passed by the CLI as extra variables: not host variables.
 RUNTIME_VARS = frozenset(("rigbook_reboot_required", "rigbook_reboot_reasons", "rigbook_baselines",
@@ -116,32 +116,6 @@ def secure_boot_result(host, model, task_vars, args):
     else:
         result["msg"] = "%s: %s" % (host, "; ".join(notes + warnings) or "Secure Boot: nothing to check")
     return result
-
-
-COLLECTION = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-COLLECTION_PARTS = ("meta", "playbooks", "plugins", "roles")
-_COLLECTION_DIGEST = []
-
-
-def collection_digest(top=COLLECTION):
-    """The sha256 over the collection's own files (meta, playbooks, plugins, roles: each file's path and content),
-    computed once per process."""
-    if _COLLECTION_DIGEST and top == COLLECTION:
-        return _COLLECTION_DIGEST[0]
-    digest = hashlib.sha256()
-    for part in COLLECTION_PARTS:
-        for parent, dirs, names in os.walk(os.path.join(top, part)):
-            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-            for name in sorted(names):
-                if name.endswith(".pyc"):
-                    continue
-                file_path = os.path.join(parent, name)
-                digest.update(os.path.relpath(file_path, top).encode("utf-8", "surrogateescape") + b"\0")
-                digest.update(files.sha256_of(file_path).encode("ascii") + b"\n")
-    value = digest.hexdigest()
-    if top == COLLECTION:
-        _COLLECTION_DIGEST.append(value)
-    return value
 
 
 def role_var_names(variables):
@@ -246,7 +220,7 @@ class ActionModule(ActionBase):
                                for name in RECORDED_RUNTIME_VARS if name in task_vars)
                 copied = controller_files(model.get("pins"), task_vars.get("inventory_dir"))
                 result["inputs_digest"] = inputs_digest(model, {**role_vars, **runtime, "controller_files": copied},
-                                                        collection_digest())
+                                                        collection_files.digest())
                 result["forced_roles"] = host_model.roles_named_by_tags(task_vars.get("ansible_run_tags"))
             except Exception as exc:  # noqa: BLE001 - a role variable that does not render: every role runs
                 result["inputs_digest"] = ""

@@ -39,6 +39,7 @@ import os
 from ansible.errors import AnsibleLookupError
 from ansible.plugins.lookup import LookupBase
 from ansible_collections.rigbook.homelab.plugins.plugin_utils import health_bundle
+from ansible_collections.rigbook.homelab.plugins.plugin_utils.private_folder import FolderRefused
 
 
 class LookupModule(LookupBase):
@@ -46,7 +47,7 @@ class LookupModule(LookupBase):
         module_utils = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils")
         try:
             return [health_bundle.bundle_path(module_utils)]
-        except health_bundle.FolderRefused as exc:
+        except FolderRefused as exc:
             raise AnsibleLookupError("rigbook-health.pyz not built: %s" % exc) from exc
         except OSError as exc:
             raise AnsibleLookupError("cannot write rigbook-health.pyz: %s" % exc) from exc

@@ -22,10 +22,10 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import stat
 import zipfile
 
 from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files
+from ansible_collections.rigbook.homelab.plugins.plugin_utils.private_folder import private_folder, state_dir
 
 MAIN = ("# rigbook-health: P2P health between runs (module_utils/ladder/health.py)\n"
         "import sys\n\n"
@@ -34,11 +34,8 @@ MAIN = ("# rigbook-health: P2P health between runs (module_utils/ladder/health.p
 PACKAGE = "ansible_collections/rigbook/homelab/plugins/module_utils"
 FOLDER = "health-bundle"  # under the state directory
 NAME = "rigbook-health-%s.pyz"  # the sha256's first 16 hex digits
-PRIVATE_DIR_MODE = 0o700
-
-
-class FolderRefused(OSError):
-    """The folder the bundle would be built in is not the controller user's alone."""
+# what may go wrong with the folder it is built in, in the words of private_folder's refusals
+WHY_PRIVATE = "rigbook-health.pyz runs as root on every box, so it is built only in a folder of your own"
 
 
 def bundle_bytes(module_utils_dir):
@@ -68,62 +65,6 @@ def bundle_bytes(module_utils_dir):
     return out.getvalue()
 
 
-def state_dir(environ=None):
-    """The rigbook state directory by the CLI's rule (src/rigbook/paths.state_dir): RIGBOOK_STATE_DIR (~ expanded),
-    else $XDG_STATE_HOME/rigbook, else ~/.local/state/rigbook. ENVIRON: os.environ by default."""
-    env = os.environ if environ is None else environ
-    override = env.get("RIGBOOK_STATE_DIR")
-    if override:
-        return os.path.expanduser(override)
-    return os.path.join(env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state"),
-                        "rigbook")
-
-
-def _make_dirs(path):
-    """PATH and each missing folder above it made 0700 (as the CLI makes the state directory)."""
-    parent = os.path.dirname(path)
-    if parent and parent != path and not os.path.isdir(parent):
-        _make_dirs(parent)
-    try:
-        os.mkdir(path, PRIVATE_DIR_MODE)
-    except FileExistsError:
-        pass
-
-
-def _refuse_shared(path, info, what):
-    mode = stat.S_IMODE(info.st_mode)
-    if info.st_uid != os.geteuid():
-        raise FolderRefused("%s %s is owned by uid %d, not by this user (uid %d): rigbook-health.pyz runs as root on "
-                            "every box, so it is built only in a folder of your own; set RIGBOOK_STATE_DIR to one"
-                            % (what, path, info.st_uid, os.geteuid()))
-    if mode & 0o022:
-        raise FolderRefused("%s %s is writable by group or others (mode %04o): rigbook-health.pyz runs as root on "
-                            "every box, so it is built only in a folder of your own; take those permissions off "
-                            "(chmod go-w) or set RIGBOOK_STATE_DIR to another folder" % (what, path, mode))
-
-
-def private_folder(path, parent_is="the folder above it"):
-    """PATH made a folder of the effective user's alone (0700; its parent, PARENT_IS in messages, made 0700 when
-    missing) and returned. Raises FolderRefused when PATH is a link or no folder, or it or its parent is another
-    user's or writable by group or others (nothing is changed then), OSError when it cannot be made."""
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        _make_dirs(parent)
-    _refuse_shared(parent, os.stat(parent), parent_is)  # a link there is the owner's own choice
-    try:
-        os.mkdir(path, PRIVATE_DIR_MODE)
-    except FileExistsError:
-        pass
-    info = os.lstat(path)
-    if stat.S_ISLNK(info.st_mode):
-        raise FolderRefused("%s is a symbolic link: rigbook-health.pyz is built only in a folder of your own, never "
-                            "where a link leads; remove the link" % path)
-    if not stat.S_ISDIR(info.st_mode):
-        raise FolderRefused("%s is not a folder; remove it (rigbook makes it, 0700)" % path)
-    _refuse_shared(path, info, "the folder")
-    return path
-
-
 def bundle_path(module_utils_dir, folder=None):
     """A file holding bundle_bytes, named by its sha256, in FOLDER (default: FOLDER under the state directory), made
     and checked by private_folder. A file of that name is used only when its sha256 is the bundle's: one cut short
@@ -131,8 +72,8 @@ def bundle_path(module_utils_dir, folder=None):
     the path is returned. Raises OSError (FolderRefused for a folder that is not the user's alone)."""
     data = bundle_bytes(module_utils_dir)
     digest = hashlib.sha256(data).hexdigest()  # of the bytes in hand: no file to hash yet
-    folder = (private_folder(folder) if folder else
-              private_folder(os.path.join(state_dir(), FOLDER), "the state directory"))
+    folder = (private_folder(folder, why=WHY_PRIVATE) if folder else
+              private_folder(os.path.join(state_dir(), FOLDER), "the state directory", why=WHY_PRIVATE))
     path = os.path.join(folder, NAME % digest[:16])
     if os.path.islink(path):
         os.unlink(path)

@@ -136,10 +136,17 @@ def _link_writer():
 def facts(name: str):
     """The collection's facts module NAME (runner, files, ...) on the controller: the commands rigbook runs here
     and the state files it writes go through the same code the targets run. Imported once, after link_collection."""
-    module = sys.modules.get(f"{FACTS_PACKAGE}.{name}")
+    return collection_module(f"module_utils.facts.{name}")
+
+
+def collection_module(name: str):
+    """The collection's module plugins.NAME (e.g. "plugin_utils.private_folder"), imported once, after
+    link_collection."""
+    full = f"ansible_collections.{COLLECTION_NAMESPACE}.{COLLECTION_NAME}.plugins.{name}"
+    module = sys.modules.get(full)
     if module is None:
         link_collection()
-        module = importlib.import_module(f"{FACTS_PACKAGE}.{name}")
+        module = importlib.import_module(full)
     return module
 
 

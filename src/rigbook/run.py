@@ -122,6 +122,10 @@ def mitogen_strategy() -> tuple:
     return str(strategy), f"mitogen {mitogen_version}: on (strategy mitogen_linear, ansible-core {ansible_version})"
 
 
+# ansible-core's own callback plugin path, kept after the collection's where the user set none
+DEFAULT_CALLBACK_PLUGINS = "~/.ansible/plugins/callback:/usr/share/ansible/plugins/callback"
+
+
 def ansible_env(mitogen: bool = True) -> dict:
     """Environment for ansible-playbook: rigbook's speed defaults, the collection, and our venv first.
 
@@ -146,6 +150,12 @@ def ansible_env(mitogen: bool = True) -> dict:
         "ANSIBLE_NOCOLOR": "True",
         "ANSIBLE_DEPRECATION_WARNINGS": "False",
         "ANSIBLE_LOCAL_TEMP": str(state / "tmp"),
+        # the collection's callback folder loads ansiballz_cache (it needs no enabling): module payloads built once,
+        # kept under the state directory, not again by every run; the user's own folders (or Ansible's) after it
+        "ANSIBLE_CALLBACK_PLUGINS": os.pathsep.join([
+            str(collections / "ansible_collections" / paths.COLLECTION_NAMESPACE / paths.COLLECTION_NAME / "plugins"
+                / "callback"),
+            os.environ.get("ANSIBLE_CALLBACK_PLUGINS") or DEFAULT_CALLBACK_PLUGINS]),
     }
     strategy = mitogen_strategy()[0] if mitogen else None
     if strategy:
@@ -344,9 +354,11 @@ def _run_locked(opts: RunOptions, playbook: Path, inventory: Path, inv) -> int:
             )
     finally:
         signal.signal(signal.SIGINT, previous)
-        # ansible-runner's artifacts (the command line with every -e, each event) and Ansible's fact cache are
-        # written with their programs' own modes: made the user's alone, as every state file is
-        for written in (run_dir, paths.state_dir() / "facts", paths.state_dir() / "tmp"):
+        # ansible-runner's artifacts (the command line with every -e, each event), Ansible's fact cache and the
+        # module payloads it keeps are written with their programs' own modes: made the user's alone, as every
+        # state file is
+        for written in (run_dir, paths.state_dir() / "facts", paths.state_dir() / "tmp",
+                        paths.state_dir() / paths.collection_module("plugin_utils.private_folder").PAYLOAD_FOLDER):
             statefile.make_private(written)
     duration = time.time() - started
 

@@ -1,6 +1,6 @@
 """The digest of a run's inputs (action rigbook.homelab.host_model): what a role's converged state on the box must
 carry for the role to be skipped - the host model, the role variables, the controller's files the roles copy and
-the collection's own files."""
+the collection's own files (plugin_utils/collection_files)."""
 
 from __future__ import annotations
 
@@ -44,20 +44,6 @@ def test_a_file_the_pins_name_on_the_controller_is_hashed_where_the_inventory_is
     assert set(first) == {"locks/sglang.lock"}  # the patch path names no file here
     lock.write_text("sglang==0.5.24\n")
     assert action.controller_files(pins, str(tmp_path)) != first
-
-
-def test_the_collection_digest_changes_with_a_file_of_its_own(tmp_path):
-    for part in action.COLLECTION_PARTS:
-        (tmp_path / part).mkdir()
-    task = tmp_path / "roles" / "main.yml"
-    task.write_text("- name: a\n")
-    (tmp_path / "plugins" / "__pycache__").mkdir()
-    (tmp_path / "plugins" / "__pycache__" / "x.pyc").write_bytes(b"\0")
-    first = action.collection_digest(str(tmp_path))
-    (tmp_path / "plugins" / "__pycache__" / "x.pyc").write_bytes(b"\1")
-    assert action.collection_digest(str(tmp_path)) == first
-    task.write_text("- name: b\n")
-    assert action.collection_digest(str(tmp_path)) != first
 
 
 def test_the_serve_checks_read_the_model_the_run_builds_and_an_invalid_inventory_builds_none():

@@ -15,7 +15,6 @@ import zipfile
 import pytest
 from helpers.cli import REPO
 
-from rigbook import paths
 from rigbook.lab import hardware_trees
 from rigbook.paths import link_collection
 from rigbook.snapshots import ladder_view_of
@@ -23,6 +22,7 @@ from rigbook.validate import validate
 
 link_collection()
 from ansible_collections.rigbook.homelab.plugins.plugin_utils import health_bundle  # noqa: E402
+from ansible_collections.rigbook.homelab.plugins.plugin_utils.private_folder import FolderRefused  # noqa: E402
 
 MODULE_UTILS = REPO / "plugins" / "module_utils"
 
@@ -69,7 +69,7 @@ def test_a_folder_that_is_not_the_users_alone_is_refused_and_nothing_is_written_
     folder = tmp_path / "bundle"
     make(folder)
     before = sorted(os.listdir(tmp_path)) + (sorted(os.listdir(folder)) if folder.is_dir() else [])
-    with pytest.raises(health_bundle.FolderRefused, match=re.escape(words)):
+    with pytest.raises(FolderRefused, match=re.escape(words)):
         health_bundle.bundle_path(str(MODULE_UTILS), str(folder))
     assert sorted(os.listdir(tmp_path)) + (sorted(os.listdir(folder)) if folder.is_dir() else []) == before
 
@@ -79,25 +79,9 @@ def test_a_state_directory_others_may_write_is_refused(tmp_path, monkeypatch):
     state.mkdir(mode=0o700)
     state.chmod(0o777)
     monkeypatch.setenv("RIGBOOK_STATE_DIR", str(state))
-    with pytest.raises(health_bundle.FolderRefused, match=r"the state directory .* writable by group or others"):
+    with pytest.raises(FolderRefused, match=r"the state directory .* writable by group or others"):
         health_bundle.bundle_path(str(MODULE_UTILS))
     assert not list(state.iterdir())
-
-
-@pytest.mark.parametrize("env, expected", [
-    ({"RIGBOOK_STATE_DIR": "/srv/s", "XDG_STATE_HOME": "/x", "HOME": "/h"}, "/srv/s"),
-    ({"RIGBOOK_STATE_DIR": "~/s", "HOME": "/h"}, "/h/s"),
-    ({"XDG_STATE_HOME": "/x", "HOME": "/h"}, "/x/rigbook"),
-    ({"HOME": "/h"}, "/h/.local/state/rigbook"),
-])
-def test_the_state_directory_follows_the_clis_rule(monkeypatch, tmp_path, env, expected):
-    for name in ("RIGBOOK_STATE_DIR", "XDG_STATE_HOME", "HOME"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    assert health_bundle.state_dir() == expected
-    monkeypatch.setattr(paths, "_guard_state_dir", lambda path: None)  # the CLI's rule, without making the folder
-    assert str(paths.state_dir()) == expected
 
 
 def test_the_bundle_runs_as_the_timer_runs_it(tmp_path):

@@ -168,17 +168,15 @@ def main() -> int:
         if converge.returncode != 0:
             sys.exit(f"converge failed: {converge.stdout[-3000:]}")
         print(f"first converge (fresh host, one reboot): {time.monotonic() - started:.1f} s")
-        # the converge rebooted the box: the first re-run runs once more the roles that watch the boot (their state was
-        # noted before the reboot; docs/converged.md), then every re-run is converged
+        # the converge rebooted the box and its ladder judged the new boot: the roles that watch the boot carried their
+        # states over to it (docs/converged.md), so the first re-run is converged too; shown apart all the same
         settle = rerun(modes[0], inventory, host)
-        print(f"first re-run after it (the roles that watch the boot run once more): {settle[0]:.1f} s, "
-              f"{settle[1]} tasks, changed={settle[2]}")
+        print(f"first re-run after it: {settle[0]:.1f} s, {settle[1]} tasks, changed={settle[2]}")
         results = {}
         for mode in modes:
             runs = [rerun(mode, inventory, host) for _ in range(args.runs)]
             seconds = statistics.median(r[0] for r in runs)
-            # the last re-run's tasks and roles: the first after a first converge also runs the roles that watch the
-            # boot (the converge rebooted), once
+            # the last re-run's tasks and roles
             tasks, changed, roles = runs[-1][1], max(r[2] for r in runs), runs[-1][3]
             same_count = ping_play(mode, inventory, host, tasks)
             per_ping = floor(mode, inventory, host)

@@ -14,6 +14,8 @@ seen makes them run.
 
 Watched things (`read_items`), each to a short string:
   file:PATH      "sha256 MODE UID GID" of a regular file, "link TARGET", "dir MODE UID GID", or "absent"
+  block:PATH#OWNER  the sha256 of OWNER's block of the GPU environment file PATH (module_utils/gpu_env_file), or
+                 "absent": a file several roles write, each watching its own block
   tree:PATH      sha256 over every entry under the folder (name, type, mode, owner, size, mtime, link target;
                  links not followed), "absent"; a folder of more than MAX_TREE entries has no digest
   package:NAME   "VERSION held" / "VERSION" (dpkg), or "absent"
@@ -21,7 +23,8 @@ Watched things (`read_items`), each to a short string:
   default_target `systemctl get-default`
   groups:USER    the groups USER is in (the group database), "absent" for no such user
   boot           the boot id: a role that reads what only a boot changes (the booted kernel, a loaded module, what the
-                 firmware set) runs again once after every boot
+                 firmware set) runs again once after every boot - except the boot its own run made, once that run's
+                 ladder judged the layer the role prepares (BOOT_LAYERS) pass or warn after it (`restamp`)
 A thing that cannot be read has no value (None) and never matches.
 
 The file is the box's: a box can only fool itself with it. It is read bounded and typed (`parse_state`) and written
@@ -36,7 +39,7 @@ import os
 import re
 import stat
 
-from ansible_collections.rigbook.homelab.plugins.module_utils import account
+from ansible_collections.rigbook.homelab.plugins.module_utils import account, gpu_env_file
 from ansible_collections.rigbook.homelab.plugins.module_utils.facts import (
     files,
     kernel,
@@ -49,13 +52,19 @@ from ansible_collections.rigbook.homelab.plugins.module_utils.facts import (
 STATE_DIR = "/var/lib/rigbook/converged"
 ROLE = r"[a-z][a-z0-9_]{0,63}"
 DIGEST = r"[0-9a-f]{64}"
-KINDS = ("files", "trees", "packages", "units", "groups")
+KINDS = ("files", "trees", "packages", "units", "groups", "blocks")
 MAX_TREE = 200000  # entries of one watched folder
 MAX_ITEMS = 4096  # watched things of one role
 MAX_STATE = 1 << 20  # bytes of one converged state file
+MAX_BLOCK_FILE = 1 << 20  # bytes of a GPU environment file whose block is watched
 MAX_OUTPUTS = 16  # what a converged role hands the roles after it (the sglang role: its venv)
 UNIT_PROPS = ("LoadState", "ActiveState", "SubState", "UnitFileState", "MainPID")
 WHY_SHOWN = 3
+# The ladder layer that judges, after a boot, what each boot-watching role prepared for it: when site.yml rebooted a
+# box and its ladder then judged that layer pass or warn, the role's state holds for the new boot (`restamp`).
+BOOT_LAYERS = {"bios_checklist": "firmware", "kernel": "kernel_state", "nvidia_p2p_driver": "driver_state",
+               "amd_rocm": "driver_state"}
+HOLDS = ("pass", "warn")
 
 
 def state_path(role, folder=STATE_DIR):
@@ -119,6 +128,14 @@ def _tree_item(folder):
     return "tree %s %o %d %d" % (digest.hexdigest(), stat.S_IMODE(top.st_mode), top.st_uid, top.st_gid)
 
 
+def _block_item(block):
+    file_path, owner = block.rsplit("#", 1)
+    data = files.read_text(file_path, limit=MAX_BLOCK_FILE, strip=False)
+    if data is None:
+        return "absent" if not os.path.lexists(file_path) else None
+    return gpu_env_file.block_digest(data, owner)
+
+
 def _groups_item(user):
     member = account.groups_of(user)
     return "absent" if member is None else " ".join(sorted(member))
@@ -155,6 +172,8 @@ def watch_of(raw):
                 continue
             if kind in ("files", "trees") and not (value.startswith("/") and ".." not in value.split("/")):
                 continue
+            if kind == "blocks" and not re.match(r"^/[^#]+#[a-z0-9][a-z0-9_.-]*$", value):
+                continue
             if kind == "packages" and not re.match(r"^[a-z0-9*?][a-z0-9+.*?-]{0,127}$", value):
                 continue
             if kind == "units" and not re.match("^%s$" % systemd.UNIT_NAME, value):
@@ -177,6 +196,8 @@ def read_items(spec, run=None, root="/"):
         items["file:" + file_path] = _file_item(file_path)
     for folder in spec["trees"]:
         items["tree:" + folder] = _tree_item(folder)
+    for block in spec["blocks"]:
+        items["block:" + block] = _block_item(block)
     if spec["packages"]:
         listing = packages.listing(spec["packages"], run=run or runner.rc_output)
         for name in spec["packages"]:
@@ -243,7 +264,8 @@ def spec_of_items(items):
     """The watch spec that reads ITEMS' keys again (the state file holds the keys, not the spec)."""
     spec = {kind: [] for kind in KINDS}
     spec["default_target"] = spec["boot"] = False
-    prefixes = {"file:": "files", "tree:": "trees", "package:": "packages", "unit:": "units", "groups:": "groups"}
+    prefixes = {"file:": "files", "tree:": "trees", "package:": "packages", "unit:": "units", "groups:": "groups",
+                "block:": "blocks"}
     for key in items:
         if key in ("default_target", "boot"):
             spec[key] = True
@@ -270,6 +292,35 @@ def write_state(role, inputs, items, folder=STATE_DIR, outputs=None):
     if unread:
         state["items"]["unread"] = " ".join(unread)[:4000]
     return files.write_json(state_path(role, folder), state, mode=0o600)
+
+
+def restamp(roles, inputs, from_boot, layers, folder=STATE_DIR, root="/", check_mode=False):
+    """After the reboot a run made: of ROLES, those whose state was written for this run's INPUTS in the boot the run
+    started in (FROM_BOOT) and whose BOOT_LAYERS layer the run's ladder then judged pass or warn (LAYERS: {layer:
+    status}) get the new boot id as their boot item; every other item is kept as it was (a change there still runs
+    the role). ({role: why} of those carried over, {role: why} of those left; nothing written in CHECK_MODE)."""
+    now = kernel.boot_id(root)
+    carried, left = {}, {}
+    for role in roles:
+        layer = BOOT_LAYERS.get(role)
+        state = read_state(role, folder)
+        if state is None or "boot" not in state["items"]:
+            continue
+        if not now or now == from_boot:
+            left[role] = "no reboot since this run began"
+        elif state["inputs"] != inputs or state["items"]["boot"] != from_boot:
+            left[role] = "its state is not this run's (inputs or boot)"
+        elif layers.get(layer) not in HOLDS:
+            left[role] = "the ladder judged %s %s after the reboot" % (layer or "no layer",
+                                                                      layers.get(layer, "nothing"))
+        else:
+            items = dict(state["items"], boot=now)
+            error = None if check_mode else write_state(role, inputs, items, folder, state["outputs"])
+            if error:
+                left[role] = error
+            else:
+                carried[role] = "%s %s after the reboot" % (layer, layers[layer])
+    return carried, left
 
 
 def forget(role, folder=STATE_DIR):

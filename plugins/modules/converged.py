@@ -15,6 +15,10 @@ description:
     every watched thing reads as the role left it - and if not, why. A role in O(force) is never converged. One
     module run for every role; site.yml runs a converged role's tasks not at all
     (plugins/module_utils/converged.py).
+  - With O(roles) and O(restamp_boot) (the boot id the run began in, as the read returned it), after site.yml rebooted
+    the box and its ladder judged O(layers): carries the state of each boot-watching role written in that boot for
+    these inputs over to the new boot, when the layer that judges what the role prepared (firmware, kernel_state,
+    driver_state) is pass or warn; its other watched things are kept as they were.
   - With O(role) and O(watch), writes that role's converged state - O(inputs) and what each watched thing is now.
     The role's last task; nothing is written in check mode. The state is rigbook's own bookkeeping, reported as no
     change.
@@ -41,11 +45,19 @@ options:
     type: str
   watch:
     description: What the role's tasks check, written with their current values - files, trees, packages, units,
-      groups (lists), default_target and boot (booleans).
+      groups, blocks (C(PATH#OWNER): a role's block of the GPU environment file) (lists), default_target and boot
+      (booleans).
     type: dict
   outputs:
     description: What the role hands the roles after it (name to text), given back by the read while the role is
       converged (the sglang role's venv, for the serve role).
+    type: dict
+    default: {}
+  restamp_boot:
+    description: The boot id the run began in (the read's RV(boot)); with O(roles), carries states over a reboot.
+    type: str
+  layers:
+    description: With O(restamp_boot), the run's ladder verdicts after the reboot (layer to status).
     type: dict
     default: {}
   state_dir:
@@ -88,6 +100,18 @@ pending:
   type: list
   elements: str
   returned: with roles
+boot:
+  description: The box's boot id now (what O(restamp_boot) is given after a reboot).
+  type: str
+  returned: with roles
+carried:
+  description: The roles whose states were carried over the reboot, role to the verdict that vouched for it.
+  type: dict
+  returned: with restamp_boot
+left:
+  description: The boot-watching roles whose states were not carried over, role to why (they run at the next run).
+  type: dict
+  returned: with restamp_boot
 watched:
   description: How many things the written state holds.
   type: int
@@ -98,6 +122,7 @@ import re
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.rigbook.homelab.plugins.module_utils import converged
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import kernel
 
 
 def main():
@@ -109,6 +134,8 @@ def main():
             role=dict(type="str"),
             watch=dict(type="dict"),
             outputs=dict(type="dict", default={}),
+            restamp_boot=dict(type="str"),
+            layers=dict(type="dict", default={}),
             state_dir=dict(type="path", default=converged.STATE_DIR),
         ),
         mutually_exclusive=[("roles", "role")],
@@ -122,6 +149,14 @@ def main():
     for name in (p["roles"] or []) + ([p["role"]] if p["role"] else []):
         if not re.match("^%s$" % converged.ROLE, name):
             module.fail_json(msg="not a role name: %r" % name[:80])
+    if p["restamp_boot"]:
+        if p["role"] or not re.match(r"^[0-9a-f-]{1,64}$", p["restamp_boot"]):
+            module.fail_json(msg="restamp_boot: a boot id and roles, not role: %r" % p["restamp_boot"][:80])
+        layers = dict((str(k), str(v)) for k, v in p["layers"].items())
+        carried, left = converged.restamp(p["roles"], p["inputs"], p["restamp_boot"], layers, p["state_dir"],
+                                          check_mode=module.check_mode)
+        module.exit_json(changed=False, carried=carried, left=left, msg="%d role state%s carried over the reboot%s" % (
+            len(carried), "" if len(carried) == 1 else "s", ": " + ", ".join(sorted(carried)) if carried else ""))
     if p["role"]:
         items = converged.read_items(converged.watch_of(p["watch"]))
         if not module.check_mode:
@@ -150,7 +185,7 @@ def main():
             roles[role]["outputs"] = states[role]["outputs"]
         if not verdict[0]:
             pending.append(role)
-    module.exit_json(changed=False, roles=roles, pending=pending,
+    module.exit_json(changed=False, roles=roles, pending=pending, boot=kernel.boot_id("/"),
                      msg="; ".join("%s: %s" % (role, roles[role]["why"]) for role in p["roles"]) or "no roles")
 
 

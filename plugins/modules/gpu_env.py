@@ -71,50 +71,17 @@ owners:
 """
 
 import os
-import re
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files
-
-HEADER = [
-    "# rigbook: the GPU stack's environment (KEY=value, read by systemd EnvironmentFile= and `set -a; . FILE`).",
-    "# Written by rigbook.homelab.gpu_env: each role owns one block; change the profile, not this file.",
-]
-KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-OWNER_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
-BARE_RE = re.compile(r"^[A-Za-z0-9_./:,@%+=-]*$")
-LINE_RE = re.compile(r"^(?:export\s+)?(?P<key>[A-Za-z_][A-Za-z0-9_]*)=(?P<value>.*)$")
-
-
-def parse(text):
-    """(blocks {owner: [lines]}, order [owner or None], loose [lines outside blocks, header excluded])."""
-    blocks, order, loose, current = {}, [], [], None
-    for line in text.splitlines():
-        begin = re.match(r"^# BEGIN (\S+)\s*$", line)
-        end = re.match(r"^# END (\S+)\s*$", line)
-        if begin and current is None:
-            current = begin.group(1)
-            blocks[current] = []
-            order.append(current)
-        elif end and current == end.group(1):
-            current = None
-        elif current is not None:
-            blocks[current].append(line)
-        elif line not in HEADER:
-            loose.append(line)
-    return blocks, order, loose
-
-
-def keys_of(lines):
-    out = {}
-    for line in lines:
-        match = LINE_RE.match(line.strip())
-        if match:
-            value = match.group("value")
-            if len(value) >= 2 and value[0] == value[-1] == '"':
-                value = value[1:-1]
-            out[match.group("key")] = value
-    return out
+from ansible_collections.rigbook.homelab.plugins.module_utils.gpu_env_file import (
+    BARE_RE,
+    HEADER,
+    KEY_RE,
+    OWNER_RE,
+    keys_of,
+    parse,
+)
 
 
 def render_value(value):

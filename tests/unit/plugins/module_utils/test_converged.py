@@ -170,3 +170,64 @@ def test_a_state_larger_than_the_bound_is_not_read(tmp_path, monkeypatch):
     monkeypatch.setattr(converged, "MAX_STATE", 64)
     converged.write_state("health", INPUTS, {"file:/a": "x" * 100}, str(tmp_path))
     assert converged.read_state("health", str(tmp_path)) is None
+
+
+B0, B1 = "11111111-1111-1111-1111-111111111111", "22222222-2222-2222-2222-222222222222"
+
+
+def _booted(root, boot_id):
+    """A root whose /proc says BOOT_ID is this boot (a recorded tree, as the evidence root is one)."""
+    (root / "proc" / "sys" / "kernel" / "random").mkdir(parents=True, exist_ok=True)
+    (root / "proc" / "sys" / "kernel" / "random" / "boot_id").write_text(boot_id + "\n")
+    return str(root)
+
+
+def test_after_the_reboot_a_run_made_the_states_its_ladder_vouches_for_hold_for_the_new_boot(tmp_path):
+    folder = tmp_path / "converged"
+    written = {"kernel": INPUTS, "amd_rocm": INPUTS, "bios_checklist": INPUTS, "rccl": INPUTS,
+               "nvidia_p2p_driver": OTHER}
+    for role, inputs in written.items():
+        items = {"file:/etc/default/grub.d/rigbook.cfg": "sha 644 0 0"}
+        if role != "rccl":
+            items["boot"] = B0
+        assert converged.write_state(role, inputs, items, str(folder), {"venv": "/opt/x"}) is None
+    layers = {"firmware": "warn", "kernel_state": "pass", "driver_state": "unknown"}
+    carried, left = converged.restamp(list(written), INPUTS, B0, layers, str(folder), _booted(tmp_path / "root", B1))
+    assert carried == {"kernel": "kernel_state pass after the reboot",
+                       "bios_checklist": "firmware warn after the reboot"}
+    assert left == {"amd_rocm": "the ladder judged driver_state unknown after the reboot",
+                    "nvidia_p2p_driver": "its state is not this run's (inputs or boot)"}  # rccl watches no boot
+    kept = converged.read_state("kernel", str(folder))
+    assert kept["items"] == {"file:/etc/default/grub.d/rigbook.cfg": "sha 644 0 0", "boot": B1}
+    assert kept["outputs"] == {"venv": "/opt/x"} and kept["inputs"] == INPUTS
+    assert converged.read_state("amd_rocm", str(folder))["items"]["boot"] == B0  # runs again at the next run
+
+
+def test_no_reboot_or_check_mode_carries_nothing(tmp_path):
+    folder = tmp_path / "converged"
+    converged.write_state("kernel", INPUTS, {"boot": B0}, str(folder))
+    same = converged.restamp(["kernel"], INPUTS, B0, {"kernel_state": "pass"}, str(folder),
+                             _booted(tmp_path / "root", B0))
+    assert same == ({}, {"kernel": "no reboot since this run began"})
+    checked = converged.restamp(["kernel"], INPUTS, B0, {"kernel_state": "pass"}, str(folder),
+                                _booted(tmp_path / "other", B1), check_mode=True)
+    assert checked[0] == {"kernel": "kernel_state pass after the reboot"}
+    assert converged.read_state("kernel", str(folder))["items"]["boot"] == B0  # check mode wrote nothing
+
+
+def test_a_role_s_block_of_a_shared_file_changes_only_with_its_own_lines(tmp_path):
+    env = tmp_path / "gpu.env"
+    env.write_text("# BEGIN amd_rocm\nHSA_ENABLE_IPC_MODE_LEGACY=0\n# END amd_rocm\n")
+    watch = spec(blocks=[f"{env}#amd_rocm", f"{env}#rccl", "relative#rccl", f"{env}#Bad Owner"])
+    assert watch["blocks"] == [f"{env}#amd_rocm", f"{env}#rccl"]
+    before = converged.read_items(watch)
+    assert before[f"block:{env}#rccl"] == "absent"
+    env.write_text(env.read_text() + "# BEGIN rccl\nNCCL_P2P_LEVEL=PHB\n# END rccl\n")  # the next role's block
+    after = converged.read_items(watch)
+    assert after[f"block:{env}#amd_rocm"] == before[f"block:{env}#amd_rocm"]
+    assert after[f"block:{env}#rccl"] not in ("absent", None)
+    env.write_text(env.read_text().replace("LEGACY=0", "LEGACY=1"))  # a hand edit of amd_rocm's block
+    assert converged.read_items(watch)[f"block:{env}#amd_rocm"] != before[f"block:{env}#amd_rocm"]
+    env.unlink()
+    assert converged.read_items(watch)[f"block:{env}#amd_rocm"] == "absent"
+    assert converged.spec_of_items(after)["blocks"] == [f"{env}#amd_rocm", f"{env}#rccl"]

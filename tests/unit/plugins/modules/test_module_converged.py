@@ -68,3 +68,23 @@ def test_bad_arguments_fail_with_a_message(tmp_path):
                                                  "state_dir": str(tmp_path)})
     assert failed and result["msg"].startswith("not a role name")
     assert not list(tmp_path.iterdir())
+
+
+def test_a_boot_watching_state_is_carried_over_the_reboot_the_ladder_judged(tmp_path):
+    """This machine's boot id stands for the new boot: a state written in another boot (the run's first) is carried
+    over when its layer passed, and the read then finds the role converged."""
+    result, failed, _ = write(tmp_path, "kernel", {"boot": True})
+    assert not failed
+    now = read(tmp_path, ["kernel"])[0]["boot"]
+    states = tmp_path / "states" / "kernel.json"
+    earlier = states.read_text().replace(now, "00000000-0000-0000-0000-000000000000")
+    states.write_text(earlier)
+    assert read(tmp_path, ["kernel"])[0]["pending"] == ["kernel"]  # booted since: runs again ...
+    args = {"inputs": INPUTS, "roles": ["kernel"], "restamp_boot": "00000000-0000-0000-0000-000000000000",
+            "layers": {"kernel_state": "pass"}, "state_dir": str(tmp_path / "states")}
+    result, failed, _ = run_module_real(module, args)
+    assert not failed and result["changed"] is False
+    assert result["carried"] == {"kernel": "kernel_state pass after the reboot"} and result["left"] == {}
+    assert read(tmp_path, ["kernel"])[0]["pending"] == []  # ... unless the run that rebooted judged the boot
+    result, failed, _ = run_module_real(module, {**args, "restamp_boot": "{{ x }}"})
+    assert failed and "restamp_boot: a boot id" in result["msg"]

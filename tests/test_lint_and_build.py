@@ -54,6 +54,11 @@ def test_every_module_documents_itself(repo):
     assert sorted(docs) == [f"rigbook.homelab.{name}" for name in modules], sorted(docs)
     for name, doc in docs.items():
         assert doc["doc"]["short_description"], name
+    callbacks = sorted(p.stem for p in (repo / "plugins" / "callback").glob("*.py"))
+    proc = _run([str(BIN / "ansible-doc"), "-t", "callback", "--json",
+                 *(f"rigbook.homelab.{name}" for name in callbacks)], repo, env=env)
+    assert proc.returncode == 0 and callbacks, proc.stderr
+    assert sorted(json.loads(proc.stdout)) == [f"rigbook.homelab.{name}" for name in callbacks]
 
 
 def test_test_file_names_are_unique(repo):

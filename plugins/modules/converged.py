@@ -16,7 +16,7 @@ description:
     module run for every role; site.yml runs a converged role's tasks not at all
     (plugins/module_utils/converged.py).
   - With O(roles) and O(restamp_boot) (the boot id the run began in, as the read returned it), after site.yml rebooted
-    the box and its ladder judged O(layers): carries the state of each boot-watching role written in that boot for
+    the box and its ladder judged O(layers), carries the state of each boot-watching role written in that boot for
     these inputs over to the new boot, when the layer that judges what the role prepared (firmware, kernel_state,
     driver_state) is pass or warn; its other watched things are kept as they were.
   - With O(role) and O(watch), writes that role's converged state - O(inputs) and what each watched thing is now.
@@ -45,7 +45,7 @@ options:
     type: str
   watch:
     description: What the role's tasks check, written with their current values - files, trees, packages, units,
-      groups, blocks (C(PATH#OWNER): a role's block of the GPU environment file) (lists), default_target and boot
+      groups, blocks (C(PATH#OWNER), a role's block of the GPU environment file) (lists), default_target and boot
       (booleans).
     type: dict
   outputs:

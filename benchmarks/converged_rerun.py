@@ -34,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from rigbook.run import BUILDS_DIR
+
 REPO = Path(__file__).resolve().parents[1]
 TARGET_MITOGEN, TARGET_DEFAULTS = 0.1, 0.35
 
@@ -77,8 +79,12 @@ def play(mode: str, inventory: str, playbook: Path, host: str, tags: str | None 
     with tempfile.TemporaryDirectory(prefix=f"bench-{mode}-") as private:
         started = time.monotonic()
         # a fact cache plugin named in full keeps ansible-runner from moving the cache into the run folder
+        # the variables provision gives every run (they are among the converged states' inputs: other values would
+        # run every role once, as after an inventory change)
+        extravars = {"rigbook_builds_dir": str(Path(os.environ["RIGBOOK_STATE_DIR"]) / BUILDS_DIR),
+                     "rigbook_verify_builds": False}
         runner = ansible_runner.run(private_data_dir=private, playbook=str(playbook), inventory=inventory,
-                                    limit=host, envvars=env, quiet=True, tags=tags,
+                                    limit=host, envvars=env, quiet=True, tags=tags, extravars=extravars,
                                     fact_cache_type=env.get("ANSIBLE_CACHE_PLUGIN", "jsonfile"))
         elapsed = time.monotonic() - started
         done = [e for e in runner.events if e.get("event") in ("runner_on_ok", "runner_on_skipped",

@@ -412,7 +412,9 @@ def test_decode_from_usage_is_the_configured_rate_while_per_chunk_is_not(engine_
     assert item["ready"]["ready"] and item["models"]["ids"] == ["standin"]
     decode, stream = item["decode"]["decode_tok_s"], item["stream"]
     assert decode == pytest.approx(400.0, rel=0.15), item
-    assert stream["per_chunk_tok_s"] == pytest.approx(400.0 / 3, rel=0.15) and stream["tokens_per_chunk"] == round(
+    # a per-chunk timer reads about a third (133 tok/s); late sleeps bunch chunks under load (155 read with CI's lab
+    # groups beside it), so: well under half the rate, never the rate
+    assert 400.0 / 3 * 0.75 < stream["per_chunk_tok_s"] < decode / 2 and stream["tokens_per_chunk"] == round(
         serving.STREAM_MAX_TOKENS / -(-serving.STREAM_MAX_TOKENS // 3), 2)  # chunks of 3, the last one shorter
     assert 0.05 <= stream["ttft_s"] < 0.5 and item["decode"]["completion_tokens"] == serving.DECODE_MAX_TOKENS
     assert all(auth == "Bearer " + KEY for _, path, auth in engine.requests if path.startswith("/v1/"))

@@ -403,7 +403,8 @@ def test_decode_from_usage_is_the_configured_rate_while_per_chunk_is_not(engine_
     """Three tokens a chunk (speculative decoding): usage tokens / (elapsed - TTFT) is the rate, a per-chunk timer
     reads a third of it. The key goes as a Bearer token and never into the evidence. The stand-in paces its tokens
     with sleeps, which run late on a loaded machine (373 of 400 tok/s measured with the lab tests beside it): the
-    tolerance (15%) is wide for that and still far from the third a per-chunk timer reads."""
+    rate may read lower (never higher), so the band is wide below and still above what a per-chunk timer reads; the
+    stream is a request of its own, timed apart from the decode one, so its rate is judged on its own terms."""
     engine = Engine(rate=400.0, tokens_per_chunk=3, ttft=0.05, key=KEY)
     port = engine_server(engine)
     key_file = tmp_path / "api-key"
@@ -411,10 +412,10 @@ def test_decode_from_usage_is_the_configured_rate_while_per_chunk_is_not(engine_
     item = serving.measure_profile(_profile(port, api_key_file=str(key_file), served_model_name="standin"))
     assert item["ready"]["ready"] and item["models"]["ids"] == ["standin"]
     decode, stream = item["decode"]["decode_tok_s"], item["stream"]
-    assert decode == pytest.approx(400.0, rel=0.15), item
-    # a per-chunk timer reads about a third (133 tok/s); late sleeps bunch chunks under load (155 read with CI's lab
-    # groups beside it), so: well under half the rate, never the rate
-    assert 400.0 / 3 * 0.75 < stream["per_chunk_tok_s"] < decode / 2 and stream["tokens_per_chunk"] == round(
+    assert 400.0 * 0.6 < decode < 400.0 * 1.15, item  # a per-chunk timer would read 133
+    # a per-chunk timer reads about a third (133 tok/s) when idle; under load late sleeps both slow the chunks (69
+    # read beside CI's lab groups) and bunch them (155): never near the configured rate, chunks of 3
+    assert 0 < stream["per_chunk_tok_s"] < 400.0 / 2 and stream["tokens_per_chunk"] == round(
         serving.STREAM_MAX_TOKENS / -(-serving.STREAM_MAX_TOKENS // 3), 2)  # chunks of 3, the last one shorter
     assert 0.05 <= stream["ttft_s"] < 0.5 and item["decode"]["completion_tokens"] == serving.DECODE_MAX_TOKENS
     assert all(auth == "Bearer " + KEY for _, path, auth in engine.requests if path.startswith("/v1/"))
@@ -426,8 +427,9 @@ def test_decode_from_usage_is_the_configured_rate_while_per_chunk_is_not(engine_
 
 def test_one_token_a_chunk_agrees_with_the_per_chunk_rate(engine_server):
     item = serving.measure_profile(_profile(engine_server(Engine(rate=300.0, tokens_per_chunk=1, ttft=0.02))))
-    assert item["decode"]["decode_tok_s"] == pytest.approx(300.0, rel=0.15)  # sleeps run late under load
-    assert item["stream"]["per_chunk_tok_s"] == pytest.approx(item["decode"]["decode_tok_s"], rel=0.15)
+    assert 300.0 * 0.6 < item["decode"]["decode_tok_s"] < 300.0 * 1.15  # sleeps run late under load, never early
+    # two requests, each timed on its own: the same rate within what a loaded machine's sleeps allow
+    assert item["stream"]["per_chunk_tok_s"] == pytest.approx(item["decode"]["decode_tok_s"], rel=0.3)
 
 
 def test_without_the_key_the_api_checks_fail(engine_server):

@@ -278,6 +278,7 @@ def sglang_pin(pins):
         "wheel_dir": as_str(raw.get("wheel_dir")),
         "patches": as_list(raw.get("patches")),
         "no_deps": raw.get("no_deps") is True,
+        "byte_compile": raw.get("byte_compile", True) is not False,
         "import_check": raw.get("import_check", True) is not False,
     }
 

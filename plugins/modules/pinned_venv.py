@@ -63,6 +63,11 @@ options:
     description: Install without dependencies (C(--no-deps)).
     type: bool
     default: false
+  byte_compile:
+    description: Let pip write the installed files' bytecode (its default). Off (C(--no-compile)), Python compiles
+      what it imports when it imports it; what is installed is the same, so the stamp does not hold it.
+    type: bool
+    default: true
   expect:
     description: Distribution name to the version that must be installed.
     type: dict
@@ -408,6 +413,7 @@ class Venv(object):
         argv = [os.path.join(p["path"], "bin", "python"), "-m", "pip", "install", "--no-input"]
         argv += ["--no-index"] if p["no_index"] else []
         argv += ["--no-deps"] if p["no_deps"] else []
+        argv += [] if p["byte_compile"] else ["--no-compile"]
         for link in p["find_links"]:
             argv += ["--find-links", link]
         # a lock lists the requirements too (pip's hash-checking mode wants a hash for every one)
@@ -424,6 +430,7 @@ def main():
             find_links=dict(type="list", elements="str", default=[]),
             no_index=dict(type="bool", default=False),
             no_deps=dict(type="bool", default=False),
+            byte_compile=dict(type="bool", default=True),
             expect=dict(type="dict", default={}),
             expect_commit=dict(type="dict", default={}),
             patches=dict(type="list", elements="dict", default=[], options=dict(

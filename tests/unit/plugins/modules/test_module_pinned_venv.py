@@ -74,9 +74,11 @@ def args(tmp_path, wheels, version="1.0", patches=(), **extra):
 
 def test_install_patch_then_a_converged_rerun_runs_nothing(tmp_path, wheels):
     patch = patch_file(tmp_path)
-    a = args(tmp_path, wheels, patches=[patch])
+    a = args(tmp_path, wheels, patches=[patch], byte_compile=False)
     result, failed, ran = run_module_real(pinned_venv, a)
     assert not failed, result
+    pip = [argv for argv in ran if "pip" in argv and "install" in argv]
+    assert len(pip) == 1 and "--no-compile" in pip[0], ran  # byte_compile off: pip writes no bytecode
     venv = Path(result["path"])
     assert venv.name == "demo-1.0-" + hashlib.sha256(f"off.patch:{patch['sha256']}".encode()).hexdigest()[:12]
     assert result["changed"] and result["versions"] == {"demo": "1.0"} and result["patches_applied"] == ["off.patch"]
@@ -90,7 +92,8 @@ def test_install_patch_then_a_converged_rerun_runs_nothing(tmp_path, wheels):
 
 def test_a_hand_edit_of_a_patched_file_is_repaired(tmp_path, wheels):
     a = args(tmp_path, wheels, patches=[patch_file(tmp_path)])
-    result, _, _ = run_module_real(pinned_venv, a)
+    result, _, ran = run_module_real(pinned_venv, a)
+    assert [argv for argv in ran if "pip" in argv and "install" in argv and "--no-compile" not in argv]  # pip's default
     core = next(Path(result["path"]).glob("lib/python*/site-packages/demo/core.py"))
     core.write_text(SOURCE)  # e.g. a pip install --force-reinstall by hand
     check, failed, ran = run_module_real(pinned_venv, a, check_mode=True)

@@ -21,20 +21,33 @@ description:
   - 'The folder is the controller user''s own (created 0700; one that is a link, another user''s, or open to
     others is not used, and the run builds its payloads as Ansible does). Folders of other keys unused for a
     day are removed.'
+  - 'At the end of a run (and at the start of the next, for a run that ended early) each kept payload gets the
+    bytecode of its Python files beside them (PEP 552 unchecked-hash .pyc, compiled by the controller''s Python):
+    a box whose Python is the same version imports them without compiling (0.05 to 0.12 s of the box''s CPU for
+    each module run, a third to a half of it); another version''s import sees the other magic number and compiles
+    the source, as without them. A payload holding them has a C(.bytecode) file beside it.'
   - 'Does nothing without RIGBOOK_STATE_DIR, under a strategy that builds no AnsiballZ payloads (mitogen), or
     where Ansible keeps its payloads elsewhere.'
 """
 
+import base64
+import dataclasses
 import hashlib
+import importlib.util
+import io
+import marshal
 import os
+import pickle
 import shutil
 import stat
 import sys
 import time
+import zipfile
 
 from ansible import constants as C
 from ansible import release
 from ansible.plugins.callback import CallbackBase
+from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files
 from ansible_collections.rigbook.homelab.plugins.plugin_utils import collection_files
 from ansible_collections.rigbook.homelab.plugins.plugin_utils.private_folder import (
     PAYLOAD_FOLDER,
@@ -46,6 +59,8 @@ ANSIBLE_CACHE = "ansiballz_cache"  # the folder under C.DEFAULT_LOCAL_TMP that a
 STALE_S = 86400  # a folder of another key unused this long is removed
 WHY_PRIVATE = "module payloads built there run on every box, so they are kept only in a folder of your own"
 PAYLOAD_PARTS = ("plugins/modules", "plugins/module_utils")  # of the collection: what its payloads hold
+BYTECODE_MARK = ".bytecode"  # a file beside a kept payload: its bytecode was added
+UNCHECKED_HASH = 0b01  # PEP 552 flags: hash-based, the source not checked
 
 
 def payload_key(collection=collection_files.COLLECTION, ansible_dir=None):
@@ -96,6 +111,51 @@ def use_kept_payloads(top, local_tmp):
     return folder
 
 
+def bytecode(source, name):
+    """The .pyc of SOURCE (bytes) for this Python (PEP 552, unchecked hash), or None where this Python cannot compile
+    it (the box's may: it compiles the source then, as without bytecode)."""
+    try:
+        code = compile(source, name, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError):
+        return None
+    return (importlib.util.MAGIC_NUMBER + UNCHECKED_HASH.to_bytes(4, "little") + importlib.util.source_hash(source)
+            + marshal.dumps(code))
+
+
+def with_bytecode(zip_data):
+    """ZIP_DATA (a payload's zip, base64, as Ansible keeps it) with each .py file's bytecode beside it (X.pyc, where
+    zipimport looks first)."""
+    source = zipfile.ZipFile(io.BytesIO(base64.b64decode(zip_data)))
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as zf:
+        for info in source.infolist():
+            data = source.read(info)
+            zf.writestr(info, data)
+            compiled = bytecode(data, info.filename) if info.filename.endswith(".py") else None
+            if compiled is not None:
+                entry = zipfile.ZipInfo(info.filename[:-3] + ".pyc", info.date_time)
+                entry.compress_type = info.compress_type
+                zf.writestr(entry, compiled)
+    return base64.b64encode(out.getvalue())
+
+
+def add_bytecode(folder):
+    """Give each payload kept in FOLDER (ansible-core's pickled cache entries, frozen dataclasses holding the zip as
+    zip_data; the folder is this user's alone) its
+    bytecode, once; the count done. Each is replaced whole (a run reading it meanwhile reads the old or the new)."""
+    done = 0
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        if name.endswith((".lock", "-part", BYTECODE_MARK)) or os.path.exists(path + BYTECODE_MARK):
+            continue
+        with open(path, "rb") as handle:
+            payload = pickle.load(handle)
+        payload = dataclasses.replace(payload, zip_data=with_bytecode(payload.zip_data))
+        files.write_many([(path, pickle.dumps(payload)), (path + BYTECODE_MARK, b"")], mode=0o600)
+        done += 1
+    return done
+
+
 class CallbackModule(CallbackBase):
     CALLBACK_VERSION = 2.0
     CALLBACK_TYPE = "aggregate"
@@ -104,6 +164,7 @@ class CallbackModule(CallbackBase):
 
     def __init__(self, display=None):
         super().__init__(display=display)
+        self._folder = None
         if not os.environ.get("RIGBOOK_STATE_DIR"):
             return
         try:
@@ -112,3 +173,19 @@ class CallbackModule(CallbackBase):
             self._display.warning("module payloads are built for this run only: %s" % exc)
         else:
             self._display.vvv("ansiballz_cache: module payloads kept in %s" % folder)
+            self._folder = folder
+            self._add_bytecode()  # payloads of a run that ended before its end
+
+    def _add_bytecode(self):
+        if not self._folder:
+            return
+        try:
+            done = add_bytecode(self._folder)
+        except (OSError, EOFError, AttributeError, TypeError, pickle.UnpicklingError, zipfile.BadZipFile) as exc:
+            # an ansible-core that keeps its payloads in another form: they work as they are, compiled on the box
+            self._display.warning("module payloads kept without bytecode: %s: %s" % (type(exc).__name__, exc))
+        else:
+            self._display.vvv("ansiballz_cache: bytecode added to %d payloads" % done)
+
+    def v2_playbook_on_stats(self, stats):
+        self._add_bytecode()

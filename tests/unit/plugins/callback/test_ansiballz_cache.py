@@ -6,9 +6,16 @@ day. The last test runs real `ansible-playbook` twice with the environment `prov
 
 from __future__ import annotations
 
+import base64
+import dataclasses
+import importlib
+import io
 import os
+import pickle
 import subprocess
+import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -112,8 +119,75 @@ def test_a_second_run_uses_the_payload_the_first_built(tmp_path, monkeypatch):
     # directory's link to it) and this ansible-core
     payloads = sorted(p for p in os.listdir(folder) if p.endswith("-none"))
     assert payloads == ["ansible_collections.rigbook.homelab.plugins.modules.converged-ZIP_DEFLATED-none"], payloads
+    assert (folder / (payloads[0] + ansiballz_cache.BYTECODE_MARK)).exists()  # the first run's end added bytecode
     built = (folder / payloads[0]).stat().st_mtime_ns
     second = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
     assert (folder / payloads[0]).stat().st_mtime_ns == built  # read, not built again
     assert not list((tmp_path / "state" / "tmp").glob("ansible-local-*"))  # Ansible removed its own folder, not ours
+
+
+def _payload_zip(files: dict) -> bytes:
+    """A payload's zip as Ansible keeps it (base64) holding FILES {name: text}."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, text in files.items():
+            zf.writestr(zipfile.ZipInfo(name, (2024, 1, 1, 0, 0, 0)), text)
+    return base64.b64encode(out.getvalue())
+
+
+def _import_from(zip_data: bytes, tmp_path: Path, swap: dict) -> int:
+    """Import pkg.mod from ZIP_DATA with SWAP {name: bytes} written over its entries (a source changed after its
+    bytecode was made, a bytecode of another Python); pkg.mod.X."""
+    source = zipfile.ZipFile(io.BytesIO(base64.b64decode(zip_data)))
+    archive = tmp_path / f"payload-{len(list(tmp_path.glob('payload-*.zip')))}.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for info in source.infolist():
+            zf.writestr(info, swap.get(info.filename, source.read(info)))
+    sys.path.insert(0, str(archive))
+    try:
+        for name in ("pkg.mod", "pkg"):
+            sys.modules.pop(name, None)
+        importlib.invalidate_caches()
+        return importlib.import_module("pkg.mod").X
+    finally:
+        sys.path.remove(str(archive))
+        for name in ("pkg.mod", "pkg"):
+            sys.modules.pop(name, None)
+
+
+def test_bytecode_beside_each_source_is_what_a_box_of_this_python_imports(tmp_path):
+    zip_data = ansiballz_cache.with_bytecode(_payload_zip({"pkg/__init__.py": "", "pkg/mod.py": "X = 1\n",
+                                                            "pkg/broken.py": "def (:\n", "pkg/data.txt": "x"}))
+    names = sorted(zipfile.ZipFile(io.BytesIO(base64.b64decode(zip_data))).namelist())
+    # every source kept (tracebacks, other Pythons); no bytecode for one this Python cannot compile
+    assert names == ["pkg/__init__.py", "pkg/__init__.pyc", "pkg/broken.py", "pkg/data.txt", "pkg/mod.py",
+                     "pkg/mod.pyc"]
+    assert _import_from(zip_data, tmp_path, {}) == 1
+    # the bytecode is what is read: a source changed under it is not compiled (unchecked hash) ...
+    assert _import_from(zip_data, tmp_path, {"pkg/mod.py": b"X = 2\n"}) == 1
+    # ... unless the bytecode is another Python's: its magic number differs and the source is compiled
+    other = bytearray(ansiballz_cache.bytecode(b"X = 3\n", "pkg/mod.py"))
+    other[0] ^= 0xFF
+    assert _import_from(zip_data, tmp_path, {"pkg/mod.py": b"X = 2\n", "pkg/mod.pyc": bytes(other)}) == 2
+
+
+@dataclasses.dataclass(frozen=True)
+class _Kept:
+    """Stands in for ansible-core's pickled cache entry, a frozen dataclass (add_bytecode reads its zip_data)."""
+
+    zip_data: bytes
+    metadata: str = "kept as it was"
+
+
+def test_each_kept_payload_gets_its_bytecode_once(tmp_path):
+    zip_data = _payload_zip({"pkg/__init__.py": "", "pkg/mod.py": "X = 1\n"})
+    (tmp_path / "mod-ZIP_DEFLATED-none").write_bytes(pickle.dumps(_Kept(zip_data)))
+    (tmp_path / "mod-ZIP_DEFLATED-none.lock").write_text("")
+    assert ansiballz_cache.add_bytecode(str(tmp_path)) == 1
+    kept = pickle.loads((tmp_path / "mod-ZIP_DEFLATED-none").read_bytes())
+    assert "pkg/mod.pyc" in zipfile.ZipFile(io.BytesIO(base64.b64decode(kept.zip_data))).namelist()
+    assert kept.metadata == "kept as it was"
+    assert ansiballz_cache.add_bytecode(str(tmp_path)) == 0  # marked: not read again
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mod-ZIP_DEFLATED-none", "mod-ZIP_DEFLATED-none.bytecode",
+                                                          "mod-ZIP_DEFLATED-none.lock"]  # no temp file left

@@ -776,6 +776,9 @@ def _from_venv_stamp(engine, pin, reading):
     if stamp.get("no_deps") is True:
         pin["no_deps"] = True
         comments[key + ("no_deps",)] = where
+    if stamp.get("byte_compile") is False:
+        pin["byte_compile"] = False
+        comments[key + ("byte_compile",)] = where
     links = stamp.get("find_links") or []
     if stamp.get("no_index") is True and len(links) == 1 and str(links[0]).startswith("/"):
         pin["wheel_dir"] = links[0]

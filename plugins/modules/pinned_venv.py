@@ -547,8 +547,9 @@ def main():
                 if rc != 0:
                     raise RuntimeError("the import check failed in %s (rc %d): %s" % (venv, rc, (err or out)[-1500:]))
                 result["import_output"] = out.strip()
-            stamp = dict(wanted, patch_set=set_id, files=dict((rel, files.sha256_of(os.path.join(site, rel)))
-                                                              for rel in touched),
+            # byte_compile is recorded (adopt reads it back), not compared: the files installed are the same
+            stamp = dict(wanted, byte_compile=p["byte_compile"], patch_set=set_id,
+                         files=dict((rel, files.sha256_of(os.path.join(site, rel))) for rel in touched),
                          versions=dict((n, dists.get(normalize(n), (None, None))[0]) for n in p["expect"]))
             error = builds.write_stamp(stamp_path(venv), stamp)
             if error:

@@ -77,7 +77,8 @@ SAMPLES = {
                                                   "stamp": RCCL_STAMP}}])]}],
     "sglang": [{"engines": [_engine(packages=[{"name": "sglang", "version": "0.5.23", "install": "index"}],
                                     venv_stamp={"patches": ["fix.patch -p1 " + "e" * 64], "no_deps": True,
-                                                "no_index": True, "find_links": ["/srv/wheels/sglang"]})]}],
+                                                "no_index": True, "find_links": ["/srv/wheels/sglang"],
+                                                "byte_compile": False})]}],
 }
 # Pins adopt cannot read on a box (no process shows them): never written, the reason always said.
 NOT_READ = {"nccl_tests"}
@@ -141,3 +142,9 @@ def test_each_comment_says_where_a_value_adopt_wrote_was_read(facts):
     for path, where in reading.comments.items():
         assert path[0] == "rigbook_pins" and where
         _at(reading.pins, path[1:])  # the value the comment stands beside exists
+
+
+def test_the_venv_stamps_install_options_come_back_as_the_sglang_pin():
+    (facts,) = SAMPLES["sglang"]
+    pin = host_pins.read_pins(facts).pins["sglang"]
+    assert (pin["no_deps"], pin["wheel_dir"], pin["byte_compile"]) == (True, "/srv/wheels/sglang", False)

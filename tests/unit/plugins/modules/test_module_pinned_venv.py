@@ -85,7 +85,7 @@ def test_install_patch_then_a_converged_rerun_runs_nothing(tmp_path, wheels):
     assert result["import_output"] == "False"  # the patched code ran
     assert [argv[:2] for argv in ran if argv[0] == "patch"] == [["patch", "--dry-run"], ["patch", "-p1"]]
     stamp = json.loads((venv / ".rigbook-venv.json").read_text())
-    assert list(stamp["files"]) == ["demo/core.py"]
+    assert list(stamp["files"]) == ["demo/core.py"] and stamp["byte_compile"] is False  # recorded for adopt
     again, failed, ran = run_module_real(pinned_venv, a)
     assert not failed and not again["changed"] and again["reasons"] == [] and ran == []  # one check, no command
 

@@ -165,9 +165,29 @@ def collectives(mapped):
     return [lib for lib in mapped or [] if libraries.is_collectives(lib.get("path"))]
 
 
+def preloaded(root, pid):
+    """The files LD_PRELOAD names in process PID's environment (/proc/PID/environ under ROOT), each as the path
+    /proc/PID/maps shows once loaded (links followed): the copies the dynamic loader loads first."""
+    environ = _words(_read(_under(root, "proc/%d/environ" % int(pid))))
+    value = next((w.split("=", 1)[1] for w in environ if w.startswith("LD_PRELOAD=")), "")
+    top = os.path.realpath(root or "/")
+    found = set()
+    for word in re.split(r"[:\s]+", value):
+        if word.startswith("/"):
+            real = os.path.realpath(_under(root, word))
+            found.add(real if top == "/" else "/" + os.path.relpath(real, top))
+    return found
+
+
 def process_libraries(root, pid):
-    """mapped_libraries of process PID under ROOT (its /proc/PID/maps), [] when it cannot be read."""
-    return mapped_libraries(root, pid, libraries.read_maps(root, pid))
+    """mapped_libraries of process PID under ROOT (its /proc/PID/maps), [] when it cannot be read; an entry its
+    LD_PRELOAD loaded first has "preloaded": True."""
+    mapped = mapped_libraries(root, pid, libraries.read_maps(root, pid))
+    first = preloaded(root, pid) if mapped else set()
+    for lib in mapped:
+        if lib["path"] in first:
+            lib["preloaded"] = True
+    return mapped
 
 
 def _parent(root, pid):

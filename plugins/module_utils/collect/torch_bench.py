@@ -87,7 +87,9 @@ def _rank_main(rank, world, port, size, iters, out_dir):  # pragma: no cover - n
     dist.all_gather_object(gathered, results)
     if rank == 0:
         with open(os.path.join(out_dir, "results.json"), "w") as handle:
-            json.dump({"ranks": gathered, "nccl_version": ".".join(map(str, torch.cuda.nccl.version())),
+            # the NCCL torch was BUILT with, whatever library is in use (a real H200 host: 2.28.9 while the
+            # preloaded 2.28.3 ran); the version in use is NCCL's own INFO line, read from the ranks' log
+            json.dump({"ranks": gathered, "torch_built_with_nccl": ".".join(map(str, torch.cuda.nccl.version())),
                        "torch": torch.__version__}, handle)
     dist.destroy_process_group()
 
@@ -139,8 +141,9 @@ def main(argv=None):  # pragma: no cover - needs GPUs
         with open(name, errors="replace") as handle:
             log += handle.read()
     print(json.dumps({
-        "available": True, "backend": "torch.distributed", "world_size": world, "nccl_version": raw["nccl_version"],
-        "torch": raw["torch"], "results": merge(raw["ranks"]), "duration_s": round(time.time() - started, 2),
+        "available": True, "backend": "torch.distributed", "world_size": world,
+        "torch_built_with_nccl": raw["torch_built_with_nccl"], "torch": raw["torch"],
+        "results": merge(raw["ranks"]), "duration_s": round(time.time() - started, 2),
         "nccl_log": log,
     }))
     return 0

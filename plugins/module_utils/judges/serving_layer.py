@@ -233,6 +233,8 @@ def _check_library(item, verified, ladder_view, found, measured, expected):
                   "runs is unconfirmed" % item["name"])
         return
     others = [lib for lib in mapped if lib.get("sha256") != verified.get("sha256")]
+    # the first-loaded copy is the one used: LD_PRELOAD's, although torch opens its bundled copy by path beside it
+    first = [lib for lib in mapped if lib.get("preloaded") and lib.get("sha256") == verified.get("sha256")]
     logged = measured["nccl_version_logged"]
     if verified.get("version"):
         expected["nccl_version_logged"] = verified["version"]
@@ -242,7 +244,14 @@ def _check_library(item, verified, ladder_view, found, measured, expected):
                       "The engine runs another NCCL/RCCL than the one verified: re-run the sglang and serve roles "
                       "(`provision site.yml -i INV --tags serve`) and read `journalctl -u %s -b | grep 'NCCL "
                       "version'`." % (item.get("unit") or "the serve unit"))
-    if others:
+    if others and first:
+        found.note("%s: %s mapped too, but LD_PRELOAD loads the verified library (%s) first and the first-loaded "
+                   "copy is the one used (measured on a real H200 host: NCCL logged the preloaded copy's version "
+                   "with torch's bundled copy mapped beside it); it holds only while the preload stays"
+                   % (item["name"], ", ".join(lib["path"] for lib in others), first[0]["path"]),
+                   "Re-run the sglang role (`provision site.yml -i INV --tags sglang,serve`): it makes the venv's "
+                   "bundled copy resolve to the verified library, so the engine needs no preload.")
+    elif others:
         found.problem("%s: the engine has %s mapped, not the library the collectives layer measured (%s): %s"
                       % (item["name"], ", ".join(lib["path"] for lib in others), verified.get("path"),
                          ENGINE_LIBRARY_FACT),

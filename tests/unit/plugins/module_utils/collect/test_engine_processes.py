@@ -258,3 +258,37 @@ def test_a_relative_path_flag_is_made_absolute_from_the_engines_folder_where_it_
     os.unlink(root / "proc/300/cwd")
     [engine] = ep.engines(str(root))
     assert engine["args"][3] == "scales/qwen38-fp8-kv-scales-per-head.json" and engine["relative_paths"] == []
+
+
+def _nccl_copy(folder, version: int):
+    """A shared library named libnccl.so.2 in FOLDER (compiled here) whose ncclGetVersion says VERSION."""
+    folder.mkdir(parents=True)
+    (folder / "nccl.c").write_text(f"int ncclGetVersion(int *v) {{ *v = {version}; return 0; }}\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-Wl,-soname,libnccl.so.2", "-o", str(folder / "libnccl.so.2"),
+                    str(folder / "nccl.c")], check=True)
+    return folder / "libnccl.so.2"
+
+
+def test_a_preloaded_copy_is_marked_beside_the_one_opened_by_path_in_a_real_process(tmp_path):
+    """A real process as torch under LD_PRELOAD runs: the preloaded copy (named through a link, as a library folder
+    holds them) loaded first, the wheel's copy opened by path beside it; both mapped, the first one used."""
+    system = _nccl_copy(tmp_path / "system", 22803)
+    wheel = _nccl_copy(tmp_path / "venv/nvidia/nccl/lib", 22809)
+    (tmp_path / "system/libnccl.so").symlink_to("libnccl.so.2")
+    program = ("import ctypes, sys, time\n"
+               "wheel = ctypes.CDLL(sys.argv[1])\n"
+               "used = ctypes.c_int()\n"
+               "ctypes.CDLL(None).ncclGetVersion(ctypes.byref(used))\n"
+               "print(used.value, flush=True)\n"
+               "time.sleep(60)\n")
+    env = dict(os.environ, LD_PRELOAD=str(tmp_path / "system/libnccl.so"))
+    proc = subprocess.Popen([sys.executable, "-c", program, str(wheel)], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "22803"  # the preloaded copy's symbols are the ones bound
+        mapped = {lib["path"]: lib for lib in ep.process_libraries("/", proc.pid)}
+    finally:
+        proc.kill()
+        proc.wait()
+    assert mapped[str(system)] == {"path": str(system), "preloaded": True,
+                                   "sha256": hashlib.sha256(system.read_bytes()).hexdigest()}
+    assert mapped[str(wheel)] == {"path": str(wheel), "sha256": hashlib.sha256(wheel.read_bytes()).hexdigest()}

@@ -155,11 +155,22 @@ def test_the_engine_on_the_library_the_collectives_measured_passes_and_names_it_
 
 
 def test_torchs_bundled_copy_mapped_fails_even_beside_the_verified_one():
-    for libraries in ((HIP, BUNDLED), (PATCHED, BUNDLED)):  # alone, or both (what LD_PRELOAD gives)
+    # alone; beside the verified one with neither preloaded; or preloaded itself (then it is the copy used)
+    for libraries in ((HIP, BUNDLED), (PATCHED, BUNDLED), (PATCHED, dict(BUNDLED, preloaded=True))):
         verdict = judge_library(*libraries)
         assert verdict["status"] == "fail", libraries
         assert BUNDLED["path"] in verdict["why"] and "DT_RPATH" in verdict["why"] and "seed 004" in verdict["why"]
         assert "--tags sglang" in verdict["remedy"]
+
+
+def test_the_verified_library_preloaded_is_the_copy_used_beside_torchs_bundled_one():
+    """Under LD_PRELOAD both copies are mapped and the first-loaded one is used (shared/research/
+    engine-library-facts.md, measured on a real H200 host): no fail, a warn that it holds only while the preload
+    does."""
+    verdict = judge_library(HIP, dict(PATCHED, preloaded=True), BUNDLED, log={"nccl_version": "2.27.7"})
+    assert verdict["status"] == "warn", verdict["why"]
+    assert f"{BUNDLED['path']} mapped too, but LD_PRELOAD loads the verified library ({PATCHED['path']})" in \
+        verdict["why"] and "--tags sglang" in verdict["remedy"]
 
 
 def test_another_nccl_version_logged_than_the_collectives_measured_fails():

@@ -141,8 +141,8 @@ def with_bytecode(zip_data):
 
 def add_bytecode(folder):
     """Give each payload kept in FOLDER (ansible-core's pickled cache entries, frozen dataclasses holding the zip as
-    zip_data; the folder is this user's alone) its
-    bytecode, once; the count done. Each is replaced whole (a run reading it meanwhile reads the old or the new)."""
+    zip_data; the folder is this user's alone) its bytecode, once; the count done. Each is replaced whole (a run
+    reading it meanwhile reads the old or the new)."""
     done = 0
     for name in sorted(os.listdir(folder)):
         path = os.path.join(folder, name)

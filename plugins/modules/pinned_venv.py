@@ -65,7 +65,8 @@ options:
     default: false
   byte_compile:
     description: Let pip write the installed files' bytecode (its default). Off (C(--no-compile)), Python compiles
-      what it imports when it imports it; what is installed is the same, so the stamp does not hold it.
+      what it imports when it imports it; what is installed is the same, so the stamp records it (adopt reads it
+      back) but a change of it alone installs nothing.
     type: bool
     default: true
   expect:

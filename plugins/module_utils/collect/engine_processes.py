@@ -165,10 +165,9 @@ def collectives(mapped):
     return [lib for lib in mapped or [] if libraries.is_collectives(lib.get("path"))]
 
 
-def preloaded(root, pid):
-    """The files LD_PRELOAD names in process PID's environment (/proc/PID/environ under ROOT), each as the path
-    /proc/PID/maps shows once loaded (links followed): the copies the dynamic loader loads first."""
-    environ = _words(_read(_under(root, "proc/%d/environ" % int(pid))))
+def preloaded(root, environ):
+    """The files LD_PRELOAD names in ENVIRON (a process's environ words), each as the path its /proc/PID/maps shows
+    once loaded (links followed, under ROOT): the copies the dynamic loader loads first."""
     value = next((w.split("=", 1)[1] for w in environ if w.startswith("LD_PRELOAD=")), "")
     top = os.path.realpath(root or "/")
     found = set()
@@ -179,11 +178,13 @@ def preloaded(root, pid):
     return found
 
 
-def process_libraries(root, pid):
+def process_libraries(root, pid, environ=None):
     """mapped_libraries of process PID under ROOT (its /proc/PID/maps), [] when it cannot be read; an entry its
-    LD_PRELOAD loaded first has "preloaded": True."""
+    LD_PRELOAD loaded first has "preloaded": True. ENVIRON: its environ words when the caller read them already."""
     mapped = mapped_libraries(root, pid, libraries.read_maps(root, pid))
-    first = preloaded(root, pid) if mapped else set()
+    if mapped and environ is None:
+        environ = _words(_read(_under(root, "proc/%d/environ" % int(pid))))
+    first = preloaded(root, environ) if mapped else set()
     for lib in mapped:
         if lib["path"] in first:
             lib["preloaded"] = True
@@ -236,6 +237,6 @@ def engines(root="/", engine=None, keep=None):
             "unit": unit_of(cgroup),
             "env": env,
             "secret_env": secret,
-            "libraries": process_libraries(root, pid),
+            "libraries": process_libraries(root, pid, environ),
         })
     return found

@@ -21,6 +21,8 @@ SUBCOMMANDS = {
     "diff": "compare two manifests (hosts of the last manifest run, of -i INV, or saved files); exit 1 when a pin "
             "differs",
     "parse": "parse a pasted tool output (lspci, nvidia-smi-q, nvidia-smi-topo, nccl-tests, ...) to JSON",
+    "diagnose": "judge pasted tool outputs (lspci -vv, NCCL logs, nccl-tests, p2pBandwidthLatencyTest, dmesg, ...) "
+                "with the P2P ladder; contacts no host",
     "adopt": "read a box set up by hand (changes nothing) and write its pins and serve profiles as host_vars",
 }
 
@@ -149,6 +151,17 @@ def _sub_parser(name: str) -> argparse.ArgumentParser:
         p.add_argument("kind", help="lspci, nvidia-smi-q, nvidia-smi-topo, nccl-tests, nccl-log, p2p-bandwidth, "
                        "sglang-log, kernel-log (formats: docs/parse-formats.md)")
         p.add_argument("file", help="file with the pasted output, - for stdin")
+    elif name == "diagnose":
+        p.add_argument("files", nargs="+", metavar="FILE", help="files with pasted outputs (several in one file are "
+                       "split: prompts, `$ command` lines, -- separators), - for stdin")
+        p.add_argument("--vendor", choices=["nvidia", "amd"], help="the GPUs' vendor (else read from the pastes)")
+        p.add_argument("--gpus", type=int, metavar="N", help="how many GPUs the box has (else read from the pastes)")
+        p.add_argument("--vram-gib", type=float, metavar="GIB", help="one GPU's VRAM in GiB (the firmware layer "
+                       "holds the VRAM BAR to it)")
+        p.add_argument("--pcie", metavar="GENxWIDTH", help="the PCIe link the GPUs should train at, e.g. 3x16")
+        p.add_argument("--p2p", choices=["yes", "no"], help="whether P2P is expected on this box (default: with "
+                       "two or more GPUs)")
+        p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     return p
 
 
@@ -324,6 +337,13 @@ def _dispatch(argv: list) -> int:
             from rigbook.parse_cmd import main as parse_main
 
             return parse_main(args.kind, args.file)
+        if name == "diagnose":
+            # deferred: rigbook.diagnose loads the collection's parsers and judges; --help needs none
+            from rigbook.diagnose import Facts
+            from rigbook.diagnose import main as diagnose_main
+
+            return diagnose_main(args.files, args.json, Facts(vendor=args.vendor, gpus=args.gpus,
+                                                              vram_gib=args.vram_gib, pcie=args.pcie, p2p=args.p2p))
         if name == "baseline":
             return _baseline(args)
         if name == "bootstrap":

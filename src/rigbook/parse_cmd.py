@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib
 import io
 import json
-import re
 import sys
 from contextlib import contextmanager
 from typing import Callable, Dict
@@ -42,11 +41,6 @@ MAX_LINE = 1 << 20
 MAX_INPUT = 64 << 20
 MAX_LINES = 1_000_000
 
-# A kernel log line: dmesg's `[  12.345678]` or `[Fri Aug 30 11:43:09 2024]` (--ctime), journald's `host kernel: `.
-_KERNEL_LINE_RE = re.compile(r"^\s*\[\s*\d+\.\d+\]|^\s*\[[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}\]"
-                             r"|^\S.* kernel: ")
-
-
 def _loader(module: str, func: str) -> Callable:
     def run(text) -> dict:
         link_collection()
@@ -70,7 +64,7 @@ _RECOGNISED = {
     "nvidia-smi-q": lambda r: _found_any(r["gpus"], r["driver_version"], r["cuda_version"]),
     "nvidia-smi-topo": lambda r: _found_any(r["gpus"], r["links"]),
     "nccl-tests": lambda r: _found_any(r["rows"], r["avg_busbw_gbs"], r["out_of_bounds"], r["collective"]),
-    "nccl-log": lambda r: _found_any(r["nccl_version"], r["channels"], r["all_direct_p2p"]),
+    "nccl-log": lambda r: _found_any(r["nccl_version"], r["channels"], r["all_direct_p2p"], r["failures"]),
     "p2p-bandwidth": lambda r: _found_any(*r["matrices"].values(), r["p2p_connectivity"],
                                           r["unidirectional_p2p_enabled_reads"], r["latency_us"], r["devices"],
                                           r["can_access_peer"]),
@@ -87,7 +81,13 @@ def recognised(kind: str, result: dict, kernel_lines: int = 0) -> bool:
     return (kind == "kernel-log" and kernel_lines > 0) or _RECOGNISED[kind](result)
 
 
-def _lines(handle, counter: dict, where: str = "the input"):
+def is_kernel_line(line: str) -> bool:
+    """Whether LINE carries a kernel log's prefix (parse/kernel_log.is_kernel_line, the one pattern)."""
+    link_collection()
+    return importlib.import_module(_MODULE_UTILS + "kernel_log").is_kernel_line(line)
+
+
+def bounded_lines(handle, counter: dict, where: str = "the input"):
     """HANDLE's lines, one at a time (at most MAX_LINE characters each); COUNTER["kernel"] counts those with a kernel
     log's prefix. UserError (exit 2) naming WHERE past MAX_INPUT characters or MAX_LINES lines."""
     read = lines = 0
@@ -101,7 +101,7 @@ def _lines(handle, counter: dict, where: str = "the input"):
             raise UserError(f"{where}: more than {MAX_INPUT >> 20} MiB or {MAX_LINES:,} lines: parse reads at most "
                             "that much (an endless input such as /dev/zero never ends); give it the part that "
                             "matters, e.g. `tail -n 100000 FILE | provision parse KIND -`; nothing printed")
-        if _KERNEL_LINE_RE.match(line):
+        if is_kernel_line(line):
             counter["kernel"] += 1
         yield line
 
@@ -136,7 +136,7 @@ def main(kind: str, file: str) -> int:
     where = "stdin" if file == "-" else file
     with open_input(file) as handle:
         try:
-            result = parser(_lines(handle, counter, where))
+            result = parser(bounded_lines(handle, counter, where))
         except OSError as exc:  # a read error part way (EIO, a file that is a folder)
             raise UserError(f"cannot read {file}: {exc.strerror or exc}") from None
     if not recognised(kind, result, counter["kernel"]):

@@ -35,7 +35,8 @@ def _recorded(root, name):
     return files.read_text(files.path(root, *runner.COMMANDS_DIR + (name,)))
 
 
-def _rows_from_nccl_tests(op, text):
+def rows_from_nccl_tests(op, text):
+    """The result of one nccl-tests run of OP (its largest row, out of place) from its output TEXT, or None."""
     parsed = parse_nccl.parse_tests(text or "")
     rows = [r for r in parsed.get("rows") or [] if r.get("out_of_place")]
     if not rows:
@@ -180,7 +181,7 @@ def run_tests(binaries, root, size, iters, gpus, timeout, env, env_file=None, ab
     argv_tail = ["-b", str(size), "-e", str(size), "-g", str(gpus), "-n", str(iters)]
     for op, binary in binaries.items():
         text, error = _run([binary] + argv_tail, timeout, run_env)
-        row = _rows_from_nccl_tests(op, text) if text else None
+        row = rows_from_nccl_tests(op, text) if text else None
         if row:
             data["results"].append(row)
             logs.append(text)
@@ -188,7 +189,7 @@ def run_tests(binaries, root, size, iters, gpus, timeout, env, env_file=None, ab
             errors.append(error or "%s printed no result row" % binary)
     if ab and not errors:
         text, error = _run([binaries["sendrecv"]] + argv_tail, timeout, dict(run_env, NCCL_P2P_DISABLE="1"))
-        row = _rows_from_nccl_tests("sendrecv", text) if text else None
+        row = rows_from_nccl_tests("sendrecv", text) if text else None
         with_p2p = [r for r in data["results"] if r["op"] == "sendrecv"]
         if row and with_p2p and row.get("busbw_gbs") and with_p2p[0].get("busbw_gbs") is not None:
             data["ab"] = {"op": "sendrecv", "busbw_gbs": with_p2p[0]["busbw_gbs"],
@@ -234,7 +235,7 @@ def _collect_collectives(root, python, nccl_tests_dir, size, iters, gpus, timeou
             return data
         results = []
         for op in NCCL_TESTS:
-            row = _rows_from_nccl_tests(op, _recorded(root, "nccl-tests-%s.txt" % op))
+            row = rows_from_nccl_tests(op, _recorded(root, "nccl-tests-%s.txt" % op))
             if row:
                 results.append(row)
         if results:
@@ -248,7 +249,7 @@ def _collect_collectives(root, python, nccl_tests_dir, size, iters, gpus, timeou
         for op, binary in binaries.items():
             text, error = _run([binary, "-b", str(size), "-e", str(size), "-g", str(gpus), "-n", str(iters)],
                                timeout, env)  # fmt: skip
-            row = _rows_from_nccl_tests(op, text) if text else None
+            row = rows_from_nccl_tests(op, text) if text else None
             if row:
                 results.append(row)
             else:

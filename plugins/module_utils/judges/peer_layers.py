@@ -196,6 +196,17 @@ def _probed_pairs(probe, pairs, count, found):
             found.gap("%s: not probed" % label)
 
 
+def _failed_lines(probe):
+    """[(text, remedy)] of the peer-access errors a program's own failure lines name (PROBE's `failures`: a pasted NCCL
+    log's "Cuda failure 205 'mapping of buffer object failed'", parse/nccl.failure_of): a failed run is evidence."""
+    out = []
+    for failure in probe.get("failures") or []:
+        if failure.get("code") in REMEDIES:
+            out.append(("a program's own failure line says %s (%s): peer memory could not be mapped or accessed"
+                        % (failure["code"], failure.get("text")), REMEDIES[failure["code"]]))
+    return out
+
+
 def judge_peer_access(probe, ladder_view):
     """Peer access both ways on every pair: can-access, enabling it, and a verified pattern copy (+ IPC on AMD)."""
     layer = "peer_access"
@@ -207,6 +218,12 @@ def judge_peer_access(probe, ladder_view):
     else:
         expected = {"every ordered pair": "pattern verified (peer access itself not required: %s)"
                                           % expectations.declared(ladder_view)}
+    failed = _failed_lines(probe)
+    if failed and not probe.get("pairs"):
+        found = Findings()
+        for text, remedy in failed:
+            found.problem(text, remedy)
+        return found.verdict(layer, {"failure lines": [text for text, _ in failed]}, expected)
     verdict = _unavailable(layer, probe, ladder_view, expected) or _too_few(layer, probe, ladder_view)
     if verdict:
         return verdict
@@ -218,6 +235,8 @@ def judge_peer_access(probe, ladder_view):
     pairs = _pairs(probe)
     found = Findings()
     measured = {}
+    for text, remedy in failed:
+        found.problem(text, remedy)
     for label, pair in _probed_pairs(probe, pairs, len(devices), found):
         measured[label] = _describe_access(pair)
         for key, what in (("pattern_ok", "peer copy"), ("staged_pattern_ok", "host-staged copy")):

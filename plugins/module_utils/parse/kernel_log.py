@@ -34,6 +34,14 @@ CATEGORIES = (
     ("aer_corrected", re.compile(r"AER: (?:Multiple )?Correct(?:ed|able) error")),
 )
 NAMES = tuple(name for name, _ in CATEGORIES)
+# A kernel log line: dmesg's `[  12.345678]` or `[Fri Aug 30 11:43:09 2024]` (--ctime), journald's `host kernel: `.
+KERNEL_LINE_RE = re.compile(r"^\s*\[\s*\d+\.\d+\]|^\s*\[[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}\]"
+                            r"|^\S.* kernel: ")
+
+
+def is_kernel_line(line):
+    """Whether LINE carries a kernel log's prefix (dmesg's, --ctime's or journald's)."""
+    return bool(KERNEL_LINE_RE.match(line or ""))
 
 
 def empty():

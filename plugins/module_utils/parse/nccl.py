@@ -75,6 +75,11 @@ def _row(line: str):
     }
 
 
+def result_row(line: str):
+    """One result row of an nccl-tests table (_row), or None: how a paste's splitter knows a row without a header."""
+    return _row(_LINE_PREFIX_RE.sub("", line).strip()) if line and not line.lstrip().startswith("#") else None
+
+
 def parse_tests(text: str) -> dict:
     rows = []
     avg = None
@@ -156,6 +161,37 @@ def _family(transport: str) -> str:
     return "other"
 
 
+# A failed run's own words: NCCL's WARN lines, and the tests' failure trailer ("Test NCCL failure common.cu:958
+# 'unhandled cuda error (run with NCCL_DEBUG=INFO for details)'", "Test CUDA failure common.cu:892 'mapping of buffer
+# object failed'"). A log of a failed run is evidence, not bad input.
+_FAILURE_RE = re.compile(r"\b[NR]CCL WARN\b\s*(?P<warn>.*)$|\bTest (?:NCCL |CUDA |HIP )?failure\b.*?'(?P<test>[^']+)'"
+                         r"|\b(?:NCCL|CUDA|HIP) (?:failure|error)\b.*?'(?P<quoted>[^']+)'")
+# CUDA/HIP error names of the words a failure line quotes (cuda.h's cudaGetErrorString texts; seed 000's "mapping of
+# buffer object failed" is CUDA_ERROR_MAP_FAILED, shared/research/p2p-stack-facts.md 1.5).
+FAILURE_CODES = (
+    ("mapping of buffer object failed", "CUDA_ERROR_MAP_FAILED"),
+    ("peer access is not supported between these two devices", "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED"),
+    ("peer access has not been enabled", "CUDA_ERROR_PEER_ACCESS_NOT_ENABLED"),
+    ("unhandled cuda error", "unhandled cuda error"),
+    ("unhandled system error", "unhandled system error"),
+    ("invalid device ordinal", "CUDA_ERROR_INVALID_DEVICE"),
+    ("out of memory", "out of memory"),
+)
+MAX_FAILURES = 20
+
+
+def failure_of(line: str):
+    """{"text": the failure's words, "code": a FAILURE_CODES name or None, "by": "test" (the tests' own trailer) or
+    "library" (NCCL/RCCL's WARN, a CUDA error line)} of a failure line, or None."""
+    m = _FAILURE_RE.search(line or "")
+    if not m:
+        return None
+    text = (m.group("warn") or m.group("test") or m.group("quoted") or "").strip()[:300]
+    low = text.lower()
+    code = next((name for words, name in FAILURE_CODES if words in low), None)
+    return {"text": text, "code": code, "by": "test" if m.group("test") else "library"}
+
+
 class LogReader:
     """parse_log one line at a time: feed() each normalised line (parse_text.lines), then result()."""
 
@@ -166,8 +202,12 @@ class LogReader:
         self.transports = []
         self.direct = []
         self.cuda_p2p = []
+        self.failures = []
 
     def feed(self, raw: str) -> None:
+        failure = failure_of(raw)
+        if failure and len(self.failures) < MAX_FAILURES and failure not in self.failures:
+            self.failures.append(failure)
         if self.version is None:
             m = _VERSION_RE.search(raw)
             if m:
@@ -209,6 +249,7 @@ class LogReader:
             "all_direct_p2p": (all(self.direct) if self.direct else None),
             "all_cuda_p2p": (all(self.cuda_p2p) if self.cuda_p2p else None),
             "path": path,
+            "failures": self.failures,
         }
 
 

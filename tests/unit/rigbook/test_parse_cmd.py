@@ -136,7 +136,7 @@ def test_a_line_longer_than_the_cap_reaches_the_parser_in_pieces(tmp_path, monke
     path = tmp_path / "long.txt"
     path.write_text("a" * 25 + "\nb\n")
     with path.open() as handle:
-        assert list(parse_cmd._lines(handle, {"kernel": 0})) == ["a" * 10, "a" * 10, "a" * 5 + "\n", "b\n"]
+        assert list(parse_cmd.bounded_lines(handle, {"kernel": 0})) == ["a" * 10, "a" * 10, "a" * 5 + "\n", "b\n"]
 
 
 def test_sglang_log_kind(capsys):

@@ -319,7 +319,7 @@ def test_stand_in_all_gather_and_reduce_scatter_print_seed_004_in_the_tools_form
         assert proc.returncode == 0, proc.stderr
         assert f"# Collective test starting: {op}_perf" in proc.stdout
         assert f"1073741824     134217728     float  {redop:>6}      -1" in proc.stdout  # count per rank
-        rows[op] = collective_bench._rows_from_nccl_tests(op, proc.stdout)
+        rows[op] = collective_bench.rows_from_nccl_tests(op, proc.stdout)
     assert (rows["all_gather"]["busbw_gbs"], rows["all_gather"]["algbw_gbs"]) == (9.16, 18.32)
     assert (rows["reduce_scatter"]["busbw_gbs"], rows["reduce_scatter"]["algbw_gbs"]) == (8.92, 17.84)
     assert rows["all_gather"]["wrong"] == 0 and rows["reduce_scatter"]["out_of_bounds"] == 0

@@ -82,4 +82,4 @@ def test_log_crlf_ansi_tabs():
 def test_log_unparseable():
     result = parse_nccl.parse_log("hello\n")
     assert result == {"nccl_version": None, "library": None, "channels": [], "transports": [],
-                      "all_direct_p2p": None, "all_cuda_p2p": None, "path": "unknown"}
+                      "all_direct_p2p": None, "all_cuda_p2p": None, "path": "unknown", "failures": []}

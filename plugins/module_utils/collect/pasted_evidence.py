@@ -56,7 +56,8 @@ def where(part):
 
 
 # lspci without -n names the vendor in words only.
-_VENDOR_WORDS = (("NVIDIA", "10de"), ("Advanced Micro Devices", "1002"), ("AMD/ATI", "1002"), ("ATI Technologies", "1002"))
+_VENDOR_WORDS = (("NVIDIA", "10de"), ("Advanced Micro Devices", "1002"), ("AMD/ATI", "1002"),
+                 ("ATI Technologies", "1002"))
 
 
 def _vendor_named(description):
@@ -73,8 +74,8 @@ def _gpu_of(device):
         return None
     bars = []
     for position, region in enumerate(device.get("regions") or []):
-        if region.get("address") is None or not region.get("size_bytes") or region.get("disabled"):
-            continue
+        if region.get("address") is None or not region.get("size_bytes"):
+            continue  # unassigned; a [disabled] region (decoding off, no driver bound) still has its place and size
         index = region["index"] if region.get("index") is not None else position
         bars.append({
             "index": index, "start": region["address"], "end": region["address"] + region["size_bytes"] - 1,
@@ -84,7 +85,8 @@ def _gpu_of(device):
     cap, sta = device.get("link_cap") or {}, device.get("link_sta") or {}
     return {
         "slot": device["slot"], "vendor": VENDORS[vendor_id], "vendor_id": "0x" + vendor_id,
-        "device_id": "0x" + device["ids"].split(":")[1] if device.get("ids") else None, "class": cls, "subsystem": None, "upstream_port": None,
+        "device_id": "0x" + device["ids"].split(":")[1] if device.get("ids") else None, "class": cls,
+        "subsystem": None, "upstream_port": None,
         "bars": bars if device.get("regions") else None,
         "resize": {entry["bar"]: sorted(entry.get("supported_bytes") or []) for entry in device.get("rebar") or []},
         "link": {"current_speed_gts": sta.get("speed_gts"), "max_speed_gts": cap.get("speed_gts"),
@@ -265,13 +267,11 @@ def evidence_of(parts):
         measured = [(probe, part) for probe, part in probes if any(p["peer_gbs"] is not None for p in probe["pairs"])]
         probe, part = (measured or probes)[-1]
         evidence["probe"], used["probe"] = probe, [part]
-    counts = [gpu_count_of_topo(p) for p in by_kind.get("nvidia-smi-topo") or []]
-    if facts["gpus"] is None and "probe" in evidence:
-        facts["gpus"] = len(evidence["probe"]["devices"])
-    elif facts["gpus"] is None and any(counts):
-        facts["gpus"] = max(c for c in counts if c)
-    if facts["gpus"] is None:
-        facts["gpus"] = _ranks_of(by_kind.get("nccl-log") or [])
+    # the most GPUs any paste shows (one lspci excerpt may show one card of two)
+    counts = [facts["gpus"], len(evidence["probe"]["devices"]) if "probe" in evidence else None,
+              _ranks_of(by_kind.get("nccl-log") or [])]
+    counts += [gpu_count_of_topo(p) for p in by_kind.get("nvidia-smi-topo") or []]
+    facts["gpus"] = max([c for c in counts if c] or [None]) if any(counts) else None
     if by_kind.get("nvidia-smi-topo") or by_kind.get("nvidia-smi-q"):
         facts["vendor"] = facts["vendor"] or "nvidia"
     logs = by_kind.get("nccl-log") or []

@@ -186,9 +186,11 @@ def main(files: list, as_json: bool, facts: Facts) -> int:
         state = "judged" if part["judged"] else part["why_not"]
         console.print(display.terminal_safe(f"read {part['file']} lines {part['first']}-{part['last']}: "
                                             f"{part['title']}{command}: {state}"))
-    display.print_ladder(console, "the pastes", result["ladder"] + ([result["kernel_log"]]
-                                                                    if result["kernel_log"] else []))
+    covered = [v for v in result["ladder"] if v["why"] != NOT_IN_PASTES]
+    display.print_ladder(console, "the pastes", covered + ([result["kernel_log"]] if result["kernel_log"] else []))
+    for v in result["ladder"]:
+        if v["why"] == NOT_IN_PASTES:
+            console.print(display.terminal_safe(f"  {v['layer']}: unknown ({NOT_IN_PASTES}): {v['remedy']}"))
     console.print(display.terminal_safe(f"diagnose: {'FAILED' if code else 'nothing failed'} "
-                                        f"({sum(1 for v in result['ladder'] if v['why'] != NOT_IN_PASTES)} of "
-                                        f"{len(result['ladder'])} layers in the pastes)"))
+                                        f"({len(covered)} of {len(result['ladder'])} layers in the pastes)"))
     return code

@@ -210,7 +210,7 @@ def collectives_of(parts, log_parts):
                 failures.append(failure)
     if not rows and not failures:
         return None
-    data = {"available": bool(rows), "source": "pasted nccl-tests output (%s)" % ", ".join(sources),
+    data = {"available": bool(rows), "source": "pasted nccl-tests / NCCL output (%s)" % ", ".join(sources),
             "results": [rows[op] for op in sorted(rows)], "failures": failures[:parse_nccl.MAX_FAILURES],
             "error": None if rows else "the run printed no result row"}
     log = "\n".join(logs)

@@ -167,7 +167,8 @@ def _family(transport: str) -> str:
 _FAILURE_RE = re.compile(r"\b[NR]CCL WARN\b\s*(?P<warn>.*)$|\bTest (?:NCCL |CUDA |HIP )?failure\b.*?'(?P<test>[^']+)'"
                          r"|\b(?:NCCL|CUDA|HIP) (?:failure|error)\b.*?'(?P<quoted>[^']+)'")
 # CUDA/HIP error names of the words a failure line quotes (cuda.h's cudaGetErrorString texts; seed 000's "mapping of
-# buffer object failed" is CUDA_ERROR_MAP_FAILED, shared/research/p2p-stack-facts.md 1.5).
+# buffer object failed" is CUDA_ERROR_MAP_FAILED, error 205 in cuda.h; seen at cudaDeviceEnablePeerAccess when the
+# peer's BAR cannot be mapped, https://github.com/tinygrad/open-gpu-kernel-modules/issues/16).
 FAILURE_CODES = (
     ("mapping of buffer object failed", "CUDA_ERROR_MAP_FAILED"),
     ("peer access is not supported between these two devices", "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED"),

@@ -40,7 +40,7 @@ def test_unknown_names_list_what_exists():
     "args,words",
     [
         (["missing.yml", "-i", "homelab"], "playbook 'missing.yml' not found"),
-        (["valdate"], "unknown command 'valdate': the commands are adopt, baseline, bootstrap, diff, lab,"),
+        (["valdate"], "unknown command 'valdate': the commands are adopt, baseline, bootstrap, diagnose, diff, lab,"),
         (["bogus", "-i", "homelab"], "unknown command 'bogus'"),
         (["site.yml", "-i", "no-such-inventory"], "inventory 'no-such-inventory' not found"),
         (["site.yml", "-i", "homelab", "-e", "novalue"], "expected KEY=VALUE"),

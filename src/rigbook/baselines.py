@@ -4,13 +4,25 @@ Stored as one JSON file per host under <state>/baselines/. `provision baseline r
 the baseline from a full ladder run; every later run that measures figures is compared with it
 by the ladder modules (extra variable rigbook_baselines) and appended to the history.
 
-Group baselines (<state>/baselines/groups/<group>.json): `provision baseline record --group` also records the
-figures of the first box (in inventory order) of each of its groups, so a twin built later is held to them. The
+Per inventory: a file keeps one section per inventory ("inventories": {KEY: {"inventory": PATH, "recorded",
+"history"}}, KEY being paths.inventory_key of the inventory's resolved path), and a run reads and writes only its own
+inventory's section, so two inventories that name a host alike (a copy of an inventory with one pin changed) never
+judge each other's runs or mix their histories. A file written before baselines were kept per inventory holds its
+baseline and history at the top level ("recorded", "history"), of no inventory said: each of them belongs to the
+inventory its run's record names (the run folder's run.json under <state>/runs, found by the folder's name;
+runs.inventory_key_of). So the old baseline keeps judging the runs of the inventory it was recorded with, while that
+inventory has none of its own in its section, and judges no other inventory's; with its run's record gone it is
+"inventory unknown": `provision baseline show` lists it so and no run is judged by it (record again). A file keeps
+at most INVENTORY_LIMIT sections: the one written longest ago goes first, named on stderr.
+
+Group baselines (<state>/baselines/groups/<group>.json, a section per inventory the same way): `provision baseline
+record --group` also records the figures of the first box (in inventory order) of each of its groups, so a twin
+built later is held to them. The
 rule: a host with a baseline of its own is judged against it; a host without one is judged against the group
 baseline of the first of its groups, in inventory order (the order the groups first appear in the inventory file),
 that has one. A host's groups are those that list it under `hosts:`; parent groups (`lab`, which holds both an
 NVIDIA and an AMD box) and `all` / `ungrouped` never lend a baseline. Every run says which baseline judged each
-host: "host NAME", "group NAME" or "none".
+host: "host NAME", "group NAME" or "none", and of which inventory (judged_text).
 
 Faults: every read-modify-write of a file holds its fcntl lock (statefile.locked) and writes a unique temporary file
 then os.replace (statefile.write_json_atomic), so concurrent writers lose no history entry. A corrupt file (not
@@ -34,11 +46,13 @@ import sys
 import time
 from pathlib import Path
 
-from rigbook import statefile
+from rigbook import runs, statefile
 from rigbook.errors import UserError
-from rigbook.paths import facts, name_file, name_of_file, state_dir
+from rigbook.paths import facts, inventory_key, name_file, name_of_file, state_dir
 
 HISTORY_LIMIT = 200
+INVENTORY_LIMIT = 32  # inventory sections per file
+INVENTORY_KEY = runs.INVENTORY_KEY
 # A figure's name: what the judges name their metrics (peer_gbs_0_1, serve_PROFILE_ttft_s: a serve profile's name
 # may hold "-"), nothing that can start a template ({{ {% {#), a quote or a control character.
 FIGURE_NAME = re.compile(r"[a-z0-9_-]{1,64}\Z")
@@ -77,22 +91,48 @@ def _problem(data) -> str | None:
     decides it, so every reader (show, the runs, the report) can use what it reads as it is."""
     if not isinstance(data, dict):
         return f"not a JSON object but {type(data).__name__}"
-    history, recorded = data.get("history", []), data.get("recorded")
-    if not isinstance(history, list) or not all(isinstance(entry, dict) for entry in history):
-        return "its history is not a list of objects"
-    if recorded is not None and not (isinstance(recorded, dict) and isinstance(recorded.get("metrics", {}), dict)):
-        return "its recorded baseline is not an object with metrics"
-    if recorded is not None:
-        problem = _mapping_problem(recorded.get("versions"), "its recorded baseline's versions")
+    problem = _section_problem(data, "its")
+    sections = data.get("inventories")
+    if problem or sections is None:
+        return problem
+    if not isinstance(sections, dict):
+        return f"its inventories is not an object but {type(sections).__name__}"
+    for key, section in sections.items():
+        what = f"inventory section {str(key)[:40]!r}"
+        if not INVENTORY_KEY.fullmatch(key):
+            return f"{what}: not an inventory key (16 of 0-9 a-f)"
+        if not isinstance(section, dict):
+            return f"{what} is not an object but {type(section).__name__}"
+        if not isinstance(section.get("inventory", ""), str):
+            return f"{what}: inventory is not a string but {type(section['inventory']).__name__}"
+        problem = _section_problem(section, f"{what}:")
         if problem:
             return problem
+    return None
+
+
+def _section_problem(data: dict, whose: str) -> str | None:
+    """What is wrong with the recorded baseline and the history of DATA (a file's top level, or one inventory's
+    section of it; WHOSE starts the problem's text), or None."""
+    history, recorded = data.get("history", []), data.get("recorded")
+    if not isinstance(history, list) or not all(isinstance(entry, dict) for entry in history):
+        return f"{whose} history is not a list of objects"
+    if recorded is not None and not (isinstance(recorded, dict) and isinstance(recorded.get("metrics", {}), dict)):
+        return f"{whose} recorded baseline is not an object with metrics"
+    if recorded is not None:
+        problem = _mapping_problem(recorded.get("versions"), f"{whose} recorded baseline's versions")
+        if problem:
+            return problem
+        if recorded.get("run_dir") is not None and not isinstance(recorded["run_dir"], str):
+            return f"{whose} recorded baseline's run_dir is not a string but {type(recorded['run_dir']).__name__}"
+    section = "" if whose == "its" else f"{whose} "
     for number, entry in enumerate(history, 1):
         for key in ("metrics", "versions", "statuses"):
-            problem = _mapping_problem(entry.get(key), f"history entry {number}: {key}")
+            problem = _mapping_problem(entry.get(key), f"{section}history entry {number}: {key}")
             if problem:
                 return problem
         if entry.get("run_dir") is not None and not isinstance(entry["run_dir"], str):
-            return f"history entry {number}: run_dir is not a string but {type(entry['run_dir']).__name__}"
+            return f"{section}history entry {number}: run_dir is not a string but {type(entry['run_dir']).__name__}"
     return None
 
 
@@ -138,8 +178,16 @@ def figures_of(metrics, where: str, once: bool = True) -> dict:
 
 
 def _clean(data: dict, path: Path) -> dict:
-    """DATA (a sound file's) with only figures in its recorded baseline's and its history's metrics."""
+    """DATA (a sound file's) with only figures in its recorded baselines' and its histories' metrics (the top level's
+    and each inventory section's)."""
     where = f"baselines file {path}"
+    data = _clean_section(data, where)
+    if data.get("inventories"):
+        data["inventories"] = {key: _clean_section(section, where) for key, section in data["inventories"].items()}
+    return data
+
+
+def _clean_section(data: dict, where: str) -> dict:
     data = dict(data)
     recorded = data.get("recorded")
     if isinstance(recorded, dict) and "metrics" in recorded:
@@ -181,10 +229,61 @@ def _load(path: Path, empty: dict) -> dict:
         return _load_held(path, empty)
 
 
-def load(host: str) -> dict:
-    """HOST's baselines file ({"host", "recorded", "history"}); CorruptBaseline (exit 2) when it is corrupt, after
-    keeping it aside: the next load finds no file."""
-    return _load(_file(host), {"host": host, "recorded": None, "history": []})
+def scope_of(inv) -> tuple | None:
+    """(key, path) of the inventory INV (rigbook.inventory.Inventory) whose section a run reads and writes: its
+    paths.inventory_key and its resolved path as text; None without an inventory (nothing is read or written)."""
+    if inv is None:
+        return None
+    key = inventory_key(inv.path)
+    return (key, str(Path(inv.path).resolve())) if key else None
+
+
+def run_inventory(run_dir) -> tuple | None:
+    """(key, path) of the inventory the run RUN_DIR names (a run folder's path as a baselines file holds it) ran
+    against, from its run record under <state>/runs, found by the folder's name alone (a path in a file never leads
+    elsewhere); None when the record is gone or unusable or names no inventory. For the files written before
+    baselines were kept per inventory; a run record never changes its inventory, so each is read once per process."""
+    name = Path(run_dir).name if isinstance(run_dir, str) and "\0" not in run_dir else ""
+    if name in ("", ".", ".."):
+        return None
+    folder = runs.runs_dir() / name
+    if str(folder) not in _run_inventories:
+        try:
+            record = runs.read_record(folder)
+        except runs.BadRecord:
+            record = None
+        key = runs.inventory_key_of(record) if record else None
+        if not key:
+            return None  # not kept: a run folder whose record is not written yet may have one later
+        _run_inventories[str(folder)] = (key, str(record.get("inventory")))
+    return _run_inventories[str(folder)]
+
+
+_run_inventories: dict = {}  # run folder -> run_inventory's answer
+
+
+def _view(data: dict, scope, whose: dict) -> dict:
+    """What of DATA (a sound host or group file's) belongs to the inventory SCOPE (scope_of): WHOSE ({"host": NAME}
+    or {"group": NAME}) with "inventory" (its path), "recorded" (the section's baseline; else one recorded before
+    baselines were kept per inventory, by a run of this inventory: marked "legacy") and "history" (the entries
+    recorded before that by runs of this inventory, oldest first, then the section's)."""
+    if scope is None:
+        return {**whose, "inventory": None, "recorded": None, "history": []}
+    key, path = scope
+    section = (data.get("inventories") or {}).get(key) or {}
+    recorded, old = section.get("recorded"), data.get("recorded")
+    if not _usable(recorded) and _usable(old) and (run_inventory(old.get("run_dir")) or (None,))[0] == key:
+        recorded = {**old, "legacy": True}
+    history = [entry for entry in data.get("history") or []
+               if (run_inventory(entry.get("run_dir")) or (None,))[0] == key]
+    return {**whose, "inventory": section.get("inventory") or path, "recorded": recorded,
+            "history": history + list(section.get("history") or [])}
+
+
+def load(host: str, inv) -> dict:
+    """HOST's baseline and history for the inventory INV (_view: {"host", "inventory", "recorded", "history"});
+    CorruptBaseline (exit 2) when the file is corrupt, after keeping it aside: the next load finds no file."""
+    return _view(_load(_file(host), {"host": host}), scope_of(inv), {"host": host})
 
 
 def _salvage(path: Path, empty: dict) -> dict:
@@ -251,16 +350,34 @@ def _group_file(group: str) -> Path:
     return _dir() / "groups" / name_file(group)
 
 
-def load_group(group: str) -> dict:
-    """GROUP's baselines file ({"group", "recorded"}); CorruptBaseline (exit 2) when it is corrupt, after keeping it
-    aside."""
-    return _load(_group_file(group), {"group": group, "recorded": None})
+def load_group(group: str, inv) -> dict:
+    """GROUP's baseline for the inventory INV (_view: {"group", "inventory", "recorded"}); CorruptBaseline (exit 2)
+    when the file is corrupt, after keeping it aside."""
+    view = _view(_load(_group_file(group), {"group": group}), scope_of(inv), {"group": group})
+    view.pop("history")
+    return view
 
 
-def _save_group(group: str, data: dict) -> None:
-    path = _group_file(group)
+def _save_section(path: Path, whose: dict, scope: tuple, change) -> None:
+    """One locked read-modify-write of PATH (a host's or a group's file; WHOSE: {"host": NAME} or {"group": NAME}):
+    CHANGE(section) edits the section of the inventory SCOPE (scope_of), made the newest; the rest of the file (the
+    other inventories' sections, what was recorded before baselines were kept per inventory) is kept as it is, but
+    for the sections beyond INVENTORY_LIMIT, written longest ago, which go (named on stderr). A corrupt file is
+    kept aside, never overwritten."""
+    key, inventory = scope
     with statefile.locked(path):
-        _salvage(path, {})  # a corrupt file is kept aside, never overwritten
+        data = _salvage(path, dict(whose))
+        sections = dict(data.get("inventories") or {})
+        section = dict(sections.pop(key, None) or {})
+        section["inventory"] = inventory
+        change(section)
+        sections[key] = section  # last: the newest
+        while len(sections) > INVENTORY_LIMIT:
+            gone = next(iter(sections))
+            print(f"warning: baselines file {path}: the baseline and history of inventory "
+                  f"{sections.pop(gone).get('inventory') or gone} left out (a file keeps the {INVENTORY_LIMIT} "
+                  "inventories written last)", file=sys.stderr)
+        data["inventories"] = sections
         statefile.write_json_atomic(path, data)
 
 
@@ -295,20 +412,31 @@ def _read_only(path: Path, empty: dict, notes: list) -> dict:
 
 
 def resolve(host: str, inv=None, notes=None) -> tuple:
-    """(label, recorded) of the baseline that judges HOST: its own ("host NAME"), else the first of its groups'
-    in inventory order ("group NAME"), else ("none", None). NOTES, a list, makes it read only (the report): a
-    corrupt file is named there and left out; without it a corrupt file is kept aside (CorruptBaseline)."""
-    def read(path: Path, empty: dict) -> dict:
-        return _load(path, empty) if notes is None else _read_only(path, empty, notes)
+    """(label, recorded) of the baseline that judges HOST in the inventory INV: its own ("host NAME"), else the first
+    of its groups' in inventory order ("group NAME"), else ("none", None); only INV's (_view: never another
+    inventory's), so without INV none. NOTES, a list, makes it read only (the report): a corrupt file is named there
+    and left out; without it a corrupt file is kept aside (CorruptBaseline)."""
+    scope = scope_of(inv)
+    if scope is None:
+        return "none", None
 
-    own = read(_file(host), {"host": host, "recorded": None, "history": []}).get("recorded")
+    def read(path: Path, whose: dict) -> dict:
+        return _view(_load(path, whose) if notes is None else _read_only(path, whose, notes), scope, whose)
+
+    own = read(_file(host), {"host": host})["recorded"]
     if _usable(own):
         return f"host {host}", own
     for group in host_groups(inv, host):
-        recorded = read(_group_file(group), {"group": group, "recorded": None}).get("recorded")
+        recorded = read(_group_file(group), {"group": group})["recorded"]
         if _usable(recorded):
             return f"group {group}", recorded
     return "none", None
+
+
+def history(host: str, inv, notes: list) -> list:
+    """HOST's history in the inventory INV (_view), oldest first, read only: a corrupt file is named in NOTES and
+    gives none (the report)."""
+    return _view(_read_only(_file(host), {"host": host}, notes), scope_of(inv), {"host": host})["history"]
 
 
 def extra_vars(hosts, inv=None) -> dict:
@@ -343,24 +471,35 @@ def judged_by(hosts, baselines_var: dict) -> dict:
     return {host: (given.get(host) or {}).get("source", "none") for host in hosts}
 
 
-def annotate(summary: dict, judged: dict) -> None:
-    """Put which baseline judged each host into the run summary: the host entry's "baseline_source", and
-    "baseline" on every layer verdict that measured figures."""
+def judged_text(label: str, inventory) -> str:
+    """Which baseline judged a host, for a person: LABEL ("host NAME", "group NAME", "none") and the INVENTORY (its
+    path) it was recorded with; a run recorded before runs said it (None): "inventory not recorded"."""
+    if label == "none":
+        return label
+    return f"{label} of inventory {inventory}" if inventory else f"{label} (inventory not recorded)"
+
+
+def annotate(summary: dict, judged: dict, inventory=None) -> None:
+    """Put which baseline judged each host into the run summary: the host entry's "baseline_source" (the label) and
+    "baseline_inventory" (INVENTORY, the path of the run's inventory, whose baselines alone judge its hosts), and
+    "baseline" (judged_text) on every layer verdict that measured figures."""
     for host, entry in summary.items():
         label = judged.get(host, "none")
         entry["baseline_source"] = label
+        if label != "none" and inventory:
+            entry["baseline_inventory"] = str(inventory)
         for verdict in entry.get("ladder") or []:
             if verdict.get("metrics"):
-                verdict["baseline"] = label
+                verdict["baseline"] = judged_text(label, inventory)
 
 
-def print_judged(judged: dict, stream) -> None:
-    """One line per run: which baseline judged each host."""
+def print_judged(judged: dict, stream, inventory=None) -> None:
+    """One line per run: which baseline judged each host (judged_text; INVENTORY: the run's)."""
     if judged:
         # deferred: rigbook.display (rich) costs ~25 ms at start-up (benchmarks/cli_speed.py); validate needs none
         from rigbook.display import terminal_safe
 
-        print(terminal_safe("baselines: " + "; ".join(f"{host} judged by {label}"
+        print(terminal_safe("baselines: " + "; ".join(f"{host} judged by {judged_text(label, inventory)}"
                                                       for host, label in sorted(judged.items()))), file=stream)
 
 
@@ -377,7 +516,8 @@ def record_groups(host: str, inv, recorded: dict, only: str, done: dict) -> str:
         if group in done:
             said.append(f"group {group}: kept the figures of {done[group]}")
             continue
-        _save_group(group, {"group": group, "recorded": {**recorded, "from_host": host}})
+        _save_section(_group_file(group), {"group": group}, scope_of(inv),
+                      lambda section: section.update(recorded={**recorded, "from_host": host}))
         done[group] = host
         said.append(f"group {group}: recorded")
     return "; ".join(said) or f"{host} is in no group that can hold a baseline"
@@ -393,20 +533,22 @@ def check_group(inv, name: str | None) -> None:
                         f"(groups: {', '.join(usable) or 'none'})")
 
 
-def record(host: str, ladder: list, run_dir: str) -> dict | None:
+def record(host: str, ladder: list, run_dir: str, inv) -> dict | None:
+    """Record HOST's figures of LADDER (its run's, in RUN_DIR) as its baseline in the inventory INV; the baseline, or
+    None when no figure was measured."""
     metrics = metrics_of(ladder, host)
     if not metrics:
         return None
     recorded = {"at": time.strftime("%Y-%m-%d %H:%M:%S"), "metrics": metrics, "versions": versions_of(ladder),
                 "run_dir": run_dir}
-    _append(host, {"at": recorded["at"], "metrics": metrics, "versions": recorded["versions"], "recorded": True,
-                   "run_dir": run_dir}, recorded)
+    _append(host, inv, {"at": recorded["at"], "metrics": metrics, "versions": recorded["versions"],
+                        "recorded": True, "run_dir": run_dir}, recorded)
     return recorded
 
 
-def append_history(host: str, ladder: list, statuses: dict, run_dir: str | None = None) -> bool:
-    """Append a run's figures to HOST's history (with RUN_DIR, its artifact folder, when given: the report links
-    each charted point to its run)."""
+def append_history(host: str, ladder: list, statuses: dict, run_dir: str | None, inv) -> bool:
+    """Append a run's figures to HOST's history in the inventory INV (with RUN_DIR, its artifact folder, when given:
+    the report links each charted point to its run)."""
     metrics = metrics_of(ladder, host)
     if not metrics:
         return False
@@ -414,20 +556,23 @@ def append_history(host: str, ladder: list, statuses: dict, run_dir: str | None 
              "statuses": statuses}
     if run_dir:
         entry["run_dir"] = run_dir
-    _append(host, entry)
+    _append(host, inv, entry)
     return True
 
 
-def _append(host: str, entry: dict, recorded: dict | None = None) -> None:
-    """One locked read-modify-write of HOST's file: ENTRY appended to the history (the last HISTORY_LIMIT kept),
-    RECORDED made the baseline when given."""
-    path = _file(host)
-    with statefile.locked(path):
-        data = _salvage(path, {"host": host, "recorded": None, "history": []})
+def _append(host: str, inv, entry: dict, recorded: dict | None = None) -> None:
+    """One locked read-modify-write of HOST's file (_save_section), in the section of the inventory INV: ENTRY
+    appended to its history (the last HISTORY_LIMIT kept), RECORDED made its baseline when given."""
+    scope = scope_of(inv)
+    if scope is None:
+        raise UserError(f"baseline of {host}: no inventory to keep it for")
+
+    def change(section: dict) -> None:
         if recorded is not None:
-            data["recorded"] = recorded
-        data["history"] = ((data.get("history") or []) + [entry])[-HISTORY_LIMIT:]
-        statefile.write_json_atomic(path, data)
+            section["recorded"] = recorded
+        section["history"] = ((section.get("history") or []) + [entry])[-HISTORY_LIMIT:]
+
+    _save_section(_file(host), {"host": host}, scope, change)
 
 
 def hosts_with_data() -> list:
@@ -460,11 +605,32 @@ def _show_groups(console, safe) -> bool:
             _say_corrupt(_group_file(group), problem)
             sound = False
             continue
-        recorded = (data or {}).get("recorded") or {}
-        figures = ", ".join(f"{k} {v}" for k, v in sorted((recorded.get("metrics") or {}).items()))
-        console.print(safe(f"group {group}: baseline of {recorded.get('at')} from host {recorded.get('from_host')} "
-                           f"({figures or 'no figures'})"))
+        for where, recorded, _history in _blocks(data or {}):
+            recorded = recorded or {}
+            figures = ", ".join(f"{k} {v}" for k, v in sorted((recorded.get("metrics") or {}).items()))
+            console.print(safe(f"group {group}: baseline of {recorded.get('at')} from host "
+                               f"{recorded.get('from_host')}, {where} ({figures or 'no figures'})"))
     return sound
+
+
+def _blocks(data: dict) -> list:
+    """(whose, recorded, history) of each baseline a sound file's DATA holds: each inventory section's ("inventory
+    PATH"), then the one recorded before baselines were kept per inventory (_legacy_origin), if any."""
+    found = [(f"inventory {section.get('inventory') or key}", section.get("recorded"), section.get("history") or [])
+             for key, section in (data.get("inventories") or {}).items()]
+    if data.get("recorded") or data.get("history"):
+        found.append((_legacy_origin(data.get("recorded")), data.get("recorded"), data.get("history") or []))
+    return found
+
+
+def _legacy_origin(recorded) -> str:
+    """Which inventory a baseline recorded before baselines were kept per inventory belongs to, and what it judges."""
+    found = run_inventory((recorded or {}).get("run_dir"))
+    if found:
+        return (f"inventory {found[1]} (recorded before baselines were kept per inventory, by a run of it: it judges "
+                "that inventory's runs while it has no baseline of its own)")
+    return ("inventory unknown (recorded before baselines were kept per inventory, and the run that recorded it is "
+            "gone): it judges no run; record again with `provision baseline record -i INV`")
 
 
 def show(hosts, stream, last: int = 8) -> int:
@@ -491,20 +657,24 @@ def show(hosts, stream, last: int = 8) -> int:
             _say_corrupt(_file(host), problem)
             sound = False
             continue
-        recorded = (data or {}).get("recorded")
-        if not recorded:
+        blocks = _blocks(data or {})
+        if not blocks:
             console.print(terminal_safe(f"{host}: no baseline recorded"))
-            continue
-        versions = ", ".join(f"{k} {v}" for k, v in (recorded.get("versions") or {}).items()) or "versions unknown"
-        title = terminal_safe(f"{host}: baseline of {recorded.get('at')} ({versions})")
-        table = Table(title=title, title_justify="left")
-        table.add_column("metric")
-        table.add_column("baseline", justify="right")
-        table.add_column(f"last {last} runs (oldest first)")
-        history = data.get("history") or []
-        for name, value in sorted((recorded.get("metrics") or {}).items()):
-            trend = [h["metrics"].get(name) for h in history[-last:] if name in (h.get("metrics") or {})]
-            cells = " ".join(f"{v:.2f}" if isinstance(v, (int, float)) else str(v) for v in trend)
-            table.add_row(name, f"{value:.2f}" if isinstance(value, (int, float)) else str(value), cells)
-        console.print(table)
+        for where, recorded, history in blocks:
+            if not recorded:
+                console.print(terminal_safe(f"{host}: no baseline recorded, {where}"))
+                continue
+            versions = (", ".join(f"{k} {v}" for k, v in (recorded.get("versions") or {}).items())
+                        or "versions unknown")
+            console.print(terminal_safe(f"{host}: the baseline of {where}"))  # a line: a table's title is wrapped
+            title = terminal_safe(f"{host}: baseline of {recorded.get('at')} ({versions})")
+            table = Table(title=title, title_justify="left")
+            table.add_column("metric")
+            table.add_column("baseline", justify="right")
+            table.add_column(f"last {last} runs (oldest first)")
+            for name, value in sorted((recorded.get("metrics") or {}).items()):
+                trend = [h["metrics"].get(name) for h in history[-last:] if name in (h.get("metrics") or {})]
+                cells = " ".join(f"{v:.2f}" if isinstance(v, (int, float)) else str(v) for v in trend)
+                table.add_row(name, f"{value:.2f}" if isinstance(value, (int, float)) else str(value), cells)
+            console.print(table)
     return 0 if sound else 2

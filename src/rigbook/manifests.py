@@ -23,6 +23,7 @@ from pathlib import Path
 
 from rigbook import runs
 from rigbook.errors import UserError
+from rigbook.paths import inventory_key
 from rigbook.statefile import read_json
 from rigbook.terminal import terminal_safe
 
@@ -88,16 +89,15 @@ def last_manifest_run() -> Path | None:
     return found[0] if found else None
 
 
-def _run_inventory(run_dir: Path, warn) -> Path | None:
-    """The inventory RUN_DIR's run was made with (its run.json), resolved; None when unknown (no record, or a bad
-    one: named through WARN)."""
+def _run_inventory(run_dir: Path, warn) -> str | None:
+    """The inventory key of the inventory RUN_DIR's run was made with (its run.json; runs.inventory_key_of); None
+    when unknown (no record, or a bad one: named through WARN)."""
     try:
         record = runs.read_record(run_dir)
     except runs.BadRecord as exc:
         warn(f"warning: {exc}: its manifests are left out")
         return None
-    given = (record or {}).get("inventory")
-    return Path(given).resolve() if given else None
+    return runs.inventory_key_of(record) if record else None
 
 
 def _warn(line: str) -> None:
@@ -108,9 +108,9 @@ def latest_of_inventory(inventory: Path, warn=None) -> dict:
     """{host: its newest stored manifest file} over the manifest runs made with INVENTORY; a run whose record is bad
     is named through WARN (default: a line on stderr) and left out."""
     warn = warn or _warn
-    want, found = Path(inventory).resolve(), {}
+    want, found = inventory_key(inventory), {}
     for run_dir in manifest_runs():
-        if _run_inventory(run_dir, warn) != want:
+        if want is None or _run_inventory(run_dir, warn) != want:
             continue
         for path in (run_dir / MANIFEST_DIR).glob("*.json"):
             found.setdefault(path.stem, path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import os
@@ -57,6 +58,24 @@ def name_file(name: str, suffix: str = ".json") -> str:
 def name_of_file(path: Path) -> str:
     """The host or group name a state file is named after (name_file's inverse)."""
     return unquote(path.stem)
+
+
+def inventory_key(path) -> str | None:
+    """The stable identity of an inventory: the first 16 hex digits of the SHA-256 of its resolved absolute path (a
+    link to it, or a relative way there, is the same inventory). Runs record it (run.json "inventory_key") and the
+    baselines files keep a section per key, so two inventories that name a host alike never share its runs or its
+    baseline. None for what cannot be a path (not text, a NUL), which so belongs to no inventory. The one place that
+    computes the key (runs.inventory_key_of reads it back from a run record)."""
+    if not isinstance(path, (str, Path)) or not str(path):
+        return None
+    try:
+        resolved = os.path.realpath(path)
+        encoded = os.fsencode(resolved)
+    except (ValueError, OSError):
+        return None
+    if b"\0" in encoded:
+        return None
+    return hashlib.sha256(encoded).hexdigest()[:16]
 
 
 def state_dir() -> Path:

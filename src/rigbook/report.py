@@ -2,9 +2,11 @@
 
 What it reads (nothing else; no host is contacted, so fresh figures mean running `provision verify -i INV` first):
 - the baselines files (<state>/baselines/<host>.json: the recorded baseline and the history of every run that
-  measured figures; <state>/baselines/groups/<group>.json: group baselines), through rigbook.baselines;
+  measured figures; <state>/baselines/groups/<group>.json: group baselines), through rigbook.baselines: this
+  inventory's only (baselines.resolve, baselines.history: a section per inventory);
 - the run records (<state>/runs/*/run.json: each run's per-host ladder, which baseline judged it, its artifact
-  folder), through rigbook.runs;
+  folder), through rigbook.runs: the runs of this inventory only (runs.inventory_key_of), never another
+  inventory's run of a host of the same name;
 - the manifests of the last manifest run (<state>/runs/*/manifests/<host>.json), through rigbook.manifests.
 
 What it writes: one HTML string, inline CSS and inline SVG, no JavaScript, no external URL (links point only at
@@ -31,7 +33,7 @@ from rigbook import baselines, manifests, runs, statefile
 from rigbook.baselines import versions_of
 from rigbook.display import nested_text, terminal_safe
 from rigbook.errors import UserError
-from rigbook.paths import link_collection, state_dir
+from rigbook.paths import inventory_key, link_collection, state_dir
 from rigbook.run import last_roll, resolve_inventory
 from rigbook.validate import host_model_of, validate
 
@@ -172,15 +174,15 @@ def gather(inventory: str) -> ReportData:
     data = ReportData(inventory=path.name, inventory_path=str(path),
                       generated=time.strftime("%Y-%m-%d %H:%M:%S %Z"), hosts=[], groups=_groups(inv, names),
                       manifest_run=str(manifest_run) if manifest_run else None)
-    records = _run_records(data.notes)
+    key = inventory_key(path)
+    records = [r for r in _run_records(data.notes) if runs.inventory_key_of(r) == key]
     data.last_roll = last_roll(str(path))
     members = group_members(inv)
     for name in names:
         host = HostData(name, tolerance=_tolerance(inv, name), group=_narrowest(members, name))
         # The report only reads: a corrupt baselines file is named in the notes and left out, never moved.
         host.baseline_label, host.baseline = baselines.resolve(name, inv, notes=data.notes)
-        file_data, _problem = baselines._read(baselines._file(name))
-        host.history = list((file_data or {}).get("history") or [])
+        host.history = baselines.history(name, inv, [])  # a corrupt file: named once, by resolve above
         host.runs = [r for r in records if ((r.get("hosts") or {}).get(name) or {}).get("ladder")]
         manifest_file = manifest_run / manifests.MANIFEST_DIR / f"{name}.json" if manifest_run else None
         if manifest_file and manifest_file.is_file():  # names validated: the playbook named the file after the host
@@ -400,6 +402,11 @@ def _status(status) -> str:
     return f'<span class="status s-{_e(status)}">{_e(status)}</span>'
 
 
+def _judged(entry: dict) -> str:
+    """Which baseline judged a run's host entry, and of which inventory (baselines.judged_text)."""
+    return baselines.judged_text(str(entry.get("baseline_source") or "none"), entry.get("baseline_inventory"))
+
+
 def _latest(host: HostData) -> tuple:
     """(run record, host entry) of the newest run with a ladder for HOST, or (None, {})."""
     if not host.runs:
@@ -445,7 +452,7 @@ def host_section(host: HostData, data: ReportData) -> str:
     versions = _versions(host)
     version_text = ", ".join(f"{k} {v}" for k, v in versions.items()) or "versions unknown"
     if record:
-        judged = entry.get("baseline_source") or "not recorded in this run"
+        judged = _judged(entry) if entry.get("baseline_source") else "not recorded in this run"
         out.append(f'<p class="meta">latest run <b>{_e(record.get("started", "?"))}</b> '
                    f"({_e(Path(str(record.get('playbook', '?'))).name)}, host {_e(entry.get('state', '?'))}); "
                    f"judged by baseline: <b>{_e(judged)}</b>; {_e(version_text)}; "
@@ -455,7 +462,10 @@ def host_section(host: HostData, data: ReportData) -> str:
                    f"<code>provision verify -i {_e(data.inventory)}</code>); {_e(version_text)}</p>")
     if host.baseline:
         base_versions = ", ".join(f"{k} {v}" for k, v in (host.baseline.get("versions") or {}).items())
-        out.append(f'<p class="meta">baseline that judges it now: <b>{_e(host.baseline_label)}</b>, recorded '
+        legacy = (" (recorded before baselines were kept per inventory, by a run of it)"
+                  if host.baseline.get("legacy") else "")
+        now = baselines.judged_text(host.baseline_label, data.inventory_path)
+        out.append(f'<p class="meta">baseline that judges it now: <b>{_e(now)}</b>{_e(legacy)}, recorded '
                    f"{_e(host.baseline.get('at', '?'))} ({_e(base_versions or 'versions unknown')}); fail below "
                    f"{host.tolerance['fail_below']:.2f}x, warn below {host.tolerance['warn_below']:.2f}x</p>")
     else:
@@ -630,7 +640,7 @@ def render(data: ReportData) -> str:
         fails = ", ".join(f"{at} {metric}" for at, metric in sorted(below)) or "none"
         summary.append(f"<tr><th>{_e(h.name)}</th><td>{_e(record.get('started', '?')) if record else '-'}</td>"
                        f"<td>{_status(worst.get('status')) if record else '-'} {_e(worst.get('layer', ''))}</td>"
-                       f"<td>{_e(entry.get('baseline_source', h.baseline_label))}</td>"
+                       f"<td>{_e(_judged(entry) if 'baseline_source' in entry else h.baseline_label)}</td>"
                        f'<td class="{"s-fail" if below else ""}">{_e(fails)}</td></tr>')
     notes = "".join(f'<p class="s-warn">{_e(n)}</p>' for n in data.notes)
     body = [f"<header><h1>rigbook report: {_e(data.inventory)}</h1>",

@@ -284,6 +284,7 @@ def _run_locked(opts: RunOptions, playbook: Path, inventory: Path, inv) -> int:
     record = {
         "playbook": str(playbook),
         "inventory": str(inventory),
+        "inventory_key": paths.inventory_key(inventory),  # runs.inventory_key_of reads it back
         "limit": opts.limit,
         "check": opts.check,
         "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)),
@@ -373,13 +374,13 @@ def _run_locked(opts: RunOptions, playbook: Path, inventory: Path, inv) -> int:
     hosts = tracker.summary()
     _update_baselines(opts, hosts, run_dir, code, inv)
     if judged is not None:
-        baselines.annotate(hosts, judged)
+        baselines.annotate(hosts, judged, inv.path)
     record.update(exit_code=code, duration_s=round(duration, 2), hosts=hosts, status=runner.status, rc=runner.rc)
     runs.save_record(run_dir, record)
 
     display.print_summary(tracker, console, run_dir)
     if judged is not None:
-        baselines.print_judged({h: judged.get(h, "none") for h in hosts}, progress_stream)
+        baselines.print_judged({h: judged.get(h, "none") for h in hosts}, progress_stream, inv.path)
     if opts.junit:
         junit.write(Path(opts.junit), f"rigbook {playbook.name}", hosts, duration)
     if opts.json or opts.summaries is not None:
@@ -516,13 +517,13 @@ def _update_baselines(opts: RunOptions, hosts: dict, run_dir: Path, code: int, i
             if entry["state"] in ("failed", "unreachable"):
                 entry["baseline"] = "not recorded: the host failed"
                 continue
-            recorded = baselines.record(host, ladder, str(run_dir))
+            recorded = baselines.record(host, ladder, str(run_dir), inv)
             entry["baseline"] = "recorded" if recorded else "not recorded: no figures measured"
             if recorded and opts.baseline_group:
                 entry["group_baseline"] = baselines.record_groups(host, inv, recorded, opts.baseline_group,
                                                                   groups_done)
         else:
-            baselines.append_history(host, ladder, {v["layer"]: v["status"] for v in ladder}, str(run_dir))
+            baselines.append_history(host, ladder, {v["layer"]: v["status"] for v in ladder}, str(run_dir), inv)
 
 
 def _ansible_errors(runner) -> list:

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import sys
 import time
 from pathlib import Path
 
 from rigbook.errors import UserError
-from rigbook.paths import runs_dir
+from rigbook.paths import inventory_key, runs_dir
 from rigbook.statefile import private_dir, read_json, write_json_atomic
 from rigbook.terminal import terminal_safe
 
 RECORD = "run.json"
+INVENTORY_KEY = re.compile(r"[0-9a-f]{16}")  # what paths.inventory_key gives
 
 
 def new_run_dir(playbook: Path) -> Path:
@@ -69,7 +71,7 @@ def record_problem(record) -> str | None:
     the report and `provision diff` use what they read as it is."""
     if not isinstance(record, dict):
         return f"not a JSON object but {_type(record)}"
-    for key in ("playbook", "inventory", "started", "limit"):
+    for key in ("playbook", "inventory", "inventory_key", "started", "limit"):
         if record.get(key) is not None and not isinstance(record[key], str):
             return f"{key} is not a string but {_type(record[key])}"
     code = record.get("exit_code")
@@ -85,6 +87,17 @@ def record_problem(record) -> str | None:
         if problem:
             return problem
     return None
+
+
+def inventory_key_of(record: dict) -> str | None:
+    """The inventory key (paths.inventory_key) of the run RECORD (a sound one: record_problem passed): the key it
+    recorded; for a record written before runs recorded one, the key of the inventory path it names when that path
+    is absolute (run.py always wrote it resolved), else None: a run of no known inventory, shown for none."""
+    key = record.get("inventory_key")
+    if isinstance(key, str) and INVENTORY_KEY.fullmatch(key):
+        return key
+    given = record.get("inventory")
+    return inventory_key(given) if key is None and isinstance(given, str) and os.path.isabs(given) else None
 
 
 def read_record(run_dir: Path) -> dict | None:

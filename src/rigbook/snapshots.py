@@ -40,13 +40,45 @@ EVIDENCE_MAX_BYTES = 256 << 20
 def judge_tree(tree: str, ladder_view: dict, baseline_metrics: dict | None = None) -> list:
     """Every layer of the registry on a recorded tree, with the same collectors, judges and climb as a live run
     (no stop at the first fail: a replay shows the whole ladder). LADDER_VIEW: the host's ladder_view_of."""
+    return _climb_tree(tree, ladder_view, baseline_metrics)[0]
+
+
+def _climb_tree(tree: str, ladder_view: dict, baseline_metrics: dict | None = None) -> tuple:
+    """(verdicts, evidence) of judge_tree's climb."""
     link_collection()
     # deferred: ansible_collections.rigbook.homelab is importable only after link_collection() (above)
     from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import registry
     from ansible_collections.rigbook.homelab.plugins.module_utils.ladder.climb import Context, climb
 
-    verdicts, _ = climb(registry.LAYERS, Context(tree, ladder_view, baseline_metrics), stop_at_fail=False)
-    return verdicts
+    return climb(registry.LAYERS, Context(tree, ladder_view, baseline_metrics), stop_at_fail=False)
+
+
+def replay_tree(tree: str, ladder_view: dict) -> list:
+    """The layers a live `provision verify` of the host shows, judged on its recorded TREE (judge_tree's climb).
+    The serving layer only where the live run has it: the p2p_verify role runs the serving phase only on a host with
+    serve profiles (p2p_verify_phases; ladder/registry.expected_layers holds the same rule), so a replay shows it
+    when the host's ladder view expects it (measure.serving) or the snapshot recorded a serve profile's
+    measurements, and leaves it out otherwise, as the live run does (not a skip the live run never printed)."""
+    verdicts, evidence = _climb_tree(tree, ladder_view)
+    serving = evidence.get("serving") if isinstance(evidence.get("serving"), dict) else {}
+    if (ladder_view.get("measure") or {}).get("serving") or serving.get("profiles") or serving.get("error"):
+        return verdicts
+    return [verdict for verdict in verdicts if verdict.get("layer") != "serving"]
+
+
+def _in_snapshot(value, workdir: Path, shown: str):
+    """VALUE (a verdict, or any part of one) with every path under WORKDIR, the temporary folder a snapshot tarball
+    is unpacked into for its replay (deleted when the replay ends, another each time), named inside the snapshot
+    instead: "SHOWN:HOST/tree/..." (SHOWN: the tarball as the command line gave it)."""
+    if isinstance(value, str):
+        for prefix in {str(workdir), os.path.realpath(workdir)}:
+            value = value.replace(prefix + os.sep, f"{shown}:").replace(prefix, f"{shown}:")
+        return value
+    if isinstance(value, dict):
+        return {_in_snapshot(k, workdir, shown): _in_snapshot(v, workdir, shown) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_in_snapshot(item, workdir, shown) for item in value]
+    return value
 
 
 # Per host in a snapshot: the ladder view the judges read. Snapshots made before the rename hold it as profile.json.
@@ -184,7 +216,8 @@ def replay(path: str, as_json: bool) -> int:
             _check_host_dir(base, host_dir, path)
         hosts = {}
         for host_dir in host_dirs:
-            hosts[host_dir.name] = {"ladder": judge_tree(str(host_dir / "tree"), _ladder_view(host_dir, base, path))}
+            ladder = replay_tree(str(host_dir / "tree"), _ladder_view(host_dir, base, path))
+            hosts[host_dir.name] = {"ladder": _in_snapshot(ladder, workdir, path) if workdir else ladder}
     finally:
         if workdir:
             shutil.rmtree(workdir, ignore_errors=True)

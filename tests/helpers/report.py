@@ -33,7 +33,7 @@ def lab_report_history(work: Path) -> dict:
     "hosts": {host: {run folder: ladder}}}."""
     import time as real_time
 
-    from rigbook import baselines, runs
+    from rigbook import baselines, paths, runs
     from rigbook.lab import faults, hardware_trees
     from rigbook.snapshots import judge_tree, ladder_view_of
     from rigbook.validate import validate
@@ -74,15 +74,18 @@ def lab_report_history(work: Path) -> dict:
                            "state": "failed" if failed else "ok", "ladder": ladder}
             with mock.patch.object(baselines, "time", Clock()):
                 if kind == "baseline":
-                    baselines.record(host, ladder, str(run_dir))
+                    baselines.record(host, ladder, str(run_dir), inv)
                     hosts[host]["baseline"] = "recorded"
                 else:
-                    baselines.append_history(host, ladder, {v["layer"]: v["status"] for v in ladder}, str(run_dir))
+                    baselines.append_history(host, ladder, {v["layer"]: v["status"] for v in ladder}, str(run_dir),
+                                             inv)
             out["hosts"][host][run_dir.name] = ladder
         if kind != "baseline":
-            baselines.annotate(hosts, baselines.judged_by(list(hosts), baselines.extra_vars(list(hosts), inv)))
+            baselines.annotate(hosts, baselines.judged_by(list(hosts), baselines.extra_vars(list(hosts), inv)),
+                               inventory)
         code = 1 if any(h["state"] == "failed" for h in hosts.values()) else 0
         runs.save_record(run_dir, {"playbook": str(REPO / "playbooks" / "verify.yml"), "inventory": str(inventory),
+                                   "inventory_key": paths.inventory_key(inventory),
                                    "limit": None, "check": False, "started": when, "exit_code": code,
                                    "duration_s": 9.5, "hosts": hosts, "status": "successful", "rc": code})
         out["runs"].append(run_dir.name)

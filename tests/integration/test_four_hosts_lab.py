@@ -56,6 +56,8 @@ from helpers.browser import browse, chromium, page_dom
 from helpers.cli import REPO, changed_tasks, provision
 from helpers.lab_host import LAB_MARKS, LabHost
 
+from rigbook import baselines
+from rigbook.inventory import load
 from rigbook.lab import machine, state
 from rigbook.paths import state_dir
 
@@ -295,9 +297,9 @@ def report_of_the_lab_history(inventory: str, halved_run: str, layers: list) -> 
     for name in HOSTS:
         assert find("section", class_="host", data_host=name), name
     points = 0
+    inv = load(Path(inventory))
     for name in HOSTS:
-        path = state_dir() / "baselines" / f"{name}.json"
-        history = json.loads(path.read_text())["history"] if path.is_file() else []
+        history = baselines.history(name, inv, [])  # this inventory's (a baselines file keeps one per inventory)
         for entry in history:
             for metric, value in entry["metrics"].items():
                 if isinstance(value, (int, float)):

@@ -9,16 +9,19 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
+import ansible_runner
 import pytest
 import yaml
 from ansible_collections.rigbook.homelab.plugins.module_utils.judges.collective_layers import judge_collectives
 from helpers.cli import provision
 
-from rigbook import baselines, statefile
+from rigbook import baselines, runs, statefile
+from rigbook.cli import main
 from rigbook.errors import UserError
 from rigbook.inventory import load
-from rigbook.paths import name_file
+from rigbook.paths import inventory_key, name_file
 
 REPO = Path(__file__).resolve().parents[3]
 # Seed 004 (X99 + 2x R9700): RCCL SendRecv 1 GB 9.75 GB/s, AllReduce busbw 9.51 GB/s.
@@ -62,7 +65,7 @@ def collectives(factor: float) -> dict:
 
 
 def record_first_box(inv, host="box-a", only="*", done=None) -> str:
-    recorded = baselines.record(host, ladder(SEED_004), "/runs/x")
+    recorded = baselines.record(host, ladder(SEED_004), "/runs/x", inv)
     return baselines.record_groups(host, inv, recorded, only, {} if done is None else done)
 
 
@@ -74,9 +77,9 @@ def test_a_hosts_groups_are_those_listing_it_in_inventory_order(inv):
 
 def test_recording_with_group_records_the_hosts_groups_only(inv):
     assert record_first_box(inv) == "group x99_r9700: recorded"
-    group = baselines.load_group("x99_r9700")["recorded"]
+    group = baselines.load_group("x99_r9700", inv)["recorded"]
     assert group["metrics"] == SEED_004 and group["from_host"] == "box-a"
-    assert baselines.load_group("lab")["recorded"] is None
+    assert baselines.load_group("lab", inv)["recorded"] is None
 
 
 def test_a_twin_without_a_baseline_is_judged_by_its_group_and_fails_at_half_the_busbw(inv):
@@ -99,7 +102,7 @@ def test_without_the_inventory_there_is_no_group_baseline(inv):
 
 def test_a_baseline_of_its_own_wins_over_the_groups(inv):
     record_first_box(inv)
-    baselines.record("box-b", ladder({"sendrecv_busbw_gbs": 5.0}), "/runs/y")
+    baselines.record("box-b", ladder({"sendrecv_busbw_gbs": 5.0}), "/runs/y", inv)
     label, recorded = baselines.resolve("box-b", inv)
     assert label == "host box-b" and recorded["metrics"] == {"sendrecv_busbw_gbs": 5.0}
 
@@ -116,12 +119,12 @@ def test_the_first_box_of_a_run_keeps_the_group(inv):
     record_first_box(inv, "box-a", done=done)
     said = record_first_box(inv, "box-b", done=done)
     assert said == "group x99_r9700: kept the figures of box-a; group serving: recorded"
-    assert baselines.load_group("x99_r9700")["recorded"]["from_host"] == "box-a"
+    assert baselines.load_group("x99_r9700", inv)["recorded"]["from_host"] == "box-a"
 
 
 def test_recording_one_named_group(inv):
     assert record_first_box(inv, "box-b", only="serving") == "group serving: recorded"
-    assert baselines.load_group("x99_r9700")["recorded"] is None
+    assert baselines.load_group("x99_r9700", inv)["recorded"] is None
     assert record_first_box(inv, "box-a", only="serving") == "group serving: not recorded, box-a is not listed in it"
 
 
@@ -141,15 +144,16 @@ def test_the_summary_and_text_say_which_baseline_judged(inv):
     summary = {"box-b": {"state": "ok", "ladder": [{"layer": "pcie_link", "status": "pass"},
                                                    {"layer": "collectives", "status": "fail", "metrics": SEED_004}]},
                "rig-3080": {"state": "ok"}}
-    baselines.annotate(summary, judged)
+    baselines.annotate(summary, judged, inv.path)
     assert summary["box-b"]["baseline_source"] == "group x99_r9700"
-    assert summary["box-b"]["ladder"][1]["baseline"] == "group x99_r9700"
+    assert summary["box-b"]["baseline_inventory"] == str(inv.path)
+    assert summary["box-b"]["ladder"][1]["baseline"] == f"group x99_r9700 of inventory {inv.path}"
     assert "baseline" not in summary["box-b"]["ladder"][0]
-    assert summary["rig-3080"]["baseline_source"] == "none"
+    assert summary["rig-3080"]["baseline_source"] == "none" and "baseline_inventory" not in summary["rig-3080"]
     out = io.StringIO()
-    baselines.print_judged(judged, out)
-    assert out.getvalue() == ("baselines: box-a judged by host box-a; box-b judged by group x99_r9700; "
-                              "rig-3080 judged by none\n")
+    baselines.print_judged(judged, out, inv.path)
+    assert out.getvalue() == (f"baselines: box-a judged by host box-a of inventory {inv.path}; box-b judged by "
+                              f"group x99_r9700 of inventory {inv.path}; rig-3080 judged by none\n")
 
 
 def test_show_lists_group_baselines(inv):
@@ -223,7 +227,8 @@ def test_a_name_becomes_one_file_name_inside_its_folder(tmp_path, monkeypatch, n
     monkeypatch.setenv("RIGBOOK_STATE_DIR", str(tmp_path / "state"))
     path = baselines._file(name)
     assert path.name == file and path.parent == tmp_path / "state" / "baselines"
-    baselines.record(name, [{"layer": "p2p_bandwidth", "status": "pass", "metrics": {"gbps": 20.0}}], "run")
+    baselines.record(name, [{"layer": "p2p_bandwidth", "status": "pass", "metrics": {"gbps": 20.0}}], "run",
+                     SimpleNamespace(path=tmp_path))
     assert baselines.hosts_with_data() == [name]
     assert sorted(p.name for p in (tmp_path / "state").rglob("*.json")) == [file]
 
@@ -231,16 +236,190 @@ def test_a_name_becomes_one_file_name_inside_its_folder(tmp_path, monkeypatch, n
 def test_each_write_is_a_new_file_renamed_over_the_old_one(inv):
     """A baseline write never rewrites the file in place (a crash mid-write would leave half a file, a reader could
     see one): every record and history entry is a new file, written whole, then renamed over the old one."""
-    baselines.record("box-a", ladder(SEED_004), "/runs/x")
+    baselines.record("box-a", ladder(SEED_004), "/runs/x", inv)
     path = baselines._file("box-a")
     first = path.stat()
-    baselines.append_history("box-a", ladder(SEED_004), {"collectives": "pass"}, "/runs/y")
+    baselines.append_history("box-a", ladder(SEED_004), {"collectives": "pass"}, "/runs/y", inv)
     second = path.stat()
     assert second.st_ino != first.st_ino  # renamed over, not truncated and rewritten
     assert (second.st_mode & 0o777) == 0o600
     # no temporary file left beside it (the lock file is the writers' fcntl lock, kept)
     assert sorted(p.name for p in path.parent.iterdir()) == sorted([path.name, f".{path.name}.lock"])
-    assert [e["run_dir"] for e in baselines.load("box-a")["history"]] == ["/runs/x", "/runs/y"]
+    assert [e["run_dir"] for e in baselines.load("box-a", inv)["history"]] == ["/runs/x", "/runs/y"]
+
+
+# --- per inventory (issue 36): two inventories that name a host alike never mix -----------------------------------
+
+@pytest.fixture
+def fork(tmp_path, inv):
+    """A copy of the inventory in another folder (as the real run's `inv_fork` was `inv` with one pin more): the
+    same host and group names."""
+    path = tmp_path / "fork" / "hosts.yml"
+    path.parent.mkdir()
+    path.write_text(INVENTORY)
+    return load(path)
+
+
+def test_two_inventories_that_name_a_host_alike_never_share_its_baseline_or_history(inv, fork, tmp_path):
+    record_first_box(inv)  # box-a's own baseline and its groups', recorded with inv
+    assert baselines.resolve("box-a", fork) == ("none", None)
+    assert baselines.resolve("box-b", fork) == ("none", None)  # nor the group's
+    assert baselines.extra_vars(["box-a", "box-b"], fork) == {"rigbook_baselines": {}}
+    baselines.record("box-a", ladder({"sendrecv_busbw_gbs": 5.0}), "/runs/fork", fork)
+    baselines.append_history("box-a", ladder({"sendrecv_busbw_gbs": 4.9}), {"collectives": "pass"}, "/runs/fork2",
+                             fork)
+    assert baselines.resolve("box-a", inv)[1]["metrics"] == SEED_004
+    assert baselines.resolve("box-a", fork)[1]["metrics"] == {"sendrecv_busbw_gbs": 5.0}
+    assert baselines.resolve("box-b", inv)[0] == "group x99_r9700" and baselines.resolve("box-b", fork)[0] == "none"
+    assert [e["run_dir"] for e in baselines.load("box-a", inv)["history"]] == ["/runs/x"]
+    assert [e["run_dir"] for e in baselines.load("box-a", fork)["history"]] == ["/runs/fork", "/runs/fork2"]
+    assert baselines.load("box-a", fork)["inventory"] == str(fork.path.resolve())
+    link = tmp_path / "link.yml"  # another way to the same file is the same inventory
+    link.symlink_to(inv.path)
+    assert baselines.resolve("box-a", load(link))[1]["metrics"] == SEED_004
+    out = io.StringIO()
+    assert baselines.show(["box-a"], out) == 0
+    assert f"box-a: the baseline of inventory {inv.path.resolve()}\n" in out.getvalue()
+    assert f"box-a: the baseline of inventory {fork.path.resolve()}\n" in out.getvalue()
+    out = io.StringIO()
+    baselines.show([], out)
+    assert f"group x99_r9700: baseline of {baselines.load_group('x99_r9700', inv)['recorded']['at']} from host " \
+           f"box-a, inventory {inv.path.resolve()} (" in out.getvalue()
+
+
+def test_a_file_keeps_the_inventories_written_last(tmp_path, monkeypatch, capsys):
+    """A host name used by more inventories than a file keeps (each a folder of its own, as tests and forks make
+    them): the section written longest ago goes, named on stderr; the others are kept as they were."""
+    monkeypatch.setenv("RIGBOOK_STATE_DIR", str(tmp_path / "state"))
+    invs = []
+    for number in range(baselines.INVENTORY_LIMIT + 1):
+        path = tmp_path / f"inv{number}" / "hosts.yml"
+        path.parent.mkdir()
+        path.write_text(INVENTORY)
+        invs.append(load(path))
+    for number, inv in enumerate(invs):
+        baselines.record("box-a", ladder({"sendrecv_busbw_gbs": float(number)}), f"/runs/{number}", inv)
+    sections = json.loads(baselines._file("box-a").read_text())["inventories"]
+    assert len(sections) == baselines.INVENTORY_LIMIT and inventory_key(invs[0].path) not in sections
+    assert baselines.resolve("box-a", invs[0]) == ("none", None)
+    assert baselines.resolve("box-a", invs[1])[1]["metrics"] == {"sendrecv_busbw_gbs": 1.0}
+    assert (f"the baseline and history of inventory {invs[0].path} left out (a file keeps the "
+            f"{baselines.INVENTORY_LIMIT} inventories written last)") in capsys.readouterr().err
+
+
+def _old_run(name: str, inventory) -> str:
+    """A run folder with the record an older rigbook wrote: its inventory's path, no inventory_key."""
+    folder = runs.runs_dir() / name
+    folder.mkdir(parents=True)
+    (folder / "run.json").write_text(json.dumps({"playbook": "verify.yml", "inventory": str(inventory),
+                                                 "started": "2026-01-01 00:00:00", "exit_code": 0, "hosts": {}}))
+    return str(folder)
+
+
+def test_a_file_written_before_baselines_were_kept_per_inventory_judges_only_its_own_inventory(inv, fork):
+    """An older rigbook's file: its baseline and history at the top level, of no inventory said. Each belongs to the
+    inventory its run's record names: the baseline judges that inventory's runs (until it has one of its own) and
+    no other's, the history is split by run, a group's the same; the old part of the file is never rewritten."""
+    recorded_run = _old_run("20260101-000000-verify-aaaaaa", inv.path)
+    fork_run = _old_run("20260102-000000-verify-bbbbbb", fork.path)
+    inv_run = _old_run("20260103-000000-verify-cccccc", inv.path)
+    old = {"host": "box-a", "recorded": {"at": "2026-01-01 00:00:00", "metrics": SEED_004, "run_dir": recorded_run},
+           "history": [{"metrics": SEED_004, "recorded": True, "run_dir": recorded_run},
+                       {"metrics": {"sendrecv_busbw_gbs": 1.0}, "run_dir": fork_run},
+                       {"metrics": {"sendrecv_busbw_gbs": 9.7}, "run_dir": inv_run},
+                       {"metrics": {"sendrecv_busbw_gbs": 2.0}}]}  # no run named: no inventory's
+    path = baselines._file("box-a")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(old))
+    (path.parent / "groups").mkdir()
+    baselines._group_file("x99_r9700").write_text(json.dumps(
+        {"group": "x99_r9700", "recorded": {**old["recorded"], "from_host": "box-a"}}))
+
+    label, recorded = baselines.resolve("box-a", inv)
+    assert label == "host box-a" and recorded["metrics"] == SEED_004 and recorded["legacy"] is True
+    assert baselines.resolve("box-b", inv)[0] == "group x99_r9700"
+    assert baselines.resolve("box-a", fork) == ("none", None) and baselines.resolve("box-b", fork) == ("none", None)
+    assert [e["run_dir"] for e in baselines.load("box-a", inv)["history"]] == [recorded_run, inv_run]
+    assert [e["run_dir"] for e in baselines.load("box-a", fork)["history"]] == [fork_run]
+    out = io.StringIO()
+    assert baselines.show(["box-a"], out) == 0
+    assert (f"box-a: the baseline of inventory {inv.path} (recorded before baselines were kept per inventory, by a "
+            "run of it: it judges that inventory's runs while it has no baseline of its own)\n") in out.getvalue()
+
+    baselines.record("box-a", ladder({"sendrecv_busbw_gbs": 5.0}), "/runs/new", inv)  # a baseline of its own wins
+    assert baselines.resolve("box-a", inv)[1]["metrics"] == {"sendrecv_busbw_gbs": 5.0}
+    assert [e["run_dir"] for e in baselines.load("box-a", inv)["history"]] == [recorded_run, inv_run, "/runs/new"]
+    data = json.loads(path.read_text())
+    assert data["recorded"] == old["recorded"] and data["history"] == old["history"]
+
+
+@pytest.mark.parametrize("run_dir", [
+    None, "/elsewhere/20250101-000000-verify-dddddd", "..", "/runs/..", "", "a\0b", "x" * 4096, "bad-record",
+    "bad-key", "relative-inventory",
+], ids=repr)
+def test_an_old_baseline_whose_run_is_gone_or_unusable_is_inventory_unknown_and_judges_no_run(inv, run_dir):
+    """Its run's record gone, unreadable, or naming no inventory (or a run_dir that could lead out of the runs
+    folder): `baseline show` says "inventory unknown", no run is judged by it, nothing raises."""
+    folder = runs.runs_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    records = {"bad-record": "[1, 2]", "bad-key": json.dumps({"inventory": str(inv.path), "inventory_key": "{{x}}"}),
+               "relative-inventory": json.dumps({"inventory": "hosts.yml"})}
+    if run_dir in records:
+        (folder / run_dir).mkdir()
+        (folder / run_dir / "run.json").write_text(records[run_dir])
+    old = {"host": "box-a", "recorded": {"at": "2026-01-01 00:00:00", "metrics": SEED_004, "run_dir": run_dir},
+           "history": [{"metrics": SEED_004, "run_dir": run_dir}]}
+    baselines._file("box-a").parent.mkdir(parents=True, exist_ok=True)
+    baselines._file("box-a").write_text(json.dumps(old))
+    assert baselines.resolve("box-a", inv) == ("none", None)
+    assert baselines.load("box-a", inv)["history"] == []
+    out = io.StringIO()
+    assert baselines.show(["box-a"], out) == 0
+    assert ("box-a: the baseline of inventory unknown (recorded before baselines were kept per inventory, and the run "
+            "that recorded it is gone): it judges no run; record again with `provision baseline record -i INV`\n"
+            ) in out.getvalue()
+
+
+def _runner_with_figures(figures: dict):
+    """ansible_runner.run as a verify run on box-a reports it: one ladder task whose layer measured FIGURES."""
+    def run(**kwargs):
+        for event in ({"event": "playbook_on_play_start", "event_data": {"play": "verify", "hosts": ["box-a"]}},
+                      {"event": "runner_on_ok", "event_data": {"host": "box-a", "task": "ladder",
+                                                               "res": {"ladder": ladder(figures)}}},
+                      {"event": "playbook_on_stats", "event_data": {"ok": {"box-a": 1}}}):
+            kwargs["event_handler"](event)
+        return SimpleNamespace(status="successful", rc=0, stdout=None)
+    return run
+
+
+def test_a_verify_of_one_inventory_is_never_judged_by_the_baseline_recorded_with_another(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """The real run's defect 11 through run.py (ansible_runner stood in): `baseline record -i inv`, then `verify -i
+    inv_fork` (a copy naming the same host) is judged by none, `verify -i inv` by inv's baseline; each run.json
+    records its inventory's key, and the run summary says which inventory the baseline was recorded with."""
+    monkeypatch.setenv("RIGBOOK_STATE_DIR", str(tmp_path / "state"))
+    paths = {}
+    for name in ("inv", "inv_fork"):
+        paths[name] = tmp_path / name / "hosts.yml"
+        paths[name].parent.mkdir()
+        paths[name].write_text("all:\n  hosts:\n    box-a: {ansible_host: 192.0.2.1}\n")
+    monkeypatch.setattr(ansible_runner, "run", _runner_with_figures(SEED_004))
+    assert main(["baseline", "record", "-i", str(paths["inv"])]) == 0
+    capsys.readouterr()
+    summaries = {}
+    for name in ("inv_fork", "inv"):
+        assert main(["verify", "-i", str(paths[name]), "--json"]) == 0
+        out, err = capsys.readouterr()
+        summaries[name] = json.loads(out)
+        record = json.loads((Path(summaries[name]["run_dir"]) / "run.json").read_text())
+        assert record["inventory_key"] == inventory_key(paths[name]) and runs.inventory_key_of(record)
+    assert summaries["inv_fork"]["hosts"]["box-a"]["baseline_source"] == "none"
+    assert "baseline_inventory" not in summaries["inv_fork"]["hosts"]["box-a"]
+    assert summaries["inv"]["hosts"]["box-a"]["baseline_source"] == "host box-a"
+    assert summaries["inv"]["hosts"]["box-a"]["baseline_inventory"] == str(paths["inv"])
+    assert summaries["inv"]["hosts"]["box-a"]["ladder"][0]["baseline"] == f"host box-a of inventory {paths['inv']}"
+    assert f"baselines: box-a judged by host box-a of inventory {paths['inv']}" in err
+    assert inventory_key(paths["inv"]) != inventory_key(paths["inv_fork"])
 
 
 # --- figures are data, never code (issue 34) ----------------------------------------------------------------------
@@ -276,14 +455,15 @@ def test_a_string_figure_from_a_box_or_a_file_never_reaches_ansible_as_a_templat
     templates it all: the command never runs. The control file shows the same Ansible does run one given to it."""
     marker, control = tmp_path / "MARKER", tmp_path / "CONTROL"
     evil = TEMPLATE % marker
-    recorded = baselines.record("127.0.0.1", ladder({"peer_gbs": 9.5, "evil_gbs": evil}), "/runs/x")
+    recorded = baselines.record("127.0.0.1", ladder({"peer_gbs": 9.5, "evil_gbs": evil}), "/runs/x", inv)
     assert recorded["metrics"] == {"peer_gbs": 9.5}
     assert "evil_gbs" not in baselines._file("127.0.0.1").read_text()
     assert "figure 'evil_gbs' left out (not a finite number but str)" in capsys.readouterr().err
-    hand_edited = {"host": "127.0.0.2", "recorded": {"at": evil, "metrics": {"peer_gbs": evil, "bus_gbs": 3.5,
-                                                                             evil: 1.0}}, "history": []}
+    hand_edited = {"host": "127.0.0.2", "inventories": {inventory_key(inv.path): {
+        "inventory": str(inv.path), "history": [],
+        "recorded": {"at": evil, "metrics": {"peer_gbs": evil, "bus_gbs": 3.5, evil: 1.0}}}}}
     baselines._file("127.0.0.2").write_text(json.dumps(hand_edited))
-    given = baselines.extra_vars(["127.0.0.1", "127.0.0.2"])
+    given = baselines.extra_vars(["127.0.0.1", "127.0.0.2"], inv)
     assert given["rigbook_baselines"] == {
         "127.0.0.1": {"metrics": {"peer_gbs": 9.5}, "at": recorded["at"], "source": "host 127.0.0.1"},
         "127.0.0.2": {"metrics": {"bus_gbs": 3.5}, "at": None, "source": "host 127.0.0.2"}}
@@ -315,15 +495,15 @@ def test_the_same_attack_as_a_file_older_rigbook_wrote_is_what_ansible_would_run
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), True, False, "9.5", None, [1.0],
                                    {"x": 1.0}, 10 ** 400], ids=lambda value: repr(value)[:12])
 def test_only_a_finite_number_is_a_figure(inv, capsys, value):
-    recorded = baselines.record("box-a", ladder({"peer_gbs": 9.5, "odd_gbs": value}), "/runs/x")
+    recorded = baselines.record("box-a", ladder({"peer_gbs": 9.5, "odd_gbs": value}), "/runs/x", inv)
     assert recorded["metrics"] == {"peer_gbs": 9.5}
-    assert baselines.load("box-a")["history"][-1]["metrics"] == {"peer_gbs": 9.5}
+    assert baselines.load("box-a", inv)["history"][-1]["metrics"] == {"peer_gbs": 9.5}
     assert ("odd_gbs" in capsys.readouterr().err) == (value is not None)  # None: not measured, said nowhere
 
 
 @pytest.mark.parametrize("name", ["Peer", "a b", "x" * 65, "", "a{{b", "a.b", "m\x1b[2K"], ids=repr)
 def test_a_figure_s_name_is_1_to_64_of_a_z_0_9_underscore_dash(inv, capsys, name):
-    recorded = baselines.record("box-a", ladder({"serve_qwen-2_ttft_s": 0.25, name: 1.0}), "/runs/x")
+    recorded = baselines.record("box-a", ladder({"serve_qwen-2_ttft_s": 0.25, name: 1.0}), "/runs/x", inv)
     assert recorded["metrics"] == {"serve_qwen-2_ttft_s": 0.25}
     err = capsys.readouterr().err
     assert "left out (its name is not 1-64" in err and "\x1b" not in err
@@ -334,9 +514,9 @@ def test_a_host_or_group_name_that_is_not_plain_is_never_handed_to_ansible(tmp_p
     path = tmp_path / "hosts.yml"
     path.write_text("all:\n  children:\n    '{{g}}':\n      hosts:\n        twin: {}\n        first: {}\n")
     inv = load(path)
-    recorded = baselines.record("first", ladder(SEED_004), "/runs/x")
+    recorded = baselines.record("first", ladder(SEED_004), "/runs/x", inv)
     baselines.record_groups("first", inv, recorded, "*", {})
-    baselines.record("{{h}}", ladder(SEED_004), "/runs/x")
+    baselines.record("{{h}}", ladder(SEED_004), "/runs/x", inv)
     given = baselines.extra_vars(["first", "twin", "{{h}}"], inv)["rigbook_baselines"]
     assert list(given) == ["first"]
     err = capsys.readouterr().err
@@ -356,5 +536,5 @@ def test_show_and_the_judged_line_print_no_escape_sequence(inv, capsys):
     assert "\x1b" not in out.getvalue() and "\x07" not in out.getvalue() and "\u202e" not in out.getvalue()
     assert "2024-01-01\\x1b[1A\\x1b[2K" in out.getvalue() and "6.8\\x1b]52;c;ZXZpbA==\\x07\\u202e" in out.getvalue()
     out = io.StringIO()
-    baselines.print_judged({"box-a": "host box-a\x1b[2K"}, out)
-    assert out.getvalue() == "baselines: box-a judged by host box-a\\x1b[2K\n"
+    baselines.print_judged({"box-a": "host box-a\x1b[2K"}, out, "/inv\x07")
+    assert out.getvalue() == "baselines: box-a judged by host box-a\\x1b[2K of inventory /inv\\x07\n"

@@ -328,6 +328,18 @@ CASES = [
     Case("baseline-history-a-string",
          state_then("baselines/rig-3080.json", '{"host": "rig-3080", "recorded": {}, "history": "x"}',
                     "baseline", "show"), "rig-3080.json"),
+    Case("baseline-inventories-a-list",
+         state_then("baselines/rig-3080.json", '{"host": "rig-3080", "inventories": []}', "baseline", "show"),
+         "its inventories is not an object but list"),
+    Case("baseline-inventory-key-a-template",
+         state_then("baselines/rig-3080.json", json.dumps({"host": "rig-3080", "inventories": {
+             "{{ x }}": {"recorded": {"metrics": {"p2p_gbs": 1.0}}}}}), "report", "-i", "INV", "-o", "OUT"),
+         "inventory section '{{ x }}': not an inventory key (16 of 0-9 a-f)): left out (the file was not moved)", 0,
+         "report.html"),
+    Case("baseline-old-run-dir-climbs-out",
+         state_then("baselines/rig-3080.json", json.dumps({"host": "rig-3080", "recorded": {
+             "metrics": {"p2p_gbs": 1.0}, "run_dir": "../../../../etc"}}), "baseline", "show"),
+         "rig-3080: the baseline of inventory unknown", 0),
     Case("baseline-show-markup-host", lambda w: ["baseline", "show", "[/x]"], "[/x]: no baseline recorded", 0),
     Case("baseline-show-host-climbs-out", lambda w: ["baseline", "show", "../../../../etc/passwd"],
          "../../../../etc/passwd: no baseline recorded", 0),

@@ -19,8 +19,11 @@ import pytest
 from helpers.cli import provision
 from helpers.report import html_elements, lab_report_history
 
-from rigbook import baselines, report
+from rigbook import baselines, report, runs
 from rigbook.baselines import metrics_of
+from rigbook.inventory import load
+from rigbook.paths import inventory_key
+from rigbook.run import resolve_inventory
 
 HOSTS = ("lab-3080", "lab-r9700")
 
@@ -40,6 +43,17 @@ def history(built, tmp_path, monkeypatch):
     shutil.copytree(state, tmp_path / "state", symlinks=True)
     monkeypatch.setenv("RIGBOOK_STATE_DIR", str(tmp_path / "state"))
     return info
+
+
+def _lab():
+    """The lab inventory the history was written for (the page's -i lab)."""
+    return load(resolve_inventory("lab"))
+
+
+def _section(data: dict) -> dict:
+    """The one inventory section of a baselines file the history wrote (the lab inventory's)."""
+    (section,) = data["inventories"].values()
+    return section
 
 
 def _page(tmp_path):
@@ -139,12 +153,44 @@ def test_group_side_by_side_with_manifest_differences(history, tmp_path):
     assert f"{len(pinned)} pinned item(s) differ" in text
 
 
+def test_a_run_and_a_baseline_of_another_inventory_naming_the_same_host_stay_that_inventory_s(history, tmp_path):
+    """The real run's defect 11: `provision report -i inv` showed as a host's latest run one made with `inv_fork` (a
+    copy of inv naming the same host). A newer run and a baseline recorded with a copy of the lab inventory: the
+    lab's page shows neither, and says its baseline is the lab inventory's; the copy's page shows them."""
+    lab = resolve_inventory("lab")
+    fork_path = tmp_path / "inv_fork"
+    shutil.copytree(lab, fork_path)
+    ladder = json.loads(json.dumps(history["hosts"]["lab-r9700"][history["runs"][-1]]))
+    run_dir = runs.runs_dir() / "20990101-000000-verify-f0f0f0"  # newer than every run of the lab
+    run_dir.mkdir()
+    baselines.record("lab-r9700", ladder, str(run_dir), load(fork_path))
+    runs.save_record(run_dir, {"playbook": "verify.yml", "inventory": str(fork_path),
+                               "inventory_key": inventory_key(fork_path), "started": "2099-01-01 00:00:00",
+                               "exit_code": 0, "hosts": {"lab-r9700": {"state": "ok", "ladder": ladder,
+                                                                       "baseline_source": "none"}}})
+    text, elements, _, data = _page(tmp_path)
+    host = next(h for h in data.hosts if h.name == "lab-r9700")
+    assert Path(host.runs[0]["dir"]).name == history["runs"][-1]
+    assert run_dir.name not in [Path(r["dir"]).name for r in host.runs]
+    assert not _find(elements, "tr", class_="run", data_run=run_dir.name)
+    assert str(run_dir) not in [entry.get("run_dir") for entry in host.history]
+    assert host.baseline_label == "host lab-r9700" and host.baseline["run_dir"] != str(run_dir)
+    assert f"judged by baseline: <b>host lab-r9700 of inventory {lab}</b>" in text
+    assert f"baseline that judges it now: <b>host lab-r9700 of inventory {lab}</b>" in text
+
+    path, fork = report.write_report(str(fork_path), str(tmp_path / "fork.html"))
+    host = next(h for h in fork.hosts if h.name == "lab-r9700")
+    assert [Path(r["dir"]).name for r in host.runs] == [run_dir.name]
+    assert host.baseline["run_dir"] == str(run_dir) and [e["run_dir"] for e in host.history] == [str(run_dir)]
+    assert f"baseline that judges it now: <b>host lab-r9700 of inventory {fork_path}</b>" in path.read_text()
+
+
 def test_a_kernel_change_is_marked_on_the_time_axis(history, tmp_path):
     ladder = json.loads(json.dumps(history["hosts"]["lab-r9700"][history["runs"][-1]]))
     for verdict in ladder:
         if verdict["layer"] == "kernel_state":
             verdict["measured"]["release"] = "6.1.0-50-amd64"  # the next kernel, as a kernel upgrade run reads it
-    baselines.append_history("lab-r9700", ladder, {v["layer"]: v["status"] for v in ladder}, "upgrade-run")
+    baselines.append_history("lab-r9700", ladder, {v["layer"]: v["status"] for v in ladder}, "upgrade-run", _lab())
     _, elements, _, _ = _page(tmp_path)
     changes = _find(elements, "line", class_="change", data_host="lab-r9700", data_metric="peer_gbs_0_1")
     assert [c["data-change"] for c in changes] == ["kernel 6.1.0-47-amd64 → 6.1.0-50-amd64"]
@@ -188,7 +234,7 @@ def test_bad_run_records_baselines_and_manifests_are_named_and_left_out(history,
         (runs_dir / name / "run.json").write_bytes(raw)
     host_file = state / "baselines" / "lab-r9700.json"
     data = json.loads(host_file.read_text())
-    data["history"][0]["metrics"] = ["peer_gbs_0_1"]
+    _section(data)["history"][0]["metrics"] = ["peer_gbs_0_1"]
     host_file.write_text(json.dumps(data))
     manifest_file = runs_dir / "20990102-000000-manifest-ffffff" / manifests.MANIFEST_DIR / "lab-3080.json"
     manifest_file.parent.mkdir(parents=True)
@@ -203,7 +249,8 @@ def test_bad_run_records_baselines_and_manifests_are_named_and_left_out(history,
             f"{runs}/20990101-000000-verify-cccccc/run.json is unusable: hosts.lab-3080.ladder is not a list of "
             "objects", f"{runs}/20990101-000000-verify-dddddd/run.json is unusable: not UTF-8 text",
             f"{runs}/20990101-000000-verify-eeeeee/run.json is unusable: not valid JSON",
-            f"baselines file {host_file} is corrupt (history entry 1: metrics is not an object but list)",
+            f"baselines file {host_file} is corrupt (inventory section {next(iter(data['inventories']))!r}: history "
+            "entry 1: metrics is not an object but list)",
             f"manifest of lab-3080: {manifest_file}: not a manifest (item 'kernel.release' is not an object but str"]
     page = out.read_text()
     for words in said:
@@ -321,10 +368,11 @@ def test_a_string_or_nan_figure_in_a_baselines_file_is_left_out_with_a_warning_n
     state = tmp_path / "state"
     host_file = state / "baselines" / "lab-r9700.json"
     data = json.loads(host_file.read_text())
-    metric = sorted(data["recorded"]["metrics"])[0]
-    data["recorded"]["metrics"][metric] = "{{ lookup('pipe', 'id') }}"
-    data["history"][0]["metrics"][metric] = "quick-as-ever"
-    data["history"][1]["metrics"][metric] = float("nan")
+    section = _section(data)
+    metric = sorted(section["recorded"]["metrics"])[0]
+    section["recorded"]["metrics"][metric] = "{{ lookup('pipe', 'id') }}"
+    section["history"][0]["metrics"][metric] = "quick-as-ever"
+    section["history"][1]["metrics"][metric] = float("nan")
     host_file.write_text(json.dumps(data))
     before = host_file.read_bytes()
     out = tmp_path / "page.html"

@@ -81,7 +81,7 @@ def leftovers(folder: Path) -> list:
 # --- a corrupt baselines file ---------------------------------------------------------------------------------
 
 def test_a_corrupt_host_file_stops_the_run_before_any_host_and_is_kept_aside(state, inv_path, no_ansible, capsys):
-    baselines.record("box-a", ladder(FIGURES), "/runs/x")
+    baselines.record("box-a", ladder(FIGURES), "/runs/x", load(inv_path))
     host_file = state / "baselines" / "box-a.json"
     host_file.write_bytes(CORRUPT)
 
@@ -103,7 +103,7 @@ def test_a_corrupt_host_file_stops_the_run_before_any_host_and_is_kept_aside(sta
 
 def test_a_corrupt_group_file_is_kept_aside_and_named(state, inv_path, no_ansible, capsys):
     inv = load(inv_path)
-    recorded = baselines.record("box-a", ladder(FIGURES), "/runs/x")
+    recorded = baselines.record("box-a", ladder(FIGURES), "/runs/x", inv)
     baselines.record_groups("box-a", inv, recorded, "*", {})
     group_file = state / "baselines" / "groups" / "x99_r9700.json"
     assert baselines.resolve("box-b", inv)[0] == "group x99_r9700"
@@ -136,16 +136,16 @@ def test_every_corrupt_file_of_a_run_is_named_in_one_message(state, inv_path, ca
     assert len(kept_copies(state / "baselines" / "groups", "x99_r9700.json")) == 1
 
 
-def test_a_second_corruption_is_kept_under_another_name(state, monkeypatch):
+def test_a_second_corruption_is_kept_under_another_name(state, inv_path, monkeypatch):
     monkeypatch.setattr(statefile.time, "gmtime", lambda *args: FIXED_UTC)  # both in the same second
     host_file = state / "baselines" / "box-a.json"
     host_file.parent.mkdir(parents=True)
     host_file.write_bytes(CORRUPT)
     with pytest.raises(baselines.CorruptBaseline):
-        baselines.load("box-a")
+        baselines.load("box-a", load(inv_path))
     host_file.write_bytes(b"\x00\xff second")
     with pytest.raises(baselines.CorruptBaseline) as caught:
-        baselines.load("box-a")
+        baselines.load("box-a", load(inv_path))
 
     first = host_file.with_name("box-a.json.corrupt-20250102T030405Z")
     second = host_file.with_name("box-a.json.corrupt-20250102T030405Z-2")
@@ -154,23 +154,26 @@ def test_a_second_corruption_is_kept_under_another_name(state, monkeypatch):
     assert "not UTF-8 text" in str(caught.value) and str(second) in str(caught.value)
 
 
-def test_a_file_found_corrupt_after_the_run_is_kept_aside_and_a_new_one_started(state, capsys):
-    baselines.record("box-a", ladder(FIGURES), "/runs/x")
+def test_a_file_found_corrupt_after_the_run_is_kept_aside_and_a_new_one_started(state, inv_path, capsys):
+    inv = load(inv_path)
+    baselines.record("box-a", ladder(FIGURES), "/runs/x", inv)
     host_file = state / "baselines" / "box-a.json"
     host_file.write_bytes(CORRUPT)
 
-    assert baselines.append_history("box-a", ladder({"all_reduce_busbw_gbs": 9.4}), {"collectives": "pass"})
+    assert baselines.append_history("box-a", ladder({"all_reduce_busbw_gbs": 9.4}), {"collectives": "pass"}, None,
+                                    inv)
     [kept] = kept_copies(host_file.parent, "box-a.json")
     assert kept.read_bytes() == CORRUPT
-    fresh = json.loads(host_file.read_text())
-    assert fresh["recorded"] is None and [h["metrics"] for h in fresh["history"]] == [{"all_reduce_busbw_gbs": 9.4}]
+    (fresh,) = json.loads(host_file.read_text())["inventories"].values()
+    assert fresh.get("recorded") is None
+    assert [h["metrics"] for h in fresh["history"]] == [{"all_reduce_busbw_gbs": 9.4}]
     err = capsys.readouterr().err
     assert f"warning: baselines file {host_file} is corrupt (not valid JSON: " in err
     assert f"kept aside as {kept}; a new file starts with this run" in err
 
 
-def test_show_names_a_corrupt_file_and_moves_nothing(state, capsys):
-    baselines.record("box-b", ladder(FIGURES), "/runs/x")
+def test_show_names_a_corrupt_file_and_moves_nothing(state, inv_path, capsys):
+    baselines.record("box-b", ladder(FIGURES), "/runs/x", load(inv_path))
     host_file = state / "baselines" / "box-a.json"
     host_file.write_bytes(CORRUPT)
 
@@ -184,18 +187,19 @@ def test_show_names_a_corrupt_file_and_moves_nothing(state, capsys):
 
 # --- concurrent writers ---------------------------------------------------------------------------------------
 
-def _append_many(writer: int, count: int, start) -> None:
+def _append_many(writer: int, count: int, start, inv) -> None:
     start.wait()
     for i in range(count):
         figures = {"all_reduce_busbw_gbs": writer + i / 100}
-        baselines.append_history("box-a", ladder(figures), {"writer": f"{writer}-{i}"})
+        baselines.append_history("box-a", ladder(figures), {"writer": f"{writer}-{i}"}, None, inv)
 
 
-def test_concurrent_appends_from_several_processes_lose_no_entry(state):
-    baselines.record("box-a", ladder(FIGURES), "/runs/x")
+def test_concurrent_appends_from_several_processes_lose_no_entry(state, inv_path):
+    inv = load(inv_path)
+    baselines.record("box-a", ladder(FIGURES), "/runs/x", inv)
     context = multiprocessing.get_context("fork")
     start = context.Event()
-    writers = [context.Process(target=_append_many, args=(w, 20, start)) for w in range(8)]
+    writers = [context.Process(target=_append_many, args=(w, 20, start, inv)) for w in range(8)]
     for proc in writers:
         proc.start()
     start.set()
@@ -203,7 +207,7 @@ def test_concurrent_appends_from_several_processes_lose_no_entry(state):
         proc.join(60)
     assert [proc.exitcode for proc in writers] == [0] * 8
 
-    data = json.loads((state / "baselines" / "box-a.json").read_text())
+    (data,) = json.loads((state / "baselines" / "box-a.json").read_text())["inventories"].values()
     written = [h["statuses"]["writer"] for h in data["history"] if "statuses" in h]
     assert sorted(written) == sorted(f"{w}-{i}" for w in range(8) for i in range(20))
     assert data["recorded"]["metrics"] == FIGURES  # the recorded baseline survived every read-modify-write
@@ -299,7 +303,7 @@ def test_a_second_run_is_refused_while_another_holds_the_state(state, inv_path, 
 
 
 def test_read_only_commands_do_not_take_the_run_lock(state, inv_path, holder, capsys):
-    baselines.record("box-a", ladder(FIGURES), "/runs/x")
+    baselines.record("box-a", ladder(FIGURES), "/runs/x", load(inv_path))
     assert main(["validate", "-i", str(inv_path)]) == 0
     assert main(["baseline", "show"]) == 0
     assert main(["runs"]) == 0

@@ -111,11 +111,14 @@ def judge(delta, correctable_warn_above=DEFAULT_CORRECTABLE_WARN_ABOVE):
 def worsen(verdict, judged, errors):
     """VERDICT with JUDGED applied: its status raised to JUDGED's when worse (judges/verdict.SEVERITY: never
     lowered, so a warn leaves an unknown unknown), `why` extended with the problems and notes, the remedies
-    appended, measured["errors"] = ERRORS. A pass judgement leaves VERDICT as it is."""
+    appended, measured["errors"] = ERRORS. A pass judgement leaves VERDICT as it is; a warn judgement leaves the
+    status of a verdict that measured nothing (not_measured: the skip of a layer that ran out of GPU memory beside an
+    engine, ladder/beside_engine.py) as it is, so a correctable AER burst never turns "not measured" into a warn."""
     if judged["status"] == "pass":
         return verdict
     out = dict(verdict)
-    out["status"] = worse(out.get("status"), judged["status"])
+    if judged["status"] != "warn" or not verdict.get("not_measured"):
+        out["status"] = worse(out.get("status"), judged["status"])
     when = "since boot (no earlier reading)" if judged["since_boot"] else "during this layer"
     text = "hardware errors %s: %s" % (when, "; ".join(judged["problems"] + judged["notes"]))
     out["why"] = "%s; %s" % (out["why"], text) if out.get("why") else text

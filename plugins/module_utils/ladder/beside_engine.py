@@ -14,7 +14,8 @@ p2p_verify_stop_serving false or in check mode) is described by BESIDE:
 
 and judged here, after the layer's own judge and before the "expected layer unknown fails" rule (ladder/climb.py):
 - an unknown verdict whose evidence shows the GPU ran out of memory becomes a skip naming the engine and the memory
-  it holds: not measured, for that reason, said with what to do - not a box that cannot measure the layer;
+  it holds: not measured, for that reason, said with what to do - not a box that cannot measure the layer (marked
+  not_measured: a warn of the error counters after it never makes it a warn, their fail class still fails it);
 - a figures layer (FIGURES: p2p_bandwidth, collectives) keeps its status and says it was measured beside the engine;
   a fail or a warn gets the remedy too. Nothing is ever softened: only an unknown with an out-of-memory in its own
   evidence changes status, and the error counters around the layer still raise it.
@@ -113,6 +114,7 @@ def judged(verdict, parts, evidence, beside):
                        % (engines, memory, oom[0]),
                    remedy=remedy)
         out["beside"] = list(beside["engines"])
+        out["not_measured"] = True  # a warn of the error counters leaves it a skip (judges/error_counters.worsen)
         return out
     if verdict["layer"] not in FIGURES or verdict["status"] == "skip":
         return verdict

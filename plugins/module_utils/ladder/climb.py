@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 from ansible_collections.rigbook.homelab.plugins.module_utils.judges import expectations
-from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import beside_engine, error_watch, registry
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import beside_engine, error_watch, registry, repeat
 from ansible_collections.rigbook.homelab.plugins.module_utils.probe import defaults as probe_defaults
 
 # The runtime and serving layers' options (the ladder module's argument spec gives them their types) and their
@@ -66,14 +66,25 @@ def climb(layers, ctx, stop_at_fail=True, evidence=None):
     """(verdicts, evidence) of LAYERS (Layer entries or names) in ladder order, stopping after the first fail
     unless not STOP_AT_FAIL (a replay shows every layer). Each layer's evidence is collected just before it is
     judged, so a climb that stops early reads and runs nothing for the layers above. EVIDENCE given (a saved
-    evidence dict) is judged as it is: nothing is collected. Otherwise the runtime layers are watched for
-    hardware errors (AER, Xid, GPU resets, IOMMU faults; ladder/error_watch.py): the layer during which a
-    counter rose gets the fail / warn. The "expected layer unknown fails" rule (unknown_expected) judges what the
-    layer itself measured, before that modifier, and the modifier only ever raises a status
-    (judges/verdict.SEVERITY): an expected layer that measured nothing fails unless allowed, whatever the counters
-    did. Before that rule, a runtime layer measured while an engine ran beside it (option "beside") is judged so
-    (ladder/beside_engine.judged): an unknown whose own evidence ran out of GPU memory is a skip naming the engine
-    and its memory; a figures layer says it was measured beside the engine."""
+    evidence dict) is judged as it is: nothing is collected.
+
+    Whatever modifies a verdict is applied in this one order, each ranking statuses by the one severity order
+    judges/verdict.SEVERITY (skip < pass < warn < unknown < fail):
+    1. the layer's judge, on its own evidence; baselines are compared here (judges/baseline_compare.py);
+    2. repeat before fail (ladder/repeat.py; the figures layers): a fail on figures below the baseline's fail line
+       alone is measured again once; a figure below the line on both runs fails, on the first run only it is at
+       least a warn (never a pass); a replay or a recorded tree says it was not measured again;
+    3. beside an engine (a runtime layer measured while an engine ran beside it, option "beside";
+       ladder/beside_engine.judged): an unknown whose own evidence ran out of GPU memory is a skip naming the engine
+       and its memory (marked not_measured); a figures layer says it was measured beside the engine;
+    4. the expected-unknown rule (unknown_expected): an unknown of a layer the host model expects fails unless
+       allowed (rigbook_verify.allow_unknown, the run's allow_unknown option): it judges what the layer measured,
+       before the counters;
+    5. the hardware error counters (runtime layers of a live climb; ladder/error_watch.py: AER, Xid, GPU resets,
+       IOMMU faults, read around each runtime layer, repeat included): they only raise a status, and a warn-class
+       rise leaves a verdict that measured nothing (an unknown, a not_measured skip) as it is, said in its why.
+    So an expected layer that measured nothing never ends pass or warn, whatever came after its judge
+    (tests/unit/plugins/module_utils/ladder/test_climb.py crosses every combination)."""
     wanted = set(layer if isinstance(layer, str) else layer.name for layer in layers)
     verdicts = []
     replay = evidence is not None
@@ -90,6 +101,7 @@ def climb(layers, ctx, stop_at_fail=True, evidence=None):
             watch.start(evidence)
         collect(layer.needs, ctx, evidence, collected)
         verdict = layer.judge(evidence, ctx)
+        verdict = repeat.judged(layer, verdict, evidence, ctx, replay)
         if layer.phase == registry.RUNTIME and not replay:
             verdict = beside_engine.judged(verdict, layer.needs, evidence, ctx.options.get("beside"))
         if not replay:

@@ -1,8 +1,15 @@
-"""ladder/climb.py: the "expected layer unknown fails" rule against the error-counter modifier of the runtime layers.
+"""ladder/climb.py: everything that modifies a verdict, applied in the climb's one order (its docstring) with the one
+severity order (judges/verdict.SEVERITY), never turns an expected layer that measured nothing into a pass or a warn.
 
-Every base status of an expected runtime layer x every modifier of the error counters (none, a correctable AER rise:
-warn, an uncorrectable one: fail, counters unreadable) x allow_unknown (none, the host model's, the run's): the
-modifier never lowers a status, and an expected layer that came out unknown is never a pass or a warn.
+1. Every base status of an expected runtime layer x every modifier of the error counters (none, a correctable AER
+   rise: warn, an uncorrectable one: fail, counters unreadable) x allow_unknown (none, the host model's, the run's):
+   the modifier never lowers a status, and an expected layer that came out unknown is never a pass or a warn.
+2. The real figures judges (p2p_bandwidth on the probe, collectives on a collectives run) on evidence that measured
+   nothing (the probe or the run did not run; once with the driver's out-of-memory words in it) or measured (at the
+   baseline, or below its fail line) x a baseline recorded or not x what a repeat measures (ladder/repeat.py: the
+   figure recovers, holds, or the repeat measures nothing; it runs only where a figure fell below the line) x an
+   engine beside the layer or not (ladder/beside_engine.py) x the error-counter modifiers x allow_unknown: each
+   combination ends exactly as the stated order says, and one that measured nothing never ends pass or warn.
 """
 
 from __future__ import annotations
@@ -11,7 +18,7 @@ import itertools
 
 import pytest
 from ansible_collections.rigbook.homelab.plugins.module_utils.judges import verdict
-from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import climb, registry
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import climb, registry, repeat
 
 GPU = "0000:03:00.0"
 LAYER = "peer_access"
@@ -69,3 +76,87 @@ def test_no_modifier_turns_an_expected_unknown_into_pass_or_warn(monkeypatch, ba
         assert out["status"] == ("fail" if counters == "fail" else "unknown") and out["allowed_unknown"]
     if counters != "pass":
         assert "hardware errors during this layer" in out["why"]
+
+
+# The real judges: a two-GPU box expecting P2P on a Gen3 x16 link (seed 004's figures: peer 10.29, SendRecv 9.75,
+# AllReduce 9.51 GB/s); "low" is below the baseline's 0.80x fail line and clear of every other check.
+VIEW = {"gpu": {"count": 2, "vendor": "nvidia", "pcie": {"gen": 3, "width": 16}}, "p2p": {"expected": True}}
+OOM = "cuMemAlloc: CUDA_ERROR_OUT_OF_MEMORY"
+
+
+def _probe(peer):
+    pairs = [{"src": s, "dst": d, "can_access_peer": True, "enable_peer": "ok", "pattern_ok": True,
+              "staged_pattern_ok": True, "peer_gbs": peer, "host_staged_gbs": 6.0} for s, d in ((0, 1), (1, 0))]
+    return {"available": True, "api": "cuda", "errors": [], "pairs": pairs, "bidir": [{"a": 0, "b": 1, "gbs": 19.76}],
+            "devices": [{"index": i, "name": f"GPU{i}", "pci_bus_id": f"0000:0{i}:00.0"} for i in (0, 1)]}
+
+
+def _run(sendrecv):
+    return {"available": True, "source": "nccl-tests", "results": [
+        {"op": "sendrecv", "busbw_gbs": sendrecv, "wrong": 0}, {"op": "all_reduce", "busbw_gbs": 9.51, "wrong": 0}]}
+
+
+# layer -> (its evidence part, {evidence kind: the part's value}, its baseline)
+FIGURES = {
+    "p2p_bandwidth": ("probe", {"measured": _probe(10.29), "low": _probe(8.0), "recovers": _probe(10.2),
+                                "nothing": {"available": False, "error": "libcuda.so.1: cannot open shared object"},
+                                "nothing_oom": {"available": False, "error": OOM}},
+                      {"peer_gbs_0_1": 10.29, "peer_gbs_1_0": 10.29}),
+    "collectives": ("collectives", {"measured": _run(9.75), "low": _run(7.0), "recovers": _run(9.7),
+                                    "nothing": {"available": False, "error": "no nccl-tests binaries"},
+                                    "nothing_oom": {"available": False, "error": "sendrecv_perf exited 1: Cuda failure "
+                                                                                 "common.cu:892 'out of memory'"}},
+                    {"sendrecv_busbw_gbs": 9.75, "all_reduce_busbw_gbs": 9.51}),
+}
+SECOND = {"recovers": "recovers", "holds": "low", "nothing": "nothing"}  # what the repeat measures
+BESIDE = {"none": None,
+          "engine": {"engines": ["sglang (pid 4242, not stopped)"], "remedy": "Stop the engine for the runtime layers.",
+                     "memory": {"used_mib": 36044, "total_mib": 40960}}}
+
+
+def _expected(first, baseline, second, beside, counters, allow):
+    """The status the climb's stated order gives (its docstring), step by step."""
+    nothing = first.startswith("nothing")
+    if nothing:
+        status = "unknown"  # 1. the judge
+    elif first == "low" and baseline:
+        status = {"recovers": "warn", "holds": "fail", "nothing": "fail"}[second]  # 2. repeat before fail
+    else:
+        status = "pass"
+    not_measured = nothing and beside != "none" and first == "nothing_oom"
+    if not_measured:
+        status = "skip"  # 3. beside an engine
+    if status == "unknown" and allow == "none":
+        status = "fail"  # 4. the expected-unknown rule
+    if counters == "fail" or (counters == "warn" and not not_measured):
+        status = verdict.worse(status, counters)  # 5. the counters: a warn leaves what measured nothing as it is
+    return status
+
+
+@pytest.mark.parametrize("layer, first, baseline, second, beside, modifier, allow", list(itertools.product(
+    sorted(FIGURES), ("measured", "low", "nothing", "nothing_oom"), (True, False), sorted(SECOND), sorted(BESIDE),
+    sorted(MODIFIERS), sorted(ALLOW))))
+def test_no_composition_of_modifiers_passes_an_expected_layer_that_measured_nothing(
+        monkeypatch, layer, first, baseline, second, beside, modifier, allow):
+    part, kinds, recorded = FIGURES[layer]
+    before, after, counters = MODIFIERS[modifier]
+    readings = iter([before, after])
+    runs = iter([kinds[first], kinds[SECOND[second]]])
+    monkeypatch.setattr(registry, "ERROR_COUNTERS", lambda ctx, evidence: next(readings))
+    for need in registry.get(layer).needs:
+        monkeypatch.setitem(registry.PARTS, need, lambda ctx, evidence: {"gpus": [{}, {}]})
+    monkeypatch.setitem(registry.PARTS, part, lambda ctx, evidence: {part: next(runs)})
+    view, options = ({key: [layer] for key in named} for named in ALLOW[allow])  # allowed: this layer
+    ctx = climb.Context("/", dict(VIEW, measure={"layers": True}, **view), recorded if baseline else {},
+                        options=dict(options, beside=BESIDE[beside]))
+    out, evidence = climb.climb([layer], ctx)
+    out = out[0]
+    repeated = first == "low" and baseline
+    assert ("repeated" in out) == repeated and (repeat.REPEATED in evidence) == repeated
+    assert out["status"] == _expected(first, baseline, second, beside, counters, allow), out["why"]
+    if first.startswith("nothing"):
+        assert out["status"] not in ("pass", "warn")
+    if counters == "fail":
+        assert out["status"] == "fail" and "hardware errors during this layer" in out["why"]
+    if beside == "engine" and not first.startswith("nothing"):
+        assert "measured beside sglang (pid 4242, not stopped)" in out["why"]

@@ -53,8 +53,8 @@ def ladder_view_of(facts: Facts, shown: dict) -> dict:
     if facts.vram_gib is not None and not 0 < facts.vram_gib <= 1024:
         raise UserError(f"--vram-gib {facts.vram_gib}: more than 0 and at most 1024")
     gpu = {"vendor": facts.vendor or shown.get("vendor"), "count": facts.gpus or shown.get("gpus")}
-    if facts.vram_gib:
-        gpu["vram_gib"] = facts.vram_gib
+    if facts.vram_gib or shown.get("vram_gib"):
+        gpu["vram_gib"] = facts.vram_gib or shown["vram_gib"]
     if facts.pcie:
         gpu["pcie"] = pcie_of(facts.pcie)
     view = {"gpu": {k: v for k, v in gpu.items() if v is not None}, "pins": {}}

@@ -38,7 +38,7 @@ P2P_OK = "OK"
 NO_DATA_CHECK = "p2pBandwidthLatencyTest does not check the copied data"
 # The kinds the evidence builder reads; the others (lspci -tv, rocm-smi --showtopo, TransferBench) are recognised
 # and named, not judged yet.
-JUDGED_KINDS = ("lspci", "p2p-bandwidth", "nvidia-smi-topo", "nccl-tests", "nccl-log", "kernel-log")
+JUDGED_KINDS = ("lspci", "nvidia-smi-q", "p2p-bandwidth", "nvidia-smi-topo", "nccl-tests", "nccl-log", "kernel-log")
 # The layers each evidence part lets the ladder judge (the rest are "not in the pastes").
 LAYERS_OF = {
     "gpus": ("firmware", "pcie_link", "dma_window"),
@@ -108,6 +108,33 @@ def gpus_of(parts):
         return {}
     return {"gpus": [by_slot[slot] for slot in sorted(by_slot)], "uefi": None, "kernel": {"cmdline": None},
             "root": "the pasted lspci output"}
+
+
+def gpus_of_smi(parts):
+    """[gpus entries] of the nvidia-smi -q parts: the link (PCIe generation and width, max and current) and BAR1 (its
+    size; nvidia-smi does not say where it is placed: start None), each GPU by its Bus Id, else by its place in the
+    output; and the VRAM (FB Memory Usage Total) in GiB when every GPU shows the same."""
+    # deferred: static_layers is the judges' module; only nvidia-smi -q parts need its speed table
+    from ansible_collections.rigbook.homelab.plugins.module_utils.judges.static_layers import GEN_SPEED_GTS
+
+    gpus, vram = [], set()
+    for part in parts:
+        for number, smi in enumerate(parse_nvidia_smi.parse_q("\n".join(part["lines"]))["gpus"]):
+            if smi.get("fb_total_mib"):
+                vram.add(smi["fb_total_mib"])
+            bar1 = smi.get("bar1_total_mib")
+            gpus.append({
+                "slot": smi.get("bus_id") or "GPU%d of %s" % (number, where(part)), "vendor": "nvidia",
+                "vendor_id": "0x10de", "device_id": None, "class": None, "subsystem": None, "upstream_port": None,
+                "bars": [{"index": 1, "start": None, "end": None, "size": bar1 << 20, "kind": "memory",
+                          "prefetchable": True, "bits": 64}] if bar1 else None,
+                "resize": {},
+                "link": {"current_speed_gts": GEN_SPEED_GTS.get(smi.get("pcie_gen_current")),
+                         "max_speed_gts": GEN_SPEED_GTS.get(smi.get("pcie_gen_max")),
+                         "current_width": smi.get("link_width_current"), "max_width": smi.get("link_width_max")},
+                "chain": [], "host_bridge": None, "dma_mask_bits": None, "read_by": "nvidia-smi -q",
+            })
+    return gpus, (vram.pop() / 1024.0 if len(vram) == 1 else None)
 
 
 def _matrix(parsed, key):
@@ -252,11 +279,18 @@ def evidence_of(parts):
     by_kind = {}
     for part in parts:
         by_kind.setdefault(part["kind"], []).append(part)
-    evidence, used, facts = {}, {}, {"vendor": None, "gpus": None}
+    evidence, used, facts = {}, {}, {"vendor": None, "gpus": None, "vram_gib": None}
     static = gpus_of(by_kind.get("lspci") or [])
+    smi, facts["vram_gib"] = gpus_of_smi(by_kind.get("nvidia-smi-q") or [])
+    if static:
+        # lspci places the BARs; nvidia-smi -q adds the GPUs lspci did not show (by Bus Id)
+        seen = {gpu["slot"] for gpu in static["gpus"]}
+        static["gpus"] += [gpu for gpu in smi if ":" in gpu["slot"] and gpu["slot"] not in seen]
+    elif smi:
+        static = {"gpus": smi, "uefi": None, "kernel": {"cmdline": None}, "root": "the pasted nvidia-smi -q output"}
     if static:
         evidence.update(static)
-        used["gpus"] = list(by_kind["lspci"])
+        used["gpus"] = list(by_kind.get("lspci") or []) + list(by_kind.get("nvidia-smi-q") or [])
         vendors = {gpu["vendor"] for gpu in static["gpus"]}
         facts.update(gpus=len(static["gpus"]), vendor=vendors.pop() if len(vendors) == 1 else None)
     probes = [(probe_of_p2p_test(p), p) for p in by_kind.get("p2p-bandwidth") or []]

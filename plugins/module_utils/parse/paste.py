@@ -82,8 +82,9 @@ _SIGNATURES = (
     ("p2p-bandwidth", re.compile(r"P2P Connectivity Matrix|P2P=(?:Enabled|Disabled) (?:Bandwidth|Latency)|"
                                  r"Device=\d+\s+(?:CAN|CANNOT) Access Peer|pciBusID:\s*[0-9a-fA-F]+,"), False),
     ("nvidia-smi-q", re.compile(r"=+\s*NVSMI LOG\s*=+"), True),
-    ("nvidia-smi-q", re.compile(r"^\s*(?:Attached GPUs|Driver Version|CUDA Version|Product Name|Bus Id|"
-                                r"Link Width|PCIe Generation|BAR1 Memory Usage)\s+:"), False),
+    ("nvidia-smi-q", re.compile(r"^\s*(?:Attached GPUs|Driver Version|CUDA Version|Product Name|Bus Id|GPU UUID|"
+                                r"VBIOS Version|Persistence Mode|Compute Mode|Minor Number)\s+:|"
+                                r"^\s*(?:FB Memory Usage|BAR1 Memory Usage|PCIe Generation|Link Width)\s*$"), False),
     ("nvidia-smi-topo", re.compile(r"^\s*(?:\S.*?\s)?GPU0(?:\s+(?:GPU|NIC|mlx)\w*)*\s+(?:GPU1|NIC0|CPU Affinity)\b|"
                                    r"^\s*X\s+=\s+Self|^\s*(?:CNS|GNS|TNS|NS)\s+=\s+|^\s*OK\s+=\s+Status Ok|"
                                    r"^\s*(?:PIX|PXB|PHB|NODE|SYS|NV#)\s+=\s+Connection"), False),

@@ -40,9 +40,14 @@ TABLE = [
     # geerlingguy/raspberry-pi-pcie-devices#504: a 4090 on a Pi CM4 with a 256M BAR1 (the driver did not start);
     # with the owner expecting P2P of it, no large BAR is a fail.
     ("lspci/rtx4090_vvvv_disabled_pi_cm4", ["--p2p", "yes"], "firmware", "fail", "no large BAR"),
+    # mrirecon/bart#323: `nvidia-smi -q` BAR1 Total 256 MiB on a 48 GB A6000 (the 256 MiB BAR1 no peer can map,
+    # seed 000's finding); held to P2P, no large BAR fails.
+    ("nvidia-smi-q/bart323_bar1_256", ["--p2p", "yes"], "firmware", "fail", "BAR1 is only 256 MiB"),
     # aikitoria/open-gpu-kernel-modules#38: NCCL stops on "mapping of buffer object failed" (simpleP2P passed).
     ("diagnose/aikitoria38_map_failed_mixed", [], "peer_access", "fail", "CUDA_ERROR_MAP_FAILED"),
     ("diagnose/aikitoria38_map_failed_mixed", [], "collectives", "fail", "unhandled cuda error"),
+    # ... and its BAR1 (64 GiB and 32 GiB, nvidia-smi -q through grep) are large: not the BAR this time
+    ("diagnose/aikitoria38_map_failed_mixed", [], "firmware", "pass", "placement was read"),
 ]
 
 

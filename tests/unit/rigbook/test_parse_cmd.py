@@ -186,3 +186,15 @@ def test_more_lines_than_the_cap_is_refused_and_nothing_printed(tmp_path, monkey
     with pytest.raises(UserError, match="^stdin: more than "):
         parse_cmd.main("kernel-log", "-")
     assert capsys.readouterr().out == ""
+
+
+def test_a_failed_runs_log_of_warn_lines_is_read_not_refused(tmp_path, capsys):
+    # the WARN line and the trailer of aikitoria/open-gpu-kernel-modules#38 (tests/fixtures/diagnose/)
+    text = (FIXTURES.parent / "diagnose" / "aikitoria38_map_failed_mixed.txt").read_text().splitlines()[:2]
+    path = tmp_path / "failed.log"
+    path.write_text("\n".join(text) + "\n")
+    assert parse_cmd.main("nccl-log", str(path)) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["path"] == "unknown" and out["channels"] == []
+    assert [f["code"] for f in out["failures"]] == ["CUDA_ERROR_MAP_FAILED", "unhandled cuda error"]
+    assert [f["by"] for f in out["failures"]] == ["library", "test"]

@@ -28,7 +28,7 @@ def test_lspci_gives_the_static_collectors_gpu_shape():
     vram = max((b for b in gpu["bars"] if b["prefetchable"]), key=lambda b: b["size"])
     assert vram["size"] == 32 * GIB and vram["end"] == vram["start"] + 32 * GIB - 1 and vram["start"] >= 4 * GIB
     assert evidence["uefi"] is None  # not in lspci: the firmware judge names it as not read
-    assert facts == {"vendor": "nvidia", "gpus": 1} and [p["kind"] for p in used["gpus"]] == ["lspci"]
+    assert facts == {"vendor": "nvidia", "gpus": 1, "vram_gib": None} and [p["kind"] for p in used["gpus"]] == ["lspci"]
     verdict = static_layers.judge_firmware(evidence, {"gpu": {"vram_gib": 24}})
     assert verdict["status"] == "pass" and verdict["measured"]["uefi"] == "not read"
     assert "boot mode not read" in verdict["why"]
@@ -103,3 +103,13 @@ def test_kernel_log_lines_become_the_error_judges_input():
     evidence, _, _ = pasted_evidence.evidence_of(parts_of("kernel-log/aer_nonfatal_ms02_10"))
     delta = evidence["kernel_log"]
     assert delta["since_boot"] is False and delta["aer"]["the pasted kernel log"]["nonfatal"] >= 1
+
+
+def test_nvidia_smi_q_gives_bar1_size_link_and_vram_but_no_placement():
+    evidence, facts, _ = pasted_evidence.evidence_of(parts_of("nvidia-smi-q/rtx4070_laptop_566_device_host_max"))
+    (gpu,) = evidence["gpus"]
+    (bar,) = gpu["bars"]
+    assert bar["start"] is None and bar["size"] >= 256 << 20 and gpu["link"]["max_width"]
+    assert facts["vram_gib"] and facts["vendor"] == "nvidia"
+    verdict = static_layers.judge_dma_window(dict(evidence, gpus=[gpu, dict(gpu, slot="0000:02:00.0")]), {})
+    assert verdict["status"] == "unknown" and "placed was not read" in verdict["why"]

@@ -7,7 +7,8 @@ What it reads (nothing else; no host is contacted, so fresh figures mean running
 - the run records (<state>/runs/*/run.json: each run's per-host ladder, which baseline judged it, its artifact
   folder), through rigbook.runs: the runs of this inventory only (runs.inventory_key_of), never another
   inventory's run of a host of the same name;
-- the manifests of the last manifest run (<state>/runs/*/manifests/<host>.json), through rigbook.manifests.
+- each host's newest manifest from a manifest run of this inventory (<state>/runs/*/manifests/<host>.json), through
+  rigbook.manifests (latest_of_inventory, as `provision diff -i` compares them).
 
 What it writes: one HTML string, inline CSS and inline SVG, no JavaScript, no external URL (links point only at
 the run folders on this machine, as file:// URLs). Per host: the latest ladder in full, which baseline judged it,
@@ -170,10 +171,13 @@ def gather(inventory: str) -> ReportData:
     path = resolve_inventory(inventory)
     inv = validate(path)
     names = list(inv.hosts)
-    manifest_run = manifests.last_manifest_run()
+    # each host's newest manifest from a manifest run of this inventory, as `provision diff -i` compares them (a bad
+    # run record is named once, by _run_records below)
+    stored = manifests.latest_of_inventory(path, warn=lambda line: None)
     data = ReportData(inventory=path.name, inventory_path=str(path),
                       generated=time.strftime("%Y-%m-%d %H:%M:%S %Z"), hosts=[], groups=_groups(inv, names),
-                      manifest_run=str(manifest_run) if manifest_run else None)
+                      manifest_run=", ".join(sorted({str(f.parent.parent) for f in stored.values()}, reverse=True))
+                      or None)
     key = inventory_key(path)
     records = [r for r in _run_records(data.notes) if runs.inventory_key_of(r) == key]
     data.last_roll = last_roll(str(path))
@@ -184,7 +188,7 @@ def gather(inventory: str) -> ReportData:
         host.baseline_label, host.baseline = baselines.resolve(name, inv, notes=data.notes)
         host.history = baselines.history(name, inv, [])  # a corrupt file: named once, by resolve above
         host.runs = [r for r in records if ((r.get("hosts") or {}).get(name) or {}).get("ladder")]
-        manifest_file = manifest_run / manifests.MANIFEST_DIR / f"{name}.json" if manifest_run else None
+        manifest_file = stored.get(name)
         if manifest_file and manifest_file.is_file():  # names validated: the playbook named the file after the host
             try:
                 host.manifest = manifests.read_manifest(manifest_file)

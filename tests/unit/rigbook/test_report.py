@@ -56,6 +56,17 @@ def _section(data: dict) -> dict:
     return section
 
 
+def _manifest_run(name: str, inventory=None) -> Path:
+    """The manifests folder of a run NAME as `provision manifest -i lab` leaves it: its run record names the
+    inventory (INVENTORY, default the lab's), the report's manifests are that inventory's runs' only."""
+    folder = runs.runs_dir() / name
+    (folder / "manifests").mkdir(parents=True)
+    inventory = inventory or resolve_inventory("lab")
+    runs.save_record(folder, {"playbook": "manifest.yml", "inventory": str(inventory),
+                              "inventory_key": inventory_key(inventory), "exit_code": 0})
+    return folder / "manifests"
+
+
 def _page(tmp_path):
     path, data = report.write_report("lab", str(tmp_path / "report.html"))
     text = path.read_text()
@@ -128,11 +139,10 @@ def test_group_side_by_side_with_manifest_differences(history, tmp_path):
     trees (the 3080 twin's and the R9700 twin's), so what differs is a real difference of the two builds."""
     from ansible_collections.rigbook.homelab.plugins.module_utils.collect import manifest as collector
 
-    from rigbook import manifests, runs
+    from rigbook import manifests
     from rigbook.lab.hardware_trees import materialize
 
-    folder = runs.runs_dir() / "20260306-100000-manifest-abcdef" / manifests.MANIFEST_DIR
-    folder.mkdir(parents=True)
+    folder = _manifest_run("20260306-100000-manifest-abcdef")
     collected = {}
     for host, rig in (("lab-3080", "x99-3080"), ("lab-r9700", "x99-r9700")):
         root = materialize(rig, tmp_path / "manifest" / host)
@@ -168,6 +178,8 @@ def test_a_run_and_a_baseline_of_another_inventory_naming_the_same_host_stay_tha
                                "inventory_key": inventory_key(fork_path), "started": "2099-01-01 00:00:00",
                                "exit_code": 0, "hosts": {"lab-r9700": {"state": "ok", "ladder": ladder,
                                                                        "baseline_source": "none"}}})
+    manifest = {"schema": 1, "items": {"kernel.release": {"value": "6.8-fork"}}}
+    (_manifest_run("20990101-000001-manifest-f1f1f1", fork_path) / "lab-r9700.json").write_text(json.dumps(manifest))
     text, elements, _, data = _page(tmp_path)
     host = next(h for h in data.hosts if h.name == "lab-r9700")
     assert Path(host.runs[0]["dir"]).name == history["runs"][-1]
@@ -177,12 +189,14 @@ def test_a_run_and_a_baseline_of_another_inventory_naming_the_same_host_stay_tha
     assert host.baseline_label == "host lab-r9700" and host.baseline["run_dir"] != str(run_dir)
     assert f"judged by baseline: <b>host lab-r9700 of inventory {lab}</b>" in text
     assert f"baseline that judges it now: <b>host lab-r9700 of inventory {lab}</b>" in text
+    assert host.manifest is None and data.manifest_run is None and "6.8-fork" not in text
 
     path, fork = report.write_report(str(fork_path), str(tmp_path / "fork.html"))
     host = next(h for h in fork.hosts if h.name == "lab-r9700")
     assert [Path(r["dir"]).name for r in host.runs] == [run_dir.name]
     assert host.baseline["run_dir"] == str(run_dir) and [e["run_dir"] for e in host.history] == [str(run_dir)]
     assert f"baseline that judges it now: <b>host lab-r9700 of inventory {fork_path}</b>" in path.read_text()
+    assert host.manifest == manifest and fork.manifest_run.endswith("20990101-000001-manifest-f1f1f1")
 
 
 def test_a_kernel_change_is_marked_on_the_time_axis(history, tmp_path):
@@ -222,8 +236,6 @@ def test_bad_run_records_baselines_and_manifests_are_named_and_left_out(history,
     """A run record, baselines file or manifest of the wrong shape (a string or list where an object belongs, not
     JSON, not UTF-8) is named with its problem on stderr and on the page, and left out: the page is still made,
     with no traceback."""
-    from rigbook import manifests
-
     state = tmp_path / "state"
     runs_dir = state / "runs"
     bad_runs = {"20990101-000000-verify-aaaaaa": b'"a string"', "20990101-000000-verify-bbbbbb": b'{"hosts": [1]}',
@@ -236,8 +248,7 @@ def test_bad_run_records_baselines_and_manifests_are_named_and_left_out(history,
     data = json.loads(host_file.read_text())
     _section(data)["history"][0]["metrics"] = ["peer_gbs_0_1"]
     host_file.write_text(json.dumps(data))
-    manifest_file = runs_dir / "20990102-000000-manifest-ffffff" / manifests.MANIFEST_DIR / "lab-3080.json"
-    manifest_file.parent.mkdir(parents=True)
+    manifest_file = _manifest_run("20990102-000000-manifest-ffffff") / "lab-3080.json"
     manifest_file.write_text(json.dumps({"host": "lab-3080", "items": {"kernel.release": "6.8"}}))
     out = tmp_path / "page.html"
     proc = provision("report", "-i", "lab", "-o", out, env={"RIGBOOK_STATE_DIR": str(state)}, timeout=120)
@@ -422,11 +433,10 @@ def test_the_page_labels_manifest_items_itself_not_as_a_box_says(history, tmp_pa
     difference (manifests.label_of decides, as `provision diff` does)."""
     from ansible_collections.rigbook.homelab.plugins.module_utils.collect import manifest as collector
 
-    from rigbook import manifests, runs
+    from rigbook import manifests
     from rigbook.lab.hardware_trees import materialize
 
-    folder = runs.runs_dir() / "20260306-100000-manifest-abcdef" / manifests.MANIFEST_DIR
-    folder.mkdir(parents=True)
+    folder = _manifest_run("20260306-100000-manifest-abcdef")
     collected = {host: collector.collect_manifest(str(root), str(root)) for host, root in (
         (host, materialize(rig, tmp_path / "manifest" / host))
         for host, rig in (("lab-3080", "x99-3080"), ("lab-r9700", "x99-r9700")))}

@@ -78,8 +78,15 @@ def _copy_pci_function(root, dest, slot, copied):
 
 
 def _cpuinfo(text):
+    """The first CPU's CPUINFO_KEYS, and its flags line cut to the one flag the ladder reads (hypervisor: a virtual
+    machine, static_evidence.collect_virtual); an empty flags line says the flag is absent."""
     first = text.split("\n\n")[0]
     keep = [line for line in first.splitlines() if line.split(":")[0].strip() in CPUINFO_KEYS]
+    for line in first.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            keep.append("flags\t\t: %s" % ("hypervisor" if "hypervisor" in value.split() else ""))
+            break
     return "\n".join(keep)
 
 
@@ -121,7 +128,9 @@ def capture(root, dest, label, probe=True):
     plain = ["proc/cmdline", "proc/sys/kernel/osrelease", "proc/driver/nvidia/version", "opt/rocm/.info/version",
              "sys/module/nvidia/version", "sys/module/nvidia/srcversion",
              "sys/module/nvidia_uvm/parameters/uvm_disable_hmm",
-             "sys/module/amdgpu/version"]  # fmt: skip
+             "sys/module/amdgpu/version",
+             # whether it is a virtual machine (static_evidence.collect_virtual): DMI's platform names, Xen's type
+             "sys/class/dmi/id/sys_vendor", "sys/class/dmi/id/product_name", "sys/hypervisor/type"]  # fmt: skip
     for rel in plain:
         files.append(_copy(root, dest, rel))
     for name in ("nvidia", "nvidia_uvm", "amdgpu"):

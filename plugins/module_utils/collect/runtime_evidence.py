@@ -66,7 +66,8 @@ def probe_part(ctx, evidence):
 def collectives_part(ctx, evidence):
     """{"collectives": ...}: nccl-tests / rccl-tests, else the bundled benchmark (one run, its NCCL log kept)."""
     opts = ctx.options
-    gpus = (ctx.ladder_view.get("gpu") or {}).get("count") or 2
+    # the inventory's count, else the GPUs the box shows (the static "gpus" part, collected before this one)
+    gpus = (ctx.ladder_view.get("gpu") or {}).get("count") or len(evidence.get("gpus") or []) or 2
     return {"collectives": collective_bench.collect_collectives(
         ctx.root, opts.get("python"), opts.get("nccl_tests_dir"), opts.get("collective_bytes") or (256 << 20),
         opts.get("iters") or 10, gpus=gpus, env=_env(ctx), env_file=opts.get("env_file"), ab=bool(opts.get("ab")))}

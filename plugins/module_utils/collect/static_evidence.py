@@ -334,6 +334,7 @@ def collect_cpu(root):
     family = re.search(r"^cpu family\s*:\s*(\d+)", text, re.M)
     model = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
     sizes = re.search(r"^address sizes\s*:\s*(\d+) bits physical", text, re.M)
+    flags = re.search(r"^flags\s*:(.*)$", text, re.M)
     return {
         "vendor": vendor.group(1) if vendor else None,
         "family": int(family.group(1)) if family else None,
@@ -341,7 +342,47 @@ def collect_cpu(root):
         # the CPU's physical address width: the top of the physical address space the kernel hands out (HMM's
         # device-private regions land just below it)
         "address_bits": int(sizes.group(1)) if sizes and 0 < int(sizes.group(1)) <= 64 else None,
+        # x86's CPUID "hypervisor" bit, which every hypervisor sets for its guests (KVM, Firecracker, QEMU, VMware,
+        # Hyper-V, Xen HVM); None where cpuinfo has no x86 flags line (another architecture, an old snapshot)
+        "hypervisor": ("hypervisor" in flags.group(1).split()) if flags else None,
     }
+
+
+# A virtual machine's platform names (/sys/class/dmi/id sys_vendor or product_name, whole words): QEMU/KVM, VMware,
+# VirtualBox, Xen, Hyper-V ("Microsoft Corporation" / "Virtual Machine"), bhyve, Parallels, Google Compute Engine.
+VM_PLATFORMS = re.compile(r"\b(QEMU|KVM|VMware|VirtualBox|innotek|Xen|HVM domU|Virtual Machine|BHYVE|Parallels|"
+                          r"Google Compute Engine)\b", re.I)
+# What NVIDIA's driver says of its GPU in nvidia-smi -q: "None" on bare metal; "Pass-Through" (a GPU passed
+# through to a virtual machine) and "VGPU" (a vGPU guest) only inside a virtual machine.
+SMI_VIRTUALIZATION = re.compile(r"^\s*Virtualization Mode\s*:\s*(\S[^\n]{0,40})$", re.M)
+
+
+def collect_virtual(root, cpu, gpus, uefi):
+    """{"vm": True | False | None, "seen": words}: whether the box is a virtual machine (its hypervisor, not a BIOS,
+    boots it and lays out its PCI devices). Read in this order, the first that decides: the CPU's hypervisor flag
+    (CPU: collect_cpu), the DMI platform names, /sys/hypervisor/type; where the CPU's flags are not known, a box with
+    NVIDIA GPUs and no EFI asks the driver (nvidia-smi -q "Virtualization Mode"; under a recorded root its
+    recording, which the snapshots before the flags were kept hold)."""
+    if (cpu or {}).get("hypervisor"):
+        return {"vm": True, "seen": "the CPU's hypervisor flag (/proc/cpuinfo)"}
+    dmi = files.path(root, "sys", "class", "dmi", "id")
+    for name in ("sys_vendor", "product_name"):
+        value = fact_text.line(files.read_text(os.path.join(dmi, name), limit=256), 64)
+        if value and VM_PLATFORMS.search(value):
+            return {"vm": True, "seen": "DMI %s %r" % (name, value)}
+    kind = fact_text.line(files.read_text(files.path(root, "sys", "hypervisor", "type"), limit=64), 16)
+    if kind:
+        return {"vm": True, "seen": "/sys/hypervisor/type %r" % kind}
+    if (cpu or {}).get("hypervisor") is False:
+        return {"vm": False, "seen": "no hypervisor flag in /proc/cpuinfo"}
+    if not uefi and any(g.get("vendor") == "nvidia" for g in gpus or []):
+        text, source = runner.recorded_or_live(root, "nvidia-smi-q", COMMANDS["nvidia-smi-q"])
+        mode = SMI_VIRTUALIZATION.search(text or "")
+        if mode:
+            value = fact_text.line(mode.group(1), 40)
+            vm = value.lower() not in ("none", "n/a")
+            return {"vm": vm, "seen": "%s: Virtualization Mode %s" % (source, value)}
+    return {"vm": None, "seen": "no sign either way (no x86 flags in /proc/cpuinfo, no virtual platform in DMI)"}
 
 
 # The parts of the static evidence, each (ctx, evidence so far) -> {key: value}; the layer registry
@@ -351,7 +392,9 @@ def collect_cpu(root):
 
 def gpus_part(ctx, evidence):
     gpus, error = collect_gpus(ctx.root)
-    return {"gpus": gpus, "error": error, "uefi": os.path.isdir(files.path(ctx.root, "sys", "firmware", "efi"))}
+    uefi = os.path.isdir(files.path(ctx.root, "sys", "firmware", "efi"))
+    cpu = evidence.get("cpu") or collect_cpu(ctx.root)
+    return {"gpus": gpus, "error": error, "uefi": uefi, "virtual": collect_virtual(ctx.root, cpu, gpus, uefi)}
 
 
 def kernel_part(ctx, evidence):

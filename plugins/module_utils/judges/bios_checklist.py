@@ -30,12 +30,16 @@ def checklist(evidence, ladder_view):
     bars = _bars(evidence, vendor)
     known = [(g, b) for g, b in bars if b is not None]
     uefi = bool(evidence.get("uefi"))
+    virtual = evidence.get("virtual") or {}
     items = [{
         "item": "csm_off",
         "setting": "CSM (Compatibility Support Module) OFF: boot UEFI",
         "done": uefi,
         "seen": "UEFI boot (/sys/firmware/efi present)" if uefi else "legacy/CSM boot (no /sys/firmware/efi)",
     }]
+    if not uefi and virtual.get("vm") is True:  # its hypervisor boots it: no BIOS, no CSM to switch
+        items[0].update(done=None, seen="a virtual machine (%s) its hypervisor boots: no BIOS or CSM here"
+                        % virtual.get("seen"))
     above = [b["start"] >= ladder_static.FOUR_GIB for _g, b in known]
     items.append({
         "item": "above_4g_decoding",

@@ -110,11 +110,22 @@ SENDRECV_REMEDY = (
 )
 
 
-def judge_collectives(data, ladder_view, baseline_metrics=None, tolerance=None, probe=None):
+def shows_one_gpu(ladder_view, gpus_seen=None):
+    """Whether the box has one GPU: the GPUs it shows (GPUS_SEEN: the static evidence's sysfs functions, as the other
+    layers count them) where it shows any, unless rigbook_gpu.count declares more (a GPU gone missing is no "one
+    GPU" skip); else rigbook_gpu.count."""
+    count = (ladder_view.get("gpu") or {}).get("count")
+    if gpus_seen:
+        return gpus_seen == 1 and (count is None or count <= 1)
+    return count == 1
+
+
+def judge_collectives(data, ladder_view, baseline_metrics=None, tolerance=None, probe=None, gpus_seen=None):
     """Wrong results fail whatever the bandwidth; busbw is held to the recorded baseline; where P2P is expected,
-    sendrecv busbw is held to the peer copy the p2p_bandwidth layer measured on the box (PROBE)."""
+    sendrecv busbw is held to the peer copy the p2p_bandwidth layer measured on the box (PROBE). GPUS_SEEN: the GPUs
+    the box shows (shows_one_gpu)."""
     layer = "collectives"
-    one_gpu = (ladder_view.get("gpu") or {}).get("count") == 1
+    one_gpu = shows_one_gpu(ladder_view, gpus_seen)
     if one_gpu and not data.get("results"):
         return make(layer, "skip", measured={"source": data.get("source")}, expected=None,
                     why="one GPU: no collective between GPUs (%s)" % (data.get("error") or "nothing measured"))
@@ -207,13 +218,14 @@ def judge_collectives(data, ladder_view, baseline_metrics=None, tolerance=None, 
     return make(layer, status, measured, expected, "; ".join(texts), remedy, metrics=metrics)
 
 
-def judge_nccl_transport(parsed, ladder_view):
-    """Every channel via P2P when P2P is expected (a silent SHM fallback fails); SHM when declared unavailable."""
+def judge_nccl_transport(parsed, ladder_view, gpus_seen=None):
+    """Every channel via P2P when P2P is expected (a silent SHM fallback fails); SHM when declared unavailable.
+    GPUS_SEEN: the GPUs the box shows (shows_one_gpu)."""
     layer = "nccl_transport"
-    expected_p2p = expectations.p2p_expected(ladder_view)
+    expected_p2p = expectations.p2p_expected(ladder_view, gpus_seen or None)
     want_level = (ladder_view.get("p2p") or {}).get("nccl_p2p_level")
     expected = {"path": "p2p" if expected_p2p else "shm"}
-    if (ladder_view.get("gpu") or {}).get("count") == 1:
+    if shows_one_gpu(ladder_view, gpus_seen):
         return make(layer, "skip", measured={"source": parsed.get("source")}, expected=None,
                     why="one GPU: NCCL opens no channel between GPUs")
     if want_level:

@@ -55,10 +55,21 @@ PCH_REMEDY = (
     "Move the card to a slot wired to the CPU (the board manual's slot map; in `lspci -tv` a CPU slot hangs off "
     "00:01.0-00:03.0, a chipset slot off 00:1c.x), or declare P2P unavailable with rigbook_p2p.expected false."
 )
-BIOS_REMEDY = (
-    "In the BIOS: Above 4G Decoding ON, Resizable BAR ON, CSM OFF (boot UEFI). If the BIOS has no "
-    "such options (the X99 TF board), GPU P2P is not possible on this board: set rigbook_p2p.expected "
-    "false with the reason, and rigbook holds the SHM path to its baseline instead."
+# What to do, per firmware finding: each names only the setting its finding needs.
+CSM_REMEDY = "In the BIOS: CSM OFF (boot UEFI); Above 4G Decoding and Resizable BAR need it on most boards."
+ABOVE_4G_REMEDY = "In the BIOS: Above 4G Decoding ON (with CSM OFF)."
+REBAR_REMEDY = "In the BIOS: Resizable BAR ON (with Above 4G Decoding ON and CSM OFF)."
+LARGE_BAR_REMEDY = "In the BIOS: Above 4G Decoding ON and Resizable BAR ON (with CSM OFF)."
+# Only where P2P is expected (a fail): a box that already declares it unavailable is not told to declare it.
+NO_BIOS_OPTION_REMEDY = (
+    "If the BIOS has no such options (the X99 TF board), GPU P2P is not possible on this board: set "
+    "rigbook_p2p.expected false with the reason, and rigbook holds the SHM path to its baseline instead."
+)
+# In a virtual machine the hypervisor, not a BIOS, places and sizes the GPU's BARs.
+VM_BAR_REMEDY = (
+    "This is a virtual machine: its hypervisor places and sizes the passed-through GPU's BARs, not a BIOS. Ask the "
+    "provider for a VM type with a large 64-bit MMIO window, or give the VMM one (e.g. QEMU's "
+    "pci-hole64-size / OVMF's X-PciMmio64Mb)."
 )
 
 
@@ -120,8 +131,17 @@ def judge_firmware(evidence, ladder_view):
     expected_p2p = p2p_expected(evidence, ladder_view)
     found = Findings()
     bars = {}
-    if not evidence.get("uefi"):
-        found.problem("legacy boot (no /sys/firmware/efi): CSM is on", BIOS_REMEDY)
+    virtual = evidence.get("virtual") or {}
+    vm = virtual.get("vm") is True
+
+    def bios(remedy):
+        return VM_BAR_REMEDY if vm else remedy
+
+    # evidence that never read the boot mode (a pasted lspci: provision diagnose) says uefi None: the BARs are judged,
+    # the boot mode is named as not read; a collector always reads it (true or false)
+    boot_read = not ("uefi" in evidence and evidence["uefi"] is None)
+    if boot_read and not evidence.get("uefi") and not vm:
+        found.problem("legacy boot (no /sys/firmware/efi): CSM is on", CSM_REMEDY)
     for gpu in gpus:
         slot = gpu["slot"]
         if gpu.get("bars") is None:
@@ -135,8 +155,9 @@ def judge_firmware(evidence, ladder_view):
         bars[slot] = "%s %s at 0x%x" % (name, human_bytes(bar["size"]), bar["start"])
         if bar["start"] < FOUR_GIB:
             found.problem(
-                "%s %s %s is mapped below 4 GiB: Above 4G Decoding is off" % (slot, name, human_bytes(bar["size"])),
-                BIOS_REMEDY,
+                "%s %s %s is mapped below 4 GiB: %s" % (slot, name, human_bytes(bar["size"]), (
+                    "the hypervisor maps it in the 32-bit window" if vm else "Above 4G Decoding is off")),
+                bios(ABOVE_4G_REMEDY),
             )
         sizes = (gpu.get("resize") or {}).get(bar["index"]) or []
         largest = max(sizes) if sizes else None
@@ -149,16 +170,21 @@ def judge_firmware(evidence, ladder_view):
             found.problem(
                 "%s %s is %s but the card supports %s: Resizable BAR is off"
                 % (slot, name, human_bytes(bar["size"]), human_bytes(largest)),
-                BIOS_REMEDY,
+                bios(REBAR_REMEDY),
             )
         else:
             found.problem(
                 "%s %s is only %s (VRAM %s): no large BAR, so peers cannot map this card's memory"
                 % (slot, name, human_bytes(bar["size"]), human_bytes(vram)),
-                BIOS_REMEDY,
+                bios(LARGE_BAR_REMEDY),
             )
-    measured = {"uefi": bool(evidence.get("uefi")), "vram_bar": bars}
+    measured = {"uefi": bool(evidence.get("uefi")) if boot_read else "not read", "vram_bar": bars}
     expected = {"uefi": True, "vram_bar": ">= %s, above 4 GiB" % (human_bytes(vram) if vram else "VRAM")}
+    if vm:
+        measured["virtual_machine"] = virtual.get("seen")
+        expected["uefi"] = "UEFI, or a virtual machine its hypervisor boots (no BIOS, no CSM)"
+    if expected_p2p and found.problems and not vm:
+        found.remedies.append(NO_BIOS_OPTION_REMEDY)
     if not expected_p2p and found.problems:
         p2p = ladder_view.get("p2p") or {}
         if "expected" in p2p:
@@ -170,7 +196,9 @@ def judge_firmware(evidence, ladder_view):
         measured,
         expected,
         fail_is_warn=not expected_p2p,
-        ok_text="UEFI boot; every VRAM BAR is large and above 4 GiB",
+        ok_text=("%s; every VRAM BAR is large and above 4 GiB" % (
+            "UEFI boot" if evidence.get("uefi") else "boot mode not read" if not boot_read else
+            "a virtual machine (%s), booted by its hypervisor: no BIOS or CSM to set" % virtual.get("seen"))),
     )
 
 
@@ -311,7 +339,15 @@ def judge_pcie_link(evidence, ladder_view):
             found.problem("%s trained at x%d of x%d" % (slot, link["current_width"], cap_width), remedy_slot)
         if current is not None and current < cap_speed - 0.01 and not found.problems:
             measured[slot] += ", idle down-clock (not a fault)"
-    ok_text = "every GPU link at its expected generation and width"
+    declared = [slot for slot in expected if slot != "placement" and expected[slot] != "Gen? x?"]
+    if len(declared) == len(gpus):
+        ok_text = "every GPU link at its expected generation and width"
+    elif declared:
+        ok_text = "the links with an expected generation and width (%s) at it; the others read, none expected " \
+                  "(no rigbook_gpu.pcie gen/width for them), each trained at its full width" % ", ".join(declared)
+    else:
+        ok_text = "every GPU link read, each trained at its full width; no generation or width expected (no " \
+                  "rigbook_gpu.pcie gen/width)"
     behind_pch = [g["slot"] for g in gpus if root_port_placement(g)[0] == "pch"]
     if behind_pch:  # only here when P2P is not expected: reported, not failed
         ok_text += "; %s behind the chipset (PCH), not a CPU root port (%s)" % (
@@ -442,7 +478,19 @@ def judge_kernel_state(evidence, ladder_view):
         _judge_p2pdma(evidence, pin, found, measured, expected)
     if vendor == "nvidia" and cmdline is not None and "iommu=pt" in cmdline:
         _judge_uvm_hmm(evidence, found, measured, expected)
-    return found.verdict(layer, measured, expected, ok_text="kernel, command line and P2P settings as pinned")
+    return found.verdict(layer, measured, expected, ok_text=_kernel_ok_text(release, expected))
+
+
+def _kernel_ok_text(release, expected):
+    """What a passing kernel_state checked: the pins it held the box to, or that nothing was pinned."""
+    held = [words for key, words in (("release", "kernel %s as pinned" % release),
+                                     ("cmdline", "the pinned command line flags present")) if key in expected]
+    checks = [words for key, words in (("config", "P2PDMA built in"), ("p2pdma_host_bridge", "P2PDMA allowed"),
+                                       ("uvm_disable_hmm", "nvidia_uvm's HMM as iommu=pt needs it")) if key in expected]
+    if not held:
+        held = ["nothing pinned (rigbook_pins.kernel): running kernel %s read, no release or command line to hold "
+                "it to" % release]
+    return "; ".join(held + checks)
 
 
 def _judge_p2pdma(evidence, pin, found, measured, expected):
@@ -603,9 +651,14 @@ def pinned_open(pin):
     None when it says neither (the module kind is then not judged)."""
     if isinstance(pin.get("open"), bool):
         return pin["open"]
-    if pin.get("source") or pin.get("fork_repo"):
+    if pins_fork(pin):
         return True
     return None
+
+
+def pins_fork(pin):
+    """Whether the driver pin names the P2P fork's source (`source` or `fork_repo`), not NVIDIA's stock driver."""
+    return bool(pin.get("source") or pin.get("fork_repo"))
 
 
 def _stamp_of(nv, version):
@@ -664,6 +717,7 @@ def _judge_nvidia_driver(evidence, ladder_view):
                 kind[nv["open_kernel_module"]], kind[want_open],
                 " (the P2P fork is a patched build of the open modules)" if want_open else ""), rebuild)
     _judge_srcversion(nv, loaded, release, found, measured, expected)
+    _judge_fork_or_stock(nv, pin, loaded, release, files, found)
     if files and pin.get("version") and not [f for f in files if f.startswith("updates/dkms/")]:
         found.note(
             "nvidia.ko for %s is %s (%s), not a DKMS build: it runs, but a kernel upgrade does not rebuild it"
@@ -686,7 +740,36 @@ def _judge_nvidia_driver(evidence, ladder_view):
             "userspace driver %s, pinned %s" % (userspace, want_user),
             "Install the pinned userspace with --no-kernel-modules.",
         )
-    return found.verdict(layer, measured, expected, ok_text="the pinned driver build is loaded, userspace matches")
+    return found.verdict(layer, measured, expected, ok_text=_driver_ok_text(nv, pin, loaded, files, expected))
+
+
+def _judge_fork_or_stock(nv, pin, loaded, release, files, found):
+    """A pin of the P2P fork, the loaded module of its version: what tells it from NVIDIA's stock build of that
+    version is rigbook's build stamp (its srcversion, _judge_srcversion) or the module file DKMS installed. With
+    neither (no module file for the running kernel at all: a driver the platform injects, as on a cloud VM with no
+    lib/modules) nothing tells them apart: unknown, never a pass."""
+    if not (pins_fork(pin) and loaded) or files or _stamp_of(nv, loaded) is not None:
+        return
+    found.gap("the pin names the P2P driver fork (%s) but no nvidia module file exists for the running kernel %s "
+              "(nothing under lib/modules/%s) and rigbook stamped no DKMS build of %s: nothing here tells the loaded "
+              "module from NVIDIA's stock %s" % (pin.get("fork_repo") or "its source", release, release, loaded,
+                                                  loaded))
+
+
+def _driver_ok_text(nv, pin, loaded, files, expected):
+    """What a passing driver_state checked: the pinned version and which build of it, or that nothing was pinned."""
+    userspace = nv.get("userspace_version")
+    if not pin.get("version") and not pins_fork(pin):
+        return ("nothing pinned (rigbook_pins.nvidia_driver): nvidia %s loaded, userspace %s matches it"
+                % (loaded, userspace))
+    if "srcversion" in expected:
+        build = "rigbook's DKMS build of it (its srcversion)"
+    elif [f for f in files if f.startswith("updates/dkms/")]:
+        build = "a DKMS build of it (lib/modules/.../updates/dkms)"
+    else:
+        build = None
+    what = "the pinned %s%s" % ("P2P fork " if pins_fork(pin) else "driver ", pin.get("version") or loaded)
+    return "%s is loaded%s, userspace matches" % (what, (" as " + build) if build else "")
 
 
 def _judge_srcversion(nv, loaded, release, found, measured, expected):

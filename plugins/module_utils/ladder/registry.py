@@ -68,11 +68,20 @@ def _collectives(evidence, ctx):
     """Also reads the probe the p2p_bandwidth layer (one rung down) measured, when this climb collected it: sendrecv
     is held to the box's own peer copy (a climb of this layer alone compares with the baseline only)."""
     return collective_layers.judge_collectives(evidence.get("collectives") or {}, ctx.ladder_view, ctx.baseline,
-                                               ctx.tolerance, probe=evidence.get("probe"))
+                                               ctx.tolerance, probe=evidence.get("probe"),
+                                               gpus_seen=_gpus_seen(evidence))
 
 
 def _nccl_transport(evidence, ctx):
-    return collective_layers.judge_nccl_transport(evidence.get("nccl_transport") or {}, ctx.ladder_view)
+    return collective_layers.judge_nccl_transport(evidence.get("nccl_transport") or {}, ctx.ladder_view,
+                                                  gpus_seen=_gpus_seen(evidence))
+
+
+def _gpus_seen(evidence):
+    """How many GPUs the box shows (the static "gpus" part, sysfs: what the static layers count), None when that
+    part was not collected."""
+    gpus = evidence.get("gpus")
+    return len(gpus) if isinstance(gpus, list) else None
 
 
 def _serving(evidence, ctx):
@@ -132,10 +141,10 @@ LAYERS = [
           summary="can-access-peer both ways, enabling succeeds, a peer copy of a pattern verifies"),
     Layer("p2p_bandwidth", RUNTIME, ("probe",), _p2p_bandwidth,
           summary="peer GB/s each way and both ways vs the host-staged copy, the link and the baseline"),
-    Layer("collectives", RUNTIME, ("collectives",), _collectives,
+    Layer("collectives", RUNTIME, ("gpus", "collectives"), _collectives,
           summary="sendrecv, all_reduce, all_gather and reduce_scatter bus bandwidth vs the baseline, sendrecv vs "
                   "the peer copy of p2p_bandwidth, no wrong results"),
-    Layer("nccl_transport", RUNTIME, ("nccl_transport",), _nccl_transport,
+    Layer("nccl_transport", RUNTIME, ("gpus", "nccl_transport"), _nccl_transport,
           summary="the NCCL/RCCL INFO log shows P2P (not a silent SHM fallback)"),
     Layer("serving", SERVING, ("serving",), _serving,
           summary="each serve unit active and not crash-looping, ready, serving its model name, TTFT and decode "

@@ -58,6 +58,19 @@ def test_bios_checklist_of_the_x99_3080_box(tmp_path):
     assert "never changes BIOS settings" in lines[0] and "advice, not a failure" in lines[-1]
 
 
+def test_bios_checklist_of_the_real_h200_vm_names_no_csm_to_switch(fixtures):
+    """The recorded H200 VM (no EFI; its hypervisor boots it): the CSM item is not "NOT DONE", and its BAR covers
+    the VRAM (real-gpu-run.md defect 6)."""
+    ladder_view = {"gpu": {"vendor": "nvidia", "vram_gib": 141, "count": 1}, "p2p": {"expected": False, "reason": "x"}}
+    found = evidence.collect_static(str(fixtures / "evidence" / "h200-vm"), ("gpus",))
+    items = {i["item"]: i for i in bios_checklist.checklist(found, ladder_view)}
+    assert {name: item["done"] for name, item in items.items()} == {"csm_off": None, "above_4g_decoding": True,
+                                                                    "resizable_bar": True}
+    assert items["csm_off"]["seen"].startswith("a virtual machine (recorded var/lib/rigbook/commands/nvidia-smi-q.txt")
+    lines = bios_checklist.render(list(items.values()), ladder_static.judge_firmware(found, ladder_view), False)
+    assert "NOT DONE" not in "\n".join(lines)
+
+
 def test_cuda_toolchain_pin_keys_validate(tmp_path):
     import shutil
 

@@ -191,4 +191,5 @@ def test_the_runtime_climb_judges_only_the_layers_asked(tmp_path, inv):
     ctx = climb.Context(_tree(tmp_path, "x99-r9700"), ladder_view_of(inv, "lab-r9700"))
     verdicts, seen = climb.climb(["nccl_transport", "p2p_bandwidth"], ctx)
     assert [(v["layer"], v["status"]) for v in verdicts] == [("p2p_bandwidth", "pass"), ("nccl_transport", "pass")]
-    assert sorted(seen) == ["nccl_transport", "probe", "root"]
+    # the static "gpus" part too: nccl_transport counts the GPUs the box shows (one GPU: a skip)
+    assert sorted(seen) == ["error", "gpus", "nccl_transport", "probe", "root", "uefi", "virtual"]

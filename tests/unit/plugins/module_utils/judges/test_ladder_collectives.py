@@ -276,3 +276,28 @@ def test_nccl_transport_fails_on_is_all_direct_p2p_0_where_p2p_is_expected():
     assert verdict["measured"]["isAllCudaP2p"] is True
     shm = CHECK_LINE.format(0) + (LOGS / "nccl1817_shm_8gpu.txt").read_text()
     assert judge_nccl_transport(collectives.transport_evidence(shm, "test"), NO_P2P)["status"] == "pass"
+
+
+# --- one GPU: counted from the GPUs the box shows (the static "gpus" part), as the static layers count them ----------
+
+NO_RUN = {"available": False, "error": "no nccl-tests binaries (all_reduce_perf, sendrecv_perf) and no serving Python "
+                                        "to run the bundled benchmark with"}
+
+
+def test_one_gpu_in_sysfs_skips_with_no_gpu_count_in_the_inventory():
+    """real-gpu-run.md defect 9: the shipped localhost inventory (no rigbook_gpu) on a one-GPU box."""
+    collectives = judge_collectives(NO_RUN, {}, gpus_seen=1)
+    assert collectives["status"] == "skip" and collectives["why"].startswith("one GPU: no collective between GPUs")
+    transport = judge_nccl_transport({"available": False, "source": "journal"}, {}, gpus_seen=1)
+    assert transport["status"] == "skip" and transport["why"] == "one GPU: NCCL opens no channel between GPUs"
+    # not counted (a climb without the static part): the inventory's count decides, as before
+    assert judge_collectives(NO_RUN, {})["status"] == "unknown"
+    assert judge_collectives(NO_RUN, {"gpu": {"count": 1}})["status"] == "skip"
+
+
+def test_a_gpu_missing_from_a_box_declared_with_two_is_no_one_gpu_skip():
+    declared_two = {"gpu": {"vendor": "nvidia", "count": 2}}
+    assert judge_collectives(NO_RUN, declared_two, gpus_seen=1)["status"] == "unknown"
+    assert judge_nccl_transport({"available": False, "source": "journal"}, declared_two,
+                                gpus_seen=1)["status"] == "unknown"
+    assert judge_collectives(NO_RUN, {"gpu": {"count": 1}}, gpus_seen=2)["status"] == "unknown"

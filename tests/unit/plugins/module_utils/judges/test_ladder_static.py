@@ -310,8 +310,10 @@ def test_a_fork_installed_by_hand_runs_and_is_a_note_not_a_failure():
                                             "modules_install, or NVIDIA's .run installer))"]
 
 
+# "no /lib/modules": with no module file (and no build stamp) nothing tells the fork from NVIDIA's stock build of the
+# pinned version: unknown, not a pass (shared/research/real-gpu-run.md defect 3)
 @pytest.mark.parametrize("method,status", [("dkms", "pass"), ("make modules_install", "warn"),
-                                           ("distribution package", "warn"), ("no /lib/modules", "pass")])
+                                           ("distribution package", "warn"), ("no /lib/modules", "unknown")])
 def test_each_install_method_of_the_pinned_version_loaded_is_never_a_failure(method, status):
     verdict = L.judge_driver_state(installed_by(method), X3080_FORK)
     assert verdict["status"] == status, verdict
@@ -465,3 +467,114 @@ def test_human_bytes():
     assert L.human_bytes(256 * MIB) == "256 MiB"
     assert L.human_bytes(56 * TIB) == "56 TiB"
     assert L.human_bytes(int(1.5 * GIB)) == "1.5 GiB"
+
+
+# --- what a verdict claims: a pin only where one was held, a fork only where something tells it from stock ------
+
+
+def test_a_fork_pin_on_a_module_with_no_file_is_unknown_naming_why():
+    verdict = L.judge_driver_state(installed_by("no /lib/modules"), X3080_FORK)
+    assert verdict["status"] == "unknown", verdict
+    assert "the pin names the P2P driver fork (https://github.com/aikitoria/open-gpu-kernel-modules)" in verdict["why"]
+    assert "no nvidia module file exists for the running kernel 7.0.0-31-generic" in verdict["why"]
+    assert "nothing here tells the loaded module from NVIDIA's stock 615.71.09" in verdict["why"]
+    # the same box with a stock pin (a version, no fork): nothing to tell apart, the pinned version passes
+    stock = L.judge_driver_state(installed_by("no /lib/modules"), X3080)
+    assert stock["status"] == "pass" and stock["why"] == "the pinned driver 615.71.09 is loaded, userspace matches"
+
+
+def test_a_fork_with_no_module_file_passes_where_rigbooks_build_stamp_tells_it():
+    ev = stamped()
+    ev["nvidia"]["module_files"] = []
+    verdict = L.judge_driver_state(ev, X3080_FORK)
+    assert verdict["status"] == "pass", verdict
+    assert verdict["why"] == ("the pinned P2P fork 615.71.09 is loaded as rigbook's DKMS build of it (its srcversion), "
+                              "userspace matches")
+
+
+def test_driver_state_says_which_build_it_checked():
+    dkms = L.judge_driver_state(installed_by("dkms"), X3080_FORK)
+    assert dkms["why"] == ("the pinned P2P fork 615.71.09 is loaded as a DKMS build of it "
+                           "(lib/modules/.../updates/dkms), userspace matches")
+
+
+def test_nothing_pinned_passes_saying_so_not_as_pinned():
+    unpinned = {**X3080, "pins": {}}
+    driver = L.judge_driver_state(installed_by("no /lib/modules"), unpinned)
+    assert driver["status"] == "pass" and driver["expected"] == {"module": None, "userspace": None}
+    assert driver["why"] == ("nothing pinned (rigbook_pins.nvidia_driver): nvidia 615.71.09 loaded, userspace "
+                             "615.71.09 matches it")
+    ev = x3080_evidence()
+    ev["kernel"]["cmdline"] = ["ro", "quiet"]
+    kernel = L.judge_kernel_state(ev, unpinned)
+    assert kernel["status"] == "pass" and kernel["expected"] == {}
+    assert kernel["why"] == ("nothing pinned (rigbook_pins.kernel): running kernel 7.0.0-31-generic read, no release "
+                             "or command line to hold it to")
+    assert "as pinned" not in kernel["why"] + driver["why"]
+
+
+def test_kernel_state_names_the_pins_it_held():
+    verdict = L.judge_kernel_state(x3080_evidence(), X3080)
+    assert verdict["status"] == "pass"
+    assert verdict["why"] == ("kernel 7.0.0-31-generic as pinned; the pinned command line flags present; nvidia_uvm's "
+                              "HMM as iommu=pt needs it")
+
+
+def test_pcie_link_with_no_expected_link_says_it_was_read():
+    ladder_view = {**X3080, "gpu": {"vendor": "nvidia", "count": 2}}
+    verdict = L.judge_pcie_link(x3080_evidence(), ladder_view)
+    assert verdict["status"] == "pass" and set(verdict["expected"].values()) == {"Gen? x?"}
+    assert verdict["why"] == ("every GPU link read, each trained at its full width; no generation or width expected "
+                              "(no rigbook_gpu.pcie gen/width)")
+    assert L.judge_pcie_link(x3080_evidence(), X3080)["why"] == "every GPU link at its expected generation and width"
+
+
+# --- firmware: a virtual machine has no BIOS; each finding its own remedy ------------------------------------------
+
+
+def test_a_bare_metal_legacy_boot_still_gets_the_csm_finding():
+    ev = x3080_evidence()
+    ev["uefi"] = False
+    ev["virtual"] = {"vm": False, "seen": "no hypervisor flag in /proc/cpuinfo"}
+    ev["gpus"] = [ev["gpus"][0]]
+    ev["gpus"][0]["bars"][0] = bar(1, 0x38_0000_0000, 32 * GIB)
+    verdict = L.judge_firmware(ev, X3080)
+    assert verdict["status"] == "warn" and verdict["why"].startswith("legacy boot (no /sys/firmware/efi): CSM is on")
+    # the CSM finding alone: CSM advice, not ReBAR nor Above 4G, and no "declare it" on a box that declared it
+    assert verdict["remedy"] == L.CSM_REMEDY
+    assert "expected false" not in verdict["remedy"]
+
+
+def test_a_virtual_machine_without_efi_is_no_csm_box():
+    ev = x3080_evidence()
+    ev["uefi"] = False
+    ev["virtual"] = {"vm": True, "seen": "the CPU's hypervisor flag (/proc/cpuinfo)"}
+    ev["gpus"] = [ev["gpus"][0]]
+    ev["gpus"][0]["bars"][0] = bar(1, 0x38_0000_0000, 32 * GIB)
+    verdict = L.judge_firmware(ev, X3080)
+    assert verdict["status"] == "pass", verdict
+    assert "CSM is on" not in verdict["why"] and "BIOS" not in verdict["remedy"]
+    assert verdict["why"].startswith("a virtual machine (the CPU's hypervisor flag (/proc/cpuinfo)), booted by its "
+                                     "hypervisor: no BIOS or CSM to set")
+    assert verdict["measured"]["virtual_machine"] == "the CPU's hypervisor flag (/proc/cpuinfo)"
+
+
+def test_a_virtual_machines_small_bar_is_the_hypervisors_not_a_bios_setting():
+    ev = x3080_evidence()
+    ev["uefi"] = False
+    ev["virtual"] = {"vm": True, "seen": "DMI sys_vendor 'QEMU'"}
+    ladder_view = {**X3080, "p2p": {"expected": True}}
+    verdict = L.judge_firmware(ev, ladder_view)
+    assert verdict["status"] == "fail" and "CSM" not in verdict["why"]
+    assert "the hypervisor maps it in the 32-bit window" in verdict["why"]
+    assert verdict["remedy"] == L.VM_BAR_REMEDY
+
+
+def test_each_firmware_finding_gets_its_own_remedy():
+    ev = r9700_evidence()  # UEFI, large BARs above 4 GiB
+    ev["gpus"][1]["bars"][0] = bar(0, 0x30_0000_0000, 256 * MIB)
+    ev["gpus"][1]["resize"] = {0: [256 * MIB, 512 * MIB, GIB, 32 * GIB]}
+    verdict = L.judge_firmware(ev, R9700)
+    assert verdict["remedy"] == L.REBAR_REMEDY + " " + L.NO_BIOS_OPTION_REMEDY
+    declared = {**R9700, "p2p": {"expected": False, "reason": "no ReBAR in this BIOS"}}
+    assert L.judge_firmware(ev, declared)["remedy"] == L.REBAR_REMEDY

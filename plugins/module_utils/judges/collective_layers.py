@@ -120,6 +120,13 @@ def shows_one_gpu(ladder_view, gpus_seen=None):
     return count == 1
 
 
+FAILED_RUN_REMEDY = (
+    "The run stopped on its own error (its WARN lines and the test's failure trailer say which): a peer mapping that "
+    "failed is the peer_access layer's (large BAR, the P2P driver fork); run it again with NCCL_DEBUG=INFO and, to "
+    "tell P2P from the rest, once with NCCL_P2P_DISABLE=1."
+)
+
+
 def judge_collectives(data, ladder_view, baseline_metrics=None, tolerance=None, probe=None, gpus_seen=None):
     """Wrong results fail whatever the bandwidth; busbw is held to the recorded baseline; where P2P is expected,
     sendrecv busbw is held to the peer copy the p2p_bandwidth layer measured on the box (PROBE). GPUS_SEEN: the GPUs
@@ -129,6 +136,10 @@ def judge_collectives(data, ladder_view, baseline_metrics=None, tolerance=None, 
     if one_gpu and not data.get("results"):
         return make(layer, "skip", measured={"source": data.get("source")}, expected=None,
                     why="one GPU: no collective between GPUs (%s)" % (data.get("error") or "nothing measured"))
+    if data.get("failures") and not one_gpu:
+        texts = ["%s%s" % (f.get("text"), " (%s)" % f["code"] if f.get("code") else "") for f in data["failures"]]
+        return make(layer, "fail", {"source": data.get("source"), "failure lines": texts}, {"failure lines": "none"},
+                    "the collectives run failed: %s" % "; ".join(texts[:3]), FAILED_RUN_REMEDY)
     if not data.get("available", True) or not data.get("results"):
         return make(layer, "unknown", measured=None, expected="sendrecv and all_reduce results",
                     why=data.get("error") or "no collectives result",

@@ -145,15 +145,18 @@ def judge_firmware(evidence, ladder_view):
     for gpu in gpus:
         slot = gpu["slot"]
         if gpu.get("bars") is None:
-            found.gap("%s: no sysfs resource file" % slot)
+            found.gap("%s: no BARs read (no sysfs resource file; in a paste, no Region lines)" % slot)
             continue
         bar = _vram_bar(gpu, vendor)
         if bar is None:
             found.gap("%s: VRAM BAR not assigned" % slot)
             continue
         name = "BAR%d" % bar["index"]
-        bars[slot] = "%s %s at 0x%x" % (name, human_bytes(bar["size"]), bar["start"])
-        if bar["start"] < FOUR_GIB:
+        if bar["start"] is None:  # a size without a place (nvidia-smi -q's BAR1 Total, provision diagnose)
+            bars[slot] = "%s %s (placement not read)" % (name, human_bytes(bar["size"]))
+        else:
+            bars[slot] = "%s %s at 0x%x" % (name, human_bytes(bar["size"]), bar["start"])
+        if bar["start"] is not None and bar["start"] < FOUR_GIB:
             found.problem(
                 "%s %s %s is mapped below 4 GiB: %s" % (slot, name, human_bytes(bar["size"]), (
                     "the hypervisor maps it in the 32-bit window" if vm else "Above 4G Decoding is off")),
@@ -196,9 +199,11 @@ def judge_firmware(evidence, ladder_view):
         measured,
         expected,
         fail_is_warn=not expected_p2p,
-        ok_text=("%s; every VRAM BAR is large and above 4 GiB" % (
+        ok_text=("%s; every VRAM BAR is large and %s" % (
             "UEFI boot" if evidence.get("uefi") else "boot mode not read" if not boot_read else
-            "a virtual machine (%s), booted by its hypervisor: no BIOS or CSM to set" % virtual.get("seen"))),
+            "a virtual machine (%s), booted by its hypervisor: no BIOS or CSM to set" % virtual.get("seen"),
+            "above 4 GiB" if all("placement not read" not in text for text in bars.values())
+            else "above 4 GiB where its placement was read")),
     )
 
 
@@ -314,7 +319,7 @@ def judge_pcie_link(evidence, ladder_view):
         gen, width = _expected_link(ladder_view, slot)
         expected[slot] = "Gen%s x%s" % (gen or "?", width or "?")
         if link.get("max_speed_gts") is None or link.get("max_width") is None or link.get("current_width") is None:
-            found.gap("%s: link speed/width not readable in sysfs" % slot)
+            found.gap("%s: link speed/width not read (not in sysfs; in a paste, no LnkCap/LnkSta lines)" % slot)
             continue
         port = (gpu.get("chain") or [{}])[0].get("link") or {}
         cap_speed = min(s for s in (link["max_speed_gts"], port.get("max_speed_gts")) if s is not None)
@@ -388,9 +393,12 @@ def judge_dma_window(evidence, ladder_view):
     )
     for gpu in gpus:
         if gpu.get("bars") is None:
-            found.gap("%s: no sysfs resource file" % gpu["slot"])
+            found.gap("%s: no BARs read (no sysfs resource file; in a paste, no Region lines)" % gpu["slot"])
             continue
         memory = [b for b in gpu["bars"] if b["kind"] == "memory"]
+        if any(b.get("end") is None for b in memory):
+            found.gap("%s: where its BARs are placed was not read" % gpu["slot"])
+            continue
         top = max(memory, key=lambda b: b["end"]) if memory else None
         if top is None:
             found.gap("%s: no memory BAR assigned" % gpu["slot"])

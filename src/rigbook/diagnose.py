@@ -128,7 +128,8 @@ def judge(parts: list, facts: Facts) -> dict:
                  "title": paste.TITLES.get(part["kind"], part["kind"]), "command": part.get("command"),
                  "judged": judged_here}
         if not judged_here:
-            entry["why_not"] = _why_not(part, pasted_evidence)
+            entry["why_not"] = _why_not(part, pasted_evidence, any(
+                id(other) in judged_ids and other["kind"] == part["kind"] for other in parts))
         listed.append(entry)
     return {"ladder": ladder, "kernel_log": kernel, "parts": listed, "facts": view}
 
@@ -158,12 +159,15 @@ def _wanted_for(layer: str) -> str:
     }.get(layer, "")
 
 
-def _why_not(part: dict, pasted_evidence) -> str:
+def _why_not(part: dict, pasted_evidence, kind_judged: bool) -> str:
+    """Why PART was not judged; KIND_JUDGED: another part of its kind was."""
     if part["kind"] == "unrecognised":
         return "no tool output rigbook reads was recognised in these lines"
     if part["kind"] not in pasted_evidence.JUDGED_KINDS:
         return "recognised; no judge reads this kind yet"
-    return "set aside: a later part of the same kind is the one judged, or it holds nothing a judge reads"
+    if kind_judged:
+        return "set aside: another part of the same kind is the one judged (the later, or the measured one)"
+    return "recognised; it holds nothing a judge reads (a topo table of one GPU, a header without rows)"
 
 
 def main(files: list, as_json: bool, facts: Facts) -> int:

@@ -46,6 +46,12 @@ TABLE = [
     # aikitoria/open-gpu-kernel-modules#38: NCCL stops on "mapping of buffer object failed" (simpleP2P passed).
     ("diagnose/aikitoria38_map_failed_mixed", [], "peer_access", "fail", "CUDA_ERROR_MAP_FAILED"),
     ("diagnose/aikitoria38_map_failed_mixed", [], "collectives", "fail", "unhandled cuda error"),
+    # this project's own capture of a one-H100 cloud VM (tests/fixtures/diagnose/SOURCES.md): BAR1 128 GiB over 80 GB
+    # of VRAM, Gen5 x16, no hardware error line, one GPU
+    ("diagnose/h100_vm_own_capture", [], "firmware", "pass", "128 GiB"),
+    ("diagnose/h100_vm_own_capture", [], "pcie_link", "pass", "Gen5 x16"),
+    ("diagnose/h100_vm_own_capture", [], "nccl_transport", "skip", "one GPU"),
+    ("diagnose/h100_vm_own_capture", [], "kernel_log", "pass", "no hardware error line"),
     # ... and its BAR1 (64 GiB and 32 GiB, nvidia-smi -q through grep) are large: not the BAR this time
     ("diagnose/aikitoria38_map_failed_mixed", [], "firmware", "pass", "placement was read"),
 ]

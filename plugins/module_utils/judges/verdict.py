@@ -32,8 +32,17 @@ def worst(statuses, default="skip"):
     return out
 
 
-def make(layer, status, measured=None, expected=None, why="", remedy="", metrics=None):
-    """A verdict dict. METRICS ({name: number}) are the figures a baseline records and compares."""
+def generic_code(layer, status):
+    """The code of a LAYER's verdict of STATUS that names no finding of its own: RB-<LAYER>-<STATUS>
+    (judges/codes.py documents one per layer and status)."""
+    return "RB-%s-%s" % (str(layer).upper().replace("_", "-"), str(status).upper())
+
+
+def make(layer, status, measured=None, expected=None, why="", remedy="", metrics=None, code=None, codes=None):
+    """A verdict dict. METRICS ({name: number}) are the figures a baseline records and compares. CODE: the stable
+    failure code of what the verdict found (judges/codes.py: defined beside the finding, never reused for another
+    meaning); a verdict that is not a pass and names none gets its layer's generic code. CODES: every finding's code,
+    most severe first (CODE is the first)."""
     if status not in STATUSES:
         raise ValueError("unknown status %r" % status)
     out = {
@@ -46,41 +55,71 @@ def make(layer, status, measured=None, expected=None, why="", remedy="", metrics
     }
     if metrics:
         out["metrics"] = metrics
+    if status != "pass":
+        out["code"] = code or (codes[0] if codes else generic_code(layer, status))
+        found = [c for c in (codes or []) if c]
+        if found and found != [out["code"]]:
+            out["codes"] = [out["code"]] + [c for c in found if c != out["code"]]
+    return out
+
+
+def recoded(verdict, code):
+    """VERDICT after a modifier raised its status for its own reason (error counters, the expected-unknown rule):
+    CODE first, the verdict's own codes kept after it."""
+    own = verdict.get("codes") or ([verdict["code"]] if verdict.get("code") else [])
+    out = dict(verdict, code=code)
+    rest = [c for c in own if c != code]
+    if rest:
+        out["codes"] = [code] + rest
+    else:
+        out.pop("codes", None)
     return out
 
 
 class Findings:
-    """Collects problems (fail-class), notes (warn-class) and gaps (unknown) while judging a layer."""
+    """Collects problems (fail-class), notes (warn-class) and gaps (unknown) while judging a layer, each with its
+    code (judges/codes.py)."""
 
     def __init__(self):
         self.problems = []
         self.notes = []
         self.gaps = []
         self.remedies = []
+        self.problem_codes = []
+        self.note_codes = []
+        self.gap_codes = []
 
-    def problem(self, text, remedy=None):
+    def problem(self, text, remedy=None, code=None):
         self.problems.append(text)
+        self.problem_codes.append(code)
         if remedy and remedy not in self.remedies:
             self.remedies.append(remedy)
 
-    def note(self, text, remedy=None):
+    def note(self, text, remedy=None, code=None):
         self.notes.append(text)
+        self.note_codes.append(code)
         if remedy and remedy not in self.remedies:
             self.remedies.append(remedy)
 
-    def gap(self, text):
+    def gap(self, text, code=None):
         self.gaps.append(text)
+        self.gap_codes.append(code)
 
     def verdict(self, layer, measured, expected, fail_is_warn=False, ok_text="as expected"):
         """fail when there are problems (warn instead when FAIL_IS_WARN), unknown on gaps, warn on notes."""
         if self.problems:
             status = "warn" if fail_is_warn else "fail"
             why = "; ".join(self.problems + self.notes)
+            codes = self.problem_codes + self.note_codes
         elif self.gaps:
-            status, why = "unknown", "; ".join(self.gaps)
+            status, why, codes = "unknown", "; ".join(self.gaps), self.gap_codes
         elif self.notes:
-            status, why = "warn", "; ".join(self.notes)
+            status, why, codes = "warn", "; ".join(self.notes), self.note_codes
         else:
-            status, why = "pass", ok_text
+            status, why, codes = "pass", ok_text, []
         remedy = " ".join(self.remedies) if status in ("fail", "warn") else ""
-        return make(layer, status, measured, expected, why, remedy)
+        unique = []
+        for code in codes:
+            if code and code not in unique:
+                unique.append(code)
+        return make(layer, status, measured, expected, why, remedy, codes=unique)

@@ -73,6 +73,232 @@ VM_BAR_REMEDY = (
 )
 
 
+def _code(layer, title, cause, measured, action):
+    return {"layer": layer, "title": title, "cause": cause, "measured": measured, "action": action}
+
+
+_SLOT_LINK = "the slot link of a card with its own PCIe switch (its switch's upstream port to the root port)"
+# The stable failure code of each finding these judges make (judges/codes.py gathers them; docs/codes.md lists them).
+CODES = {
+    "RB-FIRMWARE-CSM-ON": _code(
+        "firmware", "Legacy (CSM) boot on bare metal",
+        "The box booted through the BIOS's Compatibility Support Module, not UEFI. On most boards Above 4G Decoding "
+        "and Resizable BAR need CSM off, so the GPUs' VRAM BARs stay small or below 4 GiB and peers cannot map each "
+        "other's memory.",
+        "No /sys/firmware/efi, on a box that is not a virtual machine (no hypervisor CPU flag, DMI platform name, "
+        "/sys/hypervisor/type or NVIDIA Virtualization Mode).",
+        "In the BIOS: CSM off (boot UEFI); the verdict's remedy names the settings that need it."),
+    "RB-FIRMWARE-BAR-BELOW-4G": _code(
+        "firmware", "A GPU's VRAM BAR is mapped below 4 GiB",
+        "The VRAM window sits in the 32-bit MMIO hole: Above 4G Decoding is off (in a virtual machine, the "
+        "hypervisor maps it in its 32-bit window), which leaves no room for a BAR as large as VRAM.",
+        "The start of the VRAM BAR (the largest prefetchable memory BAR) in /sys/bus/pci/devices/<slot>/resource, or "
+        "a pasted lspci -vv's Region line.",
+        "In the BIOS: Above 4G Decoding ON (with CSM off); in a virtual machine, a VM type or VMM setting with a "
+        "64-bit MMIO window (the verdict's remedy)."),
+    "RB-FIRMWARE-REBAR-OFF": _code(
+        "firmware", "Resizable BAR is off: the VRAM BAR is smaller than the card supports",
+        "The card offers a larger VRAM BAR than the one it was given, so Resizable BAR is off in the firmware (or "
+        "not offered by the hypervisor): peers see only part of its memory.",
+        "The VRAM BAR's size in /sys/bus/pci/devices/<slot>/resource against the largest size in the card's "
+        "Resizable BAR capability (resource<N>_resize; a paste's Resizable BAR lines).",
+        "In the BIOS: Resizable BAR ON (with Above 4G Decoding ON and CSM off)."),
+    "RB-FIRMWARE-SMALL-BAR": _code(
+        "firmware", "The VRAM BAR is smaller than VRAM and no larger size is offered",
+        "The VRAM BAR is smaller than the card's VRAM (an NVIDIA card's 256 MiB where VRAM is not declared) and the "
+        "card offers no larger size: peers cannot map this card's memory.",
+        "The VRAM BAR's size (sysfs resource; nvidia-smi -q's BAR1 Total in a paste) against rigbook_gpu.vram_gib.",
+        "In the BIOS: Above 4G Decoding ON and Resizable BAR ON; where the board has neither, declare P2P "
+        "unavailable with rigbook_p2p.expected false (the verdict's remedy)."),
+    "RB-FIRMWARE-BAR-UNASSIGNED": _code(
+        "firmware", "A GPU has no VRAM BAR assigned",
+        "The GPU's resource file lists no memory BAR: the firmware or the kernel found no MMIO space for its VRAM "
+        "window, so its size and place cannot be judged.",
+        "No memory BAR in /sys/bus/pci/devices/<slot>/resource (a paste: no memory Region line).",
+        "Look in dmesg for the BAR's 'no space' / 'failed to assign' lines; turn Above 4G Decoding on (in a virtual "
+        "machine, give it a larger 64-bit MMIO window)."),
+    "RB-PCIE-BEHIND-PCH": _code(
+        "pcie_link", "A GPU sits behind the chipset (PCH), not a CPU root port",
+        "Where P2P is expected, the GPU's root port is the chipset's: the peer path crosses the PCH's DMI uplink (x4) "
+        "and its slower ports, far below a peer copy between CPU root ports.",
+        "The root port at the top of the GPU's upstream chain in sysfs, by its vendor:device id (Intel C610/X99 "
+        "8086:8d10-8d1e, or device 1c of bus 00 on an Intel PCH).",
+        "Move the card to a slot wired to the CPU, or declare P2P unavailable (the verdict's remedy)."),
+    "RB-PCIE-LINK-SPEED": _code(
+        "pcie_link", "A GPU link is capable of a lower PCIe generation than expected",
+        "The GPU's link (the lower of the GPU's and its port's top speed) cannot reach the generation "
+        "rigbook_gpu.pcie expects: the slot, a riser or the BIOS's PCIe speed setting holds it down.",
+        "max_link_speed of the GPU and of its upstream port in sysfs (a paste's LnkCap) against rigbook_gpu.pcie "
+        "gen.",
+        "Reseat the card, check the riser and set the slot's speed to Auto or the card's generation in the BIOS."),
+    "RB-PCIE-LINK-WIDTH-CAPABILITY": _code(
+        "pcie_link", "A GPU link is capable of fewer lanes than expected",
+        "The GPU or its slot's port supports fewer lanes than rigbook_gpu.pcie expects: an electrically narrower "
+        "slot, or one the BIOS bifurcates.",
+        "max_link_width of the GPU and of its upstream port in sysfs (a paste's LnkCap) against rigbook_gpu.pcie "
+        "width.",
+        "Use a slot wired for the full width, or check the BIOS's bifurcation setting for the slot."),
+    "RB-PCIE-LINK-WIDTH": _code(
+        "pcie_link", "A GPU link trained at fewer lanes than it is capable of",
+        "Both ends support more lanes than the link trained at: a badly seated card, a damaged riser or dirty "
+        "contacts.",
+        "current_link_width against max_link_width of the GPU and its port in sysfs (a paste's LnkSta against "
+        "LnkCap).",
+        "Reseat the card and check or replace the riser/cable (the verdict's remedy)."),
+    "RB-PCIE-SLOT-LINK-SPEED": _code(
+        "pcie_link", "A card's slot link is capable of a lower PCIe generation than expected",
+        "On %s, the link is capable of a lower generation than rigbook_gpu.pcie expects, hidden from the GPU's "
+        "own link by the switch." % _SLOT_LINK,
+        "max_link_speed of the switch's upstream port and of the root port in sysfs against rigbook_gpu.pcie gen.",
+        "Reseat the card, check the riser and set the slot's speed to Auto or the card's generation in the BIOS."),
+    "RB-PCIE-SLOT-LINK-WIDTH-CAPABILITY": _code(
+        "pcie_link", "A card's slot link is capable of fewer lanes than expected",
+        "On %s, the link supports fewer lanes than rigbook_gpu.pcie expects: an electrically narrower or "
+        "bifurcated slot." % _SLOT_LINK,
+        "max_link_width of the switch's upstream port and of the root port in sysfs against rigbook_gpu.pcie width.",
+        "Use a slot wired for the full width, or check the BIOS's bifurcation setting for the slot."),
+    "RB-PCIE-SLOT-LINK-WIDTH": _code(
+        "pcie_link", "A card's slot link trained at fewer lanes than it is capable of",
+        "On %s, the link trained narrower than both ends support: a badly seated card or a damaged riser, hidden "
+        "from the GPU's own link by the switch." % _SLOT_LINK,
+        "current_link_width against max_link_width of the switch's upstream port and the root port in sysfs.",
+        "Reseat the card and check or replace the riser/cable (the verdict's remedy)."),
+    "RB-DMA-WINDOW-BEYOND-REACH": _code(
+        "dma_window", "A GPU's BAR ends beyond a peer's DMA reach",
+        "With the IOMMU in passthrough or off, a peer GPU writes to this GPU's BAR at its bus address; the BAR ends "
+        "above the peer's DMA mask (amdgpu 44 bits, NVIDIA 47), so the peer cannot reach it.",
+        "The end of the GPU's highest memory BAR (sysfs resource) against each peer's DMA reach, the IOMMU mode "
+        "from /proc/cmdline.",
+        "Make the BIOS place 64-bit MMIO lower, or boot a kernel that copes with the peer's DMA limit; keep iommu=pt "
+        "(the verdict's remedy)."),
+    "RB-KERNEL-NOT-PINNED": _code(
+        "kernel_state", "The running kernel is not the pinned one",
+        "The box booted another kernel than rigbook_pins.kernel.release (an upgrade, a changed GRUB default): the "
+        "pinned P2P-patched kernel (AMD) is not running, or the P2P driver fork may not be built for this one "
+        "(NVIDIA; the verdict says whether an nvidia module is installed for it).",
+        "The running release (/proc/sys/kernel/osrelease) against rigbook_pins.kernel.release; for NVIDIA, nvidia "
+        "modules under /lib/modules/<release>.",
+        "Boot the pinned kernel, or re-run provision so the kernel role and the driver build follow the new kernel, "
+        "then update the pin."),
+    "RB-KERNEL-CMDLINE-FLAGS": _code(
+        "kernel_state", "The kernel command line lacks pinned flags",
+        "Flags pinned in rigbook_pins.kernel.cmdline (e.g. iommu=pt) are not on the running kernel's command line: "
+        "GRUB's configuration was not updated, or the box was not rebooted since.",
+        "/proc/cmdline against rigbook_pins.kernel.cmdline.",
+        "Re-run provision (the kernel role writes /etc/default/grub.d/rigbook.cfg and runs update-grub), then "
+        "reboot."),
+    "RB-KERNEL-NO-PCI-P2PDMA": _code(
+        "kernel_state", "The running kernel is built without CONFIG_PCI_P2PDMA",
+        "The kernel has no PCI peer-to-peer DMA support: amdgpu cannot do P2P between the GPUs.",
+        "CONFIG_PCI_P2PDMA in /boot/config-<release> or /proc/config.gz, on an AMD box where P2P is expected.",
+        "Use a kernel built with CONFIG_PCI_P2PDMA=y and CONFIG_HSA_AMD_P2P=y."),
+    "RB-KERNEL-NO-HSA-AMD-P2P": _code(
+        "kernel_state", "The running kernel is built without CONFIG_HSA_AMD_P2P",
+        "amdkfd's peer-to-peer support is not built: ROCm sees no P2P links between the GPUs.",
+        "CONFIG_HSA_AMD_P2P in /boot/config-<release> or /proc/config.gz, on an AMD box where P2P is expected.",
+        "Use a kernel built with CONFIG_PCI_P2PDMA=y and CONFIG_HSA_AMD_P2P=y."),
+    "RB-KERNEL-P2PDMA-BRIDGE": _code(
+        "kernel_state", "The host bridge is not on the kernel's P2PDMA allow list",
+        "The GPUs sit on different root ports, and the kernel allows P2PDMA across root ports only through the host "
+        "bridges it lists (drivers/pci/p2pdma.c) and on AMD Zen CPUs; this one (e.g. X99's 8086:6f00) is not "
+        "listed, so the kernel refuses peer DMA.",
+        "The host bridge's vendor:device id in sysfs against the kernel's list and rigbook_pins.kernel.p2pdma_allow.",
+        "Boot a kernel that allows this host bridge for P2PDMA and list it in rigbook_pins.kernel.p2pdma_allow."),
+    "RB-KERNEL-UVM-HMM-ON": _code(
+        "kernel_state", "nvidia_uvm runs with HMM on under iommu=pt",
+        "With NVIDIA's open driver, HMM on and iommu=pt, on a CPU whose physical addresses reach beyond the GPUs' DMA "
+        "mask (or whose address width is not known), the driver takes cuMem host allocations from the ~2 GiB "
+        "ZONE_DMA32 and NCCL's SHM transport crashes (NVIDIA/nccl#2190).",
+        "/sys/module/nvidia_uvm/parameters/uvm_disable_hmm with iommu=pt in /proc/cmdline, the CPU's address sizes "
+        "(/proc/cpuinfo), the GPUs' dma_mask_bits and /proc/driver/nvidia/version (open or proprietary).",
+        "Add `options nvidia-uvm uvm_disable_hmm=1` in /etc/modprobe.d (the driver role writes it) and reboot."),
+    "RB-KERNEL-UVM-HMM-UNSET": _code(
+        "kernel_state", "nvidia_uvm is not loaded and nothing disables its HMM",
+        "nvidia_uvm is not loaded, so its HMM setting cannot be read, and no modprobe.d option disables HMM: once it "
+        "loads under iommu=pt it may confine host allocations to ZONE_DMA32 (RB-KERNEL-UVM-HMM-ON).",
+        "No /sys/module/nvidia_uvm/parameters/uvm_disable_hmm and no uvm_disable_hmm option in /etc/modprobe.d, with "
+        "iommu=pt in /proc/cmdline.",
+        "Add `options nvidia-uvm uvm_disable_hmm=1` in /etc/modprobe.d (the driver role writes it) and reboot."),
+    "RB-DRIVER-NO-MODULE": _code(
+        "driver_state", "No nvidia module is installed for the running kernel",
+        "No nvidia module is loaded and none is installed for the running kernel, typically after a kernel upgrade "
+        "the driver build did not follow: the GPUs have no driver.",
+        "No /sys/module/nvidia, no version in /proc/driver/nvidia/version, no nvidia module under "
+        "/lib/modules/<release>.",
+        "Re-run provision: the driver role builds the pinned driver through DKMS for every installed kernel."),
+    "RB-DRIVER-NOT-LOADED": _code(
+        "driver_state", "The nvidia module is installed but not loaded",
+        "An nvidia module exists for the running kernel but is not loaded: it failed to load, or is blacklisted.",
+        "No /sys/module/nvidia while an nvidia module sits under /lib/modules/<release>.",
+        "Load it (modprobe nvidia) or reboot; dmesg says why it did not load."),
+    "RB-DRIVER-VERSION-NOT-PINNED": _code(
+        "driver_state", "The loaded nvidia module is not the pinned version",
+        "The kernel runs another nvidia driver version than rigbook_pins.nvidia_driver.version: a distribution "
+        "update, another installer, or the module from before an upgrade still loaded.",
+        "/sys/module/nvidia/version (or /proc/driver/nvidia/version) against rigbook_pins.nvidia_driver.version.",
+        "Re-run provision (the driver role builds the pinned version through DKMS) and reboot."),
+    "RB-DRIVER-MODULE-KIND": _code(
+        "driver_state", "The loaded nvidia module is not the kind pinned (open or proprietary)",
+        "The loaded module is NVIDIA's proprietary one where the pin asks for the open kernel modules (the P2P fork "
+        "is a patched build of them), or the reverse.",
+        "/proc/driver/nvidia/version (an Open Kernel Module line or not) against the pin's open, or its fork "
+        "source.",
+        "Re-run provision (the driver role builds the pinned kind) and reboot."),
+    "RB-DRIVER-NOT-PINNED-BUILD": _code(
+        "driver_state", "The loaded nvidia module is not rigbook's DKMS build",
+        "The loaded module has the pinned version but not the srcversion of the DKMS build rigbook made for the "
+        "running kernel: another copy of that version (installed by hand, or still in memory from before the "
+        "build) is loaded.",
+        "/sys/module/nvidia/srcversion against rigbook's build stamp of that version in DKMS's tree.",
+        "Reboot (or unload and reload the nvidia modules); if it still differs, `modinfo -n nvidia` names the copy "
+        "that wins."),
+    "RB-DRIVER-NOT-DKMS": _code(
+        "driver_state", "The pinned nvidia module is not a DKMS build",
+        "nvidia.ko for the running kernel was installed by hand (make modules_install, NVIDIA's .run installer) or "
+        "by a distribution package: it runs, but a kernel upgrade does not rebuild it.",
+        "Where the nvidia module sits under /lib/modules/<release> (DKMS installs to updates/dkms).",
+        "Converge: the driver role builds the pinned fork with DKMS for every kernel and moves the hand-installed "
+        "files aside (`provision ... --check --diff` shows it first)."),
+    "RB-DRIVER-USERSPACE-MISMATCH": _code(
+        "driver_state", "The userspace driver and the kernel module differ",
+        "The NVIDIA userspace libraries are another version than the loaded kernel module: CUDA and nvidia-smi fail "
+        "with 'Driver/library version mismatch'.",
+        "nvidia-smi's driver version (recorded or live) against the loaded module's version.",
+        "Install the pinned userspace with --no-kernel-modules and hold its packages."),
+    "RB-DRIVER-USERSPACE-NOT-PINNED": _code(
+        "driver_state", "The userspace driver is not the pinned version",
+        "The NVIDIA userspace matches no pin: rigbook_pins.nvidia_driver.userspace_version (or its version) names "
+        "another release.",
+        "nvidia-smi's driver version against the pin.",
+        "Install the pinned userspace with --no-kernel-modules."),
+    "RB-DRIVER-FORK-UNTELLABLE": _code(
+        "driver_state", "Nothing tells the pinned P2P fork from NVIDIA's stock driver",
+        "The pin names the P2P driver fork and the loaded module has its version, but no module file exists for the "
+        "running kernel and rigbook stamped no build of it: a driver the platform injects (a cloud VM) looks the "
+        "same, so whether the fork runs is not known.",
+        "No nvidia module under /lib/modules/<release> and no rigbook DKMS build stamp of the loaded version.",
+        "Build the fork with provision (DKMS, stamped), or drop the fork's source from the pin where NVIDIA's stock "
+        "driver is meant."),
+    "RB-DRIVER-AMDGPU-NOT-LOADED": _code(
+        "driver_state", "amdgpu is not loaded",
+        "The AMD GPUs have no kernel driver: amdgpu failed to load, or amdgpu-dkms was not rebuilt after a kernel "
+        "upgrade.",
+        "No /sys/module/amdgpu.",
+        "Check dmesg; after a kernel upgrade rebuild amdgpu-dkms or boot the pinned kernel."),
+    "RB-DRIVER-ROCM-NOT-PINNED": _code(
+        "driver_state", "ROCm is not the pinned version",
+        "The installed ROCm is another release than rigbook_pins.rocm.version.",
+        "/opt/rocm/.info/version against rigbook_pins.rocm.version.",
+        "Install the pinned ROCm."),
+    "RB-DRIVER-KFD-NO-P2P-LINK": _code(
+        "driver_state", "A KFD GPU node has no P2P link",
+        "Where P2P is expected, amdgpu refused peer access for this GPU: a kernel without CONFIG_HSA_AMD_P2P, a "
+        "small BAR, a peer BAR beyond its DMA reach or a path P2PDMA does not allow.",
+        "p2p_links_count in /sys/class/kfd/kfd/topology/nodes/<node>/properties.",
+        "See the layers below it (firmware, dma_window, kernel_state) for which."),
+}
+
+
 def human_bytes(n):
     if n is None:
         return "?"
@@ -141,7 +367,7 @@ def judge_firmware(evidence, ladder_view):
     # the boot mode is named as not read; a collector always reads it (true or false)
     boot_read = not ("uefi" in evidence and evidence["uefi"] is None)
     if boot_read and not evidence.get("uefi") and not vm:
-        found.problem("legacy boot (no /sys/firmware/efi): CSM is on", CSM_REMEDY)
+        found.problem("legacy boot (no /sys/firmware/efi): CSM is on", CSM_REMEDY, code="RB-FIRMWARE-CSM-ON")
     for gpu in gpus:
         slot = gpu["slot"]
         if gpu.get("bars") is None:
@@ -149,7 +375,7 @@ def judge_firmware(evidence, ladder_view):
             continue
         bar = _vram_bar(gpu, vendor)
         if bar is None:
-            found.gap("%s: VRAM BAR not assigned" % slot)
+            found.gap("%s: VRAM BAR not assigned" % slot, code="RB-FIRMWARE-BAR-UNASSIGNED")
             continue
         name = "BAR%d" % bar["index"]
         if bar["start"] is None:  # a size without a place (nvidia-smi -q's BAR1 Total, provision diagnose)
@@ -161,6 +387,7 @@ def judge_firmware(evidence, ladder_view):
                 "%s %s %s is mapped below 4 GiB: %s" % (slot, name, human_bytes(bar["size"]), (
                     "the hypervisor maps it in the 32-bit window" if vm else "Above 4G Decoding is off")),
                 bios(ABOVE_4G_REMEDY),
+                code="RB-FIRMWARE-BAR-BELOW-4G",
             )
         sizes = (gpu.get("resize") or {}).get(bar["index"]) or []
         largest = max(sizes) if sizes else None
@@ -174,12 +401,14 @@ def judge_firmware(evidence, ladder_view):
                 "%s %s is %s but the card supports %s: Resizable BAR is off"
                 % (slot, name, human_bytes(bar["size"]), human_bytes(largest)),
                 bios(REBAR_REMEDY),
+                code="RB-FIRMWARE-REBAR-OFF",
             )
         else:
             found.problem(
                 "%s %s is only %s (VRAM %s): no large BAR, so peers cannot map this card's memory"
                 % (slot, name, human_bytes(bar["size"]), human_bytes(vram)),
                 bios(LARGE_BAR_REMEDY),
+                code="RB-FIRMWARE-SMALL-BAR",
             )
     measured = {"uefi": bool(evidence.get("uefi")) if boot_read else "not read", "vram_bar": bars}
     expected = {"uefi": True, "vram_bar": ">= %s, above 4 GiB" % (human_bytes(vram) if vram else "VRAM")}
@@ -259,7 +488,7 @@ def _judge_placement(gpu, expected_p2p, found, measured):
     measured["placement %s" % gpu["slot"]] = words
     if kind == "pch" and expected_p2p:
         found.problem("%s sits behind the %s, not a CPU root port: %s" % (gpu["slot"], words, PCH_REASON),
-                      PCH_REMEDY)
+                      PCH_REMEDY, code="RB-PCIE-BEHIND-PCH")
 
 
 def _judge_slot_link(gpu, gen, width, found, measured, remedy):
@@ -287,11 +516,13 @@ def _judge_slot_link(gpu, gen, width, found, measured, remedy):
         current if current is not None else "?", current_width)
     if gen and cap_speed < GEN_SPEED_GTS[gen] - 0.01:
         found.problem("%s is capable of %s GT/s (Gen%s), rigbook_gpu.pcie expects Gen%d: %s"
-                      % (what, cap_speed, _gen_of(cap_speed), gen, why), remedy)
+                      % (what, cap_speed, _gen_of(cap_speed), gen, why), remedy, code="RB-PCIE-SLOT-LINK-SPEED")
     if width and cap_width < width:
-        found.problem("%s is x%d capable, rigbook_gpu.pcie expects x%d: %s" % (what, cap_width, width, why), remedy)
+        found.problem("%s is x%d capable, rigbook_gpu.pcie expects x%d: %s" % (what, cap_width, width, why), remedy,
+                      code="RB-PCIE-SLOT-LINK-WIDTH-CAPABILITY")
     if current_width < cap_width:
-        found.problem("%s trained at x%d of x%d: %s" % (what, current_width, cap_width, why), remedy)
+        found.problem("%s trained at x%d of x%d: %s" % (what, current_width, cap_width, why), remedy,
+                      code="RB-PCIE-SLOT-LINK-WIDTH")
 
 
 def judge_pcie_link(evidence, ladder_view):
@@ -336,12 +567,14 @@ def judge_pcie_link(evidence, ladder_view):
                 "%s link capability is %s GT/s (Gen%s), rigbook_gpu.pcie expects Gen%d (%s GT/s)"
                 % (slot, cap_speed, _gen_of(cap_speed), gen, GEN_SPEED_GTS[gen]),
                 remedy_slot,
+                code="RB-PCIE-LINK-SPEED",
             )
         if width and cap_width < width:
             found.problem("%s link is x%d capable, rigbook_gpu.pcie expects x%d" % (slot, cap_width, width),
-                          remedy_slot)
+                          remedy_slot, code="RB-PCIE-LINK-WIDTH-CAPABILITY")
         if link["current_width"] < cap_width:
-            found.problem("%s trained at x%d of x%d" % (slot, link["current_width"], cap_width), remedy_slot)
+            found.problem("%s trained at x%d of x%d" % (slot, link["current_width"], cap_width), remedy_slot,
+                          code="RB-PCIE-LINK-WIDTH")
         if current is not None and current < cap_speed - 0.01 and not found.problems:
             measured[slot] += ", idle down-clock (not a fault)"
     declared = [slot for slot in expected if slot != "placement" and expected[slot] != "Gen? x?"]
@@ -426,6 +659,7 @@ def judge_dma_window(evidence, ladder_view):
                         peer["slot"],
                     ),
                     remedy,
+                    code="RB-DMA-WINDOW-BEYOND-REACH",
                 )
     if mode == "translated" and not found.problems:
         measured["note"] = "the IOMMU translates peer DMA; BAR addresses are not limited by the DMA mask"
@@ -468,6 +702,7 @@ def judge_kernel_state(evidence, ladder_view):
                 "running kernel %s, pinned %s%s" % (release, pin["release"], _fork_for(evidence, vendor, release)),
                 "Boot the pinned kernel (GRUB default entry) or re-run provision so the kernel role "
                 "and the driver build follow the new kernel, then update the pin.",
+                code="RB-KERNEL-NOT-PINNED",
             )
     wanted = pin.get("cmdline") or []
     if wanted:
@@ -481,6 +716,7 @@ def judge_kernel_state(evidence, ladder_view):
                     "kernel command line lacks %s" % " ".join(missing),
                     "Re-run provision (the kernel role writes /etc/default/grub.d/rigbook.cfg and runs "
                     "update-grub), then reboot.",
+                    code="RB-KERNEL-CMDLINE-FLAGS",
                 )
     if vendor == "amd" and p2p_expected(evidence, ladder_view):
         _judge_p2pdma(evidence, pin, found, measured, expected)
@@ -501,6 +737,9 @@ def _kernel_ok_text(release, expected):
     return "; ".join(held + checks)
 
 
+CONFIG_CODES = {"CONFIG_PCI_P2PDMA": "RB-KERNEL-NO-PCI-P2PDMA", "CONFIG_HSA_AMD_P2P": "RB-KERNEL-NO-HSA-AMD-P2P"}
+
+
 def _judge_p2pdma(evidence, pin, found, measured, expected):
     config = (evidence.get("kernel") or {}).get("config")
     expected["config"] = "CONFIG_PCI_P2PDMA=y CONFIG_HSA_AMD_P2P=y"
@@ -515,6 +754,7 @@ def _judge_p2pdma(evidence, pin, found, measured, expected):
                 found.problem(
                     "%s is %s in the running kernel" % (key, config.get(key, "not set")),
                     "Use a kernel built with CONFIG_PCI_P2PDMA=y and CONFIG_HSA_AMD_P2P=y.",
+                    code=CONFIG_CODES[key],
                 )
     bridges = p2pdma_host_bridges(evidence)
     if bridges is None:
@@ -534,6 +774,7 @@ def _judge_p2pdma(evidence, pin, found, measured, expected):
                 "P2PDMA allow list" % ids,
                 "Boot a kernel that allows this host bridge for P2PDMA (the X99/R9700 box patches "
                 "8086:6f00 into drivers/pci/p2pdma.c) and list it in rigbook_pins.kernel.p2pdma_allow.",
+                code="RB-KERNEL-P2PDMA-BRIDGE",
             )
 
 
@@ -611,14 +852,15 @@ def _judge_uvm_hmm(evidence, found, measured, expected):
         elif confines is False:
             measured["uvm_disable_hmm"] = "nvidia_uvm not loaded; HMM need not be off here: %s" % why_not
         else:
-            found.note("nvidia_uvm is not loaded and no modprobe.d option disables HMM (%s)" % why, HMM_REMEDY)
+            found.note("nvidia_uvm is not loaded and no modprobe.d option disables HMM (%s)" % why, HMM_REMEDY,
+                       code="RB-KERNEL-UVM-HMM-UNSET")
     elif value.upper() not in ("Y", "1"):
         if confines is False:
             measured["uvm_disable_hmm"] = "%s: HMM on (the driver's default), not the cited failure here: %s (%s)" % (
                 value, why_not, HMM_SOURCE)
         else:
             found.problem("nvidia_uvm runs with HMM enabled (uvm_disable_hmm=%s) while iommu=pt: %s" % (value, why),
-                          HMM_REMEDY)
+                          HMM_REMEDY, code="RB-KERNEL-UVM-HMM-ON")
 
 
 def judge_driver_state(evidence, ladder_view):
@@ -703,16 +945,19 @@ def _judge_nvidia_driver(evidence, ladder_view):
     )
     if not nv.get("loaded") and not loaded:
         if not files:
-            found.problem("no nvidia module is installed for the running kernel %s" % release, rebuild)
+            found.problem("no nvidia module is installed for the running kernel %s" % release, rebuild,
+                          code="RB-DRIVER-NO-MODULE")
         else:
             found.problem(
                 "the nvidia module is installed for %s but not loaded" % release,
                 "Load it (modprobe nvidia) or reboot; check dmesg for why it did not load.",
+                code="RB-DRIVER-NOT-LOADED",
             )
     elif loaded is None:
         found.gap("the nvidia module is loaded but its version is not readable")
     elif pin.get("version") and loaded != pin["version"]:
-        found.problem("the loaded nvidia module is %s, pinned %s" % (loaded, pin["version"]), rebuild)
+        found.problem("the loaded nvidia module is %s, pinned %s" % (loaded, pin["version"]), rebuild,
+                      code="RB-DRIVER-VERSION-NOT-PINNED")
     want_open = pinned_open(pin)
     if want_open is not None and loaded:
         expected["open"] = want_open
@@ -723,7 +968,8 @@ def _judge_nvidia_driver(evidence, ladder_view):
         elif nv["open_kernel_module"] != want_open:
             found.problem("the loaded nvidia module is %s, the pin is %s%s" % (
                 kind[nv["open_kernel_module"]], kind[want_open],
-                " (the P2P fork is a patched build of the open modules)" if want_open else ""), rebuild)
+                " (the P2P fork is a patched build of the open modules)" if want_open else ""), rebuild,
+                code="RB-DRIVER-MODULE-KIND")
     _judge_srcversion(nv, loaded, release, found, measured, expected)
     _judge_fork_or_stock(nv, pin, loaded, release, files, found)
     if files and pin.get("version") and not [f for f in files if f.startswith("updates/dkms/")]:
@@ -733,6 +979,7 @@ def _judge_nvidia_driver(evidence, ladder_view):
             "The converge (nvidia_p2p_driver role) builds the pinned fork with DKMS for every installed kernel, so a "
             "kernel upgrade rebuilds it, and moves the hand-installed files aside (under /var/lib/rigbook); "
             "`provision -i INVENTORY site.yml --check --diff` says so before anything changes.",
+            code="RB-DRIVER-NOT-DKMS",
         )
     userspace = nv.get("userspace_version")
     want_user = pin.get("userspace_version") or pin.get("version")
@@ -742,11 +989,13 @@ def _judge_nvidia_driver(evidence, ladder_view):
         found.problem(
             "userspace %s and kernel module %s differ (Driver/library version mismatch)" % (userspace, loaded),
             "Run the %s userspace installer with --no-kernel-modules and hold the packages." % want_user,
+            code="RB-DRIVER-USERSPACE-MISMATCH",
         )
     elif userspace and want_user and userspace != want_user:
         found.problem(
             "userspace driver %s, pinned %s" % (userspace, want_user),
             "Install the pinned userspace with --no-kernel-modules.",
+            code="RB-DRIVER-USERSPACE-NOT-PINNED",
         )
     return found.verdict(layer, measured, expected, ok_text=_driver_ok_text(nv, pin, loaded, files, expected))
 
@@ -761,7 +1010,8 @@ def _judge_fork_or_stock(nv, pin, loaded, release, files, found):
     found.gap("the pin names the P2P driver fork (%s) but no nvidia module file exists for the running kernel %s "
               "(nothing under lib/modules/%s) and rigbook stamped no DKMS build of %s: nothing here tells the loaded "
               "module from NVIDIA's stock %s" % (pin.get("fork_repo") or "its source", release, release, loaded,
-                                                  loaded))
+                                                  loaded),
+              code="RB-DRIVER-FORK-UNTELLABLE")
 
 
 def _driver_ok_text(nv, pin, loaded, files, expected):
@@ -805,6 +1055,7 @@ def _judge_srcversion(nv, loaded, release, found, measured, expected):
             "another copy of that version is loaded" % (loaded, have, release, want),
             "Reboot so the DKMS build loads (or modprobe -r nvidia_uvm nvidia_drm nvidia_modeset nvidia, then "
             "modprobe nvidia); if it still differs, find the copy that wins: modinfo -n nvidia.",
+            code="RB-DRIVER-NOT-PINNED-BUILD",
         )
 
 
@@ -824,12 +1075,14 @@ def _judge_amd_driver(evidence, ladder_view):
         found.problem(
             "amdgpu is not loaded",
             "Check dmesg; after a kernel upgrade rebuild amdgpu-dkms or reboot into the pinned kernel.",
+            code="RB-DRIVER-AMDGPU-NOT-LOADED",
         )
     if pin.get("version"):
         if amd.get("rocm_version") is None:
             found.gap("ROCm version not readable (/opt/rocm/.info/version)")
         elif not str(amd["rocm_version"]).startswith(str(pin["version"])):
-            found.problem("ROCm %s, pinned %s" % (amd["rocm_version"], pin["version"]), "Install the pinned ROCm.")
+            found.problem("ROCm %s, pinned %s" % (amd["rocm_version"], pin["version"]), "Install the pinned ROCm.",
+                          code="RB-DRIVER-ROCM-NOT-PINNED")
     if p2p_expected(evidence, ladder_view) and amd.get("loaded"):
         expected["kfd_p2p_links"] = ">= 1 on every GPU node"
         if not nodes:
@@ -842,5 +1095,6 @@ def _judge_amd_driver(evidence, ladder_view):
                     "KFD node %s has no P2P link: amdgpu refused peer access" % node["node"],
                     "amdgpu needs CONFIG_HSA_AMD_P2P, a large BAR, the peer BAR within its DMA "
                     "reach and a P2PDMA-allowed path: see the layers below.",
+                    code="RB-DRIVER-KFD-NO-P2P-LINK",
                 )
     return found.verdict(layer, measured, expected, ok_text="amdgpu loaded, ROCm as pinned, KFD P2P links present")

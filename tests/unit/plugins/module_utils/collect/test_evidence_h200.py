@@ -33,7 +33,7 @@ def test_judges_the_real_h200(fixtures):
     climbed, ev = climb.climb(registry.of_phase(registry.STATIC), ctx, stop_at_fail=False)
     verdicts = {v["layer"]: v for v in climbed}
     assert verdicts["pcie_link"]["status"] == "pass"
-    assert verdicts["dma_window"]["status"] == "skip"
+    assert verdicts["dma_window"]["status"] == "skip" and verdicts["dma_window"]["code"] == "RB-DMA-WINDOW-SKIP"
     assert verdicts["driver_state"]["status"] == "pass"
     # no EFI in the VM, whose hypervisor boots it (its GPU driver says Pass-Through): no CSM, no BIOS advice
     firmware = verdicts["firmware"]
@@ -41,7 +41,10 @@ def test_judges_the_real_h200(fixtures):
     assert ev["virtual"] == {"vm": True, "seen": "recorded var/lib/rigbook/commands/nvidia-smi-q.txt: "
                                                  "Virtualization Mode Pass-Through"}
     pinned_other = {**LADDER_VIEW, "pins": {"nvidia_driver": {"version": "615.71.09"}}}
-    assert ladder_static.judge_driver_state(ev, pinned_other)["status"] == "fail"
+    other = ladder_static.judge_driver_state(ev, pinned_other)
+    assert other["status"] == "fail"
+    assert other["codes"] == ["RB-DRIVER-VERSION-NOT-PINNED", "RB-DRIVER-USERSPACE-NOT-PINNED"]
+    assert not [v for v in climbed if v["status"] == "pass" and "code" in v]
 
 
 FORK_PIN = {"version": "580.159.04", "fork_repo": "aikitoria/open-gpu-kernel-modules", "commit": "0123" * 10,
@@ -57,6 +60,7 @@ def test_the_real_h200_with_a_fork_pin_is_unknown_not_the_pinned_build(fixtures)
     assert verdict["measured"]["files"] == [] and verdict["measured"]["module"] == "580.159.04"
     assert "no nvidia module file exists for the running kernel 6.18.44-fc-v973-gpu" in verdict["why"]
     assert "nothing here tells the loaded module from NVIDIA's stock 580.159.04" in verdict["why"]
+    assert verdict["code"] == "RB-DRIVER-FORK-UNTELLABLE"
 
 
 def test_the_real_h200_with_nothing_pinned_passes_claiming_no_pin(fixtures):

@@ -105,6 +105,8 @@ def test_3080_with_p2p_expected_fails_firmware_with_bios_remedy():
     assert verdict["status"] == "fail"
     assert "below 4 GiB" in verdict["why"] and "only 256 MiB" in verdict["why"]
     assert "Above 4G Decoding ON" in verdict["remedy"] and "not possible on this board" in verdict["remedy"]
+    assert verdict["code"] == "RB-FIRMWARE-BAR-BELOW-4G"
+    assert verdict["codes"] == ["RB-FIRMWARE-BAR-BELOW-4G", "RB-FIRMWARE-SMALL-BAR"]
 
 
 def test_rebar_off_is_named_when_the_card_supports_more():
@@ -114,6 +116,7 @@ def test_rebar_off_is_named_when_the_card_supports_more():
     verdict = L.judge_firmware(ev, R9700)
     assert verdict["status"] == "fail" and "Resizable BAR is off" in verdict["why"]
     assert "supports 32 GiB" in verdict["why"]
+    assert verdict["code"] == "RB-FIRMWARE-REBAR-OFF" and "codes" not in verdict
 
 
 def test_legacy_boot_fails_firmware_when_p2p_expected():
@@ -121,6 +124,7 @@ def test_legacy_boot_fails_firmware_when_p2p_expected():
     ev["uefi"] = False
     verdict = L.judge_firmware(ev, R9700)
     assert verdict["status"] == "fail" and "CSM" in verdict["why"]
+    assert verdict["code"] == "RB-FIRMWARE-CSM-ON"
 
 
 @pytest.mark.parametrize("layer", ["firmware", "pcie_link", "dma_window"])
@@ -133,6 +137,9 @@ def test_unreadable_resource_file_is_unknown():
     ev = r9700_evidence()
     ev["gpus"][0]["bars"] = None
     assert L.judge_firmware(ev, R9700)["status"] == "unknown"
+    assert L.judge_firmware(ev, R9700)["code"] == "RB-FIRMWARE-UNKNOWN"  # not read: the generic code
+    ev["gpus"][0]["bars"] = []
+    assert L.judge_firmware(ev, R9700)["code"] == "RB-FIRMWARE-BAR-UNASSIGNED"
 
 
 def test_idle_downclock_is_not_a_fault():
@@ -146,6 +153,7 @@ def test_link_trained_at_x8_fails():
     ev["gpus"][1]["link"]["current_width"] = 8
     verdict = L.judge_pcie_link(ev, R9700)
     assert verdict["status"] == "fail" and "0000:04:00.0 trained at x8 of x16" in verdict["why"]
+    assert verdict["code"] == "RB-PCIE-LINK-WIDTH" and "codes" not in verdict
 
 
 def test_the_one_call_ladder_stops_at_the_first_failing_layer():
@@ -167,6 +175,7 @@ def test_port_limited_to_gen1_fails():
     ev["gpus"][0]["chain"][0]["link"]["max_speed_gts"] = 2.5
     verdict = L.judge_pcie_link(ev, R9700)
     assert verdict["status"] == "fail" and "2.5 GT/s (Gen1)" in verdict["why"] and "Gen3" in verdict["why"]
+    assert verdict["code"] == "RB-PCIE-LINK-SPEED"
 
 
 def test_per_gpu_override_of_expected_link():
@@ -174,6 +183,7 @@ def test_per_gpu_override_of_expected_link():
     ev["gpus"][1]["link"].update(max_width=8, current_width=8)
     ev["gpus"][1]["chain"][0]["link"]["max_width"] = 8
     assert L.judge_pcie_link(ev, R9700)["status"] == "fail"
+    assert L.judge_pcie_link(ev, R9700)["code"] == "RB-PCIE-LINK-WIDTH-CAPABILITY"
     ladder_view = copy.deepcopy(R9700)
     ladder_view["gpu"]["per_gpu"] = [{"slot": "0000:04:00.0", "width": 8}]
     assert L.judge_pcie_link(ev, ladder_view)["status"] == "pass"
@@ -185,6 +195,7 @@ def test_bar_at_56_tib_is_beyond_amdgpu_44_bit_reach():
     verdict = L.judge_dma_window(ev, R9700)
     assert verdict["status"] == "fail"
     assert "44-bit (16 TiB) DMA reach of amd 0000:03:00.0" in verdict["why"]
+    assert verdict["code"] == "RB-DMA-WINDOW-BEYOND-REACH"
     assert "56" in verdict["why"]
 
 
@@ -212,6 +223,7 @@ def test_kernel_upgrade_and_lost_cmdline_flags_fail_kernel_state():
     assert verdict["status"] == "fail"
     assert "running kernel 7.0.0-40-generic, pinned 7.0.0-31-generic" in verdict["why"]
     assert "lacks intel_iommu=on iommu=pt" in verdict["why"]
+    assert verdict["codes"] == ["RB-KERNEL-NOT-PINNED", "RB-KERNEL-CMDLINE-FLAGS"]
 
 
 def test_an_unpinned_running_kernel_says_whether_the_p2p_fork_is_built_for_it():
@@ -233,6 +245,7 @@ def test_broadwell_host_bridge_needs_the_patched_kernel_allowance():
     del ladder_view["pins"]["kernel"]["p2pdma_allow"]
     verdict = L.judge_kernel_state(r9700_evidence(), ladder_view)
     assert verdict["status"] == "fail" and "host bridge 8086:6f00" in verdict["why"]
+    assert verdict["code"] == "RB-KERNEL-P2PDMA-BRIDGE"
 
 
 def test_same_root_port_or_zen_needs_no_allowance():
@@ -250,6 +263,9 @@ def test_p2pdma_config_missing_or_off():
     ev["kernel"]["config"] = {"CONFIG_PCI_P2PDMA": "y", "CONFIG_HSA_AMD_P2P": "n"}
     verdict = L.judge_kernel_state(ev, R9700)
     assert verdict["status"] == "fail" and "CONFIG_HSA_AMD_P2P is n" in verdict["why"]
+    assert verdict["code"] == "RB-KERNEL-NO-HSA-AMD-P2P" and "codes" not in verdict
+    ev["kernel"]["config"] = {}
+    assert L.judge_kernel_state(ev, R9700)["codes"] == ["RB-KERNEL-NO-PCI-P2PDMA", "RB-KERNEL-NO-HSA-AMD-P2P"]
 
 
 def test_uvm_hmm_with_iommu_pt_fails():
@@ -257,6 +273,7 @@ def test_uvm_hmm_with_iommu_pt_fails():
     ev["nvidia"]["uvm_disable_hmm"] = "N"
     verdict = L.judge_kernel_state(ev, X3080)
     assert verdict["status"] == "fail" and "uvm_disable_hmm" in verdict["remedy"]
+    assert verdict["code"] == "RB-KERNEL-UVM-HMM-ON"
 
 
 def test_module_missing_after_kernel_upgrade_fails_driver_state():
@@ -267,6 +284,7 @@ def test_module_missing_after_kernel_upgrade_fails_driver_state():
     assert verdict["status"] == "fail"
     assert "no nvidia module is installed for the running kernel 7.0.0-40-generic" in verdict["why"]
     assert "dkms autoinstall -k 7.0.0-40-generic" in verdict["remedy"]
+    assert verdict["code"] == "RB-DRIVER-NO-MODULE"
 
 
 def test_a_wrong_version_fails_wherever_its_file_sits():
@@ -276,6 +294,7 @@ def test_a_wrong_version_fails_wherever_its_file_sits():
     assert verdict["status"] == "fail"
     assert "loaded nvidia module is 580.95.05, pinned 615.71.09" in verdict["why"]
     assert "installed by hand" in verdict["why"]  # the file's place is said too, as a note
+    assert verdict["codes"] == ["RB-DRIVER-VERSION-NOT-PINNED", "RB-DRIVER-USERSPACE-MISMATCH", "RB-DRIVER-NOT-DKMS"]
 
 
 # --- driver_state: the loaded module against the pin, for each way the driver got onto the box ------------------
@@ -305,6 +324,7 @@ def test_a_fork_installed_by_hand_runs_and_is_a_note_not_a_failure():
     assert verdict["status"] == "warn", verdict
     assert "nvidia.ko for 7.0.0-31-generic is installed by hand (the fork's make modules_install" in verdict["why"]
     assert "a kernel upgrade does not rebuild it" in verdict["why"]
+    assert verdict["code"] == "RB-DRIVER-NOT-DKMS"
     assert "moves the hand-installed files aside" in verdict["remedy"] and "--check --diff" in verdict["remedy"]
     assert verdict["measured"]["files"] == ["kernel/drivers/video/nvidia.ko (installed by hand (the fork's make "
                                             "modules_install, or NVIDIA's .run installer))"]
@@ -335,8 +355,11 @@ def test_the_real_failures_stay_failures_for_each_install_method(method):
     assert verdict["status"] == "fail"
     assert ("installed for 7.0.0-31-generic but not loaded" if INSTALLS[method] else
             "no nvidia module is installed for the running kernel 7.0.0-31-generic") in verdict["why"]
-    for broken in (wrong, mismatch, unloaded):
+    assert verdict["code"] == ("RB-DRIVER-NOT-LOADED" if INSTALLS[method] else "RB-DRIVER-NO-MODULE")
+    for broken, code in ((wrong, "RB-DRIVER-VERSION-NOT-PINNED"), (mismatch, "RB-DRIVER-USERSPACE-MISMATCH"),
+                         (unloaded, None)):
         assert L.judge_driver_state(broken, X3080_FORK)["status"] == "fail"
+        assert code is None or L.judge_driver_state(broken, X3080_FORK)["code"] == code
 
 
 def test_open_or_proprietary_is_judged_where_the_pin_says():
@@ -346,6 +369,7 @@ def test_open_or_proprietary_is_judged_where_the_pin_says():
     assert verdict["status"] == "fail", verdict
     assert "NVIDIA's proprietary kernel module, the pin is NVIDIA's open kernel module" in verdict["why"]
     assert verdict["expected"]["open"] is True
+    assert verdict["code"] == "RB-DRIVER-MODULE-KIND"
     assert L.judge_driver_state(proprietary, X3080)["status"] == "pass"  # a pin without a source says nothing
     said = {**X3080, "pins": {**X3080["pins"], "nvidia_driver": {**X3080["pins"]["nvidia_driver"], "open": False}}}
     assert L.judge_driver_state(proprietary, said)["status"] == "pass"
@@ -374,6 +398,7 @@ def test_the_srcversion_of_rigbooks_build_is_the_loaded_ones():
     assert ("the loaded nvidia module 615.71.09 (srcversion 0A1B2C3D4E5F60718293A4B) is not the DKMS build rigbook "
             f"made for 7.0.0-31-generic (srcversion {SRCVERSION})") in other["why"]
     assert "Reboot" in other["remedy"]
+    assert other["code"] == "RB-DRIVER-NOT-PINNED-BUILD"
     assert L.judge_driver_state(stamped(loaded=None), X3080_FORK)["status"] == "unknown"
     # a stamp of another version (an older build DKMS still holds) says nothing of the loaded module
     assert L.judge_driver_state(stamped(version="610.43.03", loaded="0A1B2C3D4E5F60718293A4B"),
@@ -437,6 +462,7 @@ def test_nvidia_uvm_not_loaded_is_a_note_only_where_hmm_would_matter():
     ev["nvidia"]["modprobe_uvm_disable_hmm"] = False
     verdict = L.judge_kernel_state(ev, X3080)
     assert verdict["status"] == "warn" and "no modprobe.d option disables HMM" in verdict["why"]
+    assert verdict["code"] == "RB-KERNEL-UVM-HMM-UNSET"
     ev["cpu"]["address_bits"] = 46
     assert L.judge_kernel_state(ev, X3080)["status"] == "pass"
 
@@ -446,6 +472,7 @@ def test_userspace_kernel_mismatch():
     ev["nvidia"]["userspace_version"] = "615.80.01"
     verdict = L.judge_driver_state(ev, X3080)
     assert verdict["status"] == "fail" and "Driver/library version mismatch" in verdict["why"]
+    assert verdict["code"] == "RB-DRIVER-USERSPACE-MISMATCH"
 
 
 def test_amd_without_kfd_p2p_links_fails():
@@ -453,6 +480,7 @@ def test_amd_without_kfd_p2p_links_fails():
     ev["amd"]["kfd_nodes"][2]["p2p_links_count"] = 0
     verdict = L.judge_driver_state(ev, R9700)
     assert verdict["status"] == "fail" and "KFD node 2 has no P2P link" in verdict["why"]
+    assert verdict["code"] == "RB-DRIVER-KFD-NO-P2P-LINK"
 
 
 def test_amd_rocm_pin_and_unloaded_driver():
@@ -461,6 +489,7 @@ def test_amd_rocm_pin_and_unloaded_driver():
     verdict = L.judge_driver_state(ev, R9700)
     assert verdict["status"] == "fail"
     assert "amdgpu is not loaded" in verdict["why"] and "ROCm 6.4.1, pinned 7.2" in verdict["why"]
+    assert verdict["codes"] == ["RB-DRIVER-AMDGPU-NOT-LOADED", "RB-DRIVER-ROCM-NOT-PINNED"]
 
 
 def test_human_bytes():
@@ -478,6 +507,7 @@ def test_a_fork_pin_on_a_module_with_no_file_is_unknown_naming_why():
     assert "the pin names the P2P driver fork (https://github.com/aikitoria/open-gpu-kernel-modules)" in verdict["why"]
     assert "no nvidia module file exists for the running kernel 7.0.0-31-generic" in verdict["why"]
     assert "nothing here tells the loaded module from NVIDIA's stock 615.71.09" in verdict["why"]
+    assert verdict["code"] == "RB-DRIVER-FORK-UNTELLABLE"
     # the same box with a stock pin (a version, no fork): nothing to tell apart, the pinned version passes
     stock = L.judge_driver_state(installed_by("no /lib/modules"), X3080)
     assert stock["status"] == "pass" and stock["why"] == "the pinned driver 615.71.09 is loaded, userspace matches"
@@ -542,6 +572,7 @@ def test_a_bare_metal_legacy_boot_still_gets_the_csm_finding():
     assert verdict["status"] == "warn" and verdict["why"].startswith("legacy boot (no /sys/firmware/efi): CSM is on")
     # the CSM finding alone: CSM advice, not ReBAR nor Above 4G, and no "declare it" on a box that declared it
     assert verdict["remedy"] == L.CSM_REMEDY
+    assert verdict["code"] == "RB-FIRMWARE-CSM-ON" and "codes" not in verdict
     assert "expected false" not in verdict["remedy"]
 
 
@@ -568,6 +599,7 @@ def test_a_virtual_machines_small_bar_is_the_hypervisors_not_a_bios_setting():
     assert verdict["status"] == "fail" and "CSM" not in verdict["why"]
     assert "the hypervisor maps it in the 32-bit window" in verdict["why"]
     assert verdict["remedy"] == L.VM_BAR_REMEDY
+    assert verdict["codes"] == ["RB-FIRMWARE-BAR-BELOW-4G", "RB-FIRMWARE-SMALL-BAR"]
 
 
 def test_each_firmware_finding_gets_its_own_remedy():

@@ -57,6 +57,7 @@ def test_a_gpu_behind_the_chipset_fails_where_p2p_is_expected(tmp_path):
         in verdict["why"]
     assert "seeds 000 and 004" in verdict["why"] and "PHB" in verdict["why"] and "00:1c.x" in verdict["remedy"]
     assert "0000:03:00.0 sits behind" not in verdict["why"]  # GPU0 stays on its CPU root port
+    assert verdict["code"] == "RB-PCIE-BEHIND-PCH"
 
 
 def test_a_gpu_behind_the_chipset_is_reported_where_p2p_is_declared_unavailable(tmp_path):
@@ -91,6 +92,7 @@ def test_the_slot_link_of_a_card_with_its_own_switch_is_judged(tmp_path):
             in verdict["why"]
         assert f"{gpu} trained at" not in verdict["why"]  # the GPU's own link on the card is still x16
     assert "seed 004 checks Gen3 x16 on both cards" in verdict["why"] and "Reseat the card" in verdict["remedy"]
+    assert verdict["code"] == "RB-PCIE-SLOT-LINK-WIDTH" and "codes" not in verdict
 
 
 def test_a_slot_capped_at_gen1_fails_through_the_switch(tmp_path):
@@ -99,6 +101,7 @@ def test_a_slot_capped_at_gen1_fails_through_the_switch(tmp_path):
     assert verdict["status"] == "fail"
     assert "0000:03:00.0 slot link (switch upstream port 0000:01:00.0 -> root port 0000:00:02.0) is capable of " \
            "2.5 GT/s (Gen1), rigbook_gpu.pcie expects Gen3" in verdict["why"]
+    assert verdict["code"] == "RB-PCIE-SLOT-LINK-SPEED"
 
 
 def test_a_card_without_a_switch_has_no_separate_slot_link(tmp_path):
@@ -106,3 +109,4 @@ def test_a_card_without_a_switch_has_no_separate_slot_link(tmp_path):
     assert not [k for k in verdict["measured"] if k.startswith("slot link")]
     verdict = pcie_link(faulted(tmp_path, "x99-3080", "slot-link-x8"), X3080)
     assert verdict["status"] == "fail" and "0000:04:00.0 trained at x8 of x16" in verdict["why"]
+    assert verdict["code"] == "RB-PCIE-LINK-WIDTH"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ansible_collections.rigbook.homelab.plugins.module_utils.judges import baseline_compare as baseline_mod
 from ansible_collections.rigbook.homelab.plugins.module_utils.judges import expectations
-from ansible_collections.rigbook.homelab.plugins.module_utils.judges.verdict import make, worse
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges.verdict import generic_code, make, rank, worse
 
 # The ops every collectives run has (nccl-tests/rccl-tests sendrecv_perf, all_reduce_perf; the bundled benchmark), and
 # the ones a run of rccl-tests/nccl-tests adds when the programs are there (all_gather_perf, reduce_scatter_perf; seed
@@ -126,6 +126,115 @@ FAILED_RUN_REMEDY = (
     "tell P2P from the rest, once with NCCL_P2P_DISABLE=1."
 )
 
+def _code(layer, title, cause, measured, action):
+    return {"layer": layer, "title": title, "cause": cause, "measured": measured, "action": action}
+
+
+# The failure codes of the two layers' findings (judges/codes.py gathers them; docs/codes.md is generated from them).
+CODES = {
+    "RB-COLLECTIVES-RUN-FAILED": _code(
+        "collectives", "the collectives run stopped on its own error",
+        "nccl-tests / rccl-tests or the bundled benchmark failed (its WARN lines, the test's failure trailer): often a "
+        "peer mapping that failed ('Cuda failure 205 mapping of buffer object failed').",
+        "The run's own failure lines (parse/nccl.failure_of).",
+        "Read the failure lines; a failed peer mapping is the peer_access layer's (large BAR, the P2P driver fork); "
+        "run it again with NCCL_DEBUG=INFO and once with NCCL_P2P_DISABLE=1."),
+    "RB-COLLECTIVES-WRONG-ONE-RANK": _code(
+        "collectives", "a single-GPU reduction gave wrong values",
+        "The benchmark ran on one rank and its results are wrong: the GPU itself computes or stores wrong.",
+        "The run's #wrong column with world size 1.",
+        "Check the GPU (dmesg Xid, dcgmi diag)."),
+    "RB-COLLECTIVES-WRONG-RESULTS": _code(
+        "collectives", "collectives between the GPUs gave wrong results",
+        "A collective's results are wrong (or out of bounds): corruption on the peer path, whatever the bandwidth.",
+        "The #wrong (and out-of-bounds) columns of nccl-tests / rccl-tests or the bundled benchmark, per op.",
+        "Disable P2P (NCCL_P2P_DISABLE=1) until the lower layers and the integrity test (peer_access) pass."),
+    "RB-COLLECTIVES-NO-P2P-GAIN": _code(
+        "collectives", "the collectives gain nothing from P2P: they did not use it",
+        "SendRecv with P2P allowed runs less than 1.1x its busbw with NCCL_P2P_DISABLE=1 on a box that expects P2P: "
+        "the library fell back to SHM or the network.",
+        "The A/B run (option ab): sendrecv busbw with P2P allowed and with NCCL_P2P_DISABLE=1.",
+        "Set NCCL_P2P_LEVEL in the GPU environment file (amd_rocm role); for RCCL 2.27.7 on Intel hosts the "
+        "P2P-level patch (rccl role); check peer_access and kernel_state."),
+    "RB-COLLECTIVES-NOT-DIRECT-P2P": _code(
+        "collectives", "the collectives run's own log says isAllDirectP2p 0",
+        "NCCL/RCCL found no direct P2P between the GPUs for this run, so its figures are not the P2P path's (seed "
+        "004 accepts only \"isAllDirectP2p 1 via P2P/IPC\").",
+        "The NCCL_DEBUG=INFO log of the collectives run itself.",
+        "NVIDIA: the layers below (peer_access, driver_state), then NCCL_P2P_LEVEL. AMD: NCCL_P2P_LEVEL in the GPU "
+        "environment file, then RCCL's P2P-level patch (rccl role)."),
+    "RB-COLLECTIVES-BASELINE": _code(
+        "collectives", "bus bandwidth fell below the baseline's fail line",
+        "An op's busbw runs below the tolerance's fail_below share (0.8x) of this host's recorded figure (measured "
+        "again once before it fails: ladder/repeat.py); often an SHM fallback after a kernel or driver upgrade.",
+        "Each op's busbw against the host's baseline (provision baseline record).",
+        "Check nccl_transport (SHM fallback after a kernel or driver upgrade), then p2p_bandwidth and the PCIe link."),
+    "RB-COLLECTIVES-BASELINE-DIP": _code(
+        "collectives", "bus bandwidth is slightly below the baseline",
+        "An op's busbw runs between the tolerance's fail_below (0.8x) and warn_below (0.95x) shares of this host's "
+        "recorded figure.",
+        "Each op's busbw against the host's baseline.",
+        "Watch the trend; check nccl_transport, p2p_bandwidth and the PCIe link."),
+    "RB-COLLECTIVES-SENDRECV-BELOW-PEER": _code(
+        "collectives", "SendRecv runs far below the peer copy the GPUs make",
+        "SendRecv busbw is below the tolerance's sendrecv_of_peer_fail_below share of the slowest peer copy the "
+        "p2p_bandwidth layer timed: the library does not get the path the GPUs have (seed 004: stock RCCL fell back "
+        "to SHM, SendRecv 6.90 vs 10.29 GB/s = 0.67).",
+        "sendrecv busbw against the probe's slowest peer copy.",
+        SENDRECV_REMEDY),
+    "RB-COLLECTIVES-SENDRECV-PEER-DIP": _code(
+        "collectives", "SendRecv runs somewhat below the peer copy the GPUs make",
+        "SendRecv busbw is below the tolerance's sendrecv_of_peer_warn_below share of the slowest peer copy (seed "
+        "004: 9.75 vs 10.29 GB/s = 0.95 on a healthy box).",
+        "sendrecv busbw against the probe's slowest peer copy.",
+        SENDRECV_REMEDY),
+    "RB-COLLECTIVES-OP-NOT-MEASURED": _code(
+        "collectives", "an op the baseline holds was not measured",
+        "The run lacks an op (sendrecv, all_reduce, or an all_gather / reduce_scatter the baseline records): its "
+        "program is missing or did not run.",
+        "The ops of the collectives run against the required ops and the baseline's.",
+        "Install the missing nccl-tests / rccl-tests program, or run it by hand with NCCL_DEBUG=INFO."),
+    "RB-P2P-SHM-FALLBACK": _code(
+        "nccl_transport", "NCCL channels go through SHM (or the network), not P2P",
+        "On a box that expects P2P, NCCL/RCCL fell back silently to the shared-memory (or network) transport: "
+        "NCCL_P2P_LEVEL missing, an RCCL without the P2P-level patch, or a lower layer broken after an upgrade.",
+        "The 'Channel ... via' lines of an NCCL_DEBUG=INFO log (the bundled benchmark's, or the serving unit's).",
+        "Check the lower layers first (peer_access, kernel_state after an upgrade); set NCCL_P2P_LEVEL in the GPU "
+        "environment file (amd_rocm role); for RCCL 2.27.7 on Intel hosts the P2P-level patch (rccl role)."),
+    "RB-NCCL-NOT-DIRECT-P2P": _code(
+        "nccl_transport", "the NCCL log says isAllDirectP2p 0",
+        "NCCL/RCCL found no direct P2P between the GPUs (seed 004 accepts only \"isAllDirectP2p 1 via P2P/IPC\").",
+        "The isAllDirectP2p value of an NCCL_DEBUG=INFO log.",
+        "Check the lower layers first (peer_access, kernel_state after an upgrade), then NCCL_P2P_LEVEL and, for "
+        "RCCL 2.27.7 on Intel hosts, the P2P-level patch."),
+    "RB-NCCL-NET-TRANSPORT": _code(
+        "nccl_transport", "NCCL channels go through the network transport",
+        "On a box declared without P2P the GPUs should talk through SHM; the network transport means NCCL did not "
+        "see the GPUs as one host's.",
+        "The 'Channel ... via' lines of an NCCL_DEBUG=INFO log.",
+        "Check that the ranks run on one host and that NCCL_SHM_DISABLE is not set; see the NCCL log's topology."),
+    "RB-NCCL-P2P-DECLARED-UNAVAILABLE": _code(
+        "nccl_transport", "every channel goes via P2P although P2P is declared unavailable",
+        "rigbook_p2p.expected is false, yet NCCL uses P2P on every channel: the box changed or the declaration is "
+        "stale.",
+        "The 'Channel ... via' lines of an NCCL_DEBUG=INFO log.",
+        "If P2P works now, set rigbook_p2p.expected true; otherwise find out what changed."),
+    "RB-NCCL-P2P-LEVEL-MISMATCH": _code(
+        "nccl_transport", "NCCL_P2P_LEVEL differs from the level rigbook_p2p pins",
+        "The run's environment set another NCCL_P2P_LEVEL than rigbook_p2p.nccl_p2p_level.",
+        "The NCCL_P2P_LEVEL the NCCL log shows against rigbook_p2p.nccl_p2p_level.",
+        "Set NCCL_P2P_LEVEL in the serving unit's / GPU environment file to the pinned level (amd_rocm role)."),
+    "RB-NCCL-P2P-LEVEL-UNSET": _code(
+        "nccl_transport", "NCCL_P2P_LEVEL was not set where rigbook_p2p pins one",
+        "The run's environment lacks NCCL_P2P_LEVEL although rigbook_p2p.nccl_p2p_level pins it, beside a transport "
+        "problem.",
+        "The NCCL log shows no NCCL_P2P_LEVEL; rigbook_p2p.nccl_p2p_level pins one.",
+        "Re-run the amd_rocm role, which writes NCCL_P2P_LEVEL into the GPU environment file."),
+}
+BASELINE_CODES = {"fail": "RB-COLLECTIVES-BASELINE", "warn": "RB-COLLECTIVES-BASELINE-DIP",
+                  "unknown": generic_code("collectives", "unknown")}
+SENDRECV_CODES = {"fail": "RB-COLLECTIVES-SENDRECV-BELOW-PEER", "warn": "RB-COLLECTIVES-SENDRECV-PEER-DIP"}
+
 
 def judge_collectives(data, ladder_view, baseline_metrics=None, tolerance=None, probe=None, gpus_seen=None):
     """Wrong results fail whatever the bandwidth; busbw is held to the recorded baseline; where P2P is expected,
@@ -139,7 +248,8 @@ def judge_collectives(data, ladder_view, baseline_metrics=None, tolerance=None, 
     if data.get("failures") and not one_gpu:
         texts = ["%s%s" % (f.get("text"), " (%s)" % f["code"] if f.get("code") else "") for f in data["failures"]]
         return make(layer, "fail", {"source": data.get("source"), "failure lines": texts}, {"failure lines": "none"},
-                    "the collectives run failed: %s" % "; ".join(texts[:3]), FAILED_RUN_REMEDY)
+                    "the collectives run failed: %s" % "; ".join(texts[:3]), FAILED_RUN_REMEDY,
+                    code="RB-COLLECTIVES-RUN-FAILED")
     if not data.get("available", True) or not data.get("results"):
         return make(layer, "unknown", measured=None, expected="sendrecv and all_reduce results",
                     why=data.get("error") or "no collectives result",
@@ -152,7 +262,8 @@ def judge_collectives(data, ladder_view, baseline_metrics=None, tolerance=None, 
         if any(r.get("wrong") for r in rows.values()):
             return make(layer, "fail", {"source": data.get("source")}, {"wrong": 0},
                         "wrong results on one rank: " + ran,
-                        "A single-GPU reduction gave wrong values: check the GPU (dmesg Xid, dcgmi diag).")
+                        "A single-GPU reduction gave wrong values: check the GPU (dmesg Xid, dcgmi diag).",
+                        code="RB-COLLECTIVES-WRONG-ONE-RANK")
         return make(layer, "skip", {"source": data.get("source"), "world_size": 1}, None, why)
     metrics = {}
     measured = {"source": data.get("source")}
@@ -171,9 +282,10 @@ def judge_collectives(data, ladder_view, baseline_metrics=None, tolerance=None, 
             why += "; out of bounds values: %s" % ", ".join("%s %s" % kv for kv in sorted(oob.items()))
         return make(layer, "fail", measured, expected, why,
                     "Wrong collective results mean corruption on the peer path: disable P2P (NCCL_P2P_DISABLE=1) "
-                    "until the lower layers and the integrity test (peer_access) pass.", metrics=metrics)
+                    "until the lower layers and the integrity test (peer_access) pass.", metrics=metrics,
+                    code="RB-COLLECTIVES-WRONG-RESULTS")
     # the path the collectives took: P2P gain over NCCL_P2P_DISABLE=1 (with ab), and the run's own log
-    no_p2p, remedy = [], None
+    no_p2p, no_p2p_codes, remedy = [], [], None
     ab = data.get("ab")
     if ab:
         if ab.get("gain") is not None:
@@ -186,13 +298,16 @@ def judge_collectives(data, ladder_view, baseline_metrics=None, tolerance=None, 
             want = (ladder_view.get("p2p") or {}).get("nccl_p2p_level")
             no_p2p.append("P2P gain %.2fx over NCCL_P2P_DISABLE=1, below %.1fx: the collectives did not use P2P"
                           % (ab["gain"], AB_MIN_GAIN))
+            no_p2p_codes.append("RB-COLLECTIVES-NO-P2P-GAIN")
             remedy = shm_remedy(data.get("p2p_level"), want, data.get("env_file"))
     direct = _direct_p2p(data, ladder_view, measured, expected)
     if direct:
         no_p2p.append(direct[0])
+        no_p2p_codes.append("RB-COLLECTIVES-NOT-DIRECT-P2P")
         remedy = remedy or direct[1]
     if no_p2p:
-        return make(layer, "fail", measured, expected, "; ".join(no_p2p), remedy, metrics=metrics)
+        return make(layer, "fail", measured, expected, "; ".join(no_p2p), remedy, metrics=metrics,
+                    codes=no_p2p_codes)
     missing = [op for op in REQUIRED_OPS if op not in rows]
     if missing and data.get("error"):
         return make(layer, "unknown", measured, expected, "%s not measured: %s" % (", ".join(missing), data["error"]),
@@ -201,6 +316,7 @@ def judge_collectives(data, ladder_view, baseline_metrics=None, tolerance=None, 
     tol = expectations.tolerance(ladder_view, tolerance, defaults=expectations.SENDRECV_OF_PEER_TOLERANCE)
     baseline_metrics = baseline_metrics or {}
     status, texts, ratios = baseline_mod.compare_all(metrics, baseline_metrics, tol)
+    found = [(status, BASELINE_CODES.get(status))]  # (status, code) of each finding
     expected.update({k: ">= %.2fx of %s" % (tol["fail_below"], v) for k, v in baseline_metrics.items()
                      if k in metrics})
     missing += ["%s (the baseline holds %s)" % (op, "%s_busbw_gbs" % op) for op in EXTRA_OPS
@@ -223,10 +339,13 @@ def judge_collectives(data, ladder_view, baseline_metrics=None, tolerance=None, 
         texts.insert(0, peer_text)
         remedy = " ".join(filter(None, [SENDRECV_REMEDY, remedy]))
         status = worse(status, peer_status)
+        found.append((peer_status, SENDRECV_CODES[peer_status]))
     if missing and status == "pass" and not no_baseline:
         status = "warn"
         texts.append("not measured: %s" % ", ".join(missing))
-    return make(layer, status, measured, expected, "; ".join(texts), remedy, metrics=metrics)
+        found.append(("warn", "RB-COLLECTIVES-OP-NOT-MEASURED"))
+    codes = [code for _, code in sorted(found, key=lambda f: -rank(f[0])) if code]
+    return make(layer, status, measured, expected, "; ".join(texts), remedy, metrics=metrics, codes=codes)
 
 
 def judge_nccl_transport(parsed, ladder_view, gpus_seen=None):
@@ -257,25 +376,31 @@ def judge_nccl_transport(parsed, ladder_view, gpus_seen=None):
         "NCCL_P2P_LEVEL": parsed.get("p2p_level"),
         "nccl_version": parsed.get("nccl_version"),
     }
-    problems, notes = [], []
+    problems, notes, codes = [], [], []
     if expected_p2p:
         not_p2p = [c for c in channels if not c["transport"].upper().startswith("P2P")]
         if not_p2p:
             kinds = sorted({c["transport"] for c in not_p2p})
             problems.append("%d of %d channels go through %s, not P2P: NCCL fell back silently"
                             % (len(not_p2p), len(channels), ", ".join(kinds)))
+            codes.append("RB-P2P-SHM-FALLBACK")
         if parsed.get("all_direct_p2p") is False:
             problems.append("isAllDirectP2p 0: the library found no direct P2P between the GPUs (seed 004 accepts "
                             "only \"isAllDirectP2p 1 via P2P/IPC\")")
+            codes.append("RB-NCCL-NOT-DIRECT-P2P")
     else:
         if parsed["path"] == "net":
             problems.append("channels go through the network transport")
+            codes.append("RB-NCCL-NET-TRANSPORT")
         elif parsed["path"] == "p2p":
             notes.append("every channel goes via P2P although rigbook_p2p declares P2P unavailable")
+            codes.append("RB-NCCL-P2P-DECLARED-UNAVAILABLE")
     if want_level and parsed.get("p2p_level") and parsed["p2p_level"] != want_level:
         notes.append("NCCL_P2P_LEVEL is %s, rigbook_p2p pins %s" % (parsed["p2p_level"], want_level))
+        codes.append("RB-NCCL-P2P-LEVEL-MISMATCH")
     elif want_level and not parsed.get("p2p_level") and problems:
         notes.append("NCCL_P2P_LEVEL was not set (rigbook_p2p pins %s)" % want_level)
+        codes.append("RB-NCCL-P2P-LEVEL-UNSET")
     remedy = ""
     if problems or notes:
         remedy = ("Check the lower layers first (peer_access, kernel_state after an upgrade); set NCCL_P2P_LEVEL=%s "
@@ -284,8 +409,8 @@ def judge_nccl_transport(parsed, ladder_view, gpus_seen=None):
         if problems and expected_p2p and parsed.get("from_tests_run"):
             remedy = shm_remedy(parsed.get("p2p_level"), want_level, parsed.get("env_file"))
     if problems:
-        return make(layer, "fail", measured, expected, "; ".join(problems + notes), remedy)
+        return make(layer, "fail", measured, expected, "; ".join(problems + notes), remedy, codes=codes)
     if notes:
-        return make(layer, "warn", measured, expected, "; ".join(notes), remedy)
+        return make(layer, "warn", measured, expected, "; ".join(notes), remedy, codes=codes)
     return make(layer, "pass", measured, expected,
                 "every channel via %s" % ", ".join(parsed.get("transports") or []))

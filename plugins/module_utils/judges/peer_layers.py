@@ -78,6 +78,150 @@ LINK_REMEDY = (
     "and for AMD that the copy engine (SDMA) path is used; compare with TransferBench / p2pBandwidthLatencyTest."
 )
 
+def _code(layer, title, cause, measured, action):
+    return {"layer": layer, "title": title, "cause": cause, "measured": measured, "action": action}
+
+
+# The failure codes of the two layers' findings (judges/codes.py gathers them; docs/codes.md is generated from them).
+CODES = {
+    "RB-P2P-ACCESS-PROBE-HUNG": _code(
+        "peer_access", "the GPU probe hung on a box that expects P2P",
+        "The peer probe did not finish within its deadline and was killed: peer copies that never finish are a broken "
+        "P2P path (a mapping the IOMMU or the root complex drops).",
+        "The probe (cuda_probe / hip_probe) run with a deadline; its timed_out flag.",
+        "Check dmesg for Xid/AER/IOMMU faults during the probe, then the layers below (firmware, dma_window, "
+        "kernel_state, driver_state)."),
+    "RB-P2P-ACCESS-GPU-MISSING": _code(
+        "peer_access", "the driver sees fewer GPUs than rigbook_gpu.count",
+        "A GPU the inventory declares is not visible to the driver (fallen off the bus, not bound, not powered).",
+        "The probe's device list against rigbook_gpu.count.",
+        "Check gpu_inventory and driver_state (dmesg, nvidia-smi / rocm-smi)."),
+    "RB-P2P-MAP-FAILED": _code(
+        "peer_access", "enabling peer access failed: the peer's memory could not be mapped",
+        "CUDA_ERROR_MAP_FAILED / hipErrorMapFailed ('mapping of buffer object failed'): the peer's memory window "
+        "(BAR1) is too small to map, typically a board without Above 4G Decoding / Resizable BAR (seed 000: BAR1 "
+        "256 MiB).",
+        "The probe's cuCtxEnablePeerAccess / hipDeviceEnablePeerAccess result per ordered pair, or a program's own "
+        "failure line (an NCCL log's 'Cuda failure 205').",
+        BAR_REMEDY),
+    "RB-P2P-ENABLE-UNSUPPORTED": _code(
+        "peer_access", "the driver refuses peer access for the pair",
+        "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED / hipErrorPeerAccessUnsupported: the stock GeForce driver blocks P2P, "
+        "the topology does not allow it, or amdgpu lacks what P2P needs (CONFIG_HSA_AMD_P2P, large BARs, P2PDMA).",
+        "The probe's enable-peer-access result per ordered pair, or a program's own failure line.",
+        "NVIDIA: install the pinned P2P driver fork (driver_state), check nvidia-smi topo -p2p r. AMD: check "
+        "kernel_state (P2PDMA, the allowed host bridge), dma_window and the KFD p2p links in driver_state."),
+    "RB-P2P-TOO-MANY-PEERS": _code(
+        "peer_access", "the GPU ran out of peer mappings",
+        "CUDA_ERROR_TOO_MANY_PEERS: a GPU can map only so many peers.",
+        "The probe's enable-peer-access result per ordered pair, or a program's own failure line.",
+        "Use fewer GPUs per peer group."),
+    "RB-P2P-ENABLE-FAILED": _code(
+        "peer_access", "enabling peer access failed with another driver error",
+        "Enabling peer access returned an error other than a mapping failure, a refusal or too many peers.",
+        "The probe's enable-peer-access result per ordered pair; the verdict names the error.",
+        "Look the error up in the driver's API reference; check driver_state and the firmware layer (large BAR)."),
+    "RB-P2P-PEER-ACCESS-DENIED": _code(
+        "peer_access", "the driver reports no peer access for the pair",
+        "cuDeviceCanAccessPeer / hipDeviceCanAccessPeer says no: the stock GeForce driver, a topology without P2P, "
+        "or (AMD) no KFD P2P link.",
+        "The probe's can-access-peer answer per ordered pair.",
+        "NVIDIA: install the pinned P2P driver fork (driver_state), check nvidia-smi topo -p2p r and the firmware "
+        "layer (large BAR). AMD: check kernel_state (P2PDMA, the allowed host bridge) and dma_window."),
+    "RB-P2P-CORRUPTION": _code(
+        "peer_access", "data copied peer to peer came back wrong",
+        "A pattern copied from one GPU to the other read back different: corruption on the peer path, not slowness "
+        "(a platform whose root complex corrupts peer writes, a link with errors).",
+        "The probe writes a pattern, copies it peer to peer and verifies it on the other GPU.",
+        CORRUPTION_REMEDY),
+    "RB-P2P-STAGED-CORRUPTION": _code(
+        "peer_access", "data copied through host memory came back wrong",
+        "A pattern copied from one GPU to the other through host memory read back different: corruption on the "
+        "GPU's own link or memory, whatever the peer path.",
+        "The probe copies a pattern GPU -> host -> GPU and verifies it.",
+        CORRUPTION_REMEDY),
+    "RB-P2P-IPC-FAILED": _code(
+        "peer_access", "a HIP IPC handle could not be opened or read back on the peer GPU",
+        "The IPC mode HIP uses (legacy KFD IPC or DMA-BUF) does not work with this ROCm and kernel: the engines' "
+        "multi-process peer sharing fails.",
+        "The probe exports a buffer through hipIpcGetMemHandle, opens it on the peer GPU and verifies it.",
+        IPC_REMEDY),
+    "RB-P2P-WORKS-DECLARED-UNAVAILABLE": _code(
+        "peer_access", "peer access works on every pair although P2P is declared unavailable",
+        "rigbook_p2p.expected is false, yet every pair enables peer access and verifies: the box changed (a BIOS "
+        "update, a driver fork) or the declaration is stale.",
+        "The probe's can-access, enable and pattern results on every ordered pair.",
+        "If P2P is now possible on this box, set rigbook_p2p.expected true so rigbook holds it to its baseline; "
+        "otherwise find out what changed."),
+    "RB-P2P-BANDWIDTH-PROBE-HUNG": _code(
+        "p2p_bandwidth", "the GPU probe hung on a box that expects P2P",
+        "The peer probe did not finish within its deadline and was killed: peer copies that never finish are a broken "
+        "P2P path.",
+        "The probe (cuda_probe / hip_probe) run with a deadline; its timed_out flag.",
+        "Check dmesg for Xid/AER/IOMMU faults during the probe, then the layers below (firmware, dma_window, "
+        "kernel_state, driver_state)."),
+    "RB-P2P-BANDWIDTH-GPU-MISSING": _code(
+        "p2p_bandwidth", "the driver sees fewer GPUs than rigbook_gpu.count",
+        "A GPU the inventory declares is not visible to the driver.",
+        "The probe's device list against rigbook_gpu.count.",
+        "Check gpu_inventory and driver_state (dmesg, nvidia-smi / rocm-smi)."),
+    "RB-P2P-NOT-PEER-COPY": _code(
+        "p2p_bandwidth", "the peer copy is not a P2P copy: peer access could not be enabled",
+        "Peer access failed to enable for the pair, so the timed 'peer' copy went through host memory (seed 000: "
+        "6.0 GB/s with CUDA_ERROR_MAP_FAILED).",
+        "The probe's enable-peer-access result beside its timed peer copy per ordered pair.",
+        NO_P2P_REMEDY),
+    "RB-P2P-NO-REAL-P2P": _code(
+        "p2p_bandwidth", "the peer copy is no faster than the host-staged copy",
+        "Peer access said ok, but the peer copy runs no faster than a copy staged through host memory: the data goes "
+        "through the host, not peer to peer.",
+        "The probe times a peer copy and an unpipelined host-staged copy per ordered pair; the peer copy must beat it "
+        "by the tolerance's over_staged factor (1.1x).",
+        NO_P2P_REMEDY),
+    "RB-P2P-BELOW-LINK": _code(
+        "p2p_bandwidth", "the peer copy is far below the PCIe link: the path is broken, not slow",
+        "The peer copy reaches less than the tolerance's link_fail_below share (25%) of the trained link's limit "
+        "(seed 004: with TransferBench Push / DMA at only 2-3 GB/s on Gen3 x16, do not go on to tune the "
+        "collectives).",
+        "The probe's timed peer copy against the PCIe limit of rigbook_gpu.pcie (generation and width).",
+        LINK_REMEDY),
+    "RB-P2P-LINK-SHARE-LOW": _code(
+        "p2p_bandwidth", "the peer copy reaches a low share of the PCIe link",
+        "The peer copy is below the tolerance's link_warn_below share (50%) of the link's limit: slow, not broken "
+        "(a link trained lower, small MaxPayload/ReadRequest, the copy not on the copy engine).",
+        "The probe's timed peer copy against the PCIe limit of rigbook_gpu.pcie.",
+        LINK_REMEDY),
+    "RB-P2P-BIDIR-HALF-DUPLEX": _code(
+        "p2p_bandwidth", "both directions at once give barely more than one direction",
+        "The two directions share one bottleneck (a switch or root port that does not run both ways at full rate).",
+        "The probe times both directions at once against the faster single direction; below the tolerance's "
+        "bidir_warn_below (1.3x) warns.",
+        LINK_REMEDY),
+    "RB-P2P-BANDWIDTH-BASELINE": _code(
+        "p2p_bandwidth", "a copy figure fell below the baseline's fail line",
+        "A peer, host-staged, both-ways or host copy runs below the tolerance's fail_below share (0.8x) of this "
+        "host's recorded known-good figure (measured again once before it fails: ladder/repeat.py).",
+        "The probe's figures against the host's baseline (provision baseline record).",
+        "After a kernel/driver/BIOS change check the layers below (pcie_link training, peer_access), and re-record "
+        "the baseline only once the new figure is understood."),
+    "RB-P2P-BANDWIDTH-BASELINE-DIP": _code(
+        "p2p_bandwidth", "a copy figure is slightly below the baseline",
+        "A copy figure runs between the tolerance's fail_below (0.8x) and warn_below (0.95x) shares of this host's "
+        "recorded figure.",
+        "The probe's figures against the host's baseline.",
+        "Watch the trend; after a kernel/driver/BIOS change check pcie_link and peer_access."),
+}
+# The code of a peer-access error, as enabling returns it or a program's failure line names it.
+ENABLE_CODES = {
+    "CUDA_ERROR_MAP_FAILED": "RB-P2P-MAP-FAILED",
+    "hipErrorMapFailed": "RB-P2P-MAP-FAILED",
+    "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED": "RB-P2P-ENABLE-UNSUPPORTED",
+    "hipErrorPeerAccessUnsupported": "RB-P2P-ENABLE-UNSUPPORTED",
+    "CUDA_ERROR_TOO_MANY_PEERS": "RB-P2P-TOO-MANY-PEERS",
+}
+HUNG_CODES = {"peer_access": "RB-P2P-ACCESS-PROBE-HUNG", "p2p_bandwidth": "RB-P2P-BANDWIDTH-PROBE-HUNG"}
+MISSING_CODES = {"peer_access": "RB-P2P-ACCESS-GPU-MISSING", "p2p_bandwidth": "RB-P2P-BANDWIDTH-GPU-MISSING"}
+
 
 def link_gbs(gen, width):
     """Theoretical one-way GB/s of a PCIe link (Gen3 x16 -> 15.75); None when unknown."""
@@ -134,6 +278,7 @@ def _unavailable(layer, probe, ladder_view, expected):
             why="the GPU probe hung: %s (peer copies that never finish are a broken P2P path)" % error,
             remedy="Check dmesg for Xid/AER/IOMMU faults during the probe, then the layers below (firmware, "
                    "dma_window, kernel_state, driver_state).",
+            code=HUNG_CODES[layer],
         )
     return make(
         layer, "unknown", measured={"probe": error}, expected=expected,
@@ -155,7 +300,7 @@ def _too_few(layer, probe, ladder_view, metrics=None):
             layer, "fail", measured=measured, expected={"gpus": want},
             why="the driver sees %d GPU(s), rigbook_gpu.count is %d" % (len(devices), want),
             remedy="A GPU is missing: check gpu_inventory and driver_state (dmesg, nvidia-smi / rocm-smi).",
-            metrics=metrics,
+            metrics=metrics, code=MISSING_CODES[layer],
         )
     return None
 
@@ -197,13 +342,15 @@ def _probed_pairs(probe, pairs, count, found):
 
 
 def _failed_lines(probe):
-    """[(text, remedy)] of the peer-access errors a program's own failure lines name (PROBE's `failures`: a pasted NCCL
-    log's "Cuda failure 205 'mapping of buffer object failed'", parse/nccl.failure_of): a failed run is evidence."""
+    """[(text, remedy, code)] of the peer-access errors a program's own failure lines name (PROBE's `failures`: a
+    pasted NCCL log's "Cuda failure 205 'mapping of buffer object failed'", parse/nccl.failure_of): a failed run is
+    evidence."""
     out = []
     for failure in probe.get("failures") or []:
         if failure.get("code") in REMEDIES:
             out.append(("a program's own failure line says %s (%s): peer memory could not be mapped or accessed"
-                        % (failure["code"], failure.get("text")), REMEDIES[failure["code"]]))
+                        % (failure["code"], failure.get("text")), REMEDIES[failure["code"]],
+                        ENABLE_CODES[failure["code"]]))
     return out
 
 
@@ -221,9 +368,9 @@ def judge_peer_access(probe, ladder_view):
     failed = _failed_lines(probe)
     if failed and not probe.get("pairs"):
         found = Findings()
-        for text, remedy in failed:
-            found.problem(text, remedy)
-        return found.verdict(layer, {"failure lines": [text for text, _ in failed]}, expected)
+        for text, remedy, code in failed:
+            found.problem(text, remedy, code=code)
+        return found.verdict(layer, {"failure lines": [text for text, _, _ in failed]}, expected)
     verdict = _unavailable(layer, probe, ladder_view, expected) or _too_few(layer, probe, ladder_view)
     if verdict:
         return verdict
@@ -235,19 +382,22 @@ def judge_peer_access(probe, ladder_view):
     pairs = _pairs(probe)
     found = Findings()
     measured = {}
-    for text, remedy in failed:
-        found.problem(text, remedy)
+    for text, remedy, code in failed:
+        found.problem(text, remedy, code=code)
     for label, pair in _probed_pairs(probe, pairs, len(devices), found):
         measured[label] = _describe_access(pair)
-        for key, what in (("pattern_ok", "peer copy"), ("staged_pattern_ok", "host-staged copy")):
+        for key, what, code in (("pattern_ok", "peer copy", "RB-P2P-CORRUPTION"),
+                                ("staged_pattern_ok", "host-staged copy", "RB-P2P-STAGED-CORRUPTION")):
             if pair.get(key) is False:
-                found.problem("%s: the %s came back wrong (%s)" % (label, what, _why_missing(pair)), CORRUPTION_REMEDY)
+                found.problem("%s: the %s came back wrong (%s)" % (label, what, _why_missing(pair)), CORRUPTION_REMEDY,
+                              code=code)
             elif pair.get(key) is None:
                 found.gap("%s: %s not verified (%s)" % (label, what, _why_missing(pair)))
         if not expected_p2p:
             continue
         if pair.get("can_access_peer") is False:
-            found.problem("%s: the driver reports no peer access" % label, CAN_ACCESS_REMEDY.get(api))
+            found.problem("%s: the driver reports no peer access" % label, CAN_ACCESS_REMEDY.get(api),
+                          code="RB-P2P-PEER-ACCESS-DENIED")
         elif pair.get("can_access_peer") is None:
             found.gap("%s: can-access-peer not read (%s)" % (label, _why_missing(pair)))
         enable = pair.get("enable_peer")
@@ -257,11 +407,13 @@ def judge_peer_access(probe, ladder_view):
             text = "%s: enabling peer access failed with %s" % (label, enable)
             if enable in ("CUDA_ERROR_MAP_FAILED", "hipErrorMapFailed"):
                 text += " (mapping of buffer object failed)"
-            found.problem(text, REMEDIES.get(enable, CAN_ACCESS_REMEDY.get(api)))
+            found.problem(text, REMEDIES.get(enable, CAN_ACCESS_REMEDY.get(api)),
+                          code=ENABLE_CODES.get(enable, "RB-P2P-ENABLE-FAILED"))
         if "ipc" in pair:
             ipc = pair.get("ipc") or {}
             if ipc.get("ok") is False:
-                found.problem("%s: HIP IPC (%s) failed: %s" % (label, ipc.get("mode"), ipc.get("error")), IPC_REMEDY)
+                found.problem("%s: HIP IPC (%s) failed: %s" % (label, ipc.get("mode"), ipc.get("error")), IPC_REMEDY,
+                              code="RB-P2P-IPC-FAILED")
             elif ipc.get("ok") is None:
                 found.gap("%s: HIP IPC not checked (%s)" % (label, ipc.get("error")))
     if expected_p2p:
@@ -275,7 +427,7 @@ def judge_peer_access(probe, ladder_view):
         found.note(
             "peer access works on every pair although %s" % expectations.declared(ladder_view),
             "If P2P is now possible on this box, set rigbook_p2p.expected true so rigbook holds it to its "
-            "baseline; otherwise find out what changed.",
+            "baseline; otherwise find out what changed.", code="RB-P2P-WORKS-DECLARED-UNAVAILABLE",
         )
     errors = sorted({str(p.get("enable_peer")) for p in pairs.values() if p.get("enable_peer") not in ENABLE_OK})
     ok_text = "%s; copies between the GPUs verify through host memory" % expectations.declared(ladder_view)
@@ -344,20 +496,22 @@ def judge_p2p_bandwidth(probe, ladder_view, baseline_metrics=None, tolerance=Non
         enable = pair.get("enable_peer")
         if enable is not None and enable not in ENABLE_OK:
             found.problem("%s: %.2f GB/s is not a P2P copy: peer access could not be enabled (%s)"
-                          % (label, peer, enable), NO_P2P_REMEDY)
+                          % (label, peer, enable), NO_P2P_REMEDY, code="RB-P2P-NOT-PEER-COPY")
         elif staged is None:
             found.gap("%s: no host-staged reference (%s)" % (label, _why_missing(pair)))
         elif peer <= staged * tol["over_staged"]:
             found.problem("%s: the peer copy (%.2f GB/s) is no faster than the host-staged copy (%.2f GB/s): "
-                          "no real P2P" % (label, peer, staged), NO_P2P_REMEDY)
+                          "no real P2P" % (label, peer, staged), NO_P2P_REMEDY, code="RB-P2P-NO-REAL-P2P")
         if limit and peer < limit * tol["link_fail_below"]:
             found.problem("%s: %.2f GB/s is %d%% of the %s limit (%.2f GB/s), below %d%%: the peer path is broken, not "
                           "slow (seed 004: with TransferBench Push / DMA at only 2-3 GB/s, do not go on to tune the "
                           "collectives)" % (label, peer, round(100 * peer / limit), link_name, limit,
-                                            round(100 * tol["link_fail_below"])), LINK_REMEDY)
+                                            round(100 * tol["link_fail_below"])), LINK_REMEDY,
+                          code="RB-P2P-BELOW-LINK")
         elif limit and peer < limit * tol["link_warn_below"]:
             found.note("%s: %.2f GB/s is %d%% of the %s limit (%.2f GB/s)"
-                       % (label, peer, round(100 * peer / limit), link_name, limit), LINK_REMEDY)
+                       % (label, peer, round(100 * peer / limit), link_name, limit), LINK_REMEDY,
+                       code="RB-P2P-LINK-SHARE-LOW")
         elif limit and peer > limit * 1.05:
             measured[label] += ", above the PCIe limit (NVLink or another fabric)"
     for entry in probe.get("bidir") or []:
@@ -375,7 +529,8 @@ def judge_p2p_bandwidth(probe, ladder_view, baseline_metrics=None, tolerance=Non
         one_way = [v for v in one_way if v is not None]
         if expected_p2p and one_way and both < tol["bidir_warn_below"] * max(one_way):
             found.note("%s: both ways at once give %.2f GB/s, barely more than one way (%.2f GB/s): the directions "
-                       "share one bottleneck" % (label, both, max(one_way)), LINK_REMEDY)
+                       "share one bottleneck" % (label, both, max(one_way)), LINK_REMEDY,
+                       code="RB-P2P-BIDIR-HALF-DUPLEX")
     texts = _baseline_findings(found, metrics, held, tol)
     if expected_p2p:
         ok_text = "real P2P on every pair: faster than the host-staged copy"
@@ -402,9 +557,9 @@ def _baseline_findings(found, metrics, held, tol):
         status, text = baseline_mod.compare(name, metrics.get(name), held[name], tol)
         texts.append(text)
         if status == "fail":
-            found.problem("fell against the baseline: %s" % text, remedy)
+            found.problem("fell against the baseline: %s" % text, remedy, code="RB-P2P-BANDWIDTH-BASELINE")
         elif status == "warn":
-            found.note("against the baseline: %s" % text, remedy)
+            found.note("against the baseline: %s" % text, remedy, code="RB-P2P-BANDWIDTH-BASELINE-DIP")
         elif status == "unknown":
             found.gap(text)
     return texts

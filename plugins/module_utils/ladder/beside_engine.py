@@ -39,6 +39,21 @@ GPU_PARTS = ("probe", "collectives", "nccl_transport")
 MAX_LINES = 3
 MAX_LINE = 200
 MAX_DEPTH = 6
+# The failure code of the out-of-memory skip (judged; judges/codes.py gathers it): the layer's own unknown code follows
+# it in `codes`.
+CODES = {
+    "RB-BESIDE-ENGINE-OOM": {
+        "layer": "ladder",
+        "title": "a runtime layer ran out of GPU memory beside a serving engine: not measured",
+        "cause": "An engine held the GPUs while the layer ran (started by hand, or a serve unit left running with "
+                 "p2p_verify_stop_serving false or in check mode) and the layer's probe or test ran out of GPU memory "
+                 "beside it: the layer was not measured, for that reason, which is not a box that cannot measure it.",
+        "measured": "The layer's own evidence says out of memory (CUDA_ERROR_OUT_OF_MEMORY, hipErrorOutOfMemory, "
+                    "'out of memory') while the run's beside record names the engine and the GPU memory it holds.",
+        "action": "Stop the engine for the runtime layers (p2p_verify_stop_serving true, not in check mode), or run "
+                  "the verify when the engine is down; the verdict's remedy says how for this host.",
+    },
+}
 
 
 def gpu_work(layers, options):
@@ -112,7 +127,7 @@ def judged(verdict, parts, evidence, beside):
                    expected=verdict.get("expected"),
                    why="skipped: %s holds %s, and the layer ran out of GPU memory beside it (%s); not measured"
                        % (engines, memory, oom[0]),
-                   remedy=remedy)
+                   remedy=remedy, codes=["RB-BESIDE-ENGINE-OOM"] + _own_codes(verdict))
         out["beside"] = list(beside["engines"])
         out["not_measured"] = True  # a warn of the error counters leaves it a skip (judges/error_counters.worsen)
         return out
@@ -124,6 +139,10 @@ def judged(verdict, parts, evidence, beside):
     if verdict["status"] in ("fail", "warn") and remedy:
         out["remedy"] = ((verdict.get("remedy") or "") + " " + remedy).strip()
     return out
+
+
+def _own_codes(verdict):
+    return list(verdict.get("codes") or ([verdict["code"]] if verdict.get("code") else []))
 
 
 def not_measured(names, why, remedy=""):

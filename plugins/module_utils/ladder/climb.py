@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from ansible_collections.rigbook.homelab.plugins.module_utils.judges import expectations
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges.verdict import recoded
 from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import beside_engine, error_watch, registry, repeat
 from ansible_collections.rigbook.homelab.plugins.module_utils.probe import defaults as probe_defaults
 
@@ -37,6 +38,23 @@ OPTION_DEFAULTS = {
     "serving_figures": True,  # false (the health timer): no chat requests, one readiness poll, no figures judged
     "beside": None,  # what ran beside the runtime layers (an engine not stopped: ladder/beside_engine.py); set by the
     # ladder module around its runtime climb (ladder/serving_hold.py)
+}
+
+
+# The failure code of the expected-unknown rule (unknown_expected; judges/codes.py gathers it): put in front of the
+# layer's own codes when the rule fails a layer.
+CODES = {
+    "RB-EXPECTED-UNMEASURED": {
+        "layer": "ladder",
+        "title": "a layer this box should measure measured nothing",
+        "cause": "The layer's verdict is unknown (its evidence was missing or unreadable: no probe, no NCCL log, a "
+                 "program that did not run) although the host model expects this box to measure it; an unknown "
+                 "never passes there. The layer's own code follows in `codes` and says what was missing.",
+        "measured": "The layer's unknown verdict against the layers the host model expects (ladder/registry."
+                    "expected_layers), unless allowed by rigbook_verify.allow_unknown or --allow-unknown.",
+        "action": "Make the layer measurable (its why says what was missing); to accept it unknown for now, "
+                  "`--allow-unknown LAYER` or rigbook_verify.allow_unknown in the inventory.",
+    },
 }
 
 
@@ -125,11 +143,11 @@ def unknown_expected(verdict, ctx):
                     allowed_unknown=True)
     if verdict["layer"] in (ctx.options.get("allow_unknown") or ()):
         return dict(verdict, why=verdict["why"] + " (allowed unknown: --allow-unknown)", allowed_unknown=True)
-    return dict(verdict, status="fail",
-                why="unknown on a box that should measure it: %s" % verdict["why"],
-                remedy=(verdict.get("remedy") or "") + (" " if verdict.get("remedy") else "")
-                + "To accept it unknown for now: `--allow-unknown %s`, or rigbook_verify.allow_unknown in the "
-                  "inventory." % verdict["layer"])
+    return recoded(dict(verdict, status="fail",
+                        why="unknown on a box that should measure it: %s" % verdict["why"],
+                        remedy=(verdict.get("remedy") or "") + (" " if verdict.get("remedy") else "")
+                        + "To accept it unknown for now: `--allow-unknown %s`, or rigbook_verify.allow_unknown in the "
+                          "inventory." % verdict["layer"]), "RB-EXPECTED-UNMEASURED")
 
 
 def message(verdict):

@@ -37,7 +37,7 @@ import copy
 
 from ansible_collections.rigbook.homelab.plugins.module_utils.facts import files
 from ansible_collections.rigbook.homelab.plugins.module_utils.judges import baseline_compare
-from ansible_collections.rigbook.homelab.plugins.module_utils.judges.verdict import worse
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges.verdict import recoded, worse
 from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import registry
 
 # The evidence key under which the live climb stores each repeated part's second run: {part: its evidence}.
@@ -98,6 +98,32 @@ REPEATABLE = {
     "p2p_bandwidth": ("probe", better_probe),
     "collectives": ("collectives", better_collectives),
 }
+
+
+
+
+def _first_run_code(layer, what):
+    return {
+        "layer": layer,
+        "title": "%s below the baseline's fail line on the first run only" % what,
+        "cause": "The first run measured a figure below the tolerance's fail_below share (0.8x) of this host's "
+                 "baseline; measured again at once, it was above the line. Real figures move from run to run, so it "
+                 "is no fail, but an intermittent fault shows on one run of two: it stays in view as a warn, with "
+                 "both figures.",
+        "measured": "The layer's evidence collected once more (ladder/repeat.py); each figure counts at the better of "
+                    "its two measurements.",
+        "action": "Watch whether it recurs (the health timer's history); if it does, check the layers below "
+                  "(pcie_link, peer_access, nccl_transport) and the hardware error counters.",
+    }
+
+
+# The failure codes of the rule (judges/codes.py gathers them): a figure below the line on the first run only.
+CODES = {
+    "RB-P2P-BANDWIDTH-BASELINE-FIRST-RUN": _first_run_code("p2p_bandwidth", "a copy figure"),
+    "RB-COLLECTIVES-BASELINE-FIRST-RUN": _first_run_code("collectives", "a bus bandwidth figure"),
+}
+FIRST_RUN_CODES = {"p2p_bandwidth": "RB-P2P-BANDWIDTH-BASELINE-FIRST-RUN",
+                   "collectives": "RB-COLLECTIVES-BASELINE-FIRST-RUN"}
 
 
 def _without_baseline(ctx):
@@ -178,7 +204,10 @@ def judged(layer, verdict, evidence, ctx, replay=False):
         out = dict(both, status=worse(both["status"], "warn"), repeated=record,
                    why="%s, so a warn, not a fail; %s" % (said, both["why"]))
         out["remedy"] = both.get("remedy") or verdict.get("remedy") or ""
-        return out
+        if both["status"] != "warn":  # a pass's none, a skip's generic code: not what this warn found
+            out.pop("code", None)
+            out.pop("codes", None)
+        return recoded(out, FIRST_RUN_CODES[layer.name])
     return dict(verdict, repeated=record,
                 why="%s; %s, and the repeat measured nothing (%s): the first run's figures stand"
                     % (verdict["why"], said, both["why"]))

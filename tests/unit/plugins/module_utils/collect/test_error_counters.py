@@ -163,14 +163,16 @@ def test_correctable_warns_with_a_threshold():
     delta = _delta({PORT0: {"rootport_correctable": 250}})
     judged = judges.judge(delta)
     assert judged["status"] == "warn" and "rootport_correctable +250" in judged["notes"][0]
-    assert "reseat" in judged["remedies"][0]
+    assert "reseat" in judged["remedies"][0] and judged["codes"] == ["RB-HW-AER-CORRECTABLE"]
     assert judges.judge(delta, correctable_warn_above=250)["status"] == "pass"
+    assert judges.judge(delta, correctable_warn_above=250)["codes"] == []
 
 
 def test_fatal_aer_fails_quoting_the_log_line():
     judged = judges.judge(_delta({PORT1: {"fatal": 1}}, _log("aer_nonfatal_ms02_10").replace("Non-Fatal", "Fatal")))
     assert judged["status"] == "fail" and "fatal AER +1" in judged["problems"][0]
     assert "Uncorrectable (Fatal) error message received" in judged["problems"][0]
+    assert judged["codes"] == ["RB-HW-AER-UNCORRECTABLE"]
 
 
 @pytest.mark.parametrize("xid,status", [(79, "fail"), (48, "fail"), (119, "fail"), (13, "warn"), (109, "warn")])
@@ -178,13 +180,16 @@ def test_xid_classes(xid, status):
     judged = judges.judge(_delta(log_text=f"NVRM: Xid (PCI:0000:03:00): {xid}, pid=1, x\n"))
     assert judged["status"] == status and f"Xid {xid}" in " ".join(judged["problems"] + judged["notes"])
     assert "driver" in judged["remedies"][0]
+    assert judged["codes"] == ["RB-HW-XID-CRITICAL" if status == "fail" else "RB-HW-XID-OTHER"]
 
 
 def test_resets_and_iommu_faults_fail_with_their_remedy():
     reset = judges.judge(_delta(log_text=_log("amdgpu_reset_rocm_6273")))
     assert reset["status"] == "fail" and "GPU reset begin!" in reset["problems"][0]
+    assert reset["codes"] == ["RB-HW-AMDGPU-RESET"]
     dmar = judges.judge(_delta(log_text=_log("dmar_tt_umd_1814")))
     assert dmar["status"] == "fail" and "iommu=pt" in dmar["remedies"][0] and "DMA window" in dmar["remedies"][0]
+    assert dmar["codes"] == ["RB-HW-IOMMU-FAULT"]
 
 
 def test_seed_004s_musts_aer_dmar_and_gpu_resets_zero():
@@ -204,6 +209,7 @@ def test_since_boot_judges_the_fail_class_only():
     loud = _delta({GPU0: {"nonfatal": 2}}, _log("xid79_nvsentinel_155"), since_boot=True)
     judged = judges.judge(loud)
     assert judged["status"] == "fail" and len(judged["problems"]) == 2 and judged["since_boot"]
+    assert judged["codes"] == ["RB-HW-AER-UNCORRECTABLE", "RB-HW-XID-CRITICAL"]
 
 
 def test_worsen_keeps_a_worse_status_and_extends_why():
@@ -217,6 +223,24 @@ def test_worsen_keeps_a_worse_status_and_extends_why():
     assert out["status"] == "fail" and out["measured"] == {"layer": "x", "errors": {}}
     assert out["remedy"].startswith("fix it ")
     assert judges.worsen(passed, judges.judge(_delta()), {}) is passed
+
+
+def test_worsen_puts_the_counters_code_first_when_it_raises_the_status_and_keeps_the_layers_own():
+    warned = verdicts.make("p2p_bandwidth", "warn", None, None, "x", code="RB-P2P-LINK-SHARE-LOW")
+    loud = judges.judge(_delta({GPU0: {"nonfatal": 1, "correctable": 3}}))
+    assert loud["codes"] == ["RB-HW-AER-UNCORRECTABLE", "RB-HW-AER-CORRECTABLE"]  # the fail class first
+    out = judges.worsen(warned, loud, {})
+    assert out["status"] == "fail" and out["code"] == "RB-HW-AER-UNCORRECTABLE"
+    assert out["codes"] == ["RB-HW-AER-UNCORRECTABLE", "RB-HW-AER-CORRECTABLE", "RB-P2P-LINK-SHARE-LOW"]
+    # not raised: the layer's own code stays first, the counters' follow
+    failed = verdicts.make("p2p_bandwidth", "fail", None, None, "x", code="RB-P2P-NO-REAL-P2P")
+    out = judges.worsen(failed, loud, {})
+    assert out["code"] == "RB-P2P-NO-REAL-P2P"
+    assert out["codes"] == ["RB-P2P-NO-REAL-P2P", "RB-HW-AER-UNCORRECTABLE", "RB-HW-AER-CORRECTABLE"]
+    # a pass raised to a warn carries the counters' code alone
+    passed = verdicts.make("p2p_bandwidth", "pass", None, None, "as expected")
+    out = judges.worsen(passed, judges.judge(_delta({GPU0: {"correctable": 5}})), {})
+    assert out["code"] == "RB-HW-AER-CORRECTABLE" and "codes" not in out
 
 
 # --- climb wiring ---------------------------------------------------------------------------------------------

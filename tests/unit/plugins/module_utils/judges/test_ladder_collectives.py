@@ -37,6 +37,7 @@ def test_seed_004_passes_against_its_baseline():
     verdict = judge_collectives(SEED_004, P2P, SEED_004_BASELINE)
     assert verdict["status"] == "pass"
     assert verdict["metrics"] == {"sendrecv_busbw_gbs": 9.75, "all_reduce_busbw_gbs": 9.51}
+    assert "code" not in verdict
 
 
 def test_half_the_busbw_fails_with_measured_vs_baseline():
@@ -44,10 +45,12 @@ def test_half_the_busbw_fails_with_measured_vs_baseline():
     assert verdict["status"] == "fail"
     assert "all_reduce_busbw_gbs 4.75 vs baseline 9.51 (0.50x), below 0.80x" in verdict["why"]
     assert "SHM fallback" in verdict["remedy"]
+    assert verdict["code"] == "RB-COLLECTIVES-BASELINE" and "codes" not in verdict
 
 
 def test_warn_band_between_095_and_08():
     assert judge_collectives(with_busbw(SEED_004, 0.9), P2P, SEED_004_BASELINE)["status"] == "warn"
+    assert judge_collectives(with_busbw(SEED_004, 0.9), P2P, SEED_004_BASELINE)["code"] == "RB-COLLECTIVES-BASELINE-DIP"
     tight = judge_collectives(with_busbw(SEED_004, 0.9), P2P, SEED_004_BASELINE, {"fail_below": 0.92,
                                                                                   "warn_below": 0.97})
     assert tight["status"] == "fail"
@@ -57,6 +60,7 @@ def test_wrong_results_fail_whatever_the_bandwidth():
     data = {**SEED_004, "results": [dict(SEED_004["results"][0], wrong=3), SEED_004["results"][1]]}
     verdict = judge_collectives(data, P2P, SEED_004_BASELINE)
     assert verdict["status"] == "fail" and "sendrecv #wrong 3" in verdict["why"]
+    assert verdict["code"] == "RB-COLLECTIVES-WRONG-RESULTS"
 
 
 def test_out_of_bounds_fails():
@@ -99,12 +103,17 @@ def test_transport_on_real_logs_with_p2p_expected(fixture, status, words):
     verdict = judge_nccl_transport(transport(fixture), P2P)
     assert verdict["status"] == status, verdict
     assert words in verdict["why"]
+    assert verdict.get("code") == {"pass": None, "fail": "RB-P2P-SHM-FALLBACK",
+                                   "unknown": "RB-NCCL-TRANSPORT-UNKNOWN"}[status]
 
 
 def test_transport_shm_is_right_when_p2p_is_declared_unavailable():
     assert judge_nccl_transport(transport("nccl1817_shm_8gpu"), NO_P2P)["status"] == "pass"
     assert judge_nccl_transport(transport("nccl1814_net_send_receive"), NO_P2P)["status"] == "fail"
     assert judge_nccl_transport(transport("nccl_tests29_old_ring_ipc"), NO_P2P)["status"] == "warn"
+    assert judge_nccl_transport(transport("nccl1814_net_send_receive"), NO_P2P)["code"] == "RB-NCCL-NET-TRANSPORT"
+    assert judge_nccl_transport(transport("nccl_tests29_old_ring_ipc"), NO_P2P)["code"] == \
+        "RB-NCCL-P2P-DECLARED-UNAVAILABLE"
 
 
 def test_transport_level_and_direct_flag():
@@ -115,6 +124,7 @@ def test_transport_level_and_direct_flag():
     assert parsed["p2p_level"] == "SYS" and parsed["all_direct_p2p"] is True
     verdict = judge_nccl_transport(parsed, P2P)
     assert verdict["status"] == "warn" and "NCCL_P2P_LEVEL is SYS, rigbook_p2p pins PHB" in verdict["why"]
+    assert verdict["code"] == "RB-NCCL-P2P-LEVEL-MISMATCH"
 
 
 def test_baseline_compare_edges():
@@ -164,6 +174,7 @@ def test_sendrecv_of_stock_rccl_over_shm_fails_against_the_peer_copy_without_a_b
     assert verdict["status"] == "fail", verdict
     assert "0.67x the peer copy" in verdict["why"] and "below 0.75x" in verdict["why"]
     assert "seed 004" in verdict["why"] and "NCCL_P2P_LEVEL=PHB" in verdict["remedy"]
+    assert verdict["code"] == "RB-COLLECTIVES-SENDRECV-BELOW-PEER"
 
 
 def test_sendrecv_between_the_lines_warns_and_the_tolerance_moves_them():
@@ -171,6 +182,7 @@ def test_sendrecv_between_the_lines_warns_and_the_tolerance_moves_them():
     verdict = judge_collectives(data, P2P, None, probe=SEED_004_PROBE)
     assert verdict["status"] == "warn" and "below 0.90x" in verdict["why"] and "seed 004: 9.75 vs 10.29" in \
         verdict["why"]
+    assert verdict["code"] == "RB-COLLECTIVES-SENDRECV-PEER-DIP"
     assert judge_collectives(data, P2P, None, {"sendrecv_of_peer_fail_below": 0.85},
                              probe=SEED_004_PROBE)["status"] == "fail"
     assert judge_collectives(data, P2P, None, {"sendrecv_of_peer_warn_below": 0.8},
@@ -204,6 +216,7 @@ def test_all_gather_and_reduce_scatter_are_figures_held_to_the_baseline():
 def test_a_held_all_gather_that_was_not_measured_warns():
     verdict = judge_collectives(SEED_004, P2P, SEED_004_ALL_BASELINE, probe=SEED_004_PROBE)
     assert verdict["status"] == "warn" and "not measured: all_gather" in verdict["why"]
+    assert verdict["code"] == "RB-COLLECTIVES-OP-NOT-MEASURED"
     assert judge_collectives(SEED_004, P2P, SEED_004_BASELINE, probe=SEED_004_PROBE)["status"] == "pass"
 
 
@@ -228,6 +241,7 @@ def test_is_all_direct_p2p_0_in_the_runs_own_log_fails_collectives_where_p2p_is_
     assert verdict["expected"]["isAllDirectP2p"] == 1 and verdict["measured"]["isAllDirectP2p"].startswith("0 ")
     assert "NCCL_P2P_LEVEL" in verdict["remedy"]  # the amd remedy: the environment file, then RCCL's patch
     assert verdict["metrics"]["sendrecv_busbw_gbs"] == 9.75  # the figures are still recorded
+    assert verdict["code"] == "RB-COLLECTIVES-NOT-DIRECT-P2P"
     nvidia = judge_collectives(data, {**P2P, "gpu": {"count": 2, "vendor": "nvidia"}}, SEED_004_BASELINE)
     assert nvidia["status"] == "fail" and "P2P driver fork" in nvidia["remedy"]
 
@@ -274,6 +288,8 @@ def test_nccl_transport_fails_on_is_all_direct_p2p_0_where_p2p_is_expected():
     verdict = judge_nccl_transport(collectives.transport_evidence(text, "test"), P2P)
     assert verdict["status"] == "fail" and "isAllDirectP2p 0" in verdict["why"], verdict
     assert verdict["measured"]["isAllCudaP2p"] is True
+    # every channel via P2P/IPC: no SHM fallback; the level the inventory pins was not set
+    assert verdict["codes"] == ["RB-NCCL-NOT-DIRECT-P2P", "RB-NCCL-P2P-LEVEL-UNSET"]
     shm = CHECK_LINE.format(0) + (LOGS / "nccl1817_shm_8gpu.txt").read_text()
     assert judge_nccl_transport(collectives.transport_evidence(shm, "test"), NO_P2P)["status"] == "pass"
 
@@ -301,3 +317,19 @@ def test_a_gpu_missing_from_a_box_declared_with_two_is_no_one_gpu_skip():
     assert judge_nccl_transport({"available": False, "source": "journal"}, declared_two,
                                 gpus_seen=1)["status"] == "unknown"
     assert judge_collectives(NO_RUN, {"gpu": {"count": 1}}, gpus_seen=2)["status"] == "unknown"
+
+
+def test_each_finding_of_a_run_names_its_code_the_most_severe_first():
+    """A collectives verdict with several findings lists each one's code (judges/codes.py), the fail class first."""
+    failed = {**SEED_004, "failures": [{"text": "Cuda failure 'mapping of buffer object failed'",
+                                        "code": "CUDA_ERROR_MAP_FAILED"}]}
+    assert judge_collectives(failed, P2P)["code"] == "RB-COLLECTIVES-RUN-FAILED"
+    one_rank = {**SEED_004, "world_size": 1, "results": [dict(SEED_004["results"][0], wrong=2)]}
+    assert judge_collectives(one_rank, P2P)["code"] == "RB-COLLECTIVES-WRONG-ONE-RANK"
+    # below the baseline (fail) and the sendrecv a little short of the peer copy (warn): both, the fail first
+    slow = judge_collectives(with_sendrecv(with_busbw(SEED_004, 0.5), 8.5), P2P, SEED_004_BASELINE,
+                             probe=SEED_004_PROBE)
+    assert slow["status"] == "fail"
+    assert slow["codes"] == ["RB-COLLECTIVES-BASELINE", "RB-COLLECTIVES-SENDRECV-PEER-DIP"]
+    ab = {**SEED_004, "ab": {"gain": 1.02, "busbw_gbs": 9.75, "p2p_disabled_busbw_gbs": 9.6}}
+    assert judge_collectives(ab, P2P)["code"] == "RB-COLLECTIVES-NO-P2P-GAIN"

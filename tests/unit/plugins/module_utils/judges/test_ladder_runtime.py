@@ -89,6 +89,7 @@ def test_seed000_peer_access_fails_when_p2p_is_expected():
     assert "GPU1->GPU0" in v["why"]
     assert "BAR1" in v["remedy"] and "Resizable BAR" in v["remedy"]
     assert v["measured"]["GPU0->GPU1"].startswith("can-access yes; enable CUDA_ERROR_MAP_FAILED")
+    assert v["code"] == "RB-P2P-MAP-FAILED" and "codes" not in v  # one finding, whichever pair
 
 
 def test_seed000_bandwidth_fails_when_p2p_is_expected():
@@ -97,18 +98,23 @@ def test_seed000_bandwidth_fails_when_p2p_is_expected():
     assert "6.00 GB/s is not a P2P copy: peer access could not be enabled (CUDA_ERROR_MAP_FAILED)" in v["why"]
     assert "38% of the Gen3 x16 limit (15.75 GB/s)" in v["why"]
     assert v["metrics"]["peer_gbs_0_1"] == 6.0 and v["metrics"]["host_staged_gbs_0_1"] == 6.0
+    # each finding's code, the fail class first
+    assert v["codes"] == ["RB-P2P-NOT-PEER-COPY", "RB-P2P-LINK-SHARE-LOW", "RB-P2P-BIDIR-HALF-DUPLEX"]
+    assert v["code"] == "RB-P2P-NOT-PEER-COPY"
 
 
 def test_peer_no_faster_than_host_staged_is_no_real_p2p_even_if_enable_said_ok():
     v = R.judge_p2p_bandwidth(probe(peer=(6.0,), staged=6.0, bidir=6.1), X3080_EXPECTING)
     assert v["status"] == "fail"
     assert "the peer copy (6.00 GB/s) is no faster than the host-staged copy (6.00 GB/s): no real P2P" in v["why"]
+    assert v["code"] == "RB-P2P-NO-REAL-P2P"
 
 
 def test_seed000_passes_when_p2p_is_declared_unavailable():
     v = R.judge_peer_access(seed000(), X3080)
     assert v["status"] == "pass", v
     assert "declared unavailable" in v["why"] and "CUDA_ERROR_MAP_FAILED, as expected" in v["why"]
+    assert "code" not in v and "codes" not in v  # a pass carries no code
     b = R.judge_p2p_bandwidth(seed000(), X3080)
     assert b["status"] == "pass" and "no baseline recorded yet" in b["why"]
     assert b["metrics"]["host_staged_gbs_1_0"] == 6.0
@@ -126,12 +132,14 @@ def test_seed000_declared_unavailable_holds_host_staged_to_its_baseline():
     assert v["status"] == "fail"
     assert "fell against the baseline: host_staged_gbs_0_1 3.00 vs baseline 6.00 (0.50x), below 0.80x" in v["why"]
     assert "no real P2P" not in v["why"]  # declared unavailable: only the baseline is held
+    assert v["code"] == "RB-P2P-BANDWIDTH-BASELINE" and "codes" not in v
 
 
 def test_declared_unavailable_but_peer_access_works_is_a_warning():
     v = R.judge_peer_access(probe(), X3080)
     assert v["status"] == "warn" and "although P2P is declared unavailable" in v["why"]
     assert "rigbook_p2p.expected true" in v["remedy"]
+    assert v["code"] == "RB-P2P-WORKS-DECLARED-UNAVAILABLE"
 
 
 # ------------------------------------------------------------------ seed 004: the X99 + 2x R9700 box
@@ -163,6 +171,7 @@ def test_seed004_at_half_the_baseline_fails_with_measured_vs_baseline():
     assert "peer_gbs_0_1 5.15 vs baseline 10.29 (0.50x), below 0.80x" in v["why"]
     assert "bidir_gbs_0_1 9.85 vs baseline 19.70 (0.50x)" in v["why"]
     assert "known-good run" in v["remedy"]
+    assert v["codes"] == ["RB-P2P-NO-REAL-P2P", "RB-P2P-BANDWIDTH-BASELINE", "RB-P2P-LINK-SHARE-LOW"]  # fail first
     assert "fail" in message(v) and "5.15" in message(v)
 
 
@@ -172,6 +181,7 @@ def test_slightly_below_baseline_warns():
         pair["peer_gbs"] = 9.5  # 0.92x
     v = R.judge_p2p_bandwidth(slow, R9700, SEED004_BASELINE)
     assert v["status"] == "warn" and "below 0.95x" in v["why"]
+    assert v["code"] == "RB-P2P-BANDWIDTH-BASELINE-DIP"
 
 
 def test_tolerance_is_data():
@@ -191,9 +201,11 @@ def test_a_peer_copy_of_2_to_3_gbs_on_gen3_x16_fails_where_seed_004_would_stop()
     assert "GPU0->GPU1: 2.80 GB/s is 18% of the Gen3 x16 limit (15.75 GB/s), below 25%" in v["why"]
     assert "2-3 GB/s" in v["why"] and "TransferBench" in v["remedy"]
     assert "fails below 25%" in v["expected"]["peer"]
+    assert v["code"] == "RB-P2P-BELOW-LINK"
     # a third of the link (the lab's p2p-bandwidth-half figure) is slow, not broken: a warning without a baseline
     third = R.judge_p2p_bandwidth(seed004(peer=(5.15,), staged=1.5, bidir=9.85), R9700)
     assert third["status"] == "warn" and "33% of the Gen3 x16 limit" in third["why"]
+    assert third["code"] == "RB-P2P-LINK-SHARE-LOW"
     # the line is tolerance data
     assert R.judge_p2p_bandwidth(slow, R9700, tolerance={"link_fail_below": 0.1})["status"] == "warn"
     # a box declared without P2P is held to its host-staged baseline only
@@ -208,17 +220,28 @@ def test_ipc_failure_fails_peer_access_with_the_ipc_remedy():
     assert v["status"] == "fail"
     assert "GPU1->GPU0: HIP IPC (legacy) failed: hipIpcOpenMemHandle: hipErrorInvalidDevicePointer" in v["why"]
     assert "HSA_ENABLE_IPC_MODE_LEGACY" in v["remedy"]
+    assert v["code"] == "RB-P2P-IPC-FAILED"
+
+
+def test_a_programs_own_failure_line_names_the_peer_access_code():
+    """A pasted NCCL log's "Cuda failure 205 'mapping of buffer object failed'" (parse/nccl.failure_of) is evidence."""
+    failed = {"available": False, "failures": [{"code": "CUDA_ERROR_MAP_FAILED",
+                                                "text": "Cuda failure 205 'mapping of buffer object failed'"}]}
+    v = R.judge_peer_access(failed, X3080_EXPECTING)
+    assert v["status"] == "fail" and v["code"] == "RB-P2P-MAP-FAILED"
 
 
 def test_amd_peer_access_unsupported_names_the_layers_below():
     v = R.judge_peer_access(probe(api="hip", can=False, enable="hipErrorPeerAccessUnsupported"), R9700)
     assert v["status"] == "fail" and "hipErrorPeerAccessUnsupported" in v["why"]
     assert "P2PDMA" in v["remedy"]
+    assert v["codes"] == ["RB-P2P-PEER-ACCESS-DENIED", "RB-P2P-ENABLE-UNSUPPORTED"]
 
 
 def test_half_duplex_bidir_warns():
     v = R.judge_p2p_bandwidth(seed004(bidir=10.5), R9700)
     assert v["status"] == "warn" and "barely more than one way" in v["why"]
+    assert v["code"] == "RB-P2P-BIDIR-HALF-DUPLEX"
 
 
 def test_nvlink_faster_than_pcie_is_not_a_problem():
@@ -231,9 +254,11 @@ def test_nvlink_faster_than_pcie_is_not_a_problem():
 
 
 def test_a_wrong_pattern_fails_even_when_p2p_is_declared_unavailable():
-    for case in (probe(pattern=False), probe(staged_pattern=False, enable="CUDA_ERROR_MAP_FAILED")):
+    for case, code in ((probe(pattern=False), "RB-P2P-CORRUPTION"),
+                       (probe(staged_pattern=False, enable="CUDA_ERROR_MAP_FAILED"), "RB-P2P-STAGED-CORRUPTION")):
         v = R.judge_peer_access(case, X3080)
         assert v["status"] == "fail" and "came back wrong" in v["why"] and "corruption" in v["remedy"]
+        assert v["code"] == code
 
 
 def test_unverified_pattern_is_unknown_not_pass():
@@ -272,9 +297,11 @@ def test_one_gpu_skips():
 
 
 def test_one_gpu_when_rigbook_gpu_count_is_two_fails():
-    for judge in (R.judge_peer_access, R.judge_p2p_bandwidth):
+    for judge, code in ((R.judge_peer_access, "RB-P2P-ACCESS-GPU-MISSING"),
+                        (R.judge_p2p_bandwidth, "RB-P2P-BANDWIDTH-GPU-MISSING")):
         v = judge(probe(n=1), R9700)
         assert v["status"] == "fail" and "the driver sees 1 GPU(s), rigbook_gpu.count is 2" in v["why"]
+        assert v["code"] == code
 
 
 @pytest.mark.parametrize("ladder_view", [X3080, R9700, H200, {}])
@@ -291,6 +318,8 @@ def test_a_hung_probe_fails_where_p2p_is_expected():
     hung = {"available": False, "timed_out": True, "error": "the probe did not finish within 40 s and was killed"}
     assert R.judge_peer_access(hung, R9700)["status"] == "fail"
     assert R.judge_p2p_bandwidth(hung, R9700)["status"] == "fail"
+    assert R.judge_peer_access(hung, R9700)["code"] == "RB-P2P-ACCESS-PROBE-HUNG"
+    assert R.judge_p2p_bandwidth(hung, R9700)["code"] == "RB-P2P-BANDWIDTH-PROBE-HUNG"
     assert R.judge_peer_access(hung, X3080)["status"] == "unknown"
 
 

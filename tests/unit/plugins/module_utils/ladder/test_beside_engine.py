@@ -45,6 +45,7 @@ def test_an_unknown_that_ran_out_of_memory_beside_an_engine_is_a_skip_naming_it_
     assert "cuMemAlloc: CUDA_ERROR_OUT_OF_MEMORY" in out["why"]
     assert out["remedy"] == BESIDE["remedy"] and out["expected"] == unknown["expected"]
     assert out["measured"]["gpu_memory_used_mib"] == 36044 and out["beside"] == BESIDE["engines"]
+    assert out["codes"] == ["RB-BESIDE-ENGINE-OOM", "RB-PEER-ACCESS-UNKNOWN"]  # the layer's own kept
 
 
 def test_nothing_beside_changes_nothing_and_a_fail_is_never_softened():
@@ -103,11 +104,13 @@ def _climb(monkeypatch, probe, beside):
 def test_in_the_climb_an_out_of_memory_beside_an_engine_is_a_skip_and_the_play_goes_on(monkeypatch):
     out = _climb(monkeypatch, OOM_PROBE, BESIDE)
     assert out["status"] == "skip" and out["why"].startswith("skipped: rigbook-serve-qwen.service")
+    assert out["code"] == "RB-BESIDE-ENGINE-OOM"
 
 
 def test_in_the_climb_an_out_of_memory_with_nothing_beside_still_fails_the_box_that_should_measure_it(monkeypatch):
     out = _climb(monkeypatch, OOM_PROBE, None)
     assert out["status"] == "fail" and out["why"].startswith("unknown on a box that should measure it")
+    assert out["code"] == "RB-EXPECTED-UNMEASURED"
 
 
 def test_in_the_climb_an_unknown_for_another_reason_beside_an_engine_still_fails(monkeypatch):

@@ -72,10 +72,30 @@ def test_no_modifier_turns_an_expected_unknown_into_pass_or_warn(monkeypatch, ba
     assert out["status"] not in ("pass", "warn")
     if allow == "none":
         assert out["status"] == "fail" and "unknown on a box that should measure it" in out["why"]
+        # the rule's code first, the layer's own kept after it
+        assert out["codes"][:2] == ["RB-EXPECTED-UNMEASURED", "RB-PEER-ACCESS-UNKNOWN"]
     else:
         assert out["status"] == ("fail" if counters == "fail" else "unknown") and out["allowed_unknown"]
     if counters != "pass":
         assert "hardware errors during this layer" in out["why"]
+
+
+def test_a_modifier_that_raises_a_status_puts_its_code_first_and_keeps_the_layers_own(monkeypatch):
+    """The expected-unknown rule and the error counters: raising a status, the modifier's code comes first (it is why
+    the verdict is what it is), the layer's own codes after it; not raising it, the modifier's come after."""
+    out = _climb(monkeypatch, "unknown", "none", "none")
+    assert out["status"] == "fail" and out["code"] == "RB-EXPECTED-UNMEASURED"
+    assert out["codes"] == ["RB-EXPECTED-UNMEASURED", "RB-PEER-ACCESS-UNKNOWN"]
+    out = _climb(monkeypatch, "warn", "uncorrectable_rise", "none")
+    assert out["status"] == "fail" and out["codes"] == ["RB-HW-AER-UNCORRECTABLE", "RB-PEER-ACCESS-WARN"]
+    out = _climb(monkeypatch, "pass", "correctable_rise", "none")
+    assert out["status"] == "warn" and out["code"] == "RB-HW-AER-CORRECTABLE" and "codes" not in out
+    out = _climb(monkeypatch, "unknown", "uncorrectable_rise", "host_model")  # allowed unknown, then the counters
+    assert out["status"] == "fail" and out["codes"] == ["RB-HW-AER-UNCORRECTABLE", "RB-PEER-ACCESS-UNKNOWN"]
+    out = _climb(monkeypatch, "fail", "uncorrectable_rise", "none")  # not raised: the layer's own stays first
+    assert out["codes"] == ["RB-PEER-ACCESS-FAIL", "RB-HW-AER-UNCORRECTABLE"]
+    out = _climb(monkeypatch, "unknown", "correctable_rise", "run_option")  # a warn leaves an unknown unknown
+    assert out["status"] == "unknown" and out["codes"] == ["RB-PEER-ACCESS-UNKNOWN", "RB-HW-AER-CORRECTABLE"]
 
 
 # The real judges: a two-GPU box expecting P2P on a Gen3 x16 link (seed 004's figures: peer 10.29, SendRecv 9.75,
@@ -158,5 +178,8 @@ def test_no_composition_of_modifiers_passes_an_expected_layer_that_measured_noth
         assert out["status"] not in ("pass", "warn")
     if counters == "fail":
         assert out["status"] == "fail" and "hardware errors during this layer" in out["why"]
+        assert "RB-HW-AER-UNCORRECTABLE" in out.get("codes", [out["code"]])
+    if out["status"] != "pass":
+        assert out["code"]  # whatever the composition, a verdict that is not a pass names its code
     if beside == "engine" and not first.startswith("nothing"):
         assert "measured beside sglang (pid 4242, not stopped)" in out["why"]

@@ -68,6 +68,8 @@ def test_a_host_copy_below_the_line_that_recovers_on_the_repeat_is_a_warn_saying
     assert out["why"].startswith("measured again: h2d_gbs_0 41.20 then 54.90 GB/s (baseline 55.34), below 0.80x on "
                                  "the first run only, so a warn, not a fail")
     assert out["repeated"] == {"figures": {"h2d_gbs_0": [41.2, 54.9]}, "fail_below": 0.8}
+    # its own code: a one-GPU box's skip code does not describe this warn
+    assert out["code"] == "RB-P2P-BANDWIDTH-BASELINE-FIRST-RUN" and "codes" not in out
     assert out["metrics"]["h2d_gbs_0"] == 54.9  # the better run counts
     assert evidence["probe"]["devices"][0]["h2d_gbs"] == 41.2  # the first run stays the layer's evidence
     assert evidence[repeat.REPEATED]["probe"]["devices"][0]["h2d_gbs"] == 54.9
@@ -80,6 +82,7 @@ def test_a_host_copy_below_the_line_on_both_runs_fails_saying_both(monkeypatch):
     assert "fell against the baseline: h2d_gbs_0 42.00 vs baseline 55.34 (0.76x), below 0.80x" in out["why"]
     assert out["why"].endswith("measured again: h2d_gbs_0 41.20 then 42.00 GB/s (baseline 55.34), both below 0.80x")
     assert out["repeated"]["figures"] == {"h2d_gbs_0": [41.2, 42.0]}
+    assert out["code"] == "RB-P2P-BANDWIDTH-BASELINE"
 
 
 def test_a_peer_copy_pair_layer_is_repeated_per_figure(monkeypatch):
@@ -101,8 +104,10 @@ def test_collectives_below_the_line_are_repeated_and_a_wrong_result_in_the_repea
     out, _, calls = _climb(monkeypatch, "collectives", "collectives", [run(sendrecv=6.9), run()], view, base)
     assert calls == 2 and out["status"] == "warn"
     assert "sendrecv_busbw_gbs 6.90 then 9.75 GB/s (baseline 9.75), below 0.80x on the first run only" in out["why"]
+    assert out["code"] == "RB-COLLECTIVES-BASELINE-FIRST-RUN"
     out, _, calls = _climb(monkeypatch, "collectives", "collectives", [run(sendrecv=6.9), run(wrong=3)], view, base)
     assert calls == 2 and out["status"] == "fail" and out["why"].startswith("wrong results: sendrecv #wrong 3")
+    assert out["code"] == "RB-COLLECTIVES-WRONG-RESULTS"
 
 
 def test_a_wrong_result_fail_is_never_repeated(monkeypatch):

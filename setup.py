@@ -16,7 +16,8 @@ from setuptools.command.build_py import build_py
 ROOT = Path(__file__).resolve().parent
 # What playbooks, roles, the CLI and the lab read at run time (paths relative to the checkout root). tests/artifacts
 # holds the lab's driver stand-ins (src/rigbook/lab/artifacts.py packs them).
-COLLECTION = ["galaxy.yml", "README.md", "meta", "plugins", "roles", "playbooks", "inventory", "tests/artifacts"]
+COLLECTION = ["galaxy.yml", "README.md", "meta", "plugins", "roles", "playbooks", "inventory", "references",
+              "tests/artifacts"]
 SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo", ".*")
 
 

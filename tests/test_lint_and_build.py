@@ -39,6 +39,10 @@ def test_galaxy_collection_build(repo, tmp_path):
     assert len(built) == 1
     listing = subprocess.run(["tar", "tzf", str(built[0])], capture_output=True, text=True).stdout
     assert "plugins/modules/gpu_inventory.py" in listing and "roles/preflight/tasks/main.yml" in listing
+    assert "references/x99-r9700-pair.yml" in listing  # the shipped reference baselines travel with the collection
+    # the Prometheus alert rules and the Grafana dashboard (docs/health.md) too
+    assert "roles/health/files/rigbook-alerts.yml" in listing and "roles/health/files/rigbook-fleet-dashboard.json" \
+        in listing
     assert "src/rigbook" not in listing and ".venv" not in listing
     shutil.rmtree(tmp_path, ignore_errors=True)
 

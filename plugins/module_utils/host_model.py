@@ -228,6 +228,8 @@ def build(variables, facts=None):
         "gpu_env_file": GPU_ENV_FILE,
         "evidence_root": as_str(variables.get("rigbook_evidence_root")) or EVIDENCE_ROOT,
         "tolerance": expectations.tolerance(None, as_dict(variables.get("rigbook_tolerance"))),
+        # the shipped per-hardware-class figures (references/NAME.yml) that judge the box until it has a baseline
+        "reference": as_str(variables.get("rigbook_reference")),
         "pins": pins,
         # what rigbook changes on the box (rigbook_manage, manage_of); the ladder judges the pins either way
         "manage": manage,

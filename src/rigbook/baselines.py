@@ -59,7 +59,7 @@ FIGURE_NAME = re.compile(r"[a-z0-9_-]{1,64}\Z")
 # The strings extra_vars hands Ansible: the recording time (time.strftime below) and the label of the baseline.
 RECORDED_AT = re.compile(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}\Z")
 PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,254}\Z")
-LABEL = re.compile(r"(?:host|group) [A-Za-z0-9][A-Za-z0-9_.:-]{0,254}\Z")
+LABEL = re.compile(r"(?:host|group|reference) [A-Za-z0-9][A-Za-z0-9_.:-]{0,254}\Z")
 _warned: set = set()  # (where, name) already said in this process: a file read several times is named once
 
 
@@ -430,7 +430,28 @@ def resolve(host: str, inv=None, notes=None) -> tuple:
         recorded = read(_group_file(group), {"group": group})["recorded"]
         if _usable(recorded):
             return f"group {group}", recorded
-    return "none", None
+    return reference_of(inv, host, notes)
+
+
+def reference_of(inv, host: str, notes=None) -> tuple:
+    """("reference NAME", {"metrics", "at": None, "source"}) of the shipped reference HOST's rigbook_reference names
+    (the host model's `reference`; references.load), else ("none", None). Validation names a reference that is not
+    shipped before any run; with NOTES (read only: the report) a reference that cannot be read is named there."""
+    # deferred: rigbook.validate (the host model) costs ~19 ms at start-up; only a host without a baseline needs it
+    from rigbook import references
+    from rigbook.validate import host_model_of
+
+    name = host_model_of(inv, host).get("reference")
+    if not name:
+        return "none", None
+    try:
+        reference = references.load(name)
+    except UserError as exc:
+        if notes is None:
+            raise
+        notes.append(str(exc))
+        return "none", None
+    return f"reference {name}", {"metrics": reference["metrics"], "at": None, "source": reference["source"]}
 
 
 def history(host: str, inv, notes: list) -> list:
@@ -476,6 +497,8 @@ def judged_text(label: str, inventory) -> str:
     path) it was recorded with; a run recorded before runs said it (None): "inventory not recorded"."""
     if label == "none":
         return label
+    if label.startswith("reference "):
+        return f"{label} (shipped figures of its hardware class, until a baseline of its own is recorded)"
     return f"{label} of inventory {inventory}" if inventory else f"{label} (inventory not recorded)"
 
 
@@ -503,24 +526,83 @@ def print_judged(judged: dict, stream, inventory=None) -> None:
                                                       for host, label in sorted(judged.items()))), file=stream)
 
 
-def record_groups(host: str, inv, recorded: dict, only: str, done: dict) -> str:
-    """Record HOST's just-recorded baseline as its groups' (ONLY: one group name, or "*" for all of them); a group
-    DONE already took in this run (from an earlier box in inventory order) is left alone. Returns what happened."""
-    groups = host_groups(inv, host)
-    if only != "*":
-        if only not in groups:
-            return f"group {only}: not recorded, {host} is not listed in it"
-        groups = [only]
-    said = []
+def _lower_is_better(name: str) -> bool:
+    """Whether figure NAME is better low (a time: TTFT), as the serving judge compares it."""
+    return name.endswith(("_ttft_s", "_latency_us"))
+
+
+def default_fail_below() -> float:
+    """The judges' default fail line (judges/expectations.DEFAULT_TOLERANCE: one place decides it)."""
+    from rigbook.paths import link_collection
+
+    link_collection()
+    # deferred: ansible_collections.rigbook.homelab is importable only after link_collection() (above)
+    from ansible_collections.rigbook.homelab.plugins.module_utils.judges.expectations import DEFAULT_TOLERANCE
+
+    return float(DEFAULT_TOLERANCE["fail_below"])
+
+
+def group_figures(members: dict, fail_below: float | None = None) -> tuple:
+    """(figures, kept, dropped) of a group's baseline from its MEMBERS ({host: {figure: value}}, the boxes recorded in
+    one run), as fleet validators take one: the mean of each figure over the members, then every member with a
+    figure below FAIL_BELOW x that mean (above mean / FAIL_BELOW for a time) dropped, and again over those left until
+    none is; the best box is never below the mean, so one is always kept. KEPT: the hosts whose mean it is; DROPPED:
+    [{"host", "figure", "ratio"}] in the order they went (the figure furthest below the mean of its round)."""
+    fail_below = default_fail_below() if fail_below is None else fail_below
+    kept = {host: dict(figures) for host, figures in members.items() if figures}
+    dropped = []
+    while True:
+        mean = {}
+        for name in sorted({n for figures in kept.values() for n in figures}):
+            values = [figures[name] for figures in kept.values() if name in figures]
+            mean[name] = sum(values) / len(values)
+        outliers = []
+        for host, figures in kept.items():
+            worst = None
+            for name, value in figures.items():
+                if not mean[name]:
+                    continue
+                ratio = (mean[name] / value if value else 0.0) if _lower_is_better(name) else value / mean[name]
+                if ratio < fail_below and (worst is None or ratio < worst[1]):
+                    worst = (name, ratio)
+            if worst:
+                outliers.append({"host": host, "figure": worst[0], "ratio": round(worst[1], 3)})
+        if not outliers or len(outliers) == len(kept):
+            return {n: round(v, 4) for n, v in mean.items()}, sorted(kept), dropped
+        for out in outliers:
+            dropped.append(out)
+            del kept[out["host"]]
+
+
+def record_groups(inv, recorded: dict, only: str) -> dict:
+    """Record the group baselines of a `baseline record --group` run: RECORDED, {host: its just-recorded baseline}
+    in inventory order; ONLY: one group name, or "*" for every group of those hosts. Each group's figures are
+    group_figures of its members recorded in this run (outliers dropped, named). Returns {host: what happened to its
+    groups}, one line per host."""
+    said = {host: [] for host in recorded}
+    groups = []
+    for host in recorded:
+        mine = host_groups(inv, host)
+        if only != "*" and only not in mine:
+            said[host].append(f"group {only}: not recorded, {host} is not listed in it")
+        for group in (mine if only == "*" else [only] if only in mine else []):
+            if group not in groups:
+                groups.append(group)
     for group in groups:
-        if group in done:
-            said.append(f"group {group}: kept the figures of {done[group]}")
-            continue
+        members = {h: r["metrics"] for h, r in recorded.items() if group in host_groups(inv, h) and _usable(r)}
+        figures, kept, dropped = group_figures(members)
+        first = recorded[kept[0]]
+        entry = {"at": first["at"], "metrics": figures, "versions": first.get("versions") or {},
+                 "run_dir": first.get("run_dir"), "from_hosts": kept, "dropped": dropped}
         _save_section(_group_file(group), {"group": group}, scope_of(inv),
-                      lambda section: section.update(recorded={**recorded, "from_host": host}))
-        done[group] = host
-        said.append(f"group {group}: recorded")
-    return "; ".join(said) or f"{host} is in no group that can hold a baseline"
+                      lambda section, entry=entry: section.update(recorded=entry))
+        text = f"group {group}: recorded, the mean of {', '.join(kept)}"
+        if dropped:
+            text += "; dropped " + ", ".join(f"{d['host']} ({d['figure']} {d['ratio']:.2f}x the mean)"
+                                             for d in dropped)
+        for host in members:
+            said[host].append(text)
+    return {host: "; ".join(lines) or f"{host} is in no group that can hold a baseline" for host, lines in said.items()}
 
 
 def check_group(inv, name: str | None) -> None:
@@ -608,8 +690,11 @@ def _show_groups(console, safe) -> bool:
         for where, recorded, _history in _blocks(data or {}):
             recorded = recorded or {}
             figures = ", ".join(f"{k} {v}" for k, v in sorted((recorded.get("metrics") or {}).items()))
-            console.print(safe(f"group {group}: baseline of {recorded.get('at')} from host "
-                               f"{recorded.get('from_host')}, {where} ({figures or 'no figures'})"))
+            hosts = recorded.get("from_hosts") or [recorded.get("from_host")]  # from_host: one box, before the mean
+            dropped = "".join(f"; dropped {d.get('host')} ({d.get('figure')} {d.get('ratio')}x the mean)"
+                              for d in recorded.get("dropped") or [] if isinstance(d, dict))
+            console.print(safe(f"group {group}: baseline of {recorded.get('at')} from host(s) "
+                               f"{', '.join(str(h) for h in hosts)}{dropped}, {where} ({figures or 'no figures'})"))
     return sound
 
 

@@ -507,7 +507,7 @@ def _update_baselines(opts: RunOptions, hosts: dict, run_dir: Path, code: int, i
     that measured figures)."""
     if opts.baseline_mode == "off" or code == EXIT_INTERRUPTED:
         return
-    groups_done = {}
+    recorded_now = {}
     for host in baselines.inventory_order(inv, hosts):
         entry = hosts[host]
         ladder = entry.get("ladder") or []
@@ -519,11 +519,13 @@ def _update_baselines(opts: RunOptions, hosts: dict, run_dir: Path, code: int, i
                 continue
             recorded = baselines.record(host, ladder, str(run_dir), inv)
             entry["baseline"] = "recorded" if recorded else "not recorded: no figures measured"
-            if recorded and opts.baseline_group:
-                entry["group_baseline"] = baselines.record_groups(host, inv, recorded, opts.baseline_group,
-                                                                  groups_done)
+            if recorded:
+                recorded_now[host] = recorded
         else:
             baselines.append_history(host, ladder, {v["layer"]: v["status"] for v in ladder}, str(run_dir), inv)
+    if recorded_now and opts.baseline_group:
+        for host, text in baselines.record_groups(inv, recorded_now, opts.baseline_group).items():
+            hosts[host]["group_baseline"] = text
 
 
 def _ansible_errors(runner) -> list:

@@ -223,6 +223,15 @@ def _host_problems(inv, host: str) -> list:
     problems = []
     for key, key_path, message in _shared().combination_problems(inv.host_vars(host)):
         problems.append(Problem(_file_of(inv, host, key), f"host {host}", key_path, message))
+    reference = inv.host_vars(host).get("rigbook_reference")
+    if isinstance(reference, str) and reference:
+        # deferred: rigbook.references lists the collection's references/ folder; only a host naming one needs it
+        from rigbook import references
+
+        if reference not in references.names():
+            problems.append(Problem(_file_of(inv, host, "rigbook_reference"), f"host {host}", "rigbook_reference",
+                                    f"{reference!r} is no shipped reference (shipped: "
+                                    f"{', '.join(references.names())}; references/ in the collection)"))
     return problems
 
 

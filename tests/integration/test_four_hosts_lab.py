@@ -221,6 +221,24 @@ def test_two_groups_of_twins_converge_in_parallel_each_built_once_diff_clean_and
         assert f"build {build}: equal, sha256 " in plain.stdout, plain.stdout
     assert any(row["item"] == "bind.etc/systemd/system/rigbook-serve-standin.service" for row in result["unique"])
 
+    # before any baseline: the twin is judged from its first run by the shipped reference of its class (seed 000's
+    # published figures, references/x99-3080-pair.yml), and at half its copy rate it fails against it
+    first_run = provision("verify", "-i", inventory, "--limit", TWIN, "--json", timeout=600)
+    assert first_run.returncode == 0, first_run.stdout[-2000:] + first_run.stderr[-2000:]
+    host = json.loads(first_run.stdout)["hosts"][TWIN]
+    assert host["baseline_source"] == "reference x99-3080-pair", host
+    bandwidth = next(v for v in host["ladder"] if v["layer"] == "p2p_bandwidth")
+    assert "vs baseline 6.00 (1.00x)" in bandwidth["why"] and bandwidth["baseline"].startswith("reference x99-3080")
+    broke = provision("lab", "break", TWIN, "p2p-bandwidth-half")
+    assert broke.returncode == 0, broke.stdout + broke.stderr
+    halved = provision("verify", "-i", inventory, "--limit", TWIN, "--json", timeout=600)
+    assert halved.returncode == 1, halved.stdout[-2000:] + halved.stderr[-2000:]
+    host = json.loads(halved.stdout)["hosts"][TWIN]
+    assert host["baseline_source"] == "reference x99-3080-pair", host
+    assert [v["layer"] for v in host["ladder"] if v["status"] == "fail"] == ["p2p_bandwidth"], host["ladder"]
+    healed = provision("lab", "heal", TWIN)
+    assert healed.returncode == 0, healed.stdout + healed.stderr
+
     # the first box's figures as the group's baseline; the twin has none of its own
     record = provision("baseline", "record", "-i", inventory, "--limit", FIRST, "--group", timeout=600)
     assert record.returncode == 0, record.stdout[-2000:] + record.stderr[-2000:]

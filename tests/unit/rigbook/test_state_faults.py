@@ -104,7 +104,7 @@ def test_a_corrupt_host_file_stops_the_run_before_any_host_and_is_kept_aside(sta
 def test_a_corrupt_group_file_is_kept_aside_and_named(state, inv_path, no_ansible, capsys):
     inv = load(inv_path)
     recorded = baselines.record("box-a", ladder(FIGURES), "/runs/x", inv)
-    baselines.record_groups("box-a", inv, recorded, "*", {})
+    baselines.record_groups(inv, {"box-a": recorded}, "*")
     group_file = state / "baselines" / "groups" / "x99_r9700.json"
     assert baselines.resolve("box-b", inv)[0] == "group x99_r9700"
     corrupt = group_file.read_bytes()[:-30]

@@ -268,6 +268,14 @@ ladder:
     why: {description: The reason for the status., type: str}
     remedy: {description: What to do when it is not pass., type: str}
     metrics: {description: "Figures by name, for the baseline (runtime layers).", type: dict}
+    code: {description: "The stable failure code of a verdict that is not C(pass) (docs/codes.md).", type: str}
+    codes: {description: "Every finding's code, the most severe first, when there are several.", type: list,
+            elements: str}
+code:
+  description: "The failure's code (docs/codes.md): the failing verdict's, or a serve unit's not ready again after the
+    runtime layers."
+  returned: when the task fails
+  type: str
 evidence:
   description: "What was judged, as far as the ladder got: the static evidence (C(gpus), C(kernel), ...) and
     C(probe), C(collectives), C(nccl_transport) and C(serving) (per serve profile, never the API key);
@@ -277,7 +285,8 @@ evidence:
 serving_hold:
   description: "The serve units around the runtime layers: C(stopped), C(started) (each C({unit, ready, seconds,
     why})), C(not_stopped) (unit -> why), C(left_by) (the record of an earlier run cut short whose units this run
-    started), C(settled), C(busy), C(notes), C(problems)."
+    started), C(settled), C(busy), C(notes), C(problems), C(codes) (the problems' failure codes, then the busy
+    hold's)."
   returned: runtime phase, when the runtime layers run on the GPUs
   type: dict
 notes:

@@ -115,10 +115,12 @@ def judge(parts: list, facts: Facts) -> dict:
         result = error_counters.judge(evidence["kernel_log"])
         log = evidence["kernel_log"]["log"]
         counts = {name: log[name]["count"] for name in log if isinstance(log[name], dict) and log[name]["count"]}
+        # the error counters' own code when their judgement names one (docs/codes.md)
         kernel = verdict.make("kernel_log", result["status"], counts or {"error lines": 0},
                               "no hardware error line (AER, Xid, IOMMU fault, GPU reset)",
                               "; ".join(result["problems"] + result["notes"]) or "no hardware error line in the log",
-                              " ".join(result["remedies"]) if result["status"] != "pass" else "")
+                              " ".join(result["remedies"]) if result["status"] != "pass" else "",
+                              code=result.get("code"), codes=result.get("codes"))
         kernel["read_from"] = _places(used["kernel_log"])
     judged_ids = {id(p) for parts_used in used.values() for p in parts_used}
     listed = []
@@ -194,7 +196,8 @@ def main(files: list, as_json: bool, facts: Facts) -> int:
     display.print_ladder(console, "the pastes", covered + ([result["kernel_log"]] if result["kernel_log"] else []))
     for v in result["ladder"]:
         if v["why"] == NOT_IN_PASTES:
-            console.print(display.terminal_safe(f"  {v['layer']}: unknown ({NOT_IN_PASTES}): {v['remedy']}"))
+            coded = f" [{v['code']}]" if v.get("code") else ""
+            console.print(display.terminal_safe(f"  {v['layer']}: unknown{coded} ({NOT_IN_PASTES}): {v['remedy']}"))
     console.print(display.terminal_safe(f"diagnose: {'FAILED' if code else 'nothing failed'} "
                                         f"({len(covered)} of {len(result['ladder'])} layers in the pastes)"))
     return code

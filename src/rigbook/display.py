@@ -236,7 +236,8 @@ def print_summary(tracker: Tracker, console: Console, run_dir) -> None:
             console.print(Text(terminal_safe(f"{name}: {note['msg']}")))
         for failure in h.failures:
             what = "UNREACHABLE" if failure.get("unreachable") else "FAILED"
-            console.print(Text(terminal_safe(f"{name}: {what} at task '{failure['task']}': {failure['msg']}",
+            code = f" [{failure['code']}]" if failure.get("code") else ""
+            console.print(Text(terminal_safe(f"{name}: {what} at task '{failure['task']}'{code}: {failure['msg']}",
                                              newlines=True), style="red"))
         for warning in h.warnings:
             console.print(Text(terminal_safe(f"{name}: warning at task '{warning['task']}': {warning['msg']}"),
@@ -264,9 +265,12 @@ def print_ladder(console: Console, host: str, ladder: list) -> None:
         table.add_column(column, overflow="fold")
     for verdict in ladder:
         status = str(verdict.get("status", "unknown"))
+        cell = Text(terminal_safe(status), style=VERDICT_STYLE.get(status, ""))
+        if code_of(verdict):
+            cell.append(terminal_safe(f" [{code_of(verdict)}]"))
         table.add_row(
             Text(terminal_safe(verdict.get("layer"))),
-            Text(terminal_safe(status), style=VERDICT_STYLE.get(status, "")),
+            cell,
             Text(terminal_safe(_text(verdict.get("measured")))),
             Text(terminal_safe(_text(verdict.get("expected")))),
         )
@@ -278,12 +282,22 @@ def print_ladder(console: Console, host: str, ladder: list) -> None:
                 console.print(Text(terminal_safe(f"    what to do: {verdict['remedy']}")))
 
 
+def code_of(verdict: dict) -> str:
+    """The failure code of a VERDICT that is not a pass (docs/codes.md), "" otherwise."""
+    code = verdict.get("code") if verdict.get("status") != "pass" else None
+    return str(code) if code else ""
+
+
 def ladder_blocks(host: str, ladder: list) -> list:
     """The plain-text ladder, one block per layer: lines of full text, nothing shortened (each made terminal_safe:
     one line each, whatever a box put in a value)."""
     lines = [f"P2P ladder: {host}"]
     for verdict in ladder:
-        lines.append(f"  {verdict.get('layer')}: {verdict.get('status', 'unknown')}")
+        code = f" [{code_of(verdict)}]" if code_of(verdict) else ""
+        lines.append(f"  {verdict.get('layer')}: {verdict.get('status', 'unknown')}{code}")
+        codes = verdict.get("codes")
+        if isinstance(codes, list) and len(codes) > 1:
+            lines.append(f"    codes: {', '.join(str(c) for c in codes)}")
         for key, label in (("measured", "measured"), ("expected", "expected"), ("metrics", "figures"),
                            ("baseline", "judged by baseline"), ("why", "why"), ("remedy", "what to do")):
             value = verdict.get(key)

@@ -1,9 +1,16 @@
-"""JUnit XML for CI systems: one testcase per host, and one per failing task."""
+"""JUnit XML for CI systems: one testcase per host, and one per failing task; each failure and skip message names
+its failure code first (docs/codes.md), "[RB-P2P-SHM-FALLBACK] why"."""
 
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 from pathlib import Path
+
+
+def _coded(entry: dict) -> str:
+    """"[CODE] " of a verdict or task failure that carries a failure code, "" otherwise."""
+    code = entry.get("code") if entry.get("status") != "pass" else None
+    return f"[{code}] " if code else ""
 
 
 def write(path: Path, suite_name: str, hosts: dict, duration_s: float) -> None:
@@ -23,18 +30,21 @@ def write(path: Path, suite_name: str, hosts: dict, duration_s: float) -> None:
             cases += 1
             failures += 1
             task_case = ET.SubElement(suite, "testcase", classname=name, name=f"task: {failure['task']}")
-            node = ET.SubElement(task_case, "failure", message=failure["msg"][:500], type="task")
+            node = ET.SubElement(task_case, "failure", message=(_coded(failure) + failure["msg"])[:500], type="task")
             node.text = failure["msg"]
         for verdict in entry.get("ladder") or ():
             cases += 1
             layer_case = ET.SubElement(suite, "testcase", classname=name, name=f"layer: {verdict.get('layer')}")
             status = verdict.get("status")
+            said = _coded(verdict) + str(verdict.get("why", ""))
             if status == "fail":
                 failures += 1
-                node = ET.SubElement(layer_case, "failure", message=str(verdict.get("why", ""))[:500], type="layer")
+                node = ET.SubElement(layer_case, "failure", message=said[:500], type="layer")
                 node.text = str(verdict.get("remedy", ""))
             elif status == "skip":
-                ET.SubElement(layer_case, "skipped", message=str(verdict.get("why", "")))
+                ET.SubElement(layer_case, "skipped", message=said)
+            elif status in ("warn", "unknown"):  # passes in CI's eyes; its code and why are kept beside it
+                ET.SubElement(layer_case, "system-out").text = f"{status}: {said}"
     suite.set("tests", str(cases))
     suite.set("failures", str(failures))
     suite.set("errors", "0")

@@ -295,9 +295,10 @@ th{background:#f3f3f3}
 tr.row-fail td{background:#fdecea}tr.row-warn td{background:#fff4e0}
 td.differs{background:#fff3b0;font-weight:600}
 table.ladder{table-layout:fixed;font-size:.92em}table.ladder td:first-child{overflow-wrap:normal}
-col.c-layer{width:9.5em}col.c-status{width:5.5em}col.c-measured{width:27%}col.c-expected{width:19%}
+col.c-layer{width:9.5em}col.c-status{width:7em}col.c-measured{width:27%}col.c-expected{width:19%}
 col.c-why{width:26%}
 code{font:.9em ui-monospace,Menlo,Consolas,monospace;background:#f5f5f5;padding:1px 3px;overflow-wrap:anywhere}
+code.rb-code{font-size:.75em}
 .charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(360px,1fr));gap:10px}
 figure{margin:0;border:1px solid var(--line);padding:6px;break-inside:avoid}
 figcaption{font-size:.9em;margin-bottom:4px}
@@ -406,6 +407,11 @@ def _status(status) -> str:
     return f'<span class="status s-{_e(status)}">{_e(status)}</span>'
 
 
+def _code(code: str) -> str:
+    """A verdict's failure code under its status (docs/codes.md), "" for none."""
+    return f'<br><code class="rb-code">{_e(code)}</code>' if code else ""
+
+
 def _judged(entry: dict) -> str:
     """Which baseline judged a run's host entry, and of which inventory (baselines.judged_text)."""
     return baselines.judged_text(str(entry.get("baseline_source") or "none"), entry.get("baseline_inventory"))
@@ -436,9 +442,11 @@ def ladder_table(host: HostData, ladder: list) -> str:
     for verdict in ladder:
         status = str(verdict.get("status") or "unknown")
         layer = str(verdict.get("layer"))
+        code = str(verdict.get("code") or "") if status != "pass" else ""
+        coded = f' data-code="{_e(code)}"' if code else ""
         rows.append(f'<tr class="layer row-{_e(status)}" data-host="{_e(host.name)}" data-layer="{_e(layer)}" '
-                    f'data-status="{_e(status)}"><td data-label="layer"><b>{_e(layer)}</b></td>'
-                    f'<td data-label="status">{_status(status)}</td>'
+                    f'data-status="{_e(status)}"{coded}><td data-label="layer"><b>{_e(layer)}</b></td>'
+                    f'<td data-label="status">{_status(status)}{_code(code)}</td>'
                     f'<td data-label="measured">{_cell(verdict.get("measured"))}</td>'
                     f'<td data-label="expected">{_cell(verdict.get("expected"))}</td>'
                     f'<td data-label="why">{_cell(verdict.get("why"))}</td>'

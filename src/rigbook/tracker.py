@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ class HostState:
     task: str = ""
     tasks_done: int = 0
     counts: dict = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
-    failures: list = field(default_factory=list)  # {"task", "action", "msg"}
+    failures: list = field(default_factory=list)  # {"task", "action", "msg"} and "code" when the result gave one
     warnings: list = field(default_factory=list)  # {"task", "msg"}: what a task warned (at most MAX_WARNINGS)
     notes: list = field(default_factory=list)  # {"task", "msg"}: what a task did that the summary says (its `notes`)
     ladder: list = field(default_factory=list)  # verdict dicts from the ladder module's runs
@@ -65,6 +66,16 @@ def _keep_notes(h, task: str, res) -> None:
     for text in said if isinstance(said, list) else []:
         if isinstance(text, str) and len(h.notes) < MAX_WARNINGS:
             h.notes.append({"task": task, "msg": " ".join(text.split())[:500]})
+
+
+CODE = re.compile(r"RB-[A-Z0-9]+(?:-[A-Z0-9]+)+")
+
+
+def _code(res) -> str | None:
+    """The failure code of a failed result (the ladder module's `code`: its failing verdict's, or a serve-unit hold
+    problem's; docs/codes.md), None when it gives none."""
+    code = res.get("code") if isinstance(res, dict) else None
+    return code if isinstance(code, str) and CODE.fullmatch(code) else None
 
 
 def _message(res: dict) -> str:
@@ -198,7 +209,11 @@ class Tracker:
             msg = _message(res)
             if action.endswith("reboot") and "timed out" in msg.lower():
                 msg = f"{msg} ({REBOOT_HINT})"
-            h.failures.append({"task": task, "action": action, "msg": msg})
+            failure = {"task": task, "action": action, "msg": msg}
+            code = _code(res)
+            if code:
+                failure["code"] = code
+            h.failures.append(failure)
             return ("failed", host_name, f"{task}: {msg}")
         if kind == "runner_on_skipped":
             return ("skipped", host_name, task)

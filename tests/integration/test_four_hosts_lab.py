@@ -491,8 +491,18 @@ def test_a_twin_given_a_tampered_group_archive_refuses_it_and_installs_nothing_o
 
 
 def _metrics(box) -> dict:
+    """BOX's metrics by series; a failing or warning layer's `code` label is kept apart, under "codes" (series ->
+    code), so a series is found by its layer whatever its code."""
     text = box.out(f"cat {PROM}")
-    return {name: float(value) for name, value in re.findall(r"^(rigbook_\S+) (\S+)$", text, re.M)}
+    out, codes = {}, {}
+    for name, value in re.findall(r"^(rigbook_\S+) (\S+)$", text, re.M):
+        coded = re.search(r',?code="([^"]*)"', name)
+        if coded:
+            name = name.replace(coded.group(0), "").replace("{}", "")
+            codes[name] = coded.group(1)
+        out[name] = float(value)
+    out["codes"] = codes
+    return out
 
 
 def _metrics_once(box, predicate, what, limit_s=2 * INTERVAL_S + 15) -> dict:
@@ -527,6 +537,7 @@ def test_the_health_timer_shows_a_fault_within_an_interval_and_clears_after_heal
         since = time.time()
         failed = _metrics_once(box, lambda m: m.get(link) == 2, "link-x8 in the metrics")
         assert failed["rigbook_health_last_run_timestamp_seconds"] >= since - 1
+        assert failed["codes"][link].startswith("RB-PCIE-"), failed["codes"]  # the finding's code (docs/codes.md)
         assert "pcie_link: fail: " in box.out("journalctl -u rigbook-health.service --no-pager -o cat -n 40")
     finally:
         healed = provision("lab", "heal", AMD_TWIN)

@@ -123,6 +123,9 @@ def test_gpu_count_match_passes_preflight_and_reaches_the_ladder(tmp_path):
         "Ladder 1-5: firmware, PCIe link, DMA window, kernel state, driver state"]
     assert [v["layer"] for v in host["ladder"]] == ["firmware"] and "CSM" in host["ladder"][0]["why"]
     assert host["failures"][0]["msg"].startswith("firmware: fail:")
+    # the verdict's failure code passes through the module's result into the summary, and names the task's failure
+    code = host["ladder"][0]["code"]
+    assert code.startswith("RB-FIRMWARE-") and host["failures"][0]["code"] == code
     proc = provision("site.yml", "-i", str(inv), "--json", "--skip-tags", f"ladder,{HOST_ROLES}")
     assert proc.returncode == 0, proc.stderr
 

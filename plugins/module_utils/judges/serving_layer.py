@@ -27,6 +27,178 @@ MAX_ERRORS_SHOWN = 3
 SEED_004_RULE = ("seed 004's rule: SGLang's log must show `isAllDirectP2p 1` and `via P2P/IPC`, not SHM "
                  "(SHM cost it 23-27% TTFT and 31-37% long-context prefill)")
 
+_UNIT = "the serve unit's systemd state (`systemctl show`: ActiveState, SubState, NRestarts)"
+_LOG = "the engine's journal (`journalctl -u UNIT -b`), parsed by parse/sglang_log.py"
+_FIGURE = ("one streaming and one plain chat completion of the serve profile's prompt; the figure against the "
+           "host's baseline (`provision baseline record`) with the layer's fail_below / warn_below")
+# The serving layer's codes (judges/codes.py gathers them; docs/codes.md is generated from them). A code names one
+# finding and never changes meaning; the ladder's serve-unit hold (ladder/serving_hold.py) and the health timer
+# (ladder/health.py) give theirs from here too.
+CODES = {
+    "RB-SERVING-BAD-PROFILES": {
+        "layer": LAYER, "title": "A serve profile could not be read",
+        "cause": "A rigbook_serve entry the serving phase was given is not a valid serve profile (a bad name, port "
+                 "or option): nothing of it was checked.",
+        "measured": "The host model's reading of rigbook_serve (serve/profile.py) before the serving checks.",
+        "action": "Fix the serve profile the why names (rigbook_serve[N].FIELD) and run `provision verify --tags "
+                  "serving` again."},
+    "RB-SERVING-UNIT-INACTIVE": {
+        "layer": LAYER, "title": "The serve unit is not active",
+        "cause": "The engine's systemd unit has stopped or failed (OOM in warm-up, a missing model path, a crashed "
+                 "scheduler).",
+        "measured": _UNIT + ": ActiveState is not active.",
+        "action": "Read `journalctl -u UNIT -b` for why the engine stopped, fix the serve profile, then re-run the "
+                  "serve role."},
+    "RB-SERVING-UNIT-RESTARTED": {
+        "layer": LAYER, "title": "The serve unit restarted, with no earlier count to compare",
+        "cause": "systemd restarted the engine since the unit started; with no count from an earlier run it cannot "
+                 "tell a crash loop from one restart.",
+        "measured": _UNIT + ": NRestarts above 0 and no count kept from an earlier run.",
+        "action": "Read `journalctl -u UNIT -b` for why the engine restarted; the next run compares against this "
+                  "count."},
+    "RB-SERVING-CRASH-LOOP": {
+        "layer": LAYER, "title": "The serve unit is crash-looping",
+        "cause": "systemd restarted the engine more often than at the last run: it keeps dying and being started "
+                 "again.",
+        "measured": _UNIT + ": NRestarts above the count kept at the last run.",
+        "action": "Read `journalctl -u UNIT -b` for why the engine dies, fix the serve profile, then re-run the "
+                  "serve role."},
+    "RB-SERVING-NOT-READY": {
+        "layer": LAYER, "title": "The engine is not ready within its startup timeout",
+        "cause": "The engine did not answer /health_generate with 200 within the serve profile's startup_timeout_s "
+                 "(still loading weights or capturing CUDA graphs, or stuck).",
+        "measured": "/health_generate polled on the profile's address until 200 or startup_timeout_s.",
+        "action": "Read `journalctl -u UNIT -b` (\"The server is fired up and ready to roll!\" marks the end); raise "
+                  "startup_timeout_s if it was still loading, else fix what the log shows and re-run the serve "
+                  "role."},
+    "RB-SERVING-MODELS-API": {
+        "layer": LAYER, "title": "GET /v1/models failed",
+        "cause": "The engine's OpenAI API did not list its models: a wrong API key, port or a crashed server.",
+        "measured": "GET /v1/models on the profile's address with the unit's API key.",
+        "action": "Check the API key file (the unit's --api-key) and the port the serve profile names."},
+    "RB-SERVING-WRONG-MODEL": {
+        "layer": LAYER, "title": "The engine serves another model name",
+        "cause": "/v1/models does not list the serve profile's served_model_name: clients asking for it fail.",
+        "measured": "GET /v1/models against the profile's served_model_name.",
+        "action": "Set served_model_name in the serve profile (the unit's --served-model-name) and re-run the serve "
+                  "role."},
+    "RB-SERVING-STREAM-NO-TOKEN": {
+        "layer": LAYER, "title": "A streaming chat completion returned no token",
+        "cause": "The engine answered the streaming request without one non-empty delta (an error, a stalled "
+                 "scheduler).",
+        "measured": "One streaming POST /v1/chat/completions: the first non-empty delta (what TTFT times).",
+        "action": "Send the same request by hand (curl /v1/chat/completions) and read `journalctl -u UNIT -b`."},
+    "RB-SERVING-COMPLETION-NO-TOKENS": {
+        "layer": LAYER, "title": "A chat completion returned no tokens",
+        "cause": "The engine answered the plain request with usage.completion_tokens 0 or an error.",
+        "measured": "One POST /v1/chat/completions: its usage.completion_tokens (what decode tok/s divides).",
+        "action": "Send the same request by hand (curl /v1/chat/completions) and read `journalctl -u UNIT -b`."},
+    "RB-SERVING-SHM-TRANSPORT": {
+        "layer": LAYER, "title": "The engine's NCCL/RCCL runs over SHM where P2P is expected",
+        "cause": "The engine's collectives fell back to host shared memory (seed 004: SHM cost 23-27% TTFT and "
+                 "31-37% long-context prefill), e.g. after an upgrade or without the serve profile's NCCL env.",
+        "measured": _LOG + ": its NCCL channel lines say `via SHM`, not `via P2P`.",
+        "action": "Check the nccl_transport layer first (`provision verify --tags nccl_transport`), then the serve "
+                  "profile's env (NCCL_P2P_LEVEL; on AMD HSA_ENABLE_IPC_MODE_LEGACY=0 and the patched RCCL); re-run "
+                  "the serve role."},
+    "RB-SERVING-NOT-ALL-DIRECT-P2P": {
+        "layer": LAYER, "title": "The engine logs isAllDirectP2p 0",
+        "cause": "SGLang's custom all-reduce found a GPU pair without direct P2P and falls back (seed 004's rule: "
+                 "`isAllDirectP2p 1` is required).",
+        "measured": _LOG + ": its `isAllDirectP2p` line.",
+        "action": "Check the peer_access and nccl_transport layers, then the serve profile's env; re-run the serve "
+                  "role."},
+    "RB-SERVING-TRANSPORT-UNCONFIRMED": {
+        "layer": LAYER, "title": "The engine's transport is unconfirmed",
+        "cause": "The engine's log shows no NCCL channel lines, so whether it runs over P2P is not known.",
+        "measured": _LOG + ": no `Channel ... via` line with tensor parallelism above 1.",
+        "action": "Set NCCL_DEBUG=INFO in the serve profile's env and re-run the serve role."},
+    "RB-SERVING-P2P-UNEXPECTED": {
+        "layer": LAYER, "title": "The engine uses P2P although P2P is declared unavailable",
+        "cause": "The host model declares P2P unavailable (rigbook_p2p.expected false) but the engine's NCCL runs "
+                 "over P2P: the declaration is out of date, or the box changed.",
+        "measured": _LOG + ": its NCCL channel lines say `via P2P`.",
+        "action": "Check rigbook_p2p in the host's variables (and the peer layers' verdicts); correct the "
+                  "declaration."},
+    "RB-SERVING-ENGINE-ERRORS": {
+        "layer": LAYER, "title": "The engine's log shows errors",
+        "cause": "The engine logged error lines (out of memory, a scheduler exception, a NCCL error).",
+        "measured": _LOG + ": its error and traceback lines.",
+        "action": "Read `journalctl -u UNIT -b` around the lines shown, fix the serve profile, then re-run the serve "
+                  "role."},
+    "RB-SERVING-API-KEY-LOGGED": {
+        "layer": LAYER, "title": "The API key appears in the engine's log",
+        "cause": "The engine printed its server_args with the API key: anyone who reads the journal has it.",
+        "measured": _LOG + ": the key in its server_args line.",
+        "action": "Rotate the key (api_key_file) and keep the journal root-only."},
+    "RB-ENGINE-NCCL-VERSION": {
+        "layer": LAYER, "title": "The engine logged another NCCL version than the collectives layer measured",
+        "cause": "The engine initialised a NCCL/RCCL of another version than the library the collectives tests "
+                 "load and verified.",
+        "measured": _LOG + ": its `NCCL version` line against the verified library's version.",
+        "action": "Re-run the sglang and serve roles (`provision site.yml -i INV --tags serve`) and read "
+                  "`journalctl -u UNIT -b | grep 'NCCL version'`."},
+    "RB-ENGINE-LIBRARY-PRELOADED": {
+        "layer": LAYER, "title": "The verified library is used only through LD_PRELOAD",
+        "cause": "Torch's bundled NCCL/RCCL is mapped beside the verified library; LD_PRELOAD loads the verified "
+                 "one first, so it is the copy used only while the preload stays.",
+        "measured": "/proc/PID/maps of the engine process (with each library's sha256) against the library the "
+                    "collectives tests load.",
+        "action": "Re-run the sglang role (`provision site.yml -i INV --tags sglang,serve`): it makes the venv's "
+                  "bundled copy resolve to the verified library, so the engine needs no preload."},
+    "RB-ENGINE-LIBRARY": {
+        "layer": LAYER, "title": "The engine is not on the verified NCCL/RCCL library",
+        "cause": "The engine process has another NCCL/RCCL mapped than the one the collectives layer measured "
+                 "(torch's wheel finds its bundled copy through a DT_RPATH searched before LD_LIBRARY_PATH; on seed "
+                 "004's box that was stock RCCL and the SHM fallback while the collectives passed).",
+        "measured": "/proc/PID/maps of the engine process (with each library's sha256) against the library the "
+                    "collectives tests load.",
+        "action": "Re-run the sglang role (`provision site.yml -i INV --tags sglang,serve`): it makes the venv's "
+                  "bundled copy resolve to the verified library and restarts the engine; then `provision verify "
+                  "--tags serving`."},
+    "RB-SERVING-TTFT-BASELINE": {
+        "layer": LAYER, "title": "Time to first token rose against the baseline",
+        "cause": "The engine takes longer to the first token than when the baseline was recorded (a silent SHM "
+                 "fallback after an upgrade, a changed serve profile or engine version).",
+        "measured": _FIGURE + " (lower is better: it fails above baseline / fail_below).",
+        "action": "Check the lower layers (nccl_transport, p2p_bandwidth), then what changed in the serve profile "
+                  "or the engine version (`provision baseline show`)."},
+    "RB-SERVING-DECODE-BASELINE": {
+        "layer": LAYER, "title": "Decode tok/s fell against the baseline",
+        "cause": "The engine decodes fewer tokens a second than when the baseline was recorded.",
+        "measured": _FIGURE + ": usage.completion_tokens over the request's time.",
+        "action": "Check the lower layers (nccl_transport, p2p_bandwidth), then what changed in the serve profile "
+                  "or the engine version (`provision baseline show`)."},
+    "RB-SERVING-ACCEPT-LEN-BASELINE": {
+        "layer": LAYER, "title": "The speculative decoder's accept length fell against the baseline",
+        "cause": "The draft model accepts fewer tokens a step than when the baseline was recorded (seed 000: "
+                 "DFlash accepted 2.1-2.4 on natural text): the draft stopped helping.",
+        "measured": "The mean of the `accept len` figures of the engine's Decode batch lines, against the "
+                    "baseline.",
+        "action": "Check that speculative.draft_model_path is the draft made for this model and quantisation, and "
+                  "what changed in the serve profile or the engine version (`provision baseline show`)."},
+    "RB-SERVING-NOT-READY-AGAIN": {
+        "layer": LAYER, "title": "A serve unit stopped for the runtime layers is not ready again",
+        "cause": "The ladder stopped the serve unit for the runtime layers and started it again after them, and it "
+                 "did not become ready within its startup timeout (or did not start): the task fails.",
+        "measured": "`systemctl start` then the serve role's readiness wait (/health_generate, one chat "
+                    "completion) within startup_timeout_s; the unit's last journal lines.",
+        "action": "Read the journal lines the failure shows (`journalctl -u UNIT -b`), fix what they name and "
+                  "re-run the serve role."},
+    "RB-SERVING-HOLD-BUSY": {
+        "layer": LAYER, "title": "Another ladder run holds the serve units",
+        "cause": "Another ladder run stopped this host's serve units for its runtime layers and has not started "
+                 "them again yet: this run measures nothing.",
+        "measured": "The hold's record on the host (/var/lib/rigbook/serving-hold.json): its holder still runs.",
+        "action": "Run again once the other run has ended."},
+    "RB-SERVING-HELD": {
+        "layer": LAYER, "title": "The serving layer is not judged while a ladder run holds the units",
+        "cause": "A ladder run stopped the serve units for its runtime layers on purpose; the health timer does "
+                 "not judge an engine stopped so (a skip).",
+        "measured": "The hold's record on the host (/var/lib/rigbook/serving-hold.json): its holder still runs.",
+        "action": "Nothing: the next health run after the ladder run judges the serving layer again."},
+}
+
 
 def metric_names(name):
     """(TTFT metric, decode metric, accept length metric) of serve profile NAME, as the baseline records them."""
@@ -87,7 +259,8 @@ def _check_unit(item, found, measured):
     measured["n_restarts"] = state.get("n_restarts")
     if state.get("active_state") != "active":
         found.problem("%s: unit %s is %s (%s), not active" % (name, item.get("unit"), state.get("active_state"),
-                                                               state.get("sub_state")), _unit_remedy(item))
+                                                              state.get("sub_state")), _unit_remedy(item),
+                      code="RB-SERVING-UNIT-INACTIVE")
         return False
     _check_restarts(item, state.get("n_restarts"), found)
     return True
@@ -100,10 +273,11 @@ def _check_restarts(item, n_restarts, found):
         return
     if previous is None and n_restarts > 0:
         found.note("%s: %s restarted %d time(s) since it was started (no count from an earlier run)"
-                   % (item["name"], item.get("unit"), n_restarts), _unit_remedy(item))
+                   % (item["name"], item.get("unit"), n_restarts), _unit_remedy(item), code="RB-SERVING-UNIT-RESTARTED")
     elif previous is not None and n_restarts > previous:
         found.problem("%s: %s is crash-looping: NRestarts %d, %d at the last run"
-                      % (item["name"], item.get("unit"), n_restarts, previous), _unit_remedy(item))
+                      % (item["name"], item.get("unit"), n_restarts, previous), _unit_remedy(item),
+                      code="RB-SERVING-CRASH-LOOP")
 
 
 def _check_ready(item, found, measured):
@@ -117,7 +291,7 @@ def _check_ready(item, found, measured):
                   "Loading weights and capturing CUDA graphs can take minutes on a cold page cache: read `journalctl "
                   "-u %s -b` (\"The server is fired up and ready to roll!\" marks the end); raise the serve profile's "
                   "startup_timeout_s if it was still loading, else fix what the log shows and re-run the serve role."
-                  % (item.get("unit") or "the serve unit"))
+                  % (item.get("unit") or "the serve unit"), code="RB-SERVING-NOT-READY")
     return False
 
 
@@ -128,11 +302,12 @@ def _check_models(item, found, measured):
     want = item.get("served_model_name")
     if ids is None:
         remedy = "Check the API key file (the unit's --api-key) and the port the serve profile names."
-        found.problem("%s: GET /v1/models failed: %s" % (item["name"], models.get("error")), remedy)
+        found.problem("%s: GET /v1/models failed: %s" % (item["name"], models.get("error")), remedy,
+                      code="RB-SERVING-MODELS-API")
     elif want and want not in ids:
         found.problem("%s: /v1/models lists %s, not %s" % (item["name"], ", ".join(ids) or "nothing", want),
                       "The engine serves another name: set served_model_name in the serve profile (the unit's "
-                      "--served-model-name) and re-run the serve role.")
+                      "--served-model-name) and re-run the serve role.", code="RB-SERVING-WRONG-MODEL")
 
 
 def _check_tokens(item, found, measured):
@@ -146,10 +321,12 @@ def _check_tokens(item, found, measured):
         item.get("unit") or "the serve unit")
     if stream.get("ttft_s") is None:
         found.problem("%s: the streaming chat completion returned no token (%s)"
-                      % (item["name"], stream.get("error") or "no non-empty delta"), remedy)
+                      % (item["name"], stream.get("error") or "no non-empty delta"), remedy,
+                      code="RB-SERVING-STREAM-NO-TOKEN")
     if not decode.get("completion_tokens"):
         found.problem("%s: the chat completion returned no tokens (%s)"
-                      % (item["name"], decode.get("error") or "usage.completion_tokens 0"), remedy)
+                      % (item["name"], decode.get("error") or "usage.completion_tokens 0"), remedy,
+                      code="RB-SERVING-COMPLETION-NO-TOKENS")
 
 
 def _transport_remedy(item):
@@ -172,15 +349,16 @@ def _check_transport(item, log, ladder_view, found):
     if expectations.p2p_expected(ladder_view):
         if path == "shm":
             found.problem("%s: the engine's NCCL log shows SHM, not P2P: %s" % (name, SEED_004_RULE),
-                          _transport_remedy(item))
+                          _transport_remedy(item), code="RB-SERVING-SHM-TRANSPORT")
         elif path == "p2p" and log.get("all_direct_p2p") is False:
             found.problem("%s: the engine's NCCL log shows isAllDirectP2p 0: %s" % (name, SEED_004_RULE),
-                          _transport_remedy(item))
+                          _transport_remedy(item), code="RB-SERVING-NOT-ALL-DIRECT-P2P")
         elif path is None and (item.get("tp_size") or 0) > 1:
             found.note("%s: the engine's log shows no NCCL channel lines, the transport is unconfirmed (set "
-                       "NCCL_DEBUG=INFO in the serve profile's env)" % name)
+                       "NCCL_DEBUG=INFO in the serve profile's env)" % name, code="RB-SERVING-TRANSPORT-UNCONFIRMED")
     elif path == "p2p":
-        found.note("%s: the engine uses P2P although %s" % (name, expectations.declared(ladder_view)))
+        found.note("%s: the engine uses P2P although %s" % (name, expectations.declared(ladder_view)),
+                   code="RB-SERVING-P2P-UNEXPECTED")
 
 
 def _check_log(item, ladder_view, found, measured):
@@ -198,10 +376,11 @@ def _check_log(item, ladder_view, found, measured):
     if errors:
         shown = "; ".join(str(e).strip()[:200] for e in errors[:MAX_ERRORS_SHOWN])
         found.problem("%s: the engine's log shows %d error line(s): %s" % (item["name"], len(errors), shown),
-                      _unit_remedy(item))
+                      _unit_remedy(item), code="RB-SERVING-ENGINE-ERRORS")
     if log.get("api_key_logged"):
         found.note("%s: the API key appears in the engine's log (server_args); anyone who reads the journal has it"
-                   % item["name"], "Rotate the key (api_key_file) and keep the journal root-only.")
+                   % item["name"], "Rotate the key (api_key_file) and keep the journal root-only.",
+                   code="RB-SERVING-API-KEY-LOGGED")
 
 
 ENGINE_LIBRARY_FACT = ("torch's wheel finds its bundled copy through a DT_RPATH, searched before LD_LIBRARY_PATH, "
@@ -243,21 +422,22 @@ def _check_library(item, verified, ladder_view, found, measured, expected):
                       % (item["name"], logged, verified["version"], verified.get("path")),
                       "The engine runs another NCCL/RCCL than the one verified: re-run the sglang and serve roles "
                       "(`provision site.yml -i INV --tags serve`) and read `journalctl -u %s -b | grep 'NCCL "
-                      "version'`." % (item.get("unit") or "the serve unit"))
+                      "version'`." % (item.get("unit") or "the serve unit"), code="RB-ENGINE-NCCL-VERSION")
     if others and first:
         found.note("%s: %s mapped too, but LD_PRELOAD loads the verified library (%s) first and the first-loaded "
                    "copy is the one used (measured on a real H200 host: NCCL logged the preloaded copy's version "
                    "with torch's bundled copy mapped beside it); it holds only while the preload stays"
                    % (item["name"], ", ".join(lib["path"] for lib in others), first[0]["path"]),
                    "Re-run the sglang role (`provision site.yml -i INV --tags sglang,serve`): it makes the venv's "
-                   "bundled copy resolve to the verified library, so the engine needs no preload.")
+                   "bundled copy resolve to the verified library, so the engine needs no preload.",
+                   code="RB-ENGINE-LIBRARY-PRELOADED")
     elif others:
         found.problem("%s: the engine has %s mapped, not the library the collectives layer measured (%s): %s"
                       % (item["name"], ", ".join(lib["path"] for lib in others), verified.get("path"),
                          ENGINE_LIBRARY_FACT),
                       "Re-run the sglang role (`provision site.yml -i INV --tags sglang,serve`): it makes the venv's "
                       "bundled copy resolve to the verified library and restarts the engine; then `provision "
-                      "verify --tags serving`.")
+                      "verify --tags serving`.", code="RB-ENGINE-LIBRARY")
 
 
 ACCEPT_REMEDY = ("The draft model stopped helping (seed 000: DFlash accepted 2.1-2.4 tokens a step on natural "
@@ -277,8 +457,10 @@ def _check_figures(item, found, metrics, expected, baseline, tol, texts):
     remedy = ("The engine got slower than its baseline: check the lower layers (nccl_transport: a silent SHM "
               "fallback after an upgrade; p2p_bandwidth), then what changed in the serve profile or the engine "
               "version (`provision baseline show`).")
-    results = [(compare_lower_is_better(ttft_name, ttft, baseline.get(ttft_name), tol), remedy),
-               (baseline_mod.compare(decode_name, decode, baseline.get(decode_name), tol), remedy)]
+    results = [(compare_lower_is_better(ttft_name, ttft, baseline.get(ttft_name), tol), remedy,
+                "RB-SERVING-TTFT-BASELINE"),
+               (baseline_mod.compare(decode_name, decode, baseline.get(decode_name), tol), remedy,
+                "RB-SERVING-DECODE-BASELINE")]
     if baseline.get(ttft_name):
         expected["ttft_s"] = "<= %.3f (%.2fx baseline %.3f)" % (baseline[ttft_name] / tol["fail_below"],
                                                                 1.0 / tol["fail_below"], baseline[ttft_name])
@@ -288,16 +470,17 @@ def _check_figures(item, found, metrics, expected, baseline, tol, texts):
     if _speculative(item):
         accept = accept_len(item)
         metrics[accept_name] = accept
-        results.append((baseline_mod.compare(accept_name, accept, baseline.get(accept_name), tol), ACCEPT_REMEDY))
+        results.append((baseline_mod.compare(accept_name, accept, baseline.get(accept_name), tol), ACCEPT_REMEDY,
+                        "RB-SERVING-ACCEPT-LEN-BASELINE"))
         if baseline.get(accept_name):
             expected["accept_len"] = ">= %.2f (%.2fx baseline %.2f)" % (
                 baseline[accept_name] * tol["fail_below"], tol["fail_below"], baseline[accept_name])
-    for (status, text), why in results:
+    for (status, text), why, code in results:
         texts.append("%s: %s" % (item["name"], text))
         if status == "fail":
-            found.problem("%s: %s" % (item["name"], text), why)
+            found.problem("%s: %s" % (item["name"], text), why, code=code)
         elif status == "warn":
-            found.note("%s: %s" % (item["name"], text), why)
+            found.note("%s: %s" % (item["name"], text), why, code=code)
 
 
 def _expected_of(item, ladder_view):
@@ -349,7 +532,8 @@ def judge_serving(data, ladder_view, baseline_metrics=None, tolerance=None):
     data = data or {}
     if data.get("error"):
         return make(LAYER, "fail", measured=None, expected="a valid serve option", why=data["error"],
-                    remedy="Fix the serve profiles (rigbook_serve) the serving phase was given.")
+                    remedy="Fix the serve profiles (rigbook_serve) the serving phase was given.",
+                    code="RB-SERVING-BAD-PROFILES")
     items = data.get("profiles") or []
     if not items:
         return make(LAYER, "skip", measured=None, expected=None,

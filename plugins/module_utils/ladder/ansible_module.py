@@ -138,6 +138,10 @@ def finish_ladder(module, verdicts, evidence, hold=None):
     failed = [v for v in verdicts if v["status"] == "fail"]
     if failed or problems:
         result["msg"] = "; ".join(([message(failed[0])] if failed else []) + problems)
+        # the failure's code (docs/codes.md): the failing verdict's, else the hold's first problem's
+        codes = [c for c in ([failed[0].get("code")] if failed else []) + list((hold or {}).get("codes") or []) if c]
+        if codes:
+            result["code"] = codes[0]
         module.fail_json(**result)
     for verdict in verdicts:
         if verdict["status"] in ("warn", "unknown") or (verdict["status"] == "skip" and verdict.get("beside")):

@@ -34,6 +34,10 @@ from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import erro
 # rigbook_layer_status's value per verdict status (docs/health.md): the metric's published encoding, which alert
 # rules compare with (== 2 is fail), not a severity order (that is judges/verdict.SEVERITY)
 STATUS_VALUE = {"pass": 0, "warn": 1, "fail": 2, "unknown": 3, "skip": 4}
+# the statuses whose series carry the verdict's failure code as a `code` label (docs/codes.md); the series of a layer
+# that passes, is unknown or skips keep the `layer` label alone
+CODE_LABELED = ("fail", "warn")
+HELD = "RB-SERVING-HELD"  # judges/serving_layer.CODES
 STATE_DIR = "/var/lib/rigbook/health"  # the timer's own state (error counters, serve unit restarts)
 ERROR_COUNTERS_STATE = "error-counters.json"
 SERVING_STATE = "serving-state.json"
@@ -92,24 +96,38 @@ def held_serving(config):
         registry.SERVING, "skip", measured={"held_by": record["pid"], "units": record["units"],
                                             "since": record["since"]},
         why="a ladder run (pid %s) stopped %s at %s for its runtime layers and starts them again after them: not "
-            "judged this run" % (record["pid"], ", ".join(record["units"]), record["since"]))
+            "judged this run" % (record["pid"], ", ".join(record["units"]), record["since"]), code=HELD)
 
 
 def error_counters(ctx, evidence, state_path, take=None):
-    """{"status", "why", "aer", "since_boot"} of what the error counters did since the last run's reading (stored
-    at STATE_PATH; the first run judges the fail class counted since boot), and the new reading stored: the
-    ladder's own sequence (ladder/error_watch.sequence) on the ladder's reading (registry.ERROR_COUNTERS)."""
+    """{"status", "why", "aer", "since_boot"} (and "code", "codes" when the judgement is no pass and names them) of
+    what the error counters did since the last run's reading (stored at STATE_PATH; the first run judges the fail
+    class counted since boot), and the new reading stored: the ladder's own sequence (ladder/error_watch.sequence)
+    on the ladder's reading (registry.ERROR_COUNTERS)."""
     now = (take or registry.ERROR_COUNTERS)(ctx, evidence)
     out = error_watch.sequence(ctx, now, state_path, load=True, store=True)
     judged, delta = out["judged"], out["delta"]
     errors = [e for e in (out["load_error"], out["store_error"]) if e]
     why = "; ".join(judged["problems"] + judged["notes"] + errors) or "no error rose"
-    return {"status": judged["status"], "why": why, "aer": delta.get("aer"), "since_boot": delta.get("since_boot")}
+    out = {"status": judged["status"], "why": why, "aer": delta.get("aer"), "since_boot": delta.get("since_boot")}
+    codes = judged.get("codes") or ([judged["code"]] if judged.get("code") else [])
+    if judged["status"] != "pass" and codes:  # the counters' codes (judges/error_counters.CODES), the worst first
+        out.update(code=codes[0], codes=list(codes))
+    return out
 
 
 def _label(value):
     """A Prometheus label value: backslash, double quote and newline escaped."""
     return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _labels(verdict, **labels):
+    """The label set of a status series: LABELS (name: value, in order), then `code` when VERDICT fails or warns
+    with a code."""
+    pairs = list(labels.items())
+    if verdict.get("status") in CODE_LABELED and verdict.get("code"):
+        pairs.append(("code", verdict["code"]))
+    return ",".join('%s="%s"' % (name, _label(value)) for name, value in pairs)
 
 
 def _figures(verdict):
@@ -123,12 +141,13 @@ def prometheus_text(result):
     """node_exporter textfile format of one health run's RESULT."""
     lines = [
         "# HELP rigbook_layer_status Status of a P2P ladder layer at the last rigbook health run "
-        "(0 pass, 1 warn, 2 fail, 3 unknown, 4 skip).",
+        "(0 pass, 1 warn, 2 fail, 3 unknown, 4 skip); a failing or warning layer's carries its failure code "
+        "(docs/codes.md) as code.",
         "# TYPE rigbook_layer_status gauge",
     ]
     for verdict in result["layers"]:
-        lines.append('rigbook_layer_status{layer="%s"} %d' % (_label(verdict["layer"]),
-                                                               STATUS_VALUE.get(verdict["status"], 3)))
+        lines.append("rigbook_layer_status{%s} %d" % (_labels(verdict, layer=verdict["layer"]),
+                                                      STATUS_VALUE.get(verdict["status"], 3)))
     figures = [(v["layer"], name, value) for v in result["layers"] for name, value in _figures(v)]
     if figures:
         lines += ["# HELP rigbook_layer_figure A figure a layer measured at the last rigbook health run.",
@@ -136,11 +155,13 @@ def prometheus_text(result):
         lines += ['rigbook_layer_figure{layer="%s",figure="%s"} %s' % (_label(layer), _label(name), repr(float(value)))
                   for layer, name, value in figures]
     errors = result["error_counters"]
+    error_labels = _labels(errors)
     lines += [
         "# HELP rigbook_error_counters_status Hardware error counters since the last rigbook health run "
         "(0 pass, 1 warn, 2 fail).",
         "# TYPE rigbook_error_counters_status gauge",
-        "rigbook_error_counters_status %d" % STATUS_VALUE.get(errors["status"], 3),
+        "rigbook_error_counters_status%s %d" % ("{%s}" % error_labels if error_labels else "",
+                                                STATUS_VALUE.get(errors["status"], 3)),
         "# HELP rigbook_health_last_run_timestamp_seconds When the last rigbook health run ended (Unix time).",
         "# TYPE rigbook_health_last_run_timestamp_seconds gauge",
         "rigbook_health_last_run_timestamp_seconds %s" % repr(float(result["time"])),
@@ -151,12 +172,17 @@ def prometheus_text(result):
     return "\n".join(lines) + "\n"
 
 
+def _code_said(verdict):
+    """"[CODE] " of a verdict that is not a pass, "" otherwise."""
+    return "[%s] " % verdict["code"] if verdict.get("status") != "pass" and verdict.get("code") else ""
+
+
 def journal_lines(result):
     """One line per layer and one for the error counters (the timer's service writes them to the journal)."""
-    lines = ["%s: %s: %s" % (v["layer"], v["status"], " ".join(str(v.get("why") or "").split()))
+    lines = ["%s: %s: %s%s" % (v["layer"], v["status"], _code_said(v), " ".join(str(v.get("why") or "").split()))
              for v in result["layers"]]
     errors = result["error_counters"]
-    lines.append("error_counters: %s: %s" % (errors["status"], errors["why"]))
+    lines.append("error_counters: %s: %s%s" % (errors["status"], _code_said(errors), errors["why"]))
     return lines
 
 

@@ -58,6 +58,9 @@ NVIDIA_SMI_MEMORY = ["nvidia-smi", "--query-gpu=index,memory.used,memory.total",
 MEMORY_LINE = re.compile(r"^\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*$")
 CARD = re.compile(r"/card(\d+)/device/mem_info_vram_used$")
 MIB = 1 << 20
+# the codes of the hold's problems (defined in judges/serving_layer.CODES)
+NOT_READY_AGAIN = "RB-SERVING-NOT-READY-AGAIN"
+BUSY = "RB-SERVING-HOLD-BUSY"
 
 
 # --------------------------------------------------------------------------------------------- what the GPUs hold
@@ -182,6 +185,7 @@ class Hold:
         self.started = []  # {unit, ready, seconds, why}
         self.notes = []
         self.problems = []
+        self.problem_codes = []  # each problem's code (judges/serving_layer.CODES), in the problems' order
         self.busy = None
         self.settled = False
         self._sighup = None
@@ -373,12 +377,15 @@ class Hold:
         lines = sglang_log.redact((journal.stdout or journal.error or "").strip(), [key] if key else [])
         self.problems.append("%s was stopped for the runtime layers and is not ready again: %s. Its last journal "
                              "lines:\n%s" % (unit, why, bounded.bounded(lines, 4000)))
+        self.problem_codes.append(NOT_READY_AGAIN)
 
     def report(self):
-        """What the module returns as serving_hold (no key, no journal beyond the problems)."""
+        """What the module returns as serving_hold (no key, no journal beyond the problems); codes: the problems'
+        codes, then the busy hold's (judges/serving_layer.CODES)."""
         return {"stopped": list(self.stopped), "started": list(self.started),
                 "not_stopped": dict(self.not_stopped), "left_by": self.left_by, "settled": self.settled,
-                "busy": self.busy, "notes": list(self.notes), "problems": list(self.problems)}
+                "busy": self.busy, "notes": list(self.notes), "problems": list(self.problems),
+                "codes": list(self.problem_codes) + ([BUSY] if self.busy else [])}
 
 
 # --------------------------------------------------------------------------------------------- one climb

@@ -151,3 +151,25 @@ def test_bad_facts_are_user_errors():
 def test_a_missing_file_is_a_user_error(capsys, tmp_path):
     assert cli.main(["diagnose", str(tmp_path / "nope.txt")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_every_verdict_that_is_not_a_pass_shows_its_code_in_json_and_text(capsys):
+    """The failure codes (docs/codes.md): each layer's verdict carries its code in --json and beside its status in the
+    text; a layer no paste covers shows its generic unknown code; the kernel log takes the error counters' code."""
+    paste = str(path_of("diagnose/aikitoria38_map_failed_mixed"))
+    out = run_json(capsys, paste)
+    assert cli.main(["diagnose", paste]) == out["exit_code"] == 1
+    text = capsys.readouterr().out
+    for verdict in out["ladder"]:
+        if verdict["status"] == "pass":
+            assert "code" not in verdict
+            continue
+        assert verdict["code"].startswith("RB-"), verdict
+        if verdict["why"] == diagnose.NOT_IN_PASTES:
+            assert verdict["code"] == f"RB-{verdict['layer'].upper().replace('_', '-')}-UNKNOWN"
+            assert f"  {verdict['layer']}: unknown [{verdict['code']}] ({diagnose.NOT_IN_PASTES}): " in text
+        else:
+            assert f"  {verdict['layer']}: {verdict['status']} [{verdict['code']}]" in text
+    xid = run_json(capsys, str(path_of("kernel-log/xid79_nvsentinel_155")))["kernel_log"]
+    assert xid["status"] == "fail" and xid["code"] == "RB-HW-XID-CRITICAL"
+    assert "code" not in run_json(capsys, str(path_of("diagnose/h100_vm_own_capture")))["kernel_log"]

@@ -223,3 +223,50 @@ def test_a_tasks_warnings_reach_the_summary_bounded_and_terminal_safe():
     assert ("rig-b: warning at task 'Plan this box's part': rccl-1.tar.gz: not used: its record names other bytes "
             f"{SHOWN}; this box builds its own") in text
     assert text.count("rig-c: warning at task 'loop'") == 20 and "w19" in text and "w20" not in text
+
+
+# --- failure codes (issue 37, docs/codes.md) -----------------------------------------------------------------------
+
+CODED = [
+    {"layer": "nccl_transport", "status": "fail", "code": "RB-P2P-SHM-FALLBACK",
+     "codes": ["RB-P2P-SHM-FALLBACK", "RB-HW-AER-CORRECTABLE"], "measured": "via SHM", "why": "SHM, not P2P",
+     "remedy": "check the peer layers"},
+    {"layer": "serving", "status": "warn", "code": "RB-SERVING-API-KEY-LOGGED", "why": "key in the log"},
+    {"layer": "firmware", "status": "pass", "code": "RB-NEVER-SHOWN", "why": "ok"},  # a pass shows no code
+]
+
+
+def test_the_code_stands_beside_the_status_in_the_plain_blocks_and_the_table():
+    stream = Pipe()
+    display.print_ladder(display.make_console(stream), "rig-a", CODED)
+    lines = stream.getvalue().splitlines()
+    assert "  nccl_transport: fail [RB-P2P-SHM-FALLBACK]" in lines
+    assert "    codes: RB-P2P-SHM-FALLBACK, RB-HW-AER-CORRECTABLE" in lines  # every finding's, the worst first
+    assert "  serving: warn [RB-SERVING-API-KEY-LOGGED]" in lines and "  firmware: pass" in lines
+    assert "RB-NEVER-SHOWN" not in stream.getvalue()
+    tty = io.StringIO()
+    console = type(display.make_console(tty))(file=tty, force_terminal=True, width=200, no_color=True)
+    display.print_ladder(console, "rig-a", CODED)
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", tty.getvalue())
+    rows = {line.split()[0]: line.split() for line in plain.splitlines() if line.strip()}
+    assert rows["nccl_transport"][1:3] == ["fail", "[RB-P2P-SHM-FALLBACK]"]
+    assert rows["serving"][1:3] == ["warn", "[RB-SERVING-API-KEY-LOGGED]"]
+    assert "RB-NEVER-SHOWN" not in tty.getvalue()
+
+
+def test_a_failed_task_s_code_is_in_the_summary_and_a_box_s_code_prints_no_escape_sequence():
+    tracker = Tracker()
+    tracker.handle({"event": "runner_on_failed", "event_data": {
+        "host": "rig-a", "task": "Ladder 6-9", "res": {"msg": "p2p_bandwidth: fail: slow", "code": "RB-P2P-SLOW"}}})
+    tracker.handle({"event": "runner_on_failed", "event_data": {
+        "host": "rig-b", "task": "T", "res": {"msg": "nope", "code": f"RB-X{ATTACK}"}}})  # not a code: left out
+    hosts = tracker.summary()
+    assert hosts["rig-a"]["failures"][0]["code"] == "RB-P2P-SLOW" and "code" not in hosts["rig-b"]["failures"][0]
+    host = tracker.host("rig-c")
+    host.ladder = [{"layer": "pcie_link", "status": "fail", "code": f"RB-{ATTACK}", "why": "x8"}]
+    for stream in (Pipe(), Tty()):
+        display.print_summary(tracker, display.make_console(stream), None)
+        text = re.sub(r"\x1b\[[0-9;]*m", "", stream.getvalue())
+        assert "rig-a: FAILED at task 'Ladder 6-9' [RB-P2P-SLOW]: p2p_bandwidth: fail: slow" in " ".join(text.split())
+        assert "rig-b: FAILED at task 'T': nope" in text
+        assert not any(byte in text for byte in OBEYED) and f"RB-{SHOWN}" in "".join(text.split())

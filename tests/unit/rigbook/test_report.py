@@ -103,6 +103,30 @@ def test_every_host_layer_and_point_is_on_the_page(history, tmp_path):
     assert len(points) == 65
 
 
+def test_each_ladder_row_shows_its_failure_code_escaped(history, tmp_path):
+    """A verdict that is not a pass shows its code (docs/codes.md) under its status and as the row's data-code; a
+    pass none. The latest lab ladders hold skips and unknowns, each with its code."""
+    text, elements, problems, _ = _page(tmp_path)
+    assert problems == []
+    coded = 0
+    for host in HOSTS:
+        latest = history["hosts"][host][history["runs"][-1]]
+        rows = [e for e in _find(elements, "tr", data_host=host) if "data-layer" in e]
+        for row, verdict in zip(rows, latest):
+            if verdict["status"] == "pass":
+                assert "data-code" not in row, row
+            else:
+                assert row["data-code"] == verdict["code"] and f'<code class="rb-code">{verdict["code"]}</code>' in text
+                coded += 1
+    assert coded
+    odd = report.ladder_table(report.HostData(name="rig-a"), [
+        {"layer": "serving", "status": "fail", "code": 'RB-<b>"x"</b>&', "why": "w"},
+        {"layer": "firmware", "status": "pass", "code": "RB-NEVER-SHOWN", "why": "ok"}])
+    assert 'data-code="RB-&lt;b&gt;&quot;x&quot;&lt;/b&gt;&amp;"' in odd
+    assert '<code class="rb-code">RB-&lt;b&gt;&quot;x&quot;&lt;/b&gt;&amp;</code>' in odd
+    assert "<b>\"x\"</b>" not in odd and "RB-NEVER-SHOWN" not in odd
+
+
 def test_the_faulted_run_is_drawn_in_the_fail_band(history, tmp_path):
     _, elements, _, _ = _page(tmp_path)
     faulted = history["faulted"]

@@ -145,8 +145,12 @@ def test_a_failing_layer_fails_the_task_with_its_message_and_the_unit_is_started
     assert run.failed and run.msg.startswith("p2p_bandwidth: fail:")
     assert run.result["ladder"][-1]["layer"] == "p2p_bandwidth"  # the climb stopped there, the unit started anyway
     assert run.result["notes"][0].startswith(f"stopped {UNIT} for the runtime layers, started again")
-    _, printed = summary_of(run.result, failed=True)
-    assert f"{HOST}: FAILED at task '{TASK}': p2p_bandwidth: fail:" in printed and f"{HOST}: stopped {UNIT}" in printed
+    code = run.result["ladder"][-1]["code"]
+    assert run.result["code"] == code and code.startswith("RB-P2P-")  # the failing verdict's code is the task's
+    tracker, printed = summary_of(run.result, failed=True)
+    assert tracker.summary()[HOST]["failures"][0]["code"] == code
+    assert f"{HOST}: FAILED at task '{TASK}' [{code}]: p2p_bandwidth: fail:" in printed
+    assert f"{HOST}: stopped {UNIT}" in printed
 
 
 def test_a_unit_not_ready_again_fails_the_task_after_the_layers_passed(box):
@@ -159,6 +163,8 @@ def test_a_unit_not_ready_again_fails_the_task_after_the_layers_passed(box):
     assert run.failed and [v["status"] for v in run.result["ladder"]] == ["pass"] * 4
     assert run.msg.startswith(f"{UNIT} was stopped for the runtime layers and is not ready again: the unit is failed")
     assert "Scheduler hit an exception" in run.msg
+    assert run.result["code"] == "RB-SERVING-NOT-READY-AGAIN"
+    assert run.result["serving_hold"]["codes"] == ["RB-SERVING-NOT-READY-AGAIN"]
 
 
 def _oom_probe(tree):

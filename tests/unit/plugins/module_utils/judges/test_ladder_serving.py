@@ -63,6 +63,7 @@ def judge(*items, profile=P2P, baseline=None, tolerance=None):
 def test_seed_004_passes_against_its_baseline_and_records_its_figures():
     verdict = judge(seed_004_item(), baseline=SEED_004_BASELINE)
     assert verdict["status"] == "pass", verdict
+    assert "code" not in verdict  # a pass carries no failure code
     assert verdict["metrics"] == {TTFT: 0.654, DECODE: 44.04}
     measured = verdict["measured"]["qwen"]
     assert measured["ttft_s"] == 0.654 and measured["decode_tok_s"] == 44.04 and measured["per_chunk_tok_s"] == 14.7
@@ -80,6 +81,7 @@ def test_a_failed_unit_fails_naming_its_journal():
     verdict = judge(seed_004_item(unit_state={"active_state": "failed", "sub_state": "failed"},
                                   ready={"ready": False, "error": "not polled: the unit is failed"}))
     assert verdict["status"] == "fail" and "unit rigbook-serve-qwen.service is failed" in verdict["why"]
+    assert verdict["code"] == "RB-SERVING-UNIT-INACTIVE"
     assert "journalctl -u rigbook-serve-qwen.service -b" in verdict["remedy"]
     assert "re-run the serve role" in verdict["remedy"]
 
@@ -87,30 +89,35 @@ def test_a_failed_unit_fails_naming_its_journal():
 def test_more_restarts_than_at_the_last_run_is_a_crash_loop():
     verdict = judge(seed_004_item(unit_state={"n_restarts": 3}, previous_restarts=1))
     assert verdict["status"] == "fail" and "crash-looping: NRestarts 3, 1 at the last run" in verdict["why"]
+    assert verdict["code"] == "RB-SERVING-CRASH-LOOP"
     assert judge(seed_004_item(unit_state={"n_restarts": 3}, previous_restarts=3))["status"] == "pass"
 
 
 def test_restarts_with_no_earlier_count_warn_once():
     verdict = judge(seed_004_item(unit_state={"n_restarts": 2}, previous_restarts=None))
     assert verdict["status"] == "warn" and "restarted 2 time(s)" in verdict["why"]
+    assert verdict["code"] == "RB-SERVING-UNIT-RESTARTED"
 
 
 def test_not_ready_within_the_timeout_fails_with_the_last_answer():
     verdict = judge(seed_004_item(ready={"ready": False, "waited_s": 900.2, "polls": 64, "last": "HTTP 503"}))
     assert verdict["status"] == "fail"
     assert "not ready within 900s on 127.0.0.1:30000 (/health_generate: HTTP 503)" in verdict["why"]
+    assert verdict["code"] == "RB-SERVING-NOT-READY"
     assert "startup_timeout_s" in verdict["remedy"]
 
 
 def test_models_without_the_served_name_fails():
     verdict = judge(seed_004_item(models={"ids": ["/srv/models/Qwen3.8-27B-AWQ"]}))
     assert verdict["status"] == "fail" and "lists /srv/models/Qwen3.8-27B-AWQ, not qwen3.8-27b" in verdict["why"]
+    assert verdict["code"] == "RB-SERVING-WRONG-MODEL"
     assert "served_model_name" in verdict["remedy"]
 
 
 def test_models_unreachable_fails_with_the_error():
     verdict = judge(seed_004_item(models={"ids": None, "error": "HTTP 401: unauthorized"}))
     assert verdict["status"] == "fail" and "GET /v1/models failed: HTTP 401" in verdict["why"]
+    assert verdict["code"] == "RB-SERVING-MODELS-API"
 
 
 def test_a_completion_with_no_tokens_fails():
@@ -119,6 +126,9 @@ def test_a_completion_with_no_tokens_fails():
     assert verdict["status"] == "fail"
     assert "streaming chat completion returned no token (no non-empty delta" in verdict["why"]
     assert "chat completion returned no tokens" in verdict["why"]
+    # both findings, in the order found; no baseline, so no figure finding
+    assert verdict["code"] == "RB-SERVING-STREAM-NO-TOKEN"
+    assert verdict["codes"] == ["RB-SERVING-STREAM-NO-TOKEN", "RB-SERVING-COMPLETION-NO-TOKENS"]
 
 
 def test_shm_in_the_engine_log_fails_naming_seed_004s_rule():
@@ -126,11 +136,26 @@ def test_shm_in_the_engine_log_fails_naming_seed_004s_rule():
     assert verdict["status"] == "fail"
     assert "shows SHM, not P2P" in verdict["why"] and "seed 004" in verdict["why"]
     assert "isAllDirectP2p 1" in verdict["why"] and "nccl_transport" in verdict["remedy"]
+    assert verdict["code"] == "RB-SERVING-SHM-TRANSPORT" and "codes" not in verdict
+
+
+def test_the_readmes_example_is_what_the_summary_prints_for_it():
+    """README.md's example of a code in the output: the SHM fallback's verdict as a CI log shows it."""
+    from helpers.cli import REPO
+
+    from rigbook import display
+
+    verdict = judge(seed_004_item(log={"path": "shm", "all_direct_p2p": None}), baseline=SEED_004_BASELINE)
+    lines = display.ladder_blocks("rig-r9700", [verdict])
+    shown = lines[:2] + [line for line in lines if line.startswith(("    why: ", "    what to do: "))]
+    assert lines[1] == "  serving: fail [RB-SERVING-SHM-TRANSPORT]" and len(shown) == 4
+    assert "```\n" + "\n".join(shown) + "\n```\n" in (REPO / "README.md").read_text()
 
 
 def test_is_all_direct_p2p_0_fails_where_p2p_is_expected():
     verdict = judge(seed_004_item(log={"path": "p2p", "all_direct_p2p": False}))
     assert verdict["status"] == "fail" and "isAllDirectP2p 0" in verdict["why"]
+    assert verdict["code"] == "RB-SERVING-NOT-ALL-DIRECT-P2P"
 
 
 PATCHED = {"path": "/opt/rigbook/rccl/2.27.7-ee773f82ce5b/lib/librccl.so.1.0", "sha256": "a" * 64}
@@ -161,6 +186,7 @@ def test_torchs_bundled_copy_mapped_fails_even_beside_the_verified_one():
         assert verdict["status"] == "fail", libraries
         assert BUNDLED["path"] in verdict["why"] and "DT_RPATH" in verdict["why"] and "seed 004" in verdict["why"]
         assert "--tags sglang" in verdict["remedy"]
+        assert verdict["code"] == "RB-ENGINE-LIBRARY", libraries
 
 
 def test_the_verified_library_preloaded_is_the_copy_used_beside_torchs_bundled_one():
@@ -171,6 +197,7 @@ def test_the_verified_library_preloaded_is_the_copy_used_beside_torchs_bundled_o
     assert verdict["status"] == "warn", verdict["why"]
     assert f"{BUNDLED['path']} mapped too, but LD_PRELOAD loads the verified library ({PATCHED['path']})" in \
         verdict["why"] and "--tags sglang" in verdict["remedy"]
+    assert verdict["code"] == "RB-ENGINE-LIBRARY-PRELOADED"
 
 
 def test_another_nccl_version_logged_than_the_collectives_measured_fails():
@@ -178,11 +205,13 @@ def test_another_nccl_version_logged_than_the_collectives_measured_fails():
     verdict = judge_library(HIP, PATCHED, verified=verified, log={"nccl_version": "2.26.6"})
     assert verdict["status"] == "fail" and "logged NCCL version 2.26.6" in verdict["why"]
     assert "measured 2.27.7" in verdict["why"] and verdict["expected"]["qwen"]["nccl_version_logged"] == "2.27.7"
+    assert verdict["code"] == "RB-ENGINE-NCCL-VERSION"
     assert judge_library(HIP, PATCHED, verified=verified, log={"nccl_version": "2.27.7"})["status"] == "pass"
 
 
 def test_what_the_library_check_cannot_know_is_unknown_not_a_pass_or_a_fail():
     assert judge_library(HIP)["status"] == "unknown"  # nothing mapped (yet)
+    assert judge_library(HIP)["code"] == "RB-SERVING-UNKNOWN"  # what was not measured: the layer's generic code
     assert judge_library(PATCHED, verified={"error": "ldd: not found"})["status"] == "unknown"
     # no verified library (no collectives tests built: NVIDIA without one): the NCCL in use is named, not judged
     verdict = judge_library({"path": "/v/nvidia/nccl/lib/libnccl.so.2", "sha256": "d" * 64}, verified=None,
@@ -196,6 +225,7 @@ def test_shm_is_the_path_of_a_box_without_p2p_and_p2p_there_warns():
     assert judge(seed_004_item(log={"path": "shm"}), profile=NO_P2P)["status"] == "pass"
     verdict = judge(seed_004_item(log={"path": "p2p"}), profile=NO_P2P)
     assert verdict["status"] == "warn" and "P2P is declared unavailable (BAR1 256 MiB)" in verdict["why"]
+    assert verdict["code"] == "RB-SERVING-P2P-UNEXPECTED"
 
 
 def test_tp_1_has_no_transport_to_judge():
@@ -207,11 +237,13 @@ def test_errors_in_the_engine_log_fail():
     errors = ["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB"]
     verdict = judge(seed_004_item(log={"errors": errors}))
     assert verdict["status"] == "fail" and "1 error line(s): torch.OutOfMemoryError" in verdict["why"]
+    assert verdict["code"] == "RB-SERVING-ENGINE-ERRORS"
 
 
 def test_a_logged_api_key_warns():
     verdict = judge(seed_004_item(log={"api_key_logged": True}))
     assert verdict["status"] == "warn" and "API key appears in the engine's log" in verdict["why"]
+    assert verdict["code"] == "RB-SERVING-API-KEY-LOGGED"
 
 
 def test_ttft_above_the_baseline_fails_and_decode_below_warns():
@@ -219,8 +251,10 @@ def test_ttft_above_the_baseline_fails_and_decode_below_warns():
     assert slow_first["status"] == "fail" and "(1.30x), above 1.25x" in slow_first["why"]
     assert "nccl_transport" in slow_first["remedy"]
     assert slow_first["expected"]["qwen"]["ttft_s"].startswith("<= 0.818")
+    assert slow_first["code"] == "RB-SERVING-TTFT-BASELINE"
     slower = judge(seed_004_item(decode={"decode_tok_s": 44.04 * 0.9}), baseline=SEED_004_BASELINE)
     assert slower["status"] == "warn" and f"{DECODE} 39.64 vs baseline 44.04 (0.90x), below 0.95x" in slower["why"]
+    assert slower["code"] == "RB-SERVING-DECODE-BASELINE"
     # seed 004's native decode (31.40) against its MTP baseline (44.04) is 0.71x: a fail
     assert judge(seed_004_item(decode={"decode_tok_s": 31.40}), baseline=SEED_004_BASELINE)["status"] == "fail"
 
@@ -249,6 +283,7 @@ def test_the_accept_length_is_a_serving_figure_held_to_the_baseline():
     assert drafts_lost["status"] == "fail" and f"{ACCEPT} 1.05 vs baseline 2.30 (0.46x), below 0.80x" in (
         drafts_lost["why"])
     assert "draft model stopped helping" in drafts_lost["remedy"] and "seed 000" in drafts_lost["remedy"]
+    assert drafts_lost["code"] == "RB-SERVING-ACCEPT-LEN-BASELINE"
     # the low end of the seed's own range against its middle: 0.91x, a warning at the default tolerance
     low = judge(seed_000_item([2.1]), profile=NO_P2P, baseline=SEED_000_BASELINE)
     assert low["status"] == "warn" and f"{ACCEPT} 2.10 vs baseline 2.30 (0.91x), below 0.95x" in low["why"]
@@ -289,9 +324,11 @@ def _serve_errors(*raws):
 
 def test_no_profile_skips_and_a_profile_the_model_could_not_read_fails():
     assert judge_serving({"profiles": [], "error": None}, P2P)["status"] == "skip"
+    assert judge_serving({"profiles": [], "error": None}, P2P)["code"] == "RB-SERVING-SKIP"
     bad = serving.collect_serving("/", [], errors=_serve_errors({"name": "Qwen 27B"}))
     verdict = judge_serving(bad, P2P)
     assert verdict["status"] == "fail" and "rigbook_serve[0].name: 'Qwen 27B' is not a profile name" in verdict["why"]
+    assert verdict["code"] == "RB-SERVING-BAD-PROFILES"
     assert "rigbook_serve[0].port: 70000 is not a port number" in serving.collect_serving(
         "/", [], errors=_serve_errors({"name": "a", "port": 70000}))["error"]
 

@@ -59,8 +59,15 @@ def test_a_fault_shows_in_the_metrics_at_its_layer_and_a_serve_profile_adds_the_
     tree = hardware_trees.materialize("x99-r9700", tmp_path / "tree")
     faults.apply(faults.plan("link-x8", tree, hardware_trees.load_rig("x99-r9700")))
     config = _config(tmp_path, tree)
-    statuses = _statuses(health.prometheus_text(health.check(config)))
+    result = health.check(config)
+    text = health.prometheus_text(result)
+    statuses = _statuses(text)
     assert statuses["pcie_link"] == health.STATUS_VALUE["fail"]
+    # the failing layer's series carries its failure code; the passing layers' the layer alone
+    (link,) = [v for v in result["layers"] if v["layer"] == "pcie_link"]
+    assert link["code"].startswith("RB-PCIE-")
+    assert f'rigbook_layer_status{{layer="pcie_link",code="{link["code"]}"}} 2\n' in text
+    assert 'rigbook_layer_status{layer="firmware"} 0\n' in text
     config["serve"] = [{"name": "standin", "model_path": "/srv/m", "tp_size": 2, "port": 30000}]
     assert health.layers_of(config)[-1] == "serving"
 
@@ -74,6 +81,28 @@ def test_figures_and_labels_are_written_in_the_text_format():
     assert 'rigbook_layer_figure{layer="od\\"d\\\\",figure="decode_tok_s"} 70.0\n' in text
     assert "flag" not in text and "missing" not in text  # figures are numbers only
     assert "rigbook_error_counters_status 2\n" in text
+
+
+def test_a_failing_or_warning_layer_s_series_carries_its_code_escaped_and_the_journal_line_names_it():
+    result = {"layers": [{"layer": "serving", "status": "fail", "code": "RB-SERVING-SHM-TRANSPORT", "why": "shm"},
+                         {"layer": "odd", "status": "warn", "code": 'RB-"x\\\n', "why": "w"},
+                         {"layer": "collectives", "status": "skip", "code": "RB-COLLECTIVES-SKIP", "why": "one GPU"},
+                         {"layer": "firmware", "status": "unknown", "code": "RB-FIRMWARE-UNKNOWN", "why": "?"},
+                         {"layer": "pcie_link", "status": "pass", "why": "ok"}],
+              "error_counters": {"status": "fail", "why": "Xid 79", "code": "RB-HW-XID-CRITICAL"},
+              "time": 1.0, "duration_s": 0.25}
+    text = health.prometheus_text(result)
+    assert 'rigbook_layer_status{layer="serving",code="RB-SERVING-SHM-TRANSPORT"} 2\n' in text
+    assert 'rigbook_layer_status{layer="odd",code="RB-\\"x\\\\\\n"} 1\n' in text  # escaped as every label
+    # skip, unknown and pass keep the layer label alone (series names and their labels stay as they were)
+    assert 'rigbook_layer_status{layer="collectives"} 4\n' in text
+    assert 'rigbook_layer_status{layer="firmware"} 3\n' in text
+    assert 'rigbook_layer_status{layer="pcie_link"} 0\n' in text
+    assert 'rigbook_error_counters_status{code="RB-HW-XID-CRITICAL"} 2\n' in text
+    lines = health.journal_lines(result)
+    assert lines[0] == "serving: fail: [RB-SERVING-SHM-TRANSPORT] shm"
+    assert lines[2] == "collectives: skip: [RB-COLLECTIVES-SKIP] one GPU" and lines[4] == "pcie_link: pass: ok"
+    assert lines[-1] == "error_counters: fail: [RB-HW-XID-CRITICAL] Xid 79"
 
 
 @pytest.mark.parametrize("argv, content, words", [
@@ -97,7 +126,7 @@ def test_main_writes_the_textfile_atomically_and_exits_1_when_a_layer_fails(tmp_
     assert health.main(["--config", str(path)]) == 1
     text = (tmp_path / "prom/rigbook.prom").read_text()
     assert _statuses(text)["pcie_link"] == 2 and not list((tmp_path / "prom").glob("*.tmp"))
-    assert "pcie_link: fail: " in capsys.readouterr().out
+    assert "pcie_link: fail: [RB-PCIE-" in capsys.readouterr().out
 
 
 def _planted_run(tmp_path, monkeypatch, names, planted):
@@ -235,6 +264,7 @@ def test_while_a_ladder_run_holds_the_units_the_serving_layer_is_a_skip_that_say
     result = health.check(config)
     serving_verdict = result["layers"][-1]
     assert serving_verdict["layer"] == "serving" and serving_verdict["status"] == "skip"
+    assert serving_verdict["code"] == "RB-SERVING-HELD"
     assert serving_verdict["why"] == (f"a ladder run (pid {os.getpid()}) stopped rigbook-serve-standin.service at "
                                       "2025-12-05T01:00:00+0000 for its runtime layers and starts them again after "
                                       "them: not judged this run")

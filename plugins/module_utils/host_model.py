@@ -254,7 +254,7 @@ def build(variables, facts=None):
 
 def health_settings(raw, gpus):
     """The health timer (rigbook_health): on by default on a box whose rigbook_gpu names its vendor; its interval and
-    where node_exporter's textfile collector reads its metrics (docs/health.md)."""
+    where node_exporter's textfile collector reads its metrics; where the alert rules go, if set (docs/health.md)."""
     raw = as_dict(raw)
     interval = raw.get("interval_s")
     folder = as_str(raw.get("textfile_dir")) or TEXTFILE_DIR
@@ -263,6 +263,8 @@ def health_settings(raw, gpus):
         "interval_s": interval if isinstance(interval, int) and not isinstance(interval, bool) and interval > 0
         else HEALTH_INTERVAL_S,
         "textfile": folder.rstrip("/") + "/rigbook.prom",
+        # where the health role installs the Prometheus alert rules (roles/health/files/rigbook-alerts.yml); "" none
+        "prometheus_rules_dir": as_str(raw.get("prometheus_rules_dir")).rstrip("/"),
     }
 
 

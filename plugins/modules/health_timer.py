@@ -161,6 +161,7 @@ def main():
         module.exit_json(**result)
     try:
         config = health.config_of(p["host"], p["name"])
+        config["interval_s"] = p["interval_s"]  # the timer's own, written as a metric (the stale alert's unit)
     except (KeyError, TypeError) as exc:
         module.fail_json(msg="host: not a host model (rigbook_host): %s missing" % exc)
     # root's alone: it names the serve units' key files and the box's layout (the service runs as root)

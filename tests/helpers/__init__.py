@@ -13,6 +13,9 @@ you need, e.g. `from helpers.cli import provision`):
   (`REPORT_HISTORY`, `lab_report_history()`), `html_elements()` of a page, `leaves()` of a figure.
 - `helpers.browser`: a real headless browser (Debian's chromium) with the network off: `chromium()`, `browse()`,
   `page_dom()`.
+- `helpers.prometheus`: Debian's promtool (`promtool()`, fetched once when missing; `run()`), the metric names a
+  PromQL expression reads (`metric_names()`) and those a health run's textfile declares (`health_names()`), the
+  samples of a text-format page (`series()`, `families()`).
 
 No test module imports another test module; what two of them share lives here or in a conftest.py.
 """

@@ -80,7 +80,7 @@ def check(config, climb=None, take=None, now=None):
     errors = error_counters(ctx, evidence, state_dir + "/" + ERROR_COUNTERS_STATE, take)
     ended = clock()
     return {"host": config.get("host") or "", "time": ended, "duration_s": round(ended - started, 3),
-            "layers": verdicts, "error_counters": errors}
+            "layers": verdicts, "error_counters": errors, "interval_s": config.get("interval_s")}
 
 
 def held_serving(config):
@@ -169,6 +169,11 @@ def prometheus_text(result):
         "# TYPE rigbook_health_run_duration_seconds gauge",
         "rigbook_health_run_duration_seconds %s" % repr(float(result["duration_s"])),
     ]
+    if result.get("interval_s"):  # the timer's interval (the config's, health_timer): the stale alert's 3 intervals
+        lines += ["# HELP rigbook_health_interval_seconds Seconds between two rigbook health runs (the timer's "
+                  "interval).",
+                  "# TYPE rigbook_health_interval_seconds gauge",
+                  "rigbook_health_interval_seconds %s" % repr(float(result["interval_s"]))]
     return "\n".join(lines) + "\n"
 
 

@@ -78,7 +78,10 @@ def test_the_lab_twins_models():
                                "multi_user_target", "p2p_verify", "sglang", "serve", "health"]
     assert amd["roles"] == ["bios_checklist", "kernel", "amd_rocm", "rccl", "p2p_verify", "sglang", "serve", "health"]
     assert nvidia["health"] == {"enabled": True, "interval_s": 300,  # the lab's (group_vars/lab.yml)
-                                "textfile": "/var/lib/prometheus/node-exporter/rigbook.prom"}
+                                "textfile": "/var/lib/prometheus/node-exporter/rigbook.prom",
+                                "prometheus_rules_dir": ""}  # no alert rules installed unless pointed
+    rules = host_model.build({"rigbook_gpu": {"vendor": "amd"}, "rigbook_health": {"prometheus_rules_dir": "/etc/p/"}})
+    assert rules["health"]["prometheus_rules_dir"] == "/etc/p"
     assert host_model.build({})["health"]["enabled"] is False  # no GPUs declared: nothing to watch
     assert nvidia["pins"]["nvidia_driver"]["uvm_disable_hmm"] is True  # iommu=pt on the command line
     assert nvidia["pins"]["nvidia_driver"]["stock_packages"][-2:] == ["nvidia-dkms-615", "nvidia-dkms-615-open"]

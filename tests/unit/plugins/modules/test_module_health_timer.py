@@ -51,6 +51,7 @@ def test_a_fresh_box_gets_the_three_files_and_a_started_timer_then_a_rerun_chang
     assert "hf_secret_value" not in (tmp_path / "etc/health.json").read_text()
     assert (tmp_path / "etc/health.json").stat().st_mode & 0o777 == 0o600
     assert config["ladder_view"] == host_model.ladder_view(MODEL) and config["evidence_root"] == "/"
+    assert config["interval_s"] == 20  # the timer's, written as rigbook_health_interval_seconds (the stale alert)
     service = (tmp_path / "units/rigbook-health.service").read_text()
     assert "Type=oneshot" in service
     assert f"ExecStart=/usr/bin/python3 /usr/local/lib/rigbook-health.pyz --config {tmp_path}/etc/health.json" \
@@ -68,12 +69,15 @@ def test_a_new_interval_rewrites_the_timer_and_restarts_it_check_mode_touches_no
     before = timer.read_text()
     checked = run_module(health_timer, _args(tmp_path, interval_s=60), [
         (IS_ENABLED, ok("enabled\n")), (IS_ACTIVE, ok("active\n"))], check_mode=True, diff=True)
-    assert checked.result["changed"] and checked.result["files_changed"] == [str(timer)]
+    # the config names the interval too (the metric the stale alert divides by)
+    assert checked.result["changed"] and checked.result["files_changed"] == [str(tmp_path / "etc/health.json"),
+                                                                             str(timer)]
     assert "OnUnitActiveSec=60s" in checked.result["diff"]["after"] and timer.read_text() == before
     done = run_module(health_timer, _args(tmp_path, interval_s=60), [
         (IS_ENABLED, ok("enabled\n")), (IS_ACTIVE, ok("active\n")), (["systemctl", "daemon-reload"], ok()),
         (["systemctl", "restart", "rigbook-health.timer"], ok())])
     assert done.result["timer"] == ["restarted"] and "OnUnitActiveSec=60s" in timer.read_text()
+    assert json.loads((tmp_path / "etc/health.json").read_text())["interval_s"] == 60
 
 
 def test_absent_stops_the_timer_and_removes_the_files_and_bad_input_is_refused(tmp_path):

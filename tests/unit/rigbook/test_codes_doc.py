@@ -15,4 +15,4 @@ def test_every_code_has_its_entry():
     # deferred: the collection is linked by render() above
     from ansible_collections.rigbook.homelab.plugins.module_utils.judges import codes
 
-    assert [c for c in codes.all_codes() if "\n### %s\n" % c not in text] == []
+    assert [c for c in codes.all_codes() if f"\n### {c}\n" not in text] == []

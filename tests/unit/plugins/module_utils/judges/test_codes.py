@@ -51,10 +51,10 @@ def test_every_failing_or_warning_finding_names_its_code():
         for name, call in _calls(path):
             keywords = {k.arg for k in call.keywords}
             if name in ("problem", "note") and "code" not in keywords:
-                missing.append("%s:%d %s()" % (path.name, call.lineno, name))
+                missing.append(f"{path.name}:{call.lineno} {name}()")
             if name == "make" and len(call.args) >= 2 and isinstance(call.args[1], ast.Constant) \
                     and call.args[1].value in ("fail", "warn") and not keywords & {"code", "codes"}:
-                missing.append("%s:%d make(%r)" % (path.name, call.lineno, call.args[1].value))
+                missing.append(f"{path.name}:{call.lineno} make({call.args[1].value!r})")
     assert missing == []
 
 

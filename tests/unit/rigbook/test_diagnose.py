@@ -81,6 +81,8 @@ def test_each_recorded_output_gets_its_threads_verdict(capsys, name, extra, laye
     verdict = verdict_of(out, layer)
     assert verdict["status"] == status, verdict
     assert words in verdict["why"] + json.dumps(verdict["measured"])
+    if status in ("fail", "warn"):  # the finding's own stable code (docs/codes.md), not the layer's generic one
+        assert verdict["code"].startswith("RB-") and not verdict["code"].endswith(("-FAIL", "-WARN")), verdict
     assert out["exit_code"] == (1 if status == "fail" else 0) or any(
         v["status"] == "fail" for v in out["ladder"] if v["layer"] != layer)
 

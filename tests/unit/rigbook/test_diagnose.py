@@ -33,6 +33,8 @@ TABLE = [
     ("p2p-bandwidth/aikitoria_pr5_mixed_cards_access_only", [], "peer_access", "fail", "GPU0->GPU2"),
     # NVIDIA/nccl#814 (RTX 4090s): the P2P=Enabled copy is slower than the host-staged one.
     ("p2p-bandwidth/nccl814_writes_and_reads", [], "p2p_bandwidth", "fail", "no real P2P"),
+    # NVIDIA/nccl-tests#287 (closed, fixed: "Seems like it works."): the poster's alltoall run, #wrong 0
+    ("nccl-tests/nccl_tests287_alltoall_none_na", [], "collectives", "pass", "#wrong 0"),
     # NVIDIA/NVSentinel#155/#195: Xid 79, the GPU fell off the bus, is fatal.
     ("kernel-log/xid79_nvsentinel_155", [], "kernel_log", "fail", "critical Xid 79"),
     # tinygrad/open-gpu-kernel-modules#28: "Notice how BAR1 is size 32G" (24 GB VRAM): the large BAR the fork needs.

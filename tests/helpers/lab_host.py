@@ -1,5 +1,6 @@
 """The lab as a test drives it: `LAB_MARKS` (root only, marker `lab`), `LabHost` (one running lab host: a root
-shell over its SSH or without it, its boot count, a reboot, `provision site.yml` limited to it) and `leftovers()`
+shell over its SSH or without it, its boot count, a reboot, `provision site.yml` limited to it, its node_exporter's
+metrics over HTTP) and `leftovers()`
 (anything of the lab still running, mounted or in the cgroup tree)."""
 
 from __future__ import annotations
@@ -96,6 +97,21 @@ class LabHost:
             assert time.monotonic() < deadline, f"{self.name} did not reboot"
             time.sleep(0.5)
         machine.wait_ready([self.host], timeout=timeout)
+
+    def scrape(self, timeout: float = 10) -> str:
+        """The host's node_exporter metrics through its HTTP endpoint (its own loopback address, port 9100; Debian's
+        prometheus-node-exporter, whose textfile collector serves the health timer's file), as Prometheus scrapes
+        them. No proxy: only this machine's loopback is contacted."""
+        import urllib.request
+
+        from rigbook.lab import machine
+
+        url = f"http://{self.host.address}:{machine.NODE_EXPORTER_PORT}/metrics"
+        assert url.startswith("http://127."), url
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with opener.open(url, timeout=timeout) as response:
+            assert response.status == 200, (url, response.status)
+            return response.read().decode()
 
 
 def leftovers() -> list:

@@ -5,8 +5,9 @@ writes).
 promtool is a static binary in Debian's `prometheus` package. `apt-get install prometheus` brings the server and
 eleven JavaScript packages with it (96 MB installed; 49 s measured on the 2-core CI machine, under the test load);
 this takes the package alone through apt (`apt-get download`: the signed archive, checked as an install checks it)
-and unpacks only /usr/bin/promtool into a cache folder (10 s there, once; nothing installed, no service). A machine
-without apt-get or dpkg-deb is a skip, except in CI (the CI variable set), where it is a failure: CI must have it.
+and unpacks only /usr/bin/promtool into a cache folder (10 s there, once; nothing installed, no service). Where apt
+is (Debian, as CI), a promtool that cannot be had is a failure, never a skip; a machine without apt-get or dpkg-deb
+is a skip, except in CI (the CI variable set).
 """
 
 from __future__ import annotations
@@ -57,14 +58,15 @@ def promtool() -> str:
                                  timeout=600)
         debs = sorted(Path(work).glob(f"{PACKAGE}_*.deb"))
         if get.returncode != 0 or not debs:
-            _missing(f"`apt-get download {PACKAGE}` failed: {(get.stderr or get.stdout).strip()[-500:]}")
+            pytest.fail(f"promtool: `apt-get download {PACKAGE}` failed: {(get.stderr or get.stdout).strip()[-500:]}")
         version = debs[0].name.split("_")[1]
         tar = subprocess.run([dpkg_deb, "--fsys-tarfile", str(debs[0])], capture_output=True, timeout=300)
         out = Path(work) / "promtool"
         unpack = subprocess.run(["tar", "-x", "-O", "./usr/bin/promtool"], input=tar.stdout, capture_output=True,
                                 timeout=300)
         if tar.returncode != 0 or unpack.returncode != 0 or not unpack.stdout:
-            _missing(f"no usr/bin/promtool in {debs[0].name}: {(tar.stderr + unpack.stderr).decode()[-500:]}")
+            pytest.fail(f"promtool: no usr/bin/promtool in {debs[0].name}: "
+                        f"{(tar.stderr + unpack.stderr).decode()[-500:]}")
         out.write_bytes(unpack.stdout)
         out.chmod(0o755)
         target = _cache() / f"promtool-{version}"
@@ -110,15 +112,18 @@ def health_names(text: str) -> set:
 
 def series(text: str, prefix: str = "rigbook_") -> tuple:
     """({series: value}, {series: code}) of the samples named PREFIX... in TEXT (the text format, as a textfile
-    holds it or node_exporter serves it, labels in either order): a failing or warning series' `code` label is kept
-    apart, so a series is found by its layer whatever its code."""
+    holds it or node_exporter serves it, which sorts the labels): a series is its name and its labels sorted by name
+    (`rigbook_layer_status{layer="pcie_link"}`), a failing or warning series' `code` label kept apart, so a series is
+    found by its layer whatever its code."""
     values, codes = {}, {}
-    for name, value in re.findall(r"^(" + re.escape(prefix) + r"\S*) (\S+)$", text, re.M):
-        coded = re.search(r',code="([^"]*)"|code="([^"]*)",?', name)
-        if coded:
-            name = name.replace(coded.group(0), "").replace("{}", "")
-            codes[name] = coded.group(1) or coded.group(2)
-        values[name] = float(value)
+    for name, labels, value in re.findall(r"^(" + re.escape(prefix) + r"[^\s{]*)(?:\{(.*)\})? (\S+)$", text, re.M):
+        pairs = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', labels or ""))
+        code = pairs.pop("code", "")  # node_exporter gives every series of a family its labels: code="" on a pass
+        inner = ",".join(f'{label}="{text}"' for label, text in sorted(pairs.items()))
+        key = name + ("{" + inner + "}" if inner else "")
+        if code:
+            codes[key] = code
+        values[key] = float(value)
     return values, codes
 
 

@@ -10,7 +10,8 @@ each step; see pytest_collection_modifyitems):
 2. `lab`: any running lab.
 3. `converged_lab`: site.yml has converged both hosts (run once, its result kept for the tests).
 4. `lab_last`: the test takes the lab down itself, after every other test that uses it.
-5. `no_lab`: no lab may be running (takes the session's lab down first if it is still up); `four_hosts` and
+5. `no_lab`: no lab may be running (takes the session's lab down first if it is still up); `four_hosts`,
+   `exporter_box` and
    `adopted_pair`: a lab of its own, in its own state directory (the session's lab taken down first).
 """
 
@@ -25,8 +26,8 @@ from helpers.lab_host import leftovers
 from rigbook.lab import artifacts, state
 
 # The step of each fixture, the most particular first: fresh_lab, converged_lab and lab_last all ask for `lab`.
-STEPS = (("no_lab", 5), ("four_hosts", 5), ("adopted_pair", 5), ("seed_004_box", 5), ("lab_last", 4),
-         ("converged_lab", 3), ("fresh_lab", 1), ("lab", 2))
+STEPS = (("no_lab", 5), ("four_hosts", 5), ("exporter_box", 5), ("adopted_pair", 5), ("seed_004_box", 5),
+         ("lab_last", 4), ("converged_lab", 3), ("fresh_lab", 1), ("lab", 2))
 
 
 def _step(item) -> int | None:
@@ -37,7 +38,8 @@ def _step(item) -> int | None:
 
 # Lab groups: scripts/test runs each group's lab tests in a pytest process of its own, side by side, each with its
 # own state directory and address block (RIGBOOK_TEST_LAB_GROUP, RIGBOOK_LAB_ADDRESS_BLOCK), so no two tests ever
-# touch one lab at once. A test asking for `no_lab` or `four_hosts` brings up labs of its own ("own"); the adopt tests
+# touch one lab at once. A test asking for `no_lab`, `four_hosts` or `exporter_box` brings up labs of its own ("own");
+# the adopt tests
 # (`adopted_pair`, `seed_004_box`) bring up their own labs, one after the other, in a process of their own ("adopt",
 # beside "own"); the
 # files of CONVERGED start from a converged session lab of their own; the NVIDIA role tests converge lab-3080 on a lab
@@ -57,7 +59,7 @@ def lab_group(item) -> str | None:
     names = set(getattr(item, "fixturenames", ()))
     if {"adopted_pair", "seed_004_box"} & names:
         return "adopt"
-    if {"no_lab", "four_hosts"} & names:
+    if {"no_lab", "four_hosts", "exporter_box"} & names:
         return "own"
     if item.path.name in CONVERGED:
         return "converged"
@@ -189,6 +191,13 @@ def _own_lab(tmp_path_factory, name: str, up_args: list):
             os.environ.pop("RIGBOOK_STATE_DIR", None)
         else:
             os.environ["RIGBOOK_STATE_DIR"] = before
+
+
+@pytest.fixture(scope="module")
+def exporter_box(tmp_path_factory):
+    """One fresh x99-r9700 lab host (lab-r9700) for tests/integration/test_health_exporter_lab.py, up once for that
+    module in a state directory of its own; yields the generated inventory's path."""
+    yield from _own_lab(tmp_path_factory, "exporter-box", ["--hosts", "1", "--rig", "x99-r9700"])
 
 
 @pytest.fixture(scope="module")

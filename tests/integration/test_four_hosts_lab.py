@@ -19,7 +19,8 @@ building on the one before:
    why) and the twin builds its own, equal to its twin's but for the modules' signatures; ones handed to the module
    (an extra file, a changed .ko, a dkms.conf holding a command) are refused naming the archive, nothing installed,
    the command never run.
-4. The health timer on the AMD twin: a lab fault in its Prometheus textfile within one interval, gone after heal.
+4. The health timer on the AMD twin: a lab fault in its Prometheus metrics (read through the host's node_exporter)
+   within one interval, gone after heal.
 5. A rolling kernel upgrade across all four (`--rolling 2`: a canary, then two per batch): the 3080 boxes get the
    next Debian kernel, the R9700 boxes the stock Debian kernel in place of their custom P2P kernel; the first R9700
    fails its ladder after its reboot (the stock kernel has no CONFIG_PCI_P2PDMA), the roll stops at its batch and
@@ -52,6 +53,7 @@ from pathlib import Path
 import yaml
 from ansible_collections.rigbook.homelab.plugins.module_utils import safe_untar
 from ansible_collections.rigbook.homelab.plugins.module_utils.facts import builds
+from helpers import prometheus
 from helpers.browser import browse, chromium, page_dom
 from helpers.cli import REPO, changed_tasks, provision
 from helpers.lab_host import LAB_MARKS, LabHost
@@ -493,14 +495,8 @@ def test_a_twin_given_a_tampered_group_archive_refuses_it_and_installs_nothing_o
 def _metrics(box) -> dict:
     """BOX's metrics by series; a failing or warning layer's `code` label is kept apart, under "codes" (series ->
     code), so a series is found by its layer whatever its code."""
-    text = box.out(f"cat {PROM}")
-    out, codes = {}, {}
-    for name, value in re.findall(r"^(rigbook_\S+) (\S+)$", text, re.M):
-        coded = re.search(r',?code="([^"]*)"', name)
-        if coded:
-            name = name.replace(coded.group(0), "").replace("{}", "")
-            codes[name] = coded.group(1)
-        out[name] = float(value)
+    # through node_exporter's HTTP endpoint (its textfile collector serving PROM), as Prometheus reads them
+    out, codes = prometheus.series(box.scrape())
     out["codes"] = codes
     return out
 

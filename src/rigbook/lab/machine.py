@@ -34,6 +34,15 @@ from rigbook.lab.tracking import (
     wait_gone,
 )
 
+# node_exporter (Debian's prometheus-node-exporter, in the rootfs): every lab host shares this machine's network, so
+# each listens on its own 127.B.x.y address (never on all of them, where the second host's could not bind), with the
+# textfile collector on the folder the health timer writes (host_model.TEXTFILE_DIR, Debian's default).
+NODE_EXPORTER_PORT = 9100
+NODE_EXPORTER_DEFAULTS = """\
+# rigbook lab host (see rigbook/lab/machine.py): node_exporter on this host's own address only
+ARGS="--web.listen-address={address}:{port} --collector.textfile.directory=/var/lib/prometheus/node-exporter"
+"""
+
 
 def is_systemd_host() -> bool:
     """systemd is PID 1 here: nspawn can get its own scope from it (no cgroups of ours needed)."""
@@ -50,18 +59,19 @@ def overlay_supported() -> bool:
 
 
 def check_port_free(host: Host) -> None:
-    """UserError when something on this machine already listens where the host's sshd would."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # sshd sets it too: TIME_WAIT is fine
-    try:
-        sock.bind((host.address, host.port))
-    except OSError as exc:
-        raise UserError(
-            f"port taken: {host.address}:{host.port} (for {host.name}) is already in use on this machine "
-            f"({exc.strerror}); stop what listens there (`ss -ltnp`) and try again"
-        ) from None
-    finally:
-        sock.close()
+    """UserError when something on this machine already listens where the host's sshd or node_exporter would."""
+    for port in (host.port, NODE_EXPORTER_PORT):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # sshd sets it too: TIME_WAIT is fine
+        try:
+            sock.bind((host.address, port))
+        except OSError as exc:
+            raise UserError(
+                f"port taken: {host.address}:{port} (for {host.name}) is already in use on this machine "
+                f"({exc.strerror}); stop what listens there (`ss -ltnp`) and try again"
+            ) from None
+        finally:
+            sock.close()
 
 
 # --- creating and starting ----------------------------------------------------------------
@@ -112,6 +122,8 @@ def configure(host: Host, client_pubkey: str) -> str:
     pub = key.with_suffix(".pub").read_text()
     _put(root, "etc/ssh/ssh_host_ed25519_key.pub", pub)
     _put(root, "etc/ssh/sshd_config.d/20-rigbook-lab-listen.conf", f"ListenAddress {host.address}:{host.port}\n")
+    _put(root, "etc/default/prometheus-node-exporter",
+         NODE_EXPORTER_DEFAULTS.format(address=host.address, port=NODE_EXPORTER_PORT))
     _put(root, "etc/hostname", f"{host.name}\n")
     _put(root, "etc/hosts", f"127.0.0.1\tlocalhost\n{host.address}\t{host.name}\n"
                             "::1\t\tlocalhost ip6-localhost ip6-loopback\n")

@@ -2,7 +2,8 @@
 `test rules` with tests/unit/roles/rigbook-alerts.test.yml: each alert firing and not firing), `promtool check
 metrics` on what the health program writes for a recorded tree (the captured H200 VM; a lab rig with a fault), the
 fleet dashboard (valid JSON; every query reads a metric the health program writes) and the role's task that installs
-the rules (check mode, a change, none the second time, nothing where no folder is named). promtool is Debian's
+the rules (check mode, a change, none the second time, nothing where no folder is named), and a page node_exporter
+serves read as the file it serves (as the lab tests read it). promtool is Debian's
 (tests/helpers/prometheus.py: fetched once when missing; in CI a missing one fails)."""
 
 from __future__ import annotations
@@ -151,3 +152,23 @@ def test_the_role_installs_the_rules_where_pointed_check_mode_first_then_once(tm
     assert installed.read_bytes() == RULES.read_bytes() and installed.stat().st_mode & 0o777 == 0o644
     assert _install(tmp_path, str(rules_dir)) == "ok"
     assert _install(tmp_path, "") == "skipping"  # unset: nothing installed anywhere
+
+
+def test_a_served_page_reads_as_the_file_it_serves():
+    """node_exporter serves a textfile's series with the labels sorted, every label of the family on each series
+    (code="" on a pass) and its own number format: the lab tests read them as the file's series."""
+    written = ('rigbook_layer_status{layer="pcie_link",code="RB-PCIE-LINK-WIDTH"} 2\n'
+               'rigbook_layer_status{layer="firmware"} 0\n'
+               'rigbook_layer_figure{layer="serving",figure="decode_tok_s"} 70.0\n'
+               "rigbook_health_last_run_timestamp_seconds 1796490040.744681\n")
+    served = ('# TYPE rigbook_layer_status gauge\n'
+              'rigbook_layer_status{code="",layer="firmware"} 0\n'
+              'rigbook_layer_status{code="RB-PCIE-LINK-WIDTH",layer="pcie_link"} 2\n'
+              'rigbook_layer_figure{figure="decode_tok_s",layer="serving"} 70\n'
+              "rigbook_health_last_run_timestamp_seconds 1.796490040744681e+09\n"
+              "node_textfile_scrape_error 0\n")
+    assert prometheus.series(served) == prometheus.series(written) == (
+        {'rigbook_layer_status{layer="pcie_link"}': 2.0, 'rigbook_layer_status{layer="firmware"}': 0.0,
+         'rigbook_layer_figure{figure="decode_tok_s",layer="serving"}': 70.0,
+         "rigbook_health_last_run_timestamp_seconds": 1796490040.744681},
+        {'rigbook_layer_status{layer="pcie_link"}': "RB-PCIE-LINK-WIDTH"})

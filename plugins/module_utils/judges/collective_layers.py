@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ansible_collections.rigbook.homelab.plugins.module_utils.judges import baseline_compare as baseline_mod
 from ansible_collections.rigbook.homelab.plugins.module_utils.judges import expectations
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges.verdict import code_entry as _code
 from ansible_collections.rigbook.homelab.plugins.module_utils.judges.verdict import generic_code, make, rank, worse
 
 # The ops every collectives run has (nccl-tests/rccl-tests sendrecv_perf, all_reduce_perf; the bundled benchmark), and
@@ -125,10 +126,6 @@ FAILED_RUN_REMEDY = (
     "failed is the peer_access layer's (large BAR, the P2P driver fork); run it again with NCCL_DEBUG=INFO and, to "
     "tell P2P from the rest, once with NCCL_P2P_DISABLE=1."
 )
-
-def _code(layer, title, cause, measured, action):
-    return {"layer": layer, "title": title, "cause": cause, "measured": measured, "action": action}
-
 
 # The failure codes of the two layers' findings (judges/codes.py gathers them; docs/codes.md is generated from them).
 CODES = {

@@ -14,6 +14,7 @@ from __future__ import annotations
 from ansible_collections.rigbook.homelab.plugins.module_utils.judges import baseline_compare as baseline_mod
 from ansible_collections.rigbook.homelab.plugins.module_utils.judges import expectations
 from ansible_collections.rigbook.homelab.plugins.module_utils.judges.verdict import Findings, make
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges.verdict import code_entry as _code
 
 # Usable GB/s per lane after line coding (Gen1/2 8b/10b, Gen3-5 128b/130b, Gen6 FLIT 242/256).
 GBS_PER_LANE = {1: 0.25, 2: 0.5, 3: 8 * 128 / 130 / 8, 4: 16 * 128 / 130 / 8, 5: 32 * 128 / 130 / 8,
@@ -77,10 +78,6 @@ LINK_REMEDY = (
     "Peer copies run far below the PCIe link: check pcie_link (trained width/speed), MaxPayload/ReadRequest, "
     "and for AMD that the copy engine (SDMA) path is used; compare with TransferBench / p2pBandwidthLatencyTest."
 )
-
-def _code(layer, title, cause, measured, action):
-    return {"layer": layer, "title": title, "cause": cause, "measured": measured, "action": action}
-
 
 # The failure codes of the two layers' findings (judges/codes.py gathers them; docs/codes.md is generated from them).
 CODES = {

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ansible_collections.rigbook.homelab.plugins.module_utils.judges import expectations
 from ansible_collections.rigbook.homelab.plugins.module_utils.judges.verdict import Findings, make
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges.verdict import code_entry as _code
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -71,10 +72,6 @@ VM_BAR_REMEDY = (
     "provider for a VM type with a large 64-bit MMIO window, or give the VMM one (e.g. QEMU's "
     "pci-hole64-size / OVMF's X-PciMmio64Mb)."
 )
-
-
-def _code(layer, title, cause, measured, action):
-    return {"layer": layer, "title": title, "cause": cause, "measured": measured, "action": action}
 
 
 _SLOT_LINK = "the slot link of a card with its own PCIe switch (its switch's upstream port to the root port)"

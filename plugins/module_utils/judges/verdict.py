@@ -32,6 +32,12 @@ def worst(statuses, default="skip"):
     return out
 
 
+def code_entry(layer, title, cause, measured, action):
+    """One failure code's entry (judges/codes.py: the judge modules' CODES): its layer, a one-line title, what it
+    means on the box, how rigbook sees it and what to do."""
+    return {"layer": layer, "title": title, "cause": cause, "measured": measured, "action": action}
+
+
 def generic_code(layer, status):
     """The code of a LAYER's verdict of STATUS that names no finding of its own: RB-<LAYER>-<STATUS>
     (judges/codes.py documents one per layer and status)."""

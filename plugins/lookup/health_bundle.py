@@ -16,7 +16,7 @@ description:
     the bundle's; a link there is removed, never followed. Nothing is built in the temporary directory.
 version_added: "1.0.0"
 author:
-  - rigbook developers
+  - rigbook developers (!UNKNOWN)
 """
 
 EXAMPLES = r"""

@@ -312,7 +312,7 @@ def restamp(roles, inputs, from_boot, layers, folder=STATE_DIR, root="/", check_
             left[role] = "its state is not this run's (inputs or boot)"
         elif layers.get(layer) not in HOLDS:
             left[role] = "the ladder judged %s %s after the reboot" % (layer or "no layer",
-                                                                      layers.get(layer, "nothing"))
+                                                                       layers.get(layer, "nothing"))
         else:
             items = dict(state["items"], boot=now)
             error = None if check_mode else write_state(role, inputs, items, folder, state["outputs"])

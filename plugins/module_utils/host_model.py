@@ -617,15 +617,16 @@ def _patch_needs(model, inventory_dir, exists):
             patch = as_dict(patch)
             path, sha256 = as_str(patch.get("path")), as_str(patch.get("sha256"))
             key = "rigbook_pins.%s.patches[%d]" % (role, index)
-            full = path if not path or os.path.isabs(path) or inventory_dir is None else os.path.join(inventory_dir,
-                                                                                                     path)
+            full = (path if not path or os.path.isabs(path) or inventory_dir is None
+                    else os.path.join(inventory_dir, path))
             missing = bool(path) and inventory_dir is not None and not exists(full)
             if missing:
-                needs.append(_need(role, key + ".path", "the patch %s is not on the controller%s" % (
+                what = "the patch %s is not on the controller%s" % (
                     full, "" if sha256 else ", and it has no sha256 (every patch is checked against it before it is "
-                                            "applied)"),
-                    "put the patch file there, or fix the path" + ("" if sha256 else
-                                                                   "; then set sha256: `sha256sum %s`" % full)))
+                                            "applied)")
+                fix = "put the patch file there, or fix the path" + (
+                    "" if sha256 else "; then set sha256: `sha256sum %s`" % full)
+                needs.append(_need(role, key + ".path", what, fix))
             elif not sha256:
                 needs.append(_need(role, key + ".sha256",
                                    "every patch is checked against its sha256 before it is applied",

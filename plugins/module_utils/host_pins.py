@@ -84,7 +84,7 @@ def kernel_pin(pins):
         "release": release,
         "source": source,
         "packages": as_list(raw.get("packages")) or (["linux-image-" + release, "linux-headers-" + release]
-                                                   if release else []),
+                                                     if release else []),
         "debs": debs,
         "cmdline": as_list(raw.get("cmdline")),
         "keep_previous": raw.get("keep_previous", True) is not False,
@@ -93,7 +93,6 @@ def kernel_pin(pins):
             (["linux-*-" + release] if release else []) + as_list(raw.get("packages"))))),
         "p2pdma_allow": as_list(raw.get("p2pdma_allow")),
     }
-
 
 
 def nvidia_stock_packages(os_id, major):

@@ -3,8 +3,6 @@
 # Copyright: rigbook developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 
-
-
 DOCUMENTATION = r"""
 ---
 module: adopt_facts
@@ -37,7 +35,7 @@ description:
   - Read-only; supports check mode. Changes nothing on the host.
 version_added: "1.0.0"
 author:
-  - rigbook developers
+  - rigbook developers (!UNKNOWN)
 options:
   system:
     description: Where the box's files and /proc are read; V(/) but in tests.

@@ -3,8 +3,6 @@
 # Copyright: rigbook developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 
-
-
 DOCUMENTATION = r"""
 ---
 module: apt_source
@@ -32,7 +30,7 @@ description:
     sha256 fails in check mode too) and diff mode.
 version_added: "1.0.0"
 author:
-  - rigbook developers
+  - rigbook developers (!UNKNOWN)
 options:
   name:
     description: Short name of the repository (file names).
@@ -353,8 +351,8 @@ def main():
             suites=dict(type="list", elements="str", default=[]),
             components=dict(type="list", elements="str", default=["main"]),
             architectures=dict(type="list", elements="str", default=[]),
-            key_url=dict(type="str"),
-            key_sha256=dict(type="str"),
+            key_url=dict(type="str", no_log=False),  # a public key's address, no secret
+            key_sha256=dict(type="str", no_log=False),  # the public key's hash, no secret
             preferences=dict(type="list", elements="dict", default=[]),
             update=dict(type="bool", default=True),
             lock_timeout=dict(type="int", default=LOCK_TIMEOUT),
@@ -377,7 +375,7 @@ def main():
         found = hashlib.sha256(key).hexdigest()
         if found != p["key_sha256"].lower():
             module.fail_json(msg="refused signing key %s: sha256 %s, pinned %s" % (p["key_url"], found,
-                                                                                  p["key_sha256"].lower()))
+                                                                                   p["key_sha256"].lower()))
         keyring = os.path.join(KEYRINGS_DIR, "rigbook-%s.%s" % (name, "asc" if key.lstrip().startswith(ARMOR)
                                                                 else "gpg"))
         lines = ["# Managed by rigbook (rigbook.homelab.apt_source): %s" % name, "Types: deb",

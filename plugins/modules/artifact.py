@@ -3,8 +3,6 @@
 # Copyright: rigbook developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 
-
-
 DOCUMENTATION = r"""
 ---
 module: artifact
@@ -18,7 +16,7 @@ description:
   - Supports check mode (a verified existing file is reported unchanged; a missing download as a change).
 version_added: "1.0.0"
 author:
-  - rigbook developers
+  - rigbook developers (!UNKNOWN)
 options:
   url:
     description: Where to download the artifact from.
@@ -143,7 +141,7 @@ def main():
             module.fail_json(msg="an artifact needs a sha256 and exactly one of url or path: %s" % item)
         if not isinstance(item["sha256"], str) or not re.match(r"^[0-9a-fA-F]{64}$", item["sha256"]):
             module.fail_json(msg="sha256 of %s must be 64 hex digits, not %r" % (item.get("url") or item.get("path"),
-                                                                                   item["sha256"]))
+                                                                                 item["sha256"]))
         if item.get("url") and urlparse(item["url"]).scheme not in SCHEMES:
             module.fail_json(msg="unsupported URL %s: use https://, http:// or file://" % item["url"])
         one, path = ensure(module, item.get("url"), item.get("path"), item["sha256"],

@@ -3,8 +3,6 @@
 # Copyright: rigbook developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 
-
-
 DOCUMENTATION = r"""
 ---
 module: boot_state
@@ -27,7 +25,7 @@ description:
   - Read-only; supports check mode.
 version_added: "1.0.0"
 author:
-  - rigbook developers
+  - rigbook developers (!UNKNOWN)
 options:
   root:
     description: Evidence root for the running kernel and command line.

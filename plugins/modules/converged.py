@@ -25,7 +25,7 @@ description:
   - Supports check mode.
 version_added: "1.0.0"
 author:
-  - rigbook developers
+  - rigbook developers (!UNKNOWN)
 options:
   inputs:
     description: The digest of this run's inputs (the host model action's C(inputs_digest)).

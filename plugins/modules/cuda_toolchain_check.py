@@ -3,8 +3,6 @@
 # Copyright: rigbook developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 
-
-
 DOCUMENTATION = r"""
 ---
 module: cuda_toolchain_check
@@ -19,7 +17,7 @@ description:
   - Supports check mode (reads only, compiles nothing).
 version_added: "1.0.0"
 author:
-  - rigbook developers
+  - rigbook developers (!UNKNOWN)
 options:
   venv:
     description: The virtual environment holding the CUDA wheels.

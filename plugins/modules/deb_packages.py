@@ -3,8 +3,6 @@
 # Copyright: rigbook developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 
-
-
 DOCUMENTATION = r"""
 ---
 module: deb_packages
@@ -22,12 +20,12 @@ description:
     first box keeps the .debs it installed and a later box installs those exact files.
 version_added: "1.0.0"
 author:
-  - rigbook developers
+  - rigbook developers (!UNKNOWN)
 options:
   name:
     description:
       - Package names.
-      - With O(state=absent) also dpkg-query globs (V(nvidia-dkms-*)): every installed package they match is purged.
+      - "With O(state=absent) also dpkg-query globs (V(nvidia-dkms-*)): every installed package they match is purged."
     type: list
     elements: str
     default: []
@@ -229,7 +227,7 @@ def deb_fields(module, path):
     parts = result.stdout.strip().split("\t")
     if result.rc != 0 or len(parts) != 2 or not all(parts):
         module.fail_json(msg="%s is not a readable .deb: %s" % (path, (result.stderr or result.stdout).strip()
-                                                                  or result.error))
+                                                                or result.error))
     return parts[0], parts[1]
 
 
@@ -346,7 +344,7 @@ def main():
     # a missing package: from the archive while it offers every stored version not installed (nor given in O(debs)),
     # else from the stored files
     lacking = dict((n, e) for n, e in sorted(stored.items()) if e["version"] not in (installed.get(n),
-                                                                                    deb_versions.get(n)))
+                                                                                     deb_versions.get(n)))
     if lacking and any(before[n] is None for n in required):
         found = candidates(module, list(lacking))
         if deb_store.from_store(lacking, installed, found) and not module.check_mode and index_is_stale():

@@ -17,7 +17,7 @@ description:
     files when the archive no longer offers the recorded version.
 version_added: "1.0.0"
 author:
-  - rigbook developers
+  - rigbook developers (!UNKNOWN)
 options:
   step:
     description:

@@ -14,7 +14,7 @@ description:
   - Supports check mode.
 version_added: "1.0.0"
 author:
-  - rigbook developers
+  - rigbook developers (!UNKNOWN)
 options:
   user:
     description: The user (it must exist).

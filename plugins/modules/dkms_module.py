@@ -3,8 +3,6 @@
 # Copyright: rigbook developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 
-
-
 DOCUMENTATION = r"""
 ---
 module: dkms_module
@@ -31,7 +29,7 @@ description:
     tasks would have installed) are reported as changes to come, not as failures.
 version_added: "1.0.0"
 author:
-  - rigbook developers
+  - rigbook developers (!UNKNOWN)
 options:
   name:
     description: DKMS package name (PACKAGE_NAME of dkms.conf).
@@ -213,7 +211,7 @@ class Dkms(object):
             self.module.fail_json(msg="%s could not run: %s" % (what, result.error), cmd=argv)
         if check and result.rc != 0:
             self.module.fail_json(msg="%s failed (rc %d): %s" % (what, result.rc,
-                                                               (result.stderr + result.stdout).strip()[-3000:]),
+                                                                 (result.stderr + result.stdout).strip()[-3000:]),
                                   cmd=argv)
         return result.rc, result.stdout
 

@@ -15,7 +15,7 @@ description:
     written under O(dest) (a new temporary directory by default) and its path returned.
 version_added: "1.0.0"
 author:
-  - rigbook developers
+  - rigbook developers (!UNKNOWN)
 options:
   dest:
     description: Directory for the archive; a new temporary directory when omitted.

@@ -3,8 +3,6 @@
 # Copyright: rigbook developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 
-
-
 DOCUMENTATION = r"""
 ---
 module: gpu_env
@@ -20,7 +18,7 @@ description:
   - Supports check mode and diff mode (the file before and after).
 version_added: "1.0.0"
 author:
-  - rigbook developers
+  - rigbook developers (!UNKNOWN)
 options:
   path:
     description: The environment file.

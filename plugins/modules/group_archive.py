@@ -16,7 +16,7 @@ description:
     builder and the archive still has the recorded sha256, and only the recorded files (the modules' install_files).
 version_added: "1.0.0"
 author:
-  - rigbook developers
+  - rigbook developers (!UNKNOWN)
 options:
   step:
     description:

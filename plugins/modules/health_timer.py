@@ -3,8 +3,6 @@
 # Copyright: rigbook developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 
-
-
 DOCUMENTATION = r"""
 ---
 module: health_timer
@@ -21,7 +19,7 @@ description:
   - Supports check mode and diff mode.
 version_added: "1.0.0"
 author:
-  - rigbook developers
+  - rigbook developers (!UNKNOWN)
 options:
   bundle:
     description: The health program on the host (rigbook-health.pyz).

@@ -3,8 +3,6 @@
 # Copyright: rigbook developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 
-
-
 DOCUMENTATION = r"""
 ---
 module: host_manifest
@@ -14,8 +12,9 @@ description:
     interpreter start) - the running, default, installed and held kernels and the kernel command line; DKMS state per
     kernel (C(dkms status)); the NVIDIA/amdgpu driver, ROCm and CUDA versions; the build stamps of RCCL
     and nccl-tests (C(.rigbook-build.json) in C(/opt/rigbook/rccl/current), C(/opt/rigbook/nccl-tests/current)) with
-    their files' sha256 and every SGLang venv stamp (C(/opt/rigbook/sglang/*/.rigbook-venv.json)) with their applied patch hashes; the serving venv's package list
-    (dist-info names and versions); the held packages (dpkg status); the sha256 of C(/etc/rigbook/gpu.env),
+    their files' sha256 and every SGLang venv stamp (C(/opt/rigbook/sglang/*/.rigbook-venv.json)) with their
+    applied patch hashes; the serving venv's package list (dist-info names and versions); the held packages (dpkg
+    status); the sha256 of C(/etc/rigbook/gpu.env),
     C(/etc/rigbook/cuda.env) and the serve unit and environment files; GPU models, VBIOS, PCIe links and BAR
     sizes.
   - Host-unique items (serials, MAC addresses, machine-id, hostname, addresses, the root disk's id on the kernel
@@ -27,7 +26,7 @@ description:
   - Read-only; supports check mode.
 version_added: "1.0.0"
 author:
-  - rigbook developers
+  - rigbook developers (!UNKNOWN)
 options:
   system:
     description: Where the installed state (C(/boot), dpkg, C(/opt/rigbook), C(/etc)) is read; V(/) but in tests.

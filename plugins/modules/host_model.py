@@ -25,7 +25,7 @@ description:
     trusts; the host model is read from C(rigbook_host) (docs/secure-boot.md).
 version_added: "1.0.0"
 author:
-  - rigbook developers
+  - rigbook developers (!UNKNOWN)
 options:
   roles:
     description: The roles of the play whose inputs are checked; omitted - every role site.yml applies to the host.

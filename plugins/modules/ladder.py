@@ -45,7 +45,7 @@ description:
     O(error_state) says how, live and under a recorded O(root). Replays and in-process climbs keep no state.
 version_added: "1.0.0"
 author:
-  - rigbook developers
+  - rigbook developers (!UNKNOWN)
 options:
   host:
     description:
@@ -121,7 +121,8 @@ options:
         none without it.
     type: path
   nccl_tests_dir:
-    description: Runtime phase. Directory holding all_reduce_perf and sendrecv_perf, and all_gather_perf and reduce_scatter_perf when built (preferred over the bundled benchmark).
+    description: Runtime phase. Directory holding all_reduce_perf and sendrecv_perf, and all_gather_perf and
+      reduce_scatter_perf when built (preferred over the bundled benchmark).
       When both are there they run whatever O(root) is, with the evidence root in RIGBOOK_EVIDENCE_ROOT and
       NCCL_DEBUG=INFO; the nccl_transport layer then reads that run's log (a lab host runs its built stand-ins).
       Serving phase too, with O(env_file) - the NCCL/RCCL library those tests load (ldd) is the one each engine

@@ -22,7 +22,7 @@ description:
   - Supports check mode (reports what would change and why) and diff mode.
 version_added: "1.0.0"
 author:
-  - rigbook developers
+  - rigbook developers (!UNKNOWN)
 options:
   path:
     description: The venv directory; C({patch_set}) in it is replaced by the patch set hash (so the path names the
@@ -561,7 +561,7 @@ def main():
             if made:
                 shutil.rmtree(venv, ignore_errors=True)
             module.fail_json(msg=str(exc), progress=v.progress, **dict((k, result[k]) for k in result
-                                                                        if k in ("patch", "failing_files")))
+                                                                       if k in ("patch", "failing_files")))
     links = library_links(site_packages(venv), p["libraries"])
     result["linked"] = [path for path, _ in links]
     if links and not module.check_mode:

@@ -53,7 +53,7 @@ description:
   - Supports check mode and diff mode.
 version_added: "1.0.0"
 author:
-  - rigbook developers
+  - rigbook developers (!UNKNOWN)
 options:
   profiles:
     description: The host model's serve profiles (C(rigbook_host.serve) - the C(rigbook_serve) items of
@@ -224,8 +224,9 @@ WRITABLE_ENV = re.compile(r"^(TMPDIR|.*_(HOME|CACHE|CACHE_DIR|CACHE_PATH|CACHE_R
 HOME_TREES = ("/home", "/root", "/run/user")
 
 # The sandbox of every serve unit. `systemd-analyze security` rated the unit 8.7 (EXPOSED) with NoNewPrivileges,
-# ProtectSystem=full and PrivateTmp alone; with these 1.8 (OK, `systemd-analyze security --offline=true`, systemd 252). Each line is what a GPU inference engine (PyTorch,
-# Triton, NCCL/RCCL, SGLang's HTTP server and its ZMQ-connected ranks) still works with.
+# ProtectSystem=full and PrivateTmp alone; with these 1.8 (OK, `systemd-analyze security --offline=true`,
+# systemd 252). Each line is what a GPU inference engine (PyTorch, Triton, NCCL/RCCL, SGLang's HTTP server and its
+# ZMQ-connected ranks) still works with.
 HARDENING = (
     "NoNewPrivileges=yes",
     # runs as an unprivileged user and needs no capability: LimitMEMLOCK= lifts the pinned-memory limit instead
@@ -603,7 +604,7 @@ def main():
                 item["chmod"] += [kind] if mode else []
         # the key's old places: the environment file of rigbook before the credential, a key the profile dropped
         item["remove"] = [path for path in [base + OLD_KEY_SUFFIX] + ([] if "key" in item["files"] else
-                                                                       [base + KEY_SUFFIX]) if os.path.lexists(path)]
+                                                                      [base + KEY_SUFFIX]) if os.path.lexists(path)]
         plan.append(item)
     secrets = [key for item in plan for key in item["secrets"]]
 
@@ -643,7 +644,7 @@ def main():
         for kind in item["changed"]:
             path, before = item["files"][kind], read(item["files"][kind])
             diff_before.append("%s:\n%s" % (path, "(absent)\n" if before is None else hidden if kind == "key"
-                                              else before))
+                                            else before))
             diff_after.append("%s:\n%s" % (path, hidden if kind == "key" else item["texts"][kind][0]))
         for path in item["remove"]:
             diff_before.append("%s: present (it may hold the API key: not shown)\n" % path)

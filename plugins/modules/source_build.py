@@ -3,8 +3,6 @@
 # Copyright: rigbook developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 
-
-
 DOCUMENTATION = r"""
 ---
 module: source_build
@@ -30,7 +28,7 @@ description:
   - Supports check mode and diff mode. In check mode a source not on the host yet is reported as a change to come.
 version_added: "1.0.0"
 author:
-  - rigbook developers
+  - rigbook developers (!UNKNOWN)
 options:
   name:
     description: What is built (messages, stamp, default log name).
@@ -391,7 +389,7 @@ class Build(object):
             self.fail("%s could not run: %s" % (what, result.error))
         if result.rc != 0:
             self.fail("%s failed (rc %d); the end of %s:\n%s" % (what, result.rc, self.log,
-                                                                self.log_tail() or result.stderr or result.stdout))
+                                                                 self.log_tail() or result.stderr or result.stdout))
 
     def note(self, line):
         try:
@@ -459,7 +457,7 @@ class Build(object):
         build = os.path.join(work, "build-" + comp["name"])
         args = [a.replace("{prefix}", prefix) for a in comp["cmake_args"]]
         self.step("configure %s" % comp["name"], ["cmake", "-S", top, "-B", build, "-DCMAKE_INSTALL_PREFIX=" + prefix,
-                                                   "-DCMAKE_BUILD_TYPE=Release"] + args)
+                                                  "-DCMAKE_BUILD_TYPE=Release"] + args)
         self.step("build %s" % comp["name"], ["cmake", "--build", build, "--parallel", jobs])
         self.step("install %s" % comp["name"], ["cmake", "--install", build])
 

@@ -352,7 +352,7 @@ def secure_boot_needs(model, box, running="", roles=None):
                         "kernel you built" % (state, why)]
     if state != "on":
         uses = " and ".join([DKMS_BUILDS[role] for role in builds] + (["the kernel %s you built" % kernel]
-                                                                       if kernel else []))
+                                                                      if kernel else []))
         return [], ["Secure Boot could not be told (%s): if it is on, %s need%s a key shim trusts "
                     "(docs/secure-boot.md)" % (why, uses, "s" if len(builds) + bool(kernel) == 1 else "")], []
     needs, notes = [], []

@@ -261,7 +261,7 @@ def _collect_collectives(root, python, nccl_tests_dir, size, iters, gpus, timeou
         data.update(env_data, source="bundled torch.distributed benchmark (%s)" % python)
         return data
     return {"available": False, "error": "no nccl-tests binaries (all_reduce_perf, sendrecv_perf) and no serving "
-                                          "Python to run the bundled benchmark with"}  # fmt: skip
+                                         "Python to run the bundled benchmark with"}  # fmt: skip
 
 
 def collect_nccl_log(root, log_text=None, unit=None, python=None, timeout=120, env=None):

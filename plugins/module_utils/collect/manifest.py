@@ -280,7 +280,7 @@ def gpu_items(root):
         info = smi.get(slot, {})
         model = info.get("product") or files.read_text(os.path.join(base, "product_name"))
         items["gpu.%s.model" % slot] = _item("firmware", {"ids": "%s:%s" % (gpu["vendor_id"], gpu["device_id"]),
-                                                           "subsystem": gpu["subsystem"], "name": model})
+                                                          "subsystem": gpu["subsystem"], "name": model})
         items["gpu.%s.vbios" % slot] = _item("firmware", info.get("vbios")
                                              or files.read_text(os.path.join(base, "vbios_version")))
         items["gpu.%s.link" % slot] = _item("pcie_link", gpu["link"])

@@ -152,7 +152,7 @@ def open_nofollow(root, rel, directory=False):
             except OSError as exc:
                 # O_DIRECTORY|O_NOFOLLOW says ENOTDIR for a link: a link all the same
                 if exc.errno == errno.ENOTDIR and stat.S_ISLNK(os.stat(part, dir_fd=handle,
-                                                                        follow_symlinks=False).st_mode):
+                                                                       follow_symlinks=False).st_mode):
                     raise OSError(errno.ELOOP, "a symbolic link on the way") from None
                 raise
             os.close(handle)

@@ -95,8 +95,8 @@ def _direct_p2p(data, ladder_view, measured, expected):
         return None
     vendor = (ladder_view.get("gpu") or {}).get("vendor")
     remedy = DIRECT_P2P_REMEDY.get(vendor) or shm_remedy(data.get("p2p_level"),
-                                                          (ladder_view.get("p2p") or {}).get("nccl_p2p_level"),
-                                                          data.get("env_file"))
+                                                         (ladder_view.get("p2p") or {}).get("nccl_p2p_level"),
+                                                         data.get("env_file"))
     library = "NCCL/RCCL %s" % log["nccl_version"] if log.get("nccl_version") else "NCCL/RCCL"
     channels = ", ".join(log.get("transports") or []) or "none logged"
     return ("the collectives run's own %s log says isAllDirectP2p 0 (channels via %s): the library found no direct "
@@ -126,6 +126,7 @@ FAILED_RUN_REMEDY = (
     "failed is the peer_access layer's (large BAR, the P2P driver fork); run it again with NCCL_DEBUG=INFO and, to "
     "tell P2P from the rest, once with NCCL_P2P_DISABLE=1."
 )
+
 
 # The failure codes of the two layers' findings (judges/codes.py gathers them; docs/codes.md is generated from them).
 CODES = {

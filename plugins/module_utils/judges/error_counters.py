@@ -31,6 +31,7 @@ REMEDY_XID = ("An NVIDIA Xid: look it up in NVIDIA's Xid catalog; check the driv
 REMEDY_AMDGPU = ("The amdgpu driver reset the GPU: check the amdgpu / ROCm build is the pinned one, the card's "
                  "power and seating, and the kernel log before the reset for what hung.")
 
+
 def _code(title, cause, measured, action):
     return {"layer": "error_counters", "title": title, "cause": cause, "measured": measured, "action": action}
 

@@ -79,6 +79,7 @@ LINK_REMEDY = (
     "and for AMD that the copy engine (SDMA) path is used; compare with TransferBench / p2pBandwidthLatencyTest."
 )
 
+
 # The failure codes of the two layers' findings (judges/codes.py gathers them; docs/codes.md is generated from them).
 CODES = {
     "RB-P2P-ACCESS-PROBE-HUNG": _code(
@@ -467,7 +468,7 @@ def judge_p2p_bandwidth(probe, ladder_view, baseline_metrics=None, tolerance=Non
     if len(devices) < 2:
         for dev in devices:
             measured["GPU%d host copies" % dev["index"]] = "H2D %s, D2H %s" % (_gbs(dev.get("h2d_gbs")),
-                                                                              _gbs(dev.get("d2h_gbs")))
+                                                                               _gbs(dev.get("d2h_gbs")))
         texts = _baseline_findings(found, metrics, held, tol)
         if found.problems or found.notes or found.gaps:
             out = found.verdict(layer, measured, expected)

@@ -1007,7 +1007,7 @@ def _judge_fork_or_stock(nv, pin, loaded, release, files, found):
     found.gap("the pin names the P2P driver fork (%s) but no nvidia module file exists for the running kernel %s "
               "(nothing under lib/modules/%s) and rigbook stamped no DKMS build of %s: nothing here tells the loaded "
               "module from NVIDIA's stock %s" % (pin.get("fork_repo") or "its source", release, release, loaded,
-                                                  loaded),
+                                                 loaded),
               code="RB-DRIVER-FORK-UNTELLABLE")
 
 

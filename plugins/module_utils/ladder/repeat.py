@@ -100,8 +100,6 @@ REPEATABLE = {
 }
 
 
-
-
 def _first_run_code(layer, what):
     return {
         "layer": layer,

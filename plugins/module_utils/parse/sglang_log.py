@@ -93,7 +93,7 @@ def redact(text, secrets=()) -> str:
         return text
     for pattern in _SECRET_RES:
         text = pattern.sub(lambda m: m.group(1) + (repr(REDACTED) if m.group(0)[len(m.group(1)):][:1] in "'\""
-                                                  else REDACTED), text)
+                                                   else REDACTED), text)
     for secret in secrets or ():
         if isinstance(secret, str) and secret:
             text = text.replace(secret, REDACTED)

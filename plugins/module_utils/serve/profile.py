@@ -709,7 +709,7 @@ def _control_characters(profile, host, where):
     """A newline or other control character in a value that reaches the unit file would write extra lines into it
     ([Service], ExecStartPre=+...): refused on the box too, whatever the controller checked."""
     values = [(key, profile.get(key)) for key in ("model_path", "served_model_name", "api_key_file",
-                                                   "admin_api_key_file", "bind")]
+                                                  "admin_api_key_file", "bind")]
     speculative = profile.get("speculative")
     if isinstance(speculative, dict):
         values.append(("speculative.draft_model_path", speculative.get("draft_model_path")))

@@ -16,6 +16,9 @@ you need, e.g. `from helpers.cli import provision`):
 - `helpers.prometheus`: Debian's promtool (`promtool()`, fetched once when missing; `run()`), the metric names a
   PromQL expression reads (`metric_names()`) and those a health run's textfile declares (`health_names()`), the
   samples of a text-format page (`series()`, `families()`).
+- `helpers.collection`: the collection as users get it: `build()` (ansible-galaxy), `install()` into a clean path,
+  `isolated_env()` (only that path on Ansible's collection paths), `ansible_core()` (a release in a cached venv of
+  its own: `LOWEST`, `NEWEST`), `requirements()` the tarball declares.
 
 No test module imports another test module; what two of them share lives here or in a conftest.py.
 """

@@ -1,4 +1,4 @@
-"""docs/codes.md, generated from the one place the failure codes are defined (plugins/module_utils/judges/codes.py,
+"""docs/codes.md, generated from the one place the failure codes are defined (plugins/module_utils/ladder/codes.py,
 which gathers each judge module's CODES): `python -m rigbook.codes_doc` rewrites the page; a test fails when the page
 differs from what this renders (a code without its entry)."""
 
@@ -14,16 +14,16 @@ HEAD = """# Failure codes
 
 Every verdict that is not a pass carries a code (`code` in `--json`, the summary, JUnit, the report, the health
 metrics' `code` label and `provision diagnose`). A code names one finding and never changes meaning: it may be added,
-never removed or given to another layer (plugins/module_utils/judges/codes_issued.txt). A verdict with several
+never removed or given to another layer (plugins/module_utils/ladder/codes_issued.txt). A verdict with several
 findings lists them all in `codes`, the most severe first. This page is generated from the codes' one definition
-(each judge module's `CODES`, gathered by plugins/module_utils/judges/codes.py): `python -m rigbook.codes_doc`.
+(each judge module's `CODES`, gathered by plugins/module_utils/ladder/codes.py): `python -m rigbook.codes_doc`.
 """
 
 
 def render() -> str:
     link_collection()
     # deferred: ansible_collections.rigbook.homelab is importable only after link_collection() (above)
-    from ansible_collections.rigbook.homelab.plugins.module_utils.judges import codes
+    from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import codes
 
     table = codes.all_codes()
     order = [name for name, _ in codes.layers()]

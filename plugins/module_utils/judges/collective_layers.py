@@ -128,7 +128,7 @@ FAILED_RUN_REMEDY = (
 )
 
 
-# The failure codes of the two layers' findings (judges/codes.py gathers them; docs/codes.md is generated from them).
+# The failure codes of the two layers' findings (ladder/codes.py gathers them; docs/codes.md is generated from them).
 CODES = {
     "RB-COLLECTIVES-RUN-FAILED": _code(
         "collectives", "the collectives run stopped on its own error",

@@ -36,7 +36,7 @@ def _code(title, cause, measured, action):
     return {"layer": "error_counters", "title": title, "cause": cause, "measured": measured, "action": action}
 
 
-# The failure codes of the counters' findings (judges/codes.py gathers them). worsen() puts them in front of the
+# The failure codes of the counters' findings (ladder/codes.py gathers them). worsen() puts them in front of the
 # layer's own codes when the counters raise the layer's status.
 CODES = {
     "RB-HW-AER-UNCORRECTABLE": _code(

@@ -80,7 +80,7 @@ LINK_REMEDY = (
 )
 
 
-# The failure codes of the two layers' findings (judges/codes.py gathers them; docs/codes.md is generated from them).
+# The failure codes of the two layers' findings (ladder/codes.py gathers them; docs/codes.md is generated from them).
 CODES = {
     "RB-P2P-ACCESS-PROBE-HUNG": _code(
         "peer_access", "the GPU probe hung on a box that expects P2P",

@@ -27,11 +27,11 @@ MAX_ERRORS_SHOWN = 3
 SEED_004_RULE = ("seed 004's rule: SGLang's log must show `isAllDirectP2p 1` and `via P2P/IPC`, not SHM "
                  "(SHM cost it 23-27% TTFT and 31-37% long-context prefill)")
 
-_UNIT = "the serve unit's systemd state (`systemctl show`: ActiveState, SubState, NRestarts)"
+_UNIT = "the serve unit's systemd state (its ActiveState, SubState and NRestarts, read by facts/systemd)"
 _LOG = "the engine's journal (`journalctl -u UNIT -b`), parsed by parse/sglang_log.py"
 _FIGURE = ("one streaming and one plain chat completion of the serve profile's prompt; the figure against the "
            "host's baseline (`provision baseline record`) with the layer's fail_below / warn_below")
-# The serving layer's codes (judges/codes.py gathers them; docs/codes.md is generated from them). A code names one
+# The serving layer's codes (ladder/codes.py gathers them; docs/codes.md is generated from them). A code names one
 # finding and never changes meaning; the ladder's serve-unit hold (ladder/serving_hold.py) and the health timer
 # (ladder/health.py) give theirs from here too.
 CODES = {

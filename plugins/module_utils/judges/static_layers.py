@@ -75,7 +75,7 @@ VM_BAR_REMEDY = (
 
 
 _SLOT_LINK = "the slot link of a card with its own PCIe switch (its switch's upstream port to the root port)"
-# The stable failure code of each finding these judges make (judges/codes.py gathers them; docs/codes.md lists them).
+# The stable failure code of each finding these judges make (ladder/codes.py gathers them; docs/codes.md lists them).
 CODES = {
     "RB-FIRMWARE-CSM-ON": _code(
         "firmware", "Legacy (CSM) boot on bare metal",

@@ -33,20 +33,20 @@ def worst(statuses, default="skip"):
 
 
 def code_entry(layer, title, cause, measured, action):
-    """One failure code's entry (judges/codes.py: the judge modules' CODES): its layer, a one-line title, what it
+    """One failure code's entry (ladder/codes.py: the judge modules' CODES): its layer, a one-line title, what it
     means on the box, how rigbook sees it and what to do."""
     return {"layer": layer, "title": title, "cause": cause, "measured": measured, "action": action}
 
 
 def generic_code(layer, status):
     """The code of a LAYER's verdict of STATUS that names no finding of its own: RB-<LAYER>-<STATUS>
-    (judges/codes.py documents one per layer and status)."""
+    (ladder/codes.py documents one per layer and status)."""
     return "RB-%s-%s" % (str(layer).upper().replace("_", "-"), str(status).upper())
 
 
 def make(layer, status, measured=None, expected=None, why="", remedy="", metrics=None, code=None, codes=None):
     """A verdict dict. METRICS ({name: number}) are the figures a baseline records and compares. CODE: the stable
-    failure code of what the verdict found (judges/codes.py: defined beside the finding, never reused for another
+    failure code of what the verdict found (ladder/codes.py: defined beside the finding, never reused for another
     meaning); a verdict that is not a pass and names none gets its layer's generic code. CODES: every finding's code,
     most severe first (CODE is the first)."""
     if status not in STATUSES:
@@ -84,7 +84,7 @@ def recoded(verdict, code):
 
 class Findings:
     """Collects problems (fail-class), notes (warn-class) and gaps (unknown) while judging a layer, each with its
-    code (judges/codes.py)."""
+    code (ladder/codes.py)."""
 
     def __init__(self):
         self.problems = []

@@ -39,7 +39,7 @@ GPU_PARTS = ("probe", "collectives", "nccl_transport")
 MAX_LINES = 3
 MAX_LINE = 200
 MAX_DEPTH = 6
-# The failure code of the out-of-memory skip (judged; judges/codes.py gathers it): the layer's own unknown code follows
+# The failure code of the out-of-memory skip (judged; ladder/codes.py gathers it): the layer's own unknown code follows
 # it in `codes`.
 CODES = {
     "RB-BESIDE-ENGINE-OOM": {

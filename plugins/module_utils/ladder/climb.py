@@ -41,7 +41,7 @@ OPTION_DEFAULTS = {
 }
 
 
-# The failure code of the expected-unknown rule (unknown_expected; judges/codes.py gathers it): put in front of the
+# The failure code of the expected-unknown rule (unknown_expected; ladder/codes.py gathers it): put in front of the
 # layer's own codes when the rule fails a layer.
 CODES = {
     "RB-EXPECTED-UNMEASURED": {

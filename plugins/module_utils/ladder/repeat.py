@@ -115,7 +115,7 @@ def _first_run_code(layer, what):
     }
 
 
-# The failure codes of the rule (judges/codes.py gathers them): a figure below the line on the first run only.
+# The failure codes of the rule (ladder/codes.py gathers them): a figure below the line on the first run only.
 CODES = {
     "RB-P2P-BANDWIDTH-BASELINE-FIRST-RUN": _first_run_code("p2p_bandwidth", "a copy figure"),
     "RB-COLLECTIVES-BASELINE-FIRST-RUN": _first_run_code("collectives", "a bus bandwidth figure"),

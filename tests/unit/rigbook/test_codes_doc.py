@@ -13,6 +13,6 @@ def test_the_page_is_the_generated_one():
 def test_every_code_has_its_entry():
     text = codes_doc.PAGE.read_text()
     # deferred: the collection is linked by render() above
-    from ansible_collections.rigbook.homelab.plugins.module_utils.judges import codes
+    from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import codes
 
     assert [c for c in codes.all_codes() if f"\n### {c}\n" not in text] == []

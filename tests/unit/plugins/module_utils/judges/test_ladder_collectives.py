@@ -320,7 +320,7 @@ def test_a_gpu_missing_from_a_box_declared_with_two_is_no_one_gpu_skip():
 
 
 def test_each_finding_of_a_run_names_its_code_the_most_severe_first():
-    """A collectives verdict with several findings lists each one's code (judges/codes.py), the fail class first."""
+    """A collectives verdict with several findings lists each one's code (ladder/codes.py), the fail class first."""
     failed = {**SEED_004, "failures": [{"text": "Cuda failure 'mapping of buffer object failed'",
                                         "code": "CUDA_ERROR_MAP_FAILED"}]}
     assert judge_collectives(failed, P2P)["code"] == "RB-COLLECTIVES-RUN-FAILED"

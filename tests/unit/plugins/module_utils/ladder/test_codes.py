@@ -1,4 +1,4 @@
-"""judges/codes.py: every stable failure code defined once, documented, never removed or moved, and given by every
+"""ladder/codes.py: every stable failure code defined once, documented, never removed or moved, and given by every
 finding that fails or warns."""
 
 from __future__ import annotations
@@ -6,7 +6,8 @@ from __future__ import annotations
 import ast
 import re
 
-from ansible_collections.rigbook.homelab.plugins.module_utils.judges import codes, verdict
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges import verdict
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import codes
 from helpers.cli import REPO
 
 CODE_RE = re.compile(r"\bRB-[A-Z0-9]+(?:-[A-Z0-9]+)+\b")
@@ -26,7 +27,7 @@ def test_no_code_is_ever_removed_or_moved_and_every_code_is_issued():
     table, issued = codes.all_codes(), codes.issued()
     assert {c: e["layer"] for c, e in table.items() if c in issued} == {c: issued[c] for c in table if c in issued}
     assert sorted(set(issued) - set(table)) == [], "a code was removed: codes never go away"
-    assert sorted(set(table) - set(issued)) == [], "add new codes to judges/codes_issued.txt"
+    assert sorted(set(table) - set(issued)) == [], "add new codes to ladder/codes_issued.txt"
 
 
 def test_every_code_named_in_the_code_exists():

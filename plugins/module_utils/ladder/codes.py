@@ -26,6 +26,7 @@ from ansible_collections.rigbook.homelab.plugins.module_utils.judges import (
     static_layers,
     verdict,
 )
+from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import beside_engine, climb, registry, repeat
 
 STATUSES_CODED = ("fail", "warn", "unknown", "skip")
 FIELDS = ("layer", "title", "cause", "measured", "action")
@@ -33,18 +34,12 @@ ISSUED_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "codes_is
 
 
 def _modules():
-    # deferred: the ladder's modules import the judges; the judges never import this module
-    from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import beside_engine, climb, repeat
-
     return (static_layers, peer_layers, collective_layers, serving_layer, error_counters, climb, beside_engine,
             repeat)
 
 
 def layers():
     """The ladder's layer names (registry order) and summaries."""
-    # deferred: the registry imports every judge
-    from ansible_collections.rigbook.homelab.plugins.module_utils.ladder import registry
-
     return [(layer.name, layer.summary) for layer in registry.LAYERS]
 
 

@@ -562,12 +562,19 @@ def test_pcie_link_with_no_expected_link_says_it_was_read():
 # --- firmware: a virtual machine has no BIOS; each finding its own remedy ------------------------------------------
 
 
-def test_a_bare_metal_legacy_boot_still_gets_the_csm_finding():
+def one_large_bar_without_efi(virtual):
+    """The 3080 box's evidence cut to one GPU with a 32 GiB BAR1 above 4 GiB, booted without EFI, VIRTUAL as the
+    collector read it."""
     ev = x3080_evidence()
     ev["uefi"] = False
-    ev["virtual"] = {"vm": False, "seen": "no hypervisor flag in /proc/cpuinfo"}
+    ev["virtual"] = virtual
     ev["gpus"] = [ev["gpus"][0]]
     ev["gpus"][0]["bars"][0] = bar(1, 0x38_0000_0000, 32 * GIB)
+    return ev
+
+
+def test_a_bare_metal_legacy_boot_still_gets_the_csm_finding():
+    ev = one_large_bar_without_efi({"vm": False, "seen": "no hypervisor flag in /proc/cpuinfo"})
     verdict = L.judge_firmware(ev, X3080)
     assert verdict["status"] == "warn" and verdict["why"].startswith("legacy boot (no /sys/firmware/efi): CSM is on")
     # the CSM finding alone: CSM advice, not ReBAR nor Above 4G, and no "declare it" on a box that declared it
@@ -577,11 +584,7 @@ def test_a_bare_metal_legacy_boot_still_gets_the_csm_finding():
 
 
 def test_a_virtual_machine_without_efi_is_no_csm_box():
-    ev = x3080_evidence()
-    ev["uefi"] = False
-    ev["virtual"] = {"vm": True, "seen": "the CPU's hypervisor flag (/proc/cpuinfo)"}
-    ev["gpus"] = [ev["gpus"][0]]
-    ev["gpus"][0]["bars"][0] = bar(1, 0x38_0000_0000, 32 * GIB)
+    ev = one_large_bar_without_efi({"vm": True, "seen": "the CPU's hypervisor flag (/proc/cpuinfo)"})
     verdict = L.judge_firmware(ev, X3080)
     assert verdict["status"] == "pass", verdict
     assert "CSM is on" not in verdict["why"] and "BIOS" not in verdict["remedy"]

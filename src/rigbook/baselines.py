@@ -48,7 +48,7 @@ from pathlib import Path
 
 from rigbook import runs, statefile
 from rigbook.errors import UserError
-from rigbook.paths import facts, inventory_key, name_file, name_of_file, state_dir
+from rigbook.paths import facts, inventory_key, link_collection, name_file, name_of_file, state_dir
 
 HISTORY_LIMIT = 200
 INVENTORY_LIMIT = 32  # inventory sections per file
@@ -533,8 +533,6 @@ def _lower_is_better(name: str) -> bool:
 
 def default_fail_below() -> float:
     """The judges' default fail line (judges/expectations.DEFAULT_TOLERANCE: one place decides it)."""
-    from rigbook.paths import link_collection
-
     link_collection()
     # deferred: ansible_collections.rigbook.homelab is importable only after link_collection() (above)
     from ansible_collections.rigbook.homelab.plugins.module_utils.judges.expectations import DEFAULT_TOLERANCE

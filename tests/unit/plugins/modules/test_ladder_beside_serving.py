@@ -41,6 +41,21 @@ RESET = ["systemctl", "reset-failed", UNIT]
 START = ["systemctl", "start", UNIT]
 
 
+@pytest.fixture(autouse=True)
+def none_of_this_machines_engines(monkeypatch, tmp_path):
+    """The hold reads the engines under no serve unit from /proc (what ran beside the runtime layers). This machine's
+    /proc shows every lab container's processes (a hand-made seed box's `sglang serve`, while the lab tests run beside
+    these), none of them this test's box: the hold reads an empty proc tree instead."""
+    real = serving_hold.engine_processes.engines
+    empty = tmp_path / "no-engines"
+    empty.mkdir()
+
+    def engines(root="/", engine=None, keep=None):
+        return real(str(empty) if root == "/" else root, engine, keep)
+
+    monkeypatch.setattr(serving_hold.engine_processes, "engines", engines)
+
+
 def shown(state):
     return ok(f"Id={UNIT}\nActiveState={state}\nSubState=running\nResult=success\n"
               f"ControlGroup=/system.slice/{UNIT}\n")

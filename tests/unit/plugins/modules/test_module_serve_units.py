@@ -17,6 +17,19 @@ from helpers.modules import fail, ok, run_module
 ENGINE = ["/opt/rigbook/sglang/0.5.23-abc/bin/python", "-m", "sglang.launch_server"]
 
 
+@pytest.fixture(autouse=True)
+def none_of_this_machines_engines(monkeypatch, tmp_path):
+    """The module stops an engine started by hand on a profile's port: it looks for one in /proc. This machine's
+    /proc shows every lab container's processes (a hand-made seed box's `sglang serve` on port 30000, while the lab
+    tests run beside these), none of which is this test's to stop: the module reads an empty proc tree here, and the
+    tests of finding engines give theirs explicitly."""
+    real = serve_units.engines_by_hand
+    empty = tmp_path / "no-engines"
+    empty.mkdir()
+    monkeypatch.setattr(serve_units, "engines_by_hand",
+                        lambda profiles, engine, root=str(empty): real(profiles, engine, root))
+
+
 def profile(tmp_path, **changes):
     model = tmp_path / "model"
     model.mkdir(exist_ok=True)

@@ -42,9 +42,35 @@ class Running:
 
 
 def _verdicts(res) -> list:
-    """The ladder verdicts of a result (rigbook.homelab.ladder returns them under `ladder`)."""
+    """The ladder verdicts of a result (rigbook.homelab.ladder returns them under `ladder`), their failure codes as
+    the box may send them (_typed_codes)."""
     found = res.get("ladder") if isinstance(res, dict) else None
-    return [v for v in found if isinstance(v, dict) and v.get("layer")] if isinstance(found, list) else []
+    return [_typed_codes(v) for v in found if isinstance(v, dict) and v.get("layer")] if isinstance(found, list) else []
+
+
+CODE = re.compile(r"RB-[A-Z0-9]+(?:-[A-Z0-9]+)+")
+MAX_CODE = 64
+MAX_CODES = 20
+
+
+def _is_code(value) -> bool:
+    return isinstance(value, str) and len(value) <= MAX_CODE and bool(CODE.fullmatch(value))
+
+
+def _typed_codes(verdict: dict) -> dict:
+    """VERDICT (a box's result: data) with `code` kept only when it is a failure code's form (CODE, at most MAX_CODE
+    characters) and `codes` only as a list of at most MAX_CODES of them: anything else in their place is dropped, so
+    the summary, JUnit, the report and the terminal get codes or nothing."""
+    out = dict(verdict)
+    if "code" in out and not _is_code(out["code"]):
+        del out["code"]
+    if "codes" in out:
+        kept = [c for c in out["codes"] if _is_code(c)][:MAX_CODES] if isinstance(out["codes"], list) else []
+        if kept:
+            out["codes"] = kept
+        else:
+            del out["codes"]
+    return out
 
 
 MAX_WARNINGS = 20  # per host: a task that warns in a loop must not flood the summary
@@ -68,14 +94,11 @@ def _keep_notes(h, task: str, res) -> None:
             h.notes.append({"task": task, "msg": " ".join(text.split())[:500]})
 
 
-CODE = re.compile(r"RB-[A-Z0-9]+(?:-[A-Z0-9]+)+")
-
-
 def _code(res) -> str | None:
     """The failure code of a failed result (the ladder module's `code`: its failing verdict's, or a serve-unit hold
     problem's; docs/codes.md), None when it gives none."""
     code = res.get("code") if isinstance(res, dict) else None
-    return code if isinstance(code, str) and CODE.fullmatch(code) else None
+    return code if _is_code(code) else None
 
 
 def _message(res: dict) -> str:

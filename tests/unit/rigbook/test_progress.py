@@ -268,3 +268,18 @@ def test_a_task_that_fails_because_ctrl_c_stopped_it_is_the_interruption_not_a_f
     a, b = tracker.hosts["rig-a"], tracker.hosts["rig-b"]
     assert (a.state, [f["msg"] for f in a.failures]) == ("failed", ["compiler error"])
     assert (b.state, b.interrupted_in, b.failures) == ("interrupted", "Sleep", [])
+
+
+def test_a_boxs_failure_codes_reach_the_summary_only_in_a_codes_form():
+    """A verdict comes back from the box: its `code`/`codes` are kept only as failure codes (RB-..., bounded), so a
+    lying box cannot put escape sequences, templates or megabytes where the summary, JUnit and the report print them."""
+    tracker = Tracker()
+    tracker.handle({"event": "playbook_on_task_start", "event_data": {"task": "Ladder"}})
+    ladder = [{"layer": "pcie_link", "status": "fail", "code": "RB-PCIE-LINK-WIDTH",
+               "codes": ["RB-PCIE-LINK-WIDTH", "\x1b[31m{{ lookup('pipe', 'id') }}", "RB-X-" + "Y" * 100, 7]},
+              {"layer": "firmware", "status": "fail", "code": "\x1b]0;pwned\x07", "codes": "RB-FIRMWARE-FAIL"}]
+    tracker.handle({"event": "runner_on_ok", "event_data": {"host": "rig-a", "task": "Ladder",
+                                                            "res": {"ladder": ladder}}})
+    kept = tracker.hosts["rig-a"].ladder
+    assert kept[0]["code"] == "RB-PCIE-LINK-WIDTH" and kept[0]["codes"] == ["RB-PCIE-LINK-WIDTH"]
+    assert "code" not in kept[1] and "codes" not in kept[1]

@@ -9,6 +9,7 @@ of KIND (exit 2). It reads at most MAX_INPUT characters and MAX_LINES lines: mor
 
 from __future__ import annotations
 
+import functools
 import importlib
 import io
 import json
@@ -41,10 +42,16 @@ MAX_LINE = 1 << 20
 MAX_INPUT = 64 << 20
 MAX_LINES = 1_000_000
 
+@functools.lru_cache(maxsize=None)
+def _module(name: str):
+    """The collection's parse/NAME module, linked and imported once per process."""
+    link_collection()
+    return importlib.import_module(_MODULE_UTILS + name)
+
+
 def _loader(module: str, func: str) -> Callable:
     def run(text) -> dict:
-        link_collection()
-        return getattr(importlib.import_module(_MODULE_UTILS + module), func)(text)
+        return getattr(_module(module), func)(text)
 
     run.__name__ = "parse_" + module
     return run
@@ -83,8 +90,7 @@ def recognised(kind: str, result: dict, kernel_lines: int = 0) -> bool:
 
 def is_kernel_line(line: str) -> bool:
     """Whether LINE carries a kernel log's prefix (parse/kernel_log.is_kernel_line, the one pattern)."""
-    link_collection()
-    return importlib.import_module(_MODULE_UTILS + "kernel_log").is_kernel_line(line)
+    return _module("kernel_log").is_kernel_line(line)
 
 
 def bounded_lines(handle, counter: dict, where: str = "the input"):

@@ -16,7 +16,7 @@ and other Xids since boot say nothing about this run.
 
 from __future__ import annotations
 
-from ansible_collections.rigbook.homelab.plugins.module_utils.judges.verdict import rank, recoded, worse
+from ansible_collections.rigbook.homelab.plugins.module_utils.judges.verdict import code_entry, rank, recoded, worse
 
 CRITICAL_XIDS = frozenset((48, 56, 57, 58, 62, 63, 64, 65, 68, 69, 73, 74, 79, 80, 81, 92, 119, 120))
 DEFAULT_CORRECTABLE_WARN_ABOVE = 0
@@ -33,7 +33,7 @@ REMEDY_AMDGPU = ("The amdgpu driver reset the GPU: check the amdgpu / ROCm build
 
 
 def _code(title, cause, measured, action):
-    return {"layer": "error_counters", "title": title, "cause": cause, "measured": measured, "action": action}
+    return code_entry("error_counters", title, cause, measured, action)
 
 
 # The failure codes of the counters' findings (ladder/codes.py gathers them). worsen() puts them in front of the
